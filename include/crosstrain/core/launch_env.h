@@ -1,0 +1,40 @@
+// Where this process sits in the job, read from the launcher's environment.
+// Understands torchrun's variables (also set by `crosstrain run`), mpirun's (OpenMPI, PMI) and srun's.
+// Pure: takes the environment as a map so it can be unit-tested.
+#pragma once
+
+#include <map>
+#include <string>
+
+namespace crosstrain {
+
+using EnvMap = std::map<std::string, std::string>;
+
+enum class LaunchSource { Single, Torchrun, Mpi, Slurm };
+
+struct LaunchEnv {
+  LaunchSource source = LaunchSource::Single;
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;
+  int local_world_size = 1;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  // True when the launcher already hosts the rendezvous store (torchrun's TORCHELASTIC_USE_AGENT_STORE);
+  // otherwise rank 0 hosts it.
+  bool store_hosted_by_launcher = false;
+};
+
+const char* to_string(LaunchSource source);
+
+// The process environment as a map.
+EnvMap current_environment();
+
+// Reads the launch environment. Throws UsageError naming the variable when a value is malformed
+// or inconsistent (rank >= world size, bad port, ...).
+LaunchEnv detect_launch_env(const EnvMap& env);
+
+// First host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
+std::string first_slurm_host(const std::string& nodelist);
+
+}  // namespace crosstrain

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs the Debian packages crosstrain needs, only when some are missing.
+# Idempotent and quiet when everything is present. Not root: prints the command instead.
+# Usage: scripts/install-deps.sh [extra-package ...]
+set -euo pipefail
+packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev
+          libtomlplusplus-dev libgtest-dev libgmock-dev "$@")
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  [[ "$status" == "install ok installed" ]] || missing+=("$p")
+done
+[[ ${#missing[@]} -eq 0 ]] && exit 0
+if [[ $(id -u) -ne 0 ]]; then
+  echo "crosstrain needs these Debian packages: ${missing[*]}" >&2
+  echo "install them with:  sudo apt-get update && sudo apt-get install -y ${missing[*]}" >&2
+  exit 1
+fi
+echo "installing Debian packages: ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+log=$(mktemp)
+if ! { apt-get update -qq && apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$log" 2>&1; then
+  cat "$log" >&2
+  echo "apt-get install failed for: ${missing[*]}" >&2
+  exit 1
+fi
+rm -f "$log"

@@ -1,0 +1,279 @@
+#include "launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <iostream>
+
+#include "crosstrain/comm/rendezvous.h"
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::apps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Signal handlers only write the signal number here; the main loop reads it.
+int g_signal_pipe[2] = {-1, -1};
+
+void on_signal(int sig) {
+  unsigned char s = static_cast<unsigned char>(sig);
+  [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &s, 1);
+}
+
+struct Stream {
+  int fd = -1;
+  std::string pending;  // bytes after the last newline
+};
+
+struct Rank {
+  int rank = 0;
+  pid_t pid = -1;
+  bool running = false;
+  int status = 0;
+  Stream out, err;
+};
+
+void emit(int rank, const std::string& line, bool is_err, bool prefix) {
+  std::string text = (prefix ? "[rank " + std::to_string(rank) + "] " : std::string()) + line + "\n";
+  (is_err ? std::cerr : std::cout) << text << std::flush;
+}
+
+// Reads what is available; returns false at end of file.
+bool pump(Rank& r, Stream& s, bool is_err, bool prefix) {
+  char buf[8192];
+  ssize_t n = read(s.fd, buf, sizeof buf);
+  if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
+  if (n <= 0) {
+    if (!s.pending.empty()) emit(r.rank, s.pending, is_err, prefix);
+    s.pending.clear();
+    close(s.fd);
+    s.fd = -1;
+    return false;
+  }
+  s.pending.append(buf, static_cast<size_t>(n));
+  size_t start = 0;
+  for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)
+    emit(r.rank, s.pending.substr(start, nl - start), is_err, prefix);
+  s.pending.erase(0, start);
+  return true;
+}
+
+std::string describe_status(int status) {
+  if (WIFEXITED(status)) return "exit code " + std::to_string(WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    int sig = WTERMSIG(status);
+    const char* name = strsignal(sig);
+    return "signal " + std::to_string(sig) + (name ? std::string(" (") + name + ")" : "");
+  }
+  return "status " + std::to_string(status);
+}
+
+int exit_code_of(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 1;
+}
+
+bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
+
+pid_t spawn(const std::vector<std::string>& command, const std::map<std::string, std::string>& env, int out_fd,
+            int err_fd) {
+  std::vector<char*> argv;
+  for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  pid_t pid = fork();
+  if (pid != 0) return pid;
+  // Child: its own process group, so that stopping a rank also stops what it started.
+  setpgid(0, 0);
+  signal(SIGINT, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGPIPE, SIG_DFL);
+  dup2(out_fd, STDOUT_FILENO);
+  dup2(err_fd, STDERR_FILENO);
+  for (const auto& [k, v] : env) setenv(k.c_str(), v.c_str(), 1);
+  execvp(argv[0], argv.data());
+  std::string msg = "crosstrain run: cannot start '" + command[0] + "': " + strerror(errno) + "\n";
+  [[maybe_unused]] ssize_t n = write(STDERR_FILENO, msg.data(), msg.size());
+  _exit(127);
+}
+
+void signal_all(std::vector<Rank>& ranks, int sig) {
+  for (auto& r : ranks)
+    if (r.running && kill(-r.pid, sig) != 0) kill(r.pid, sig);
+}
+
+}  // namespace
+
+void parse_master(const std::string& text, std::string& host, int& port) {
+  auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
+    throw UsageError("--master '" + text + "' must be HOST:PORT, for example 10.0.0.1:29500");
+  host = text.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  std::string port_text = text.substr(colon + 1);
+  size_t used = 0;
+  int value = -1;
+  try {
+    value = std::stoi(port_text, &used);
+  } catch (const std::exception&) {
+  }
+  if (used != port_text.size() || value < 0 || value > 65535)
+    throw UsageError("--master '" + text + "': '" + port_text + "' is not a TCP port (0..65535)");
+  port = value;
+}
+
+int launch(const LaunchOptions& o) {
+  if (o.nproc < 1) throw UsageError("--nproc must be at least 1, got " + std::to_string(o.nproc));
+  if (o.nnodes < 1) throw UsageError("--nnodes must be at least 1, got " + std::to_string(o.nnodes));
+  if (o.node_rank < 0 || o.node_rank >= o.nnodes)
+    throw UsageError("--node-rank " + std::to_string(o.node_rank) + " is outside 0.." + std::to_string(o.nnodes - 1));
+  if (o.command.empty()) throw UsageError("no command to run; usage: crosstrain run --nproc N -- CMD ARGS...");
+  if (o.nnodes > 1 && o.master_port == 0)
+    throw UsageError("with several nodes every launcher needs the same --master HOST:PORT (port 0 is not allowed)");
+
+  const int world = o.nproc * o.nnodes;
+  std::shared_ptr<comm::Rendezvous> store;
+  int port = o.master_port;
+  if (o.node_rank == 0) {
+    try {
+      store = comm::Rendezvous::host(o.master_addr, o.master_port, world, o.timeout);
+    } catch (const CommError& e) {
+      throw UsageError("crosstrain run: " + e.cause());
+    }
+    port = store->port();
+  }
+
+  if (pipe(g_signal_pipe) != 0) throw Error("crosstrain run: pipe() failed: " + std::string(strerror(errno)));
+  fcntl(g_signal_pipe[0], F_SETFL, O_NONBLOCK);
+  fcntl(g_signal_pipe[1], F_SETFL, O_NONBLOCK);
+  struct sigaction sa {};
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  struct sigaction old_int {}, old_term {};
+  sigaction(SIGINT, &sa, &old_int);
+  sigaction(SIGTERM, &sa, &old_term);
+  signal(SIGPIPE, SIG_IGN);
+
+  std::vector<Rank> ranks(o.nproc);
+  for (int local = 0; local < o.nproc; ++local) {
+    Rank& r = ranks[local];
+    r.rank = o.node_rank * o.nproc + local;
+    int out[2], err[2];
+    if (pipe(out) != 0 || pipe(err) != 0) throw Error("crosstrain run: pipe() failed: " + std::string(strerror(errno)));
+    std::map<std::string, std::string> env = o.extra_env;
+    env["RANK"] = std::to_string(r.rank);
+    env["WORLD_SIZE"] = std::to_string(world);
+    env["LOCAL_RANK"] = std::to_string(local);
+    env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+    env["GROUP_RANK"] = std::to_string(o.node_rank);
+    env["MASTER_ADDR"] = o.master_addr;
+    env["MASTER_PORT"] = std::to_string(port);
+    env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+    if (!getenv("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
+    r.pid = spawn(o.command, env, out[1], err[1]);
+    if (r.pid > 0) setpgid(r.pid, r.pid);  // also here, so a signal sent right away finds the group
+    close(out[1]);
+    close(err[1]);
+    r.out.fd = out[0];
+    r.err.fd = err[0];
+    fcntl(r.out.fd, F_SETFL, O_NONBLOCK);
+    fcntl(r.err.fd, F_SETFL, O_NONBLOCK);
+    if (r.pid < 0) throw Error("crosstrain run: fork() failed: " + std::string(strerror(errno)));
+    r.running = true;
+  }
+
+  int result = 0;
+  bool stopping = false;
+  bool killed = false;
+  Clock::time_point kill_at{};
+  Clock::time_point all_exited_at{};
+  bool all_exited = false;
+  for (;;) {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Rank*, bool>> owners{{nullptr, false}};
+    for (auto& r : ranks) {
+      if (r.out.fd >= 0) { fds.push_back({r.out.fd, POLLIN, 0}); owners.push_back({&r, false}); }
+      if (r.err.fd >= 0) { fds.push_back({r.err.fd, POLLIN, 0}); owners.push_back({&r, true}); }
+    }
+    if (all_exited && (fds.size() == 1 || Clock::now() - all_exited_at > std::chrono::milliseconds(500))) break;
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Rank& r = *owners[i].first;
+      const bool is_err = owners[i].second;
+      pump(r, is_err ? r.err : r.out, is_err, o.prefix_output && (is_err || r.rank != 0 || o.prefix_rank0_stdout));
+    }
+    if (fds[0].revents & POLLIN) {
+      unsigned char sig = 0;
+      while (read(g_signal_pipe[0], &sig, 1) == 1) {
+        std::cerr << "crosstrain run: got " << strsignal(sig) << ", forwarding it to every rank" << std::endl;
+        signal_all(ranks, sig);
+        if (!stopping) {
+          stopping = true;
+          result = 128 + sig;
+          kill_at = Clock::now() + o.stop_grace;
+        }
+      }
+    }
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      r.status = status;
+      if (failed(status) && !stopping) {
+        stopping = true;
+        result = exit_code_of(status);
+        if (result == 0) result = 1;
+        int others = static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [](const Rank& x) { return x.running; }));
+        std::cerr << "crosstrain run: rank " << r.rank << " (pid " << r.pid << ") failed with "
+                  << describe_status(status);
+        if (others > 0) std::cerr << "; stopping the other " << others << (others == 1 ? " rank" : " ranks");
+        std::cerr << std::endl;
+        signal_all(ranks, SIGTERM);
+        kill_at = Clock::now() + o.stop_grace;
+      }
+    }
+    if (stopping && !killed && Clock::now() >= kill_at) {
+      signal_all(ranks, SIGKILL);
+      killed = true;
+    }
+    if (!all_exited && std::none_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.running; })) {
+      all_exited = true;
+      all_exited_at = Clock::now();
+    }
+  }
+  for (auto& r : ranks) {
+    if (r.out.fd >= 0) close(r.out.fd);
+    if (r.err.fd >= 0) close(r.err.fd);
+  }
+  sigaction(SIGINT, &old_int, nullptr);
+  sigaction(SIGTERM, &old_term, nullptr);
+  close(g_signal_pipe[0]);
+  close(g_signal_pipe[1]);
+  return result;
+}
+
+int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
+  exe[n] = '\0';
+  LaunchOptions o;
+  o.nproc = nproc;
+  o.timeout = timeout;
+  o.prefix_rank0_stdout = false;  // rank 0 prints the report
+  o.command.push_back(exe);
+  o.command.insert(o.command.end(), args.begin(), args.end());
+  return launch(o);
+}
+
+}  // namespace crosstrain::apps

@@ -1,0 +1,36 @@
+// `crosstrain run`: starts the ranks of one node, torchrun style.
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace crosstrain::apps {
+
+struct LaunchOptions {
+  int nproc = 1;                       // ranks on this node
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 0;                 // 0: a free port (single node only); 29500 when several nodes
+  std::vector<std::string> command;    // program and arguments run once per rank
+  std::chrono::milliseconds stop_grace{3000};   // SIGTERM, then SIGKILL after this long
+  std::chrono::milliseconds timeout{30000};     // rendezvous store
+  std::map<std::string, std::string> extra_env;
+  bool prefix_output = true;           // "[rank N] " before each line
+  bool prefix_rank0_stdout = true;     // off when rank 0 prints a report (bench, train)
+};
+
+// Parses "HOST:PORT" (IPv6 as "[::1]:PORT"); throws UsageError.
+void parse_master(const std::string& text, std::string& host, int& port);
+
+// Hosts the rendezvous store on node 0, runs the ranks with prefixed output, forwards SIGINT/SIGTERM,
+// and stops every rank when one fails. Returns the exit code for the launcher: 0, or the failed rank's.
+int launch(const LaunchOptions& options);
+
+// Runs this very binary with `args` as nproc local ranks.
+int launch_self(int nproc, const std::vector<std::string>& args,
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+
+}  // namespace crosstrain::apps

@@ -1,0 +1,78 @@
+// The `crosstrain` command: run, bench, demo.
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+
+#include "bench_comm.h"
+#include "crosstrain/core/error.h"
+#include "demo_comm.h"
+#include "launcher.h"
+
+using namespace crosstrain;
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  CLI::App app{"crosstrain: train large neural networks across devices, machines and clusters"};
+  app.require_subcommand(1);
+
+  // run: the launcher. Everything after `--` is the command.
+  apps::LaunchOptions launch;
+  std::string master;
+  double timeout_s = 30;
+  auto* run = app.add_subcommand("run", "start N local ranks of a program with torchrun's environment");
+  run->add_option("--nproc,--nproc-per-node", launch.nproc, "ranks on this node")->check(CLI::PositiveNumber);
+  run->add_option("--nnodes", launch.nnodes, "number of nodes")->check(CLI::PositiveNumber);
+  run->add_option("--node-rank", launch.node_rank, "this node's index (0 hosts the rendezvous store)");
+  run->add_option("--master", master, "HOST:PORT of the rendezvous store on node 0 (default: a free local port)");
+  run->add_option("--timeout", timeout_s, "seconds to wait for the rendezvous");
+  run->add_option("command", launch.command, "program and its arguments (after --)")->required();
+
+  apps::BenchCommOptions bench;
+  std::string sizes;
+  auto* bench_cmd = app.add_subcommand("bench", "benchmarks");
+  bench_cmd->require_subcommand(1);
+  auto* bench_comm = bench_cmd->add_subcommand("comm", "collective benchmark with nccl-tests columns");
+  bench_comm->add_option("--op", bench.op, "allreduce, broadcast, reduce, allgather, reducescatter, alltoall, "
+                                           "gather, scatter, sendrecv or all");
+  bench_comm->add_option("--backend", bench.backend, "communication back end")->check(CLI::IsMember({"gloo"}));
+  bench_comm->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
+  bench_comm->add_option("--sizes", sizes, "MIN:MAX bytes, e.g. 4:256M (default 4:64M)");
+  bench_comm->add_option("--step-factor", bench.step_factor, "multiply the size by this each row");
+  bench_comm->add_option("--iters", bench.iters, "timed iterations per size (fewer for large sizes)");
+  bench_comm->add_option("--warmup", bench.warmup, "untimed iterations per size");
+  bench_comm->add_option("--dtype", bench.dtype, "float, double, half, bfloat16, int8, uint8, int32, int64");
+  bench_comm->add_option("--redop", bench.redop, "sum, avg, min, max, prod");
+  bench_comm->add_option("--root", bench.root, "root rank of rooted collectives");
+  bench_comm->add_option("--timeout", bench.timeout_s, "seconds before a collective counts as failed");
+  bench_comm->add_option("--json", bench.json, "also write the rows as JSON to this file");
+
+  int demo_nproc = 2;
+  auto* demo = app.add_subcommand("demo", "a short tour of the collectives on local ranks");
+  demo->add_option("--nproc", demo_nproc, "ranks to start")->check(CLI::PositiveNumber);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+
+  try {
+    if (*run) {
+      if (!master.empty()) apps::parse_master(master, launch.master_addr, launch.master_port);
+      launch.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      return apps::launch(launch);
+    }
+    if (*bench_comm) {
+      if (!sizes.empty()) apps::parse_sizes(sizes, bench.min_bytes, bench.max_bytes);
+      return apps::bench_comm(bench, args);
+    }
+    if (*demo) return apps::demo_comm(demo_nproc, args);
+  } catch (const UsageError& e) {
+    std::cerr << "crosstrain: " << e.what() << std::endl;
+    return 2;
+  } catch (const std::exception& e) {
+    std::cerr << "crosstrain: error: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

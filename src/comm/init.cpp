@@ -1,0 +1,20 @@
+#include "crosstrain/comm/init.h"
+
+namespace crosstrain::comm {
+
+std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config) {
+  if (config.backend != "gloo")
+    throw UsageError("unknown communication back end '" + config.backend + "' for a multi-process job; use gloo");
+  std::shared_ptr<Rendezvous> rendezvous;
+  if (env.rank == 0 && !env.store_hosted_by_launcher && env.source != LaunchSource::Single) {
+    rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, config.timeout);
+  } else if (env.source == LaunchSource::Single) {
+    // Alone: host a private store on a free loopback port.
+    rendezvous = Rendezvous::host("127.0.0.1", 0, 1, config.timeout);
+  } else {
+    rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, config.timeout);
+  }
+  return make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, config.timeout, "world");
+}
+
+}  // namespace crosstrain::comm

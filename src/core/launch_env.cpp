@@ -1,0 +1,146 @@
+#include "crosstrain/core/launch_env.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "crosstrain/core/error.h"
+
+extern char** environ;
+
+namespace crosstrain {
+namespace {
+
+const std::string* find(const EnvMap& env, const std::string& key) {
+  auto it = env.find(key);
+  return it == env.end() || it->second.empty() ? nullptr : &it->second;
+}
+
+int parse_int(const EnvMap& env, const std::string& key, int fallback) {
+  const std::string* value = find(env, key);
+  if (!value) return fallback;
+  // Slurm writes counts like "2(x3)": take the leading number.
+  size_t used = 0;
+  int result = 0;
+  try {
+    result = std::stoi(*value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || (used != value->size() && (*value)[used] != '(')) {
+    throw UsageError("environment variable " + key + "='" + *value + "' is not an integer");
+  }
+  return result;
+}
+
+std::string get(const EnvMap& env, const std::string& key, const std::string& fallback) {
+  const std::string* value = find(env, key);
+  return value ? *value : fallback;
+}
+
+void validate(const LaunchEnv& e, const char* rank_var, const char* size_var) {
+  if (e.world_size < 1)
+    throw UsageError(std::string(size_var) + "=" + std::to_string(e.world_size) + " must be at least 1");
+  if (e.rank < 0 || e.rank >= e.world_size)
+    throw UsageError(std::string(rank_var) + "=" + std::to_string(e.rank) + " is outside 0.." +
+                     std::to_string(e.world_size - 1) + " (" + size_var + "=" + std::to_string(e.world_size) + ")");
+  if (e.local_world_size < 1 || e.local_rank < 0 || e.local_rank >= e.local_world_size)
+    throw UsageError("local rank " + std::to_string(e.local_rank) + " is outside the local world of " +
+                     std::to_string(e.local_world_size));
+  if (e.master_port < 1 || e.master_port > 65535)
+    throw UsageError("MASTER_PORT=" + std::to_string(e.master_port) + " is not a TCP port (1..65535)");
+}
+
+}  // namespace
+
+const char* to_string(LaunchSource source) {
+  switch (source) {
+    case LaunchSource::Single: return "single process";
+    case LaunchSource::Torchrun: return "torchrun variables";
+    case LaunchSource::Mpi: return "mpirun";
+    case LaunchSource::Slurm: return "srun";
+  }
+  return "?";
+}
+
+EnvMap current_environment() {
+  EnvMap env;
+  for (char** e = environ; e && *e; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  return env;
+}
+
+std::string first_slurm_host(const std::string& nodelist) {
+  // A list is comma separated, but commas also appear inside brackets: "a[1-2,5],b".
+  size_t end = 0;
+  int depth = 0;
+  for (; end < nodelist.size(); ++end) {
+    if (nodelist[end] == '[') ++depth;
+    if (nodelist[end] == ']') --depth;
+    if (nodelist[end] == ',' && depth == 0) break;
+  }
+  std::string first = nodelist.substr(0, end);
+  auto open = first.find('[');
+  if (open == std::string::npos) return first;
+  std::string prefix = first.substr(0, open);
+  std::string range = first.substr(open + 1);
+  auto stop = range.find_first_of("-,]");
+  return prefix + range.substr(0, stop);
+}
+
+LaunchEnv detect_launch_env(const EnvMap& env) {
+  LaunchEnv e;
+  e.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
+  e.master_port = parse_int(env, "MASTER_PORT", 29500);
+
+  if (find(env, "RANK") && find(env, "WORLD_SIZE")) {
+    e.source = LaunchSource::Torchrun;
+    e.rank = parse_int(env, "RANK", 0);
+    e.world_size = parse_int(env, "WORLD_SIZE", 1);
+    e.local_rank = parse_int(env, "LOCAL_RANK", e.rank);
+    e.local_world_size = parse_int(env, "LOCAL_WORLD_SIZE", e.world_size);
+    std::string hosted = get(env, "TORCHELASTIC_USE_AGENT_STORE", "");
+    e.store_hosted_by_launcher = hosted == "True" || hosted == "true" || hosted == "1";
+    validate(e, "RANK", "WORLD_SIZE");
+    return e;
+  }
+  if (find(env, "OMPI_COMM_WORLD_RANK") || find(env, "PMI_RANK")) {
+    e.source = LaunchSource::Mpi;
+    bool ompi = find(env, "OMPI_COMM_WORLD_RANK") != nullptr;
+    const char* rank_var = ompi ? "OMPI_COMM_WORLD_RANK" : "PMI_RANK";
+    const char* size_var = ompi ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE";
+    e.rank = parse_int(env, rank_var, 0);
+    e.world_size = parse_int(env, size_var, 1);
+    e.local_rank = parse_int(env, ompi ? "OMPI_COMM_WORLD_LOCAL_RANK" : "MPI_LOCALRANKID", e.rank);
+    e.local_world_size = parse_int(env, ompi ? "OMPI_COMM_WORLD_LOCAL_SIZE" : "MPI_LOCALNRANKS", e.world_size);
+    if (e.local_world_size != e.world_size && !find(env, "MASTER_ADDR"))
+      throw UsageError("mpirun spans several hosts but MASTER_ADDR is not set; pass it with "
+                       "`mpirun -x MASTER_ADDR=<host of rank 0> -x MASTER_PORT=<port> ...`");
+    validate(e, rank_var, size_var);
+    return e;
+  }
+  if (find(env, "SLURM_PROCID") && find(env, "SLURM_NTASKS")) {
+    e.source = LaunchSource::Slurm;
+    e.rank = parse_int(env, "SLURM_PROCID", 0);
+    e.world_size = parse_int(env, "SLURM_NTASKS", 1);
+    e.local_rank = parse_int(env, "SLURM_LOCALID", 0);
+    e.local_world_size = parse_int(env, "SLURM_NTASKS_PER_NODE", parse_int(env, "SLURM_TASKS_PER_NODE", 1));
+    if (!find(env, "MASTER_ADDR")) {
+      std::string nodes = get(env, "SLURM_STEP_NODELIST", get(env, "SLURM_JOB_NODELIST", ""));
+      if (!nodes.empty()) e.master_addr = first_slurm_host(nodes);
+    }
+    // Jobs sharing a node must not share a port: derive one from the job id, as Lightning does.
+    if (!find(env, "MASTER_PORT") && find(env, "SLURM_JOB_ID"))
+      e.master_port = 20000 + parse_int(env, "SLURM_JOB_ID", 0) % 10000;
+    validate(e, "SLURM_PROCID", "SLURM_NTASKS");
+    return e;
+  }
+  validate(e, "RANK", "WORLD_SIZE");
+  return e;
+}
+
+}  // namespace crosstrain

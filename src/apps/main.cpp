@@ -50,6 +50,16 @@ int main(int argc, char** argv) {
   auto* demo = app.add_subcommand("demo", "a short tour of the collectives on local ranks");
   demo->add_option("--nproc", demo_nproc, "ranks to start")->check(CLI::PositiveNumber);
 
+  auto is_command = [&](const std::string& name) {
+    for (const auto* sub : app.get_subcommands({}))
+      if (sub->check_name(name)) return true;
+    return false;
+  };
+  if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(args[0])) {
+    std::cerr << "crosstrain: unknown command '" << args[0] << "'; the commands are run, bench, demo"
+              << " (crosstrain --help)" << std::endl;
+    return 2;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -76,7 +76,8 @@ class GlooCommunicator : public Communicator {
         store_(std::move(store)) {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(make_device());
-    options->threads = 2;
+    // One worker thread: on small machines more threads only add contention and wake-up latency.
+    options->threads = 1;
     try {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, options);
     } catch (const std::exception& e) {

@@ -1,0 +1,111 @@
+// The collective suite over the in-process back end, world sizes 1 to 8, plus its failure behaviour.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+
+#include "conformance.h"
+#include "crosstrain/comm/fake.h"
+
+using namespace crosstrain;
+using comm::FakeWorld;
+using comm::Millis;
+
+class FakeConformance : public ::testing::TestWithParam<int> {};
+
+TEST_P(FakeConformance, EveryCollectiveMatchesReference) {
+  const int n = GetParam();
+  std::vector<std::vector<std::string>> failures(n);
+  FakeWorld::run(n, [&](comm::Communicator& c) { failures[c.rank()] = crosstrain::testing::run_conformance(c); });
+  for (int r = 0; r < n; ++r)
+    for (const auto& f : failures[r]) ADD_FAILURE() << f;
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, FakeConformance, ::testing::Range(1, 9));
+
+TEST(FakeComm, MissingRankTimesOutNamingIt) {
+  auto start = std::chrono::steady_clock::now();
+  try {
+    FakeWorld::run(3, [](comm::Communicator& c) {
+      c.set_step(42);
+      if (c.rank() == 2) return;  // never joins
+      at::Tensor t = at::ones({4});
+      c.all_reduce(t, comm::ReduceOp::Sum)->wait();
+    }, Millis(300));
+    FAIL() << "expected a timeout";
+  } catch (const CommError& e) {
+    std::string what = e.what();
+    EXPECT_TRUE(e.timed_out());
+    EXPECT_NE(what.find("[rank 0]"), std::string::npos) << what;
+    EXPECT_NE(what.find("allreduce(sum)"), std::string::npos) << what;
+    EXPECT_NE(what.find("group 'world'"), std::string::npos) << what;
+    EXPECT_NE(what.find("peer 2"), std::string::npos) << what;
+    EXPECT_NE(what.find("step 42"), std::string::npos) << what;
+    EXPECT_NE(what.find("timeout 300 ms"), std::string::npos) << what;
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST(FakeComm, MismatchedCollectivesAreReported) {
+  try {
+    FakeWorld::run(2, [](comm::Communicator& c) {
+      at::Tensor t = at::ones({4});
+      if (c.rank() == 0) c.all_reduce(t, comm::ReduceOp::Sum)->wait();
+      else c.broadcast(t, 0)->wait();
+    }, Millis(2000));
+    FAIL() << "expected a mismatch error";
+  } catch (const CommError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("mismatched"), std::string::npos) << what;
+  }
+}
+
+TEST(FakeComm, RecvWithoutSenderTimesOut) {
+  try {
+    FakeWorld::run(2, [](comm::Communicator& c) {
+      if (c.rank() == 1) return;
+      at::Tensor t = at::zeros({3});
+      c.recv(t, 1, 5)->wait();
+    }, Millis(200));
+    FAIL() << "expected a timeout";
+  } catch (const CommError& e) {
+    std::string what = e.what();
+    EXPECT_NE(what.find("recv(tag 5)"), std::string::npos) << what;
+    EXPECT_NE(what.find("peer 1"), std::string::npos) << what;
+  }
+}
+
+TEST(FakeComm, BadArgumentsNameTheOperation) {
+  FakeWorld world(2);
+  auto c = world.communicator(0);
+  at::Tensor small = at::zeros({3}), big = at::zeros({5});
+  EXPECT_THROW(c->all_gather(small, big), CommError);
+  EXPECT_THROW(c->broadcast(small, 2), CommError);
+  EXPECT_THROW(c->send(small, 0, 1), CommError);
+  at::Tensor strided = at::zeros({4, 4}).t();
+  EXPECT_THROW(c->all_reduce(strided, comm::ReduceOp::Sum), CommError);
+  at::Tensor ints = at::zeros({6}, at::kInt);
+  try {
+    c->reduce_scatter(big, ints, comm::ReduceOp::Sum);
+    FAIL();
+  } catch (const CommError& e) {
+    EXPECT_NE(std::string(e.what()).find("reducescatter"), std::string::npos);
+  }
+  EXPECT_THROW(c->split({0, 0}), CommError);
+  EXPECT_THROW(FakeWorld(0), UsageError);
+}
+
+TEST(FakeComm, AsyncOperationsOverlap) {
+  // Two all-reduces in flight at once, waited in reverse order.
+  FakeWorld::run(4, [](comm::Communicator& c) {
+    at::Tensor a = at::full({8}, 1.0), b = at::full({8}, 2.0);
+    auto wa = c.all_reduce(a, comm::ReduceOp::Sum);
+    auto wb = c.all_reduce(b, comm::ReduceOp::Max);
+    wb->wait();
+    wa->wait();
+    EXPECT_TRUE(wa->is_completed());
+    EXPECT_EQ(a[0].item<double>(), 4.0);
+    EXPECT_EQ(b[0].item<double>(), 2.0);
+  });
+}

@@ -3,7 +3,7 @@
 # Idempotent and quiet when everything is present. Not root: prints the command instead.
 # Usage: scripts/install-deps.sh [extra-package ...]
 set -euo pipefail
-packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev
+packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin
           libtomlplusplus-dev libgtest-dev libgmock-dev "$@")
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,37 @@
+# crosstrain: `make` builds, `make test` runs the suite, `make demo` runs the main job.
+# Each first installs the Debian packages that are missing (scripts/install-deps.sh).
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
+
+.PHONY: all deps build test test-all demo bench-comm install clean
+
+all: build
+
+deps:
+	@scripts/install-deps.sh
+
+$(BUILD)/CMakeCache.txt:
+	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) > /dev/null
+
+build: deps $(BUILD)/CMakeCache.txt
+	@cmake --build $(BUILD) -j $(JOBS)
+
+# Everything but the `slow` label; ranks are processes, so two at a time is the limit on 2 cores.
+test: build
+	@cd $(BUILD) && ctest -j2 -LE slow --output-on-failure --timeout 900
+
+test-all: build
+	@cd $(BUILD) && ctest -j2 --output-on-failure
+
+demo: build
+	@$(BUILD)/crosstrain demo --nproc 2
+
+bench-comm: build
+	@$(BUILD)/crosstrain bench comm --op all --nproc 2 --sizes 4:16M --step-factor 4
+
+install: build
+	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)
+
+clean:
+	@rm -rf $(BUILD)

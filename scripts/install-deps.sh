@@ -4,7 +4,7 @@
 # Usage: scripts/install-deps.sh [extra-package ...]
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin
-          libtomlplusplus-dev libgtest-dev libgmock-dev "$@")
+          libtomlplusplus-dev libgtest-dev libgmock-dev fortunes "$@")
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -1,4 +1,4 @@
-// The `crosstrain` command: run, bench, demo.
+// The `crosstrain` command: train, run, bench, demo.
 #include <CLI/CLI.hpp>
 
 #include <iostream>
@@ -7,6 +7,7 @@
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
+#include "train_cmd.h"
 
 using namespace crosstrain;
 
@@ -46,6 +47,13 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--timeout", bench.timeout_s, "seconds before a collective counts as failed");
   bench_comm->add_option("--json", bench.json, "also write the rows as JSON to this file");
 
+  apps::TrainCommand train;
+  auto* train_cmd = app.add_subcommand("train", "train a model from a TOML recipe");
+  train_cmd->add_option("config", train.config_path, "recipe, e.g. recipes/gpt-tiny.toml")->required();
+  train_cmd->add_option("--nproc", train.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
+  train_cmd->add_option("--set", train.sets, "override a key: --set train.steps=30 (repeatable)");
+  train_cmd->add_flag("--resume", train.resume, "continue from the newest checkpoint in run.dir");
+
   int demo_nproc = 2;
   auto* demo = app.add_subcommand("demo", "a short tour of the collectives on local ranks");
   demo->add_option("--nproc", demo_nproc, "ranks to start")->check(CLI::PositiveNumber);
@@ -56,7 +64,7 @@ int main(int argc, char** argv) {
     return false;
   };
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(args[0])) {
-    std::cerr << "crosstrain: unknown command '" << args[0] << "'; the commands are run, bench, demo"
+    std::cerr << "crosstrain: unknown command '" << args[0] << "'; the commands are train, run, bench, demo"
               << " (crosstrain --help)" << std::endl;
     return 2;
   }
@@ -77,6 +85,7 @@ int main(int argc, char** argv) {
       return apps::bench_comm(bench, args);
     }
     if (*demo) return apps::demo_comm(demo_nproc, args);
+    if (*train_cmd) return apps::train_command(train, args);
   } catch (const UsageError& e) {
     std::cerr << "crosstrain: " << e.what() << std::endl;
     return 2;

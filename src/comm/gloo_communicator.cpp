@@ -337,17 +337,14 @@ class GlooCommunicator : public Communicator {
     const bool avg = reduce_op == ReduceOp::Avg;
     if (gets_result && (copy_back || avg)) {
       at::Tensor out = tensor;
-      const bool floating = at::isFloatingType(dtype) || at::isComplexType(dtype);
+      const bool floating = at::isFloatingType(buffer.scalar_type());
       plan.finish = [out, buffer, copy_back, avg, floating, n]() mutable {
-        at::Tensor result = buffer;
-        if (avg) result = floating ? result.div(n) : at::div(result, n, "trunc");
-        if (copy_back || avg) {
-          if (result.is_same(out)) return;
-          if (at::isComplexType(out.scalar_type()) && !at::isComplexType(result.scalar_type()))
-            out.copy_(at::view_as_complex(result.contiguous()));
-          else
-            out.copy_(result);
+        // In place: `buffer` is the caller's tensor (or a real view of it) unless it is a widened copy.
+        if (avg) {
+          if (floating) buffer.div_(n);
+          else buffer.copy_(at::div(buffer, n, "trunc"));
         }
+        if (copy_back) out.copy_(buffer);
       };
     }
     return plan;

@@ -1,0 +1,95 @@
+// Gradient synchronisation for data parallelism, behind one interface: the trainer zeroes, runs backward
+// (with or without sync) and reads averaged gradients; how they got there (bucketed all-reduce, later ZeRO
+// reduce-scatter, compression, local SGD) is the reducer's business.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "crosstrain/comm/communicator.h"
+
+namespace torch::autograd {
+struct Node;
+}
+
+namespace crosstrain::parallel {
+
+struct ReducerStats {
+  double comm_time_s = 0;          // wall time with at least one all-reduce in flight, last synced step
+  double exposed_comm_time_s = 0;  // of which backward had finished and the step waited
+  int64_t bytes = 0;               // gradient bytes all-reduced per synced step
+  int buckets = 0;
+};
+
+class GradReducer {
+ public:
+  virtual ~GradReducer() = default;
+  // Whether the next backward passes communicate; false while accumulating micro-batches.
+  virtual void set_sync(bool sync) = 0;
+  // Zeroes every gradient in place (gradients may be views into communication buffers).
+  virtual void zero_grad() = 0;
+  // Blocks until the synchronised gradients are in place. A syncing backward already ends with it;
+  // calling it again is free.
+  virtual void finish() = 0;
+  virtual ReducerStats stats() const = 0;
+};
+
+struct BucketConfig {
+  int64_t bucket_bytes = 1 << 20;  // all-reduce granularity; small enough to start during backward
+};
+
+// DDP-style reducer. Gradients live in flat per-bucket buffers (each parameter's .grad is a view), so
+// accumulation and averaging happen in place with no copies. Buckets hold parameters in reverse
+// registration order (the order backward produces them); a bucket's all-reduce starts from a gradient
+// hook as soon as its last gradient is accumulated, while backward continues. Buckets are always started
+// in the same order on every rank, so a parameter that gets no gradient (its bucket is started at the end
+// of backward with zeros) never hangs or reorders the collectives.
+class BucketedAllReduce : public GradReducer {
+ public:
+  // `comm` may be null or of size 1: then nothing is communicated.
+  BucketedAllReduce(std::vector<at::Tensor> parameters, comm::Communicator* comm, BucketConfig config = {});
+  ~BucketedAllReduce() override;
+  BucketedAllReduce(const BucketedAllReduce&) = delete;
+  BucketedAllReduce& operator=(const BucketedAllReduce&) = delete;
+
+  void set_sync(bool sync) override { sync_ = sync; }
+  void zero_grad() override;
+  void finish() override;
+  ReducerStats stats() const override { return stats_; }
+  int bucket_count() const { return static_cast<int>(buckets_.size()); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  struct Bucket {
+    at::Tensor flat;
+    std::vector<size_t> params;  // indices into parameters_
+    std::vector<at::Tensor> views;
+    int pending = 0;
+    comm::WorkPtr work;
+    Clock::time_point launched, completed;
+    bool done = false;
+  };
+
+  void on_gradient_ready(size_t param);
+  void launch_ready_buckets();
+  void launch(Bucket& bucket);
+  void reset_pass();
+  void attach_views();
+
+  std::vector<at::Tensor> parameters_;
+  std::vector<size_t> bucket_of_;  // parameter -> bucket
+  std::vector<Bucket> buckets_;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // hooks live as long as these
+  comm::Communicator* comm_;
+  bool sync_ = true;
+  bool in_pass_ = false;
+  size_t next_launch_ = 0;
+  Clock::time_point backward_done_;
+  ReducerStats stats_;
+};
+
+}  // namespace crosstrain::parallel

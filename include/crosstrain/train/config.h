@@ -1,0 +1,70 @@
+// The typed configuration of a training run, read from TOML with `section.key=value` overrides.
+//
+// Every section is a struct owned by the component that uses it; this file only maps keys to fields, so an
+// unknown key is reported with the valid keys of its section and a wrongly typed value with the expected type.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "crosstrain/data/dataset.h"
+#include "crosstrain/models/gpt_config.h"
+
+namespace crosstrain::train {
+
+struct RunConfig {
+  std::string name = "run";
+  std::string dir = "runs/run";   // resolved config, metrics.jsonl and checkpoints/
+  uint64_t seed = 1337;
+  int64_t log_every = 1;          // progress lines (metrics.jsonl gets every step)
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  int64_t global_batch = 16;      // sequences per optimizer step, over all data-parallel ranks
+  int64_t micro_batches = 1;      // gradient accumulation steps per optimizer step
+  double lr = 1e-3;
+  double min_lr = 1e-4;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;         // 0 disables clipping
+  int64_t eval_every = 50;        // 0 disables validation
+  int64_t eval_batches = 4;
+  int64_t checkpoint_every = 0;   // 0: only at the end
+  int64_t sample_tokens = 200;    // generated at the end by rank 0; 0 disables
+  double peak_flops_per_rank = 0; // for MFU; 0 measures a single-thread matmul at start
+  int64_t threads_per_rank = 1;
+};
+
+struct ParallelConfig {
+  int64_t dp = 0;                 // 0: every rank
+  double bucket_mb = 1.0;         // gradient all-reduce bucket size
+};
+
+struct CommSectionConfig {
+  std::string backend = "gloo";
+  double timeout_s = 30;
+};
+
+struct Config {
+  RunConfig run;
+  models::GPTConfig model;
+  data::DatasetConfig data;
+  TrainConfig train;
+  ParallelConfig parallel;
+  CommSectionConfig comm;
+};
+
+// Reads `path` (TOML), then applies overrides "section.key=value" (value in TOML syntax; bare words are
+// strings). Throws UsageError naming the file, key and expected type.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Applies one override to an existing config.
+void apply_override(Config& config, const std::string& assignment);
+// The complete resolved config as TOML (every key, defaults included).
+std::string to_toml(const Config& config);
+
+}  // namespace crosstrain::train

@@ -1,0 +1,51 @@
+// The training loop: GPT, data, data-parallel reducer, AdamW with warmup + cosine, clipping, validation,
+// metrics, checkpoints. One Trainer per rank; the communicator decides who the other ranks are.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "crosstrain/comm/communicator.h"
+#include "crosstrain/train/config.h"
+
+namespace crosstrain::train {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double step_time_s = 0;
+  double tokens_per_s = 0;
+  double comm_time_s = 0;
+  double exposed_comm_time_s = 0;
+};
+
+struct TrainResult {
+  std::vector<StepRecord> steps;   // the steps this run executed (after a resume: only the new ones)
+  double val_loss = -1;            // last validation loss (-1: none)
+  std::vector<float> parameters;   // every parameter, flattened in name order (for parity checks)
+  std::string sample;              // generated text (rank 0, when sample_tokens > 0)
+};
+
+struct TrainOptions {
+  bool resume = false;
+  bool progress_bar = false;       // redraw one line (a terminal); otherwise plain lines every log_every
+  bool quiet = false;              // no progress output at all (tests)
+  bool keep_parameters = false;    // fill TrainResult::parameters
+};
+
+class Trainer {
+ public:
+  // `world` carries the data-parallel group (all ranks, for now). The config is validated here.
+  Trainer(Config config, comm::Communicator& world);
+  ~Trainer();
+  TrainResult run(const TrainOptions& options);
+
+ private:
+  struct State;
+  std::unique_ptr<State> s_;
+};
+
+}  // namespace crosstrain::train

@@ -1,0 +1,108 @@
+#include "crosstrain/checkpoint/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstring>
+#include <fstream>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::checkpoint {
+namespace {
+
+const std::map<at::ScalarType, std::string>& dtype_names() {
+  static const std::map<at::ScalarType, std::string> names{
+      {at::kFloat, "F32"}, {at::kDouble, "F64"}, {at::kHalf, "F16"}, {at::kBFloat16, "BF16"},
+      {at::kChar, "I8"},   {at::kByte, "U8"},    {at::kShort, "I16"}, {at::kInt, "I32"},
+      {at::kLong, "I64"},  {at::kBool, "BOOL"}};
+  return names;
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> data;
+  int64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    auto it = dtype_names().find(tensor.scalar_type());
+    if (it == dtype_names().end())
+      throw Error("safetensors: tensor '" + name + "' has unsupported dtype " + c10::toString(tensor.scalar_type()));
+    at::Tensor t = tensor.detach().contiguous();
+    const int64_t bytes = t.numel() * static_cast<int64_t>(t.element_size());
+    header[name] = {{"dtype", it->second}, {"shape", t.sizes().vec()}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+    data.push_back(t);
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // align the data to 8 bytes
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  uint64_t n = text.size();
+  unsigned char len[8];
+  for (int i = 0; i < 8; ++i) len[i] = static_cast<unsigned char>(n >> (8 * i));
+  out.write(reinterpret_cast<const char*>(len), 8);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  for (const auto& t : data)
+    out.write(static_cast<const char*>(t.data_ptr()), static_cast<std::streamsize>(t.numel() * t.element_size()));
+  out.flush();
+  if (!out) throw Error("cannot write '" + path + "': " + std::strerror(errno));
+}
+
+SafetensorsFile read_safetensors(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw UsageError("cannot open '" + path + "': " + std::strerror(errno));
+  const int64_t file_size = static_cast<int64_t>(in.tellg());
+  in.seekg(0);
+  auto bad = [&](const std::string& why) { return UsageError("'" + path + "' is not a valid safetensors file: " + why); };
+  if (file_size < 8) throw bad("only " + std::to_string(file_size) + " bytes (truncated?)");
+  unsigned char len[8];
+  in.read(reinterpret_cast<char*>(len), 8);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
+  if (n > static_cast<uint64_t>(file_size - 8)) throw bad("the header claims " + std::to_string(n) + " bytes but the file is shorter (truncated?)");
+  std::string text(n, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(n));
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("header is not JSON (") + e.what() + ")");
+  }
+  if (!header.is_object()) throw bad("header is not a JSON object");
+  const int64_t data_start = 8 + static_cast<int64_t>(n);
+  const int64_t data_size = file_size - data_start;
+  SafetensorsFile result;
+  for (auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") {
+      for (auto& [k, v] : entry.items()) result.metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      continue;
+    }
+    at::ScalarType dtype = at::kFloat;
+    bool known = false;
+    const std::string dtype_name = entry.value("dtype", "");
+    for (const auto& [type, tname] : dtype_names())
+      if (tname == dtype_name) dtype = type, known = true;
+    if (!known) throw bad("tensor '" + name + "' has unknown dtype '" + dtype_name + "'");
+    std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
+    auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
+    if (offsets.size() != 2 || offsets[0] < 0 || offsets[1] - offsets[0] != bytes)
+      throw bad("tensor '" + name + "' has data_offsets that do not match its shape and dtype");
+    if (offsets[1] > data_size)
+      throw bad("tensor '" + name + "' ends at byte " + std::to_string(offsets[1]) + " of the data but only " +
+                std::to_string(data_size) + " are there (truncated?)");
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(dtype));
+    in.seekg(data_start + offsets[0]);
+    in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
+    if (!in) throw bad("could not read tensor '" + name + "'");
+    result.tensors[name] = t;
+  }
+  return result;
+}
+
+}  // namespace crosstrain::checkpoint

@@ -1,0 +1,120 @@
+#include "crosstrain/models/gpt.h"
+
+#include <cmath>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::models {
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c.n_head) {
+  c_attn = register_module("c_attn", torch::nn::Linear(c.n_embd, 3 * c.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(c.n_embd, c.n_embd));
+  attn_dropout = register_module("attn_dropout", torch::nn::Dropout(c.dropout));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
+  mask_ = register_buffer("mask", torch::ones({c.block_size, c.block_size}, torch::kBool).triu(1));
+}
+
+torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
+  const auto B = x.size(0), T = x.size(1), C = x.size(2);
+  const auto hd = C / n_head_;
+  auto qkv = c_attn(x).split(C, 2);
+  // [B, T, C] -> [B, H, T, hd]
+  auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
+  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  att = att.masked_fill(mask_.slice(0, 0, T).slice(1, 0, T), -std::numeric_limits<float>::infinity());
+  att = attn_dropout(torch::softmax(att, -1));
+  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  return resid_dropout(c_proj(y));
+}
+
+MLPImpl::MLPImpl(const GPTConfig& c) {
+  c_fc = register_module("c_fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * c.n_embd, c.n_embd));
+  dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
+}
+
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return dropout(c_proj(torch::gelu(c_fc(x)))); }
+
+BlockImpl::BlockImpl(const GPTConfig& c) {
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  attn = register_module("attn", CausalSelfAttention(c));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  mlp = register_module("mlp", MLP(c));
+}
+
+torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  x = x + attn(ln_1(x));
+  return x + mlp(ln_2(x));
+}
+
+GPTImpl::GPTImpl(const GPTConfig& c, uint64_t seed) : config_(c) {
+  c.validate();
+  wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(c.dropout));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
+  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
+  lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+  initialize(seed);
+}
+
+void GPTImpl::initialize(uint64_t seed) {
+  // A private generator: the result depends on the seed and the parameter order only.
+  auto gen = at::detail::createCPUGenerator(seed);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    torch::Tensor& p = item.value();
+    auto ends_with = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (name.find(".ln_") != std::string::npos || name.rfind("ln_f.", 0) == 0) {
+      ends_with(".weight") ? p.fill_(1.0) : p.zero_();
+    } else if (ends_with(".bias")) {
+      p.zero_();
+    } else if (ends_with("c_proj.weight")) {
+      p.normal_(0.0, residual_std, gen);
+    } else {
+      p.normal_(0.0, 0.02, gen);
+    }
+  }
+}
+
+torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
+  const auto T = tokens.size(1);
+  TORCH_CHECK(T <= config_.block_size, "sequence of ", T, " tokens is longer than block_size ", config_.block_size);
+  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
+  auto x = drop(wte(tokens) + wpe(pos));
+  for (const auto& block : *h) x = block->as<Block>()->forward(x);
+  return lm_head(ln_f(x));
+}
+
+torch::Tensor GPTImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {
+  auto logits = forward(tokens);
+  return torch::nn::functional::cross_entropy(logits.view({-1, logits.size(-1)}), targets.reshape({-1}));
+}
+
+torch::Tensor GPTImpl::generate(torch::Tensor tokens, int64_t new_tokens, double temperature, int64_t top_k,
+                                uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::detail::createCPUGenerator(seed);
+  const bool was_training = is_training();
+  eval();
+  for (int64_t i = 0; i < new_tokens; ++i) {
+    auto context = tokens.size(1) <= config_.block_size ? tokens : tokens.slice(1, tokens.size(1) - config_.block_size);
+    auto logits = forward(context).select(1, context.size(1) - 1) / std::max(temperature, 1e-6);
+    if (top_k > 0 && top_k < logits.size(-1)) {
+      auto kth = std::get<0>(logits.topk(top_k)).select(-1, top_k - 1).unsqueeze(-1);
+      logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+    }
+    auto next = torch::multinomial(torch::softmax(logits, -1), 1, false, gen);
+    tokens = torch::cat({tokens, next}, 1);
+  }
+  train(was_training);
+  return tokens;
+}
+
+}  // namespace crosstrain::models

@@ -1,0 +1,163 @@
+#include "crosstrain/parallel/grad_reducer.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/engine.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <algorithm>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::parallel {
+
+BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::Communicator* comm,
+                                     BucketConfig config)
+    : comm_(comm) {
+  for (auto& p : parameters)
+    if (p.requires_grad()) parameters_.push_back(p);
+  if (config.bucket_bytes < 1) throw UsageError("parallel.bucket_mb must be positive");
+  bucket_of_.resize(parameters_.size());
+  // Reverse order: the last layers' gradients are ready first.
+  for (size_t k = parameters_.size(); k-- > 0;) {
+    const at::Tensor& p = parameters_[k];
+    const int64_t bytes = p.numel() * static_cast<int64_t>(p.element_size());
+    if (buckets_.empty()) buckets_.emplace_back();
+    Bucket& b = buckets_.back();
+    int64_t used = 0;
+    for (size_t q : b.params) used += parameters_[q].numel() * static_cast<int64_t>(parameters_[q].element_size());
+    const bool same_dtype = b.params.empty() || parameters_[b.params[0]].scalar_type() == p.scalar_type();
+    if (!b.params.empty() && (!same_dtype || used + bytes > config.bucket_bytes)) buckets_.emplace_back();
+    buckets_.back().params.push_back(k);
+    bucket_of_[k] = buckets_.size() - 1;
+  }
+  for (auto& b : buckets_) {
+    int64_t numel = 0;
+    for (size_t q : b.params) numel += parameters_[q].numel();
+    b.flat = at::zeros({numel}, parameters_[b.params[0]].options().requires_grad(false));
+    int64_t offset = 0;
+    for (size_t q : b.params) {
+      const at::Tensor& p = parameters_[q];
+      b.views.push_back(b.flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      offset += p.numel();
+    }
+    stats_.bytes += numel * static_cast<int64_t>(b.flat.element_size());
+  }
+  stats_.buckets = static_cast<int>(buckets_.size());
+  attach_views();
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    auto acc = torch::autograd::impl::grad_accumulator(parameters_[k]);
+    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+        [this, k](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          on_gradient_ready(k);
+          return outputs;
+        }));
+    accumulators_.push_back(std::move(acc));
+  }
+  reset_pass();
+}
+
+BucketedAllReduce::~BucketedAllReduce() {
+  // Hooks capture `this`; the accumulators may outlive us inside the model's autograd graph.
+  for (auto& acc : accumulators_) acc->post_hooks().clear();
+}
+
+void BucketedAllReduce::attach_views() {
+  for (auto& b : buckets_)
+    for (size_t i = 0; i < b.params.size(); ++i) {
+      at::Tensor& p = parameters_[b.params[i]];
+      const at::Tensor& view = b.views[i];
+      if (!p.grad().defined() || p.grad().data_ptr() != view.data_ptr()) {
+        if (p.grad().defined()) view.copy_(p.grad());
+        p.mutable_grad() = view;
+      }
+    }
+}
+
+void BucketedAllReduce::zero_grad() {
+  for (auto& b : buckets_) b.flat.zero_();
+  attach_views();
+}
+
+void BucketedAllReduce::reset_pass() {
+  for (auto& b : buckets_) {
+    b.pending = static_cast<int>(b.params.size());
+    b.work.reset();
+    b.done = false;
+  }
+  next_launch_ = 0;
+  in_pass_ = false;
+}
+
+void BucketedAllReduce::on_gradient_ready(size_t param) {
+  if (!sync_) return;
+  if (!in_pass_) {
+    in_pass_ = true;
+    // Runs when the whole backward pass is over: start what is left and wait.
+    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
+  }
+  Bucket& b = buckets_[bucket_of_[param]];
+  --b.pending;
+  launch_ready_buckets();
+}
+
+void BucketedAllReduce::launch_ready_buckets() {
+  // Strictly in bucket order, so every rank issues the same sequence of collectives.
+  while (next_launch_ < buckets_.size() && buckets_[next_launch_].pending <= 0) launch(buckets_[next_launch_++]);
+  // Note completions as they happen, for the comm-time accounting.
+  for (size_t i = 0; i < next_launch_; ++i) {
+    Bucket& b = buckets_[i];
+    if (!b.done && b.work && b.work->is_completed()) {
+      b.work->wait();
+      b.done = true;
+      b.completed = Clock::now();
+    }
+  }
+}
+
+void BucketedAllReduce::launch(Bucket& b) {
+  b.launched = Clock::now();
+  // A gradient replaced behind our back (someone assigned .grad) is copied back into the bucket.
+  for (size_t i = 0; i < b.params.size(); ++i) {
+    at::Tensor& p = parameters_[b.params[i]];
+    if (p.grad().defined() && p.grad().data_ptr() != b.views[i].data_ptr()) {
+      b.views[i].copy_(p.grad());
+      p.mutable_grad() = b.views[i];
+    }
+  }
+  if (comm_ && comm_->size() > 1) {
+    b.work = comm_->all_reduce(b.flat, comm::ReduceOp::Avg);
+  } else {
+    b.done = true;
+    b.completed = b.launched;
+  }
+}
+
+void BucketedAllReduce::finish() {
+  if (!in_pass_) return;
+  backward_done_ = Clock::now();
+  for (auto& b : buckets_) b.pending = 0;  // parameters without a gradient this step contribute zeros
+  launch_ready_buckets();
+  for (auto& b : buckets_) {
+    if (b.done) continue;
+    b.work->wait();
+    b.done = true;
+    b.completed = Clock::now();
+  }
+  // Union of the in-flight intervals (buckets run one after another on the back end).
+  double busy = 0;
+  Clock::time_point covered{};
+  for (auto& b : buckets_) {
+    auto start = std::max(b.launched, covered);
+    if (b.completed > start) busy += std::chrono::duration<double>(b.completed - start).count();
+    covered = std::max(covered, b.completed);
+  }
+  const auto end = Clock::now();
+  stats_.comm_time_s = busy;
+  stats_.exposed_comm_time_s = std::chrono::duration<double>(end - backward_done_).count();
+  if (!comm_ || comm_->size() == 1) stats_.exposed_comm_time_s = 0;
+  reset_pass();
+}
+
+}  // namespace crosstrain::parallel

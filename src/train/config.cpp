@@ -1,0 +1,207 @@
+#include "crosstrain/train/config.h"
+
+#include <toml++/toml.h>
+
+#include <functional>
+#include <map>
+#include <sstream>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::train {
+namespace {
+
+// One configurable key: how to set it from a TOML node and how to print it.
+struct Field {
+  std::string section, key;
+  std::function<void(const toml::node&, const std::string& where)> set;
+  std::function<std::string()> show;
+};
+
+[[noreturn]] void wrong_type(const std::string& where, const char* expected, const toml::node& node) {
+  std::ostringstream got;
+  node.visit([&](const auto& v) {
+    if constexpr (toml::is_string<decltype(v)>) got << '"' << v.get() << '"';
+    else if constexpr (toml::is_value<decltype(v)>) got << v.get();
+    else got << "a " << (toml::is_table<decltype(v)> ? "table" : "array");
+  });
+  throw UsageError(where + " must be " + expected + ", got " + got.str());
+}
+
+Field int_field(const char* section, const char* key, int64_t& ref) {
+  return {section, key,
+          [&ref](const toml::node& n, const std::string& where) {
+            if (!n.is_integer()) wrong_type(where, "an integer", n);
+            ref = n.as_integer()->get();
+          },
+          [&ref] { return std::to_string(ref); }};
+}
+
+Field uint_field(const char* section, const char* key, uint64_t& ref) {
+  return {section, key,
+          [&ref](const toml::node& n, const std::string& where) {
+            if (!n.is_integer() || n.as_integer()->get() < 0) wrong_type(where, "a non-negative integer", n);
+            ref = static_cast<uint64_t>(n.as_integer()->get());
+          },
+          [&ref] { return std::to_string(ref); }};
+}
+
+Field double_field(const char* section, const char* key, double& ref) {
+  return {section, key,
+          [&ref](const toml::node& n, const std::string& where) {
+            if (n.is_floating_point()) ref = n.as_floating_point()->get();
+            else if (n.is_integer()) ref = static_cast<double>(n.as_integer()->get());
+            else wrong_type(where, "a number", n);
+          },
+          [&ref] {
+            std::ostringstream out;
+            out << toml::value<double>(ref);
+            return out.str();
+          }};
+}
+
+Field string_field(const char* section, const char* key, std::string& ref) {
+  return {section, key,
+          [&ref](const toml::node& n, const std::string& where) {
+            if (!n.is_string()) wrong_type(where, "a string", n);
+            ref = n.as_string()->get();
+          },
+          [&ref] {
+            std::ostringstream out;
+            out << toml::value<std::string>(ref);
+            return out.str();
+          }};
+}
+
+std::vector<Field> fields(Config& c) {
+  return {
+      string_field("run", "name", c.run.name),
+      string_field("run", "dir", c.run.dir),
+      uint_field("run", "seed", c.run.seed),
+      int_field("run", "log_every", c.run.log_every),
+      int_field("model", "n_layer", c.model.n_layer),
+      int_field("model", "n_head", c.model.n_head),
+      int_field("model", "n_embd", c.model.n_embd),
+      int_field("model", "block_size", c.model.block_size),
+      int_field("model", "vocab_size", c.model.vocab_size),
+      double_field("model", "dropout", c.model.dropout),
+      string_field("data", "path", c.data.path),
+      string_field("data", "format", c.data.format),
+      double_field("data", "val_fraction", c.data.val_fraction),
+      int_field("train", "steps", c.train.steps),
+      int_field("train", "global_batch", c.train.global_batch),
+      int_field("train", "micro_batches", c.train.micro_batches),
+      double_field("train", "lr", c.train.lr),
+      double_field("train", "min_lr", c.train.min_lr),
+      int_field("train", "warmup_steps", c.train.warmup_steps),
+      double_field("train", "weight_decay", c.train.weight_decay),
+      double_field("train", "beta1", c.train.beta1),
+      double_field("train", "beta2", c.train.beta2),
+      double_field("train", "eps", c.train.eps),
+      double_field("train", "grad_clip", c.train.grad_clip),
+      int_field("train", "eval_every", c.train.eval_every),
+      int_field("train", "eval_batches", c.train.eval_batches),
+      int_field("train", "checkpoint_every", c.train.checkpoint_every),
+      int_field("train", "sample_tokens", c.train.sample_tokens),
+      double_field("train", "peak_flops_per_rank", c.train.peak_flops_per_rank),
+      int_field("train", "threads_per_rank", c.train.threads_per_rank),
+      int_field("parallel", "dp", c.parallel.dp),
+      double_field("parallel", "bucket_mb", c.parallel.bucket_mb),
+      string_field("comm", "backend", c.comm.backend),
+      double_field("comm", "timeout_s", c.comm.timeout_s),
+  };
+}
+
+std::vector<std::string> sections(const std::vector<Field>& all) {
+  std::vector<std::string> out;
+  for (const auto& f : all)
+    if (out.empty() || out.back() != f.section) out.push_back(f.section);
+  return out;
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& i : items) out += (out.empty() ? "" : ", ") + i;
+  return out;
+}
+
+void set_key(std::vector<Field>& all, const std::string& section, const std::string& key, const toml::node& value,
+             const std::string& origin) {
+  std::vector<std::string> valid;
+  bool section_known = false;
+  for (auto& f : all) {
+    if (f.section != section) continue;
+    section_known = true;
+    valid.push_back(f.key);
+    if (f.key == key) {
+      f.set(value, section + "." + key + " (" + origin + ")");
+      return;
+    }
+  }
+  if (!section_known)
+    throw UsageError("unknown section [" + section + "] in " + origin + "; the sections are " + join(sections(all)));
+  throw UsageError("unknown key '" + section + "." + key + "' in " + origin + "; valid keys of [" + section +
+                   "]: " + join(valid));
+}
+
+}  // namespace
+
+void apply_override(Config& config, const std::string& assignment) {
+  auto eq = assignment.find('=');
+  auto dot = assignment.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot > eq)
+    throw UsageError("--set '" + assignment + "' must look like section.key=value, e.g. train.steps=30");
+  const std::string section = assignment.substr(0, dot);
+  const std::string key = assignment.substr(dot + 1, eq - dot - 1);
+  const std::string text = assignment.substr(eq + 1);
+  auto all = fields(config);
+  // TOML syntax when it parses (numbers, quoted strings, booleans), otherwise a bare string.
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    parsed = toml::table{{"v", text}};
+  }
+  set_key(all, section, key, *parsed.get("v"), "--set " + assignment);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config config;
+  toml::table table;
+  try {
+    table = toml::parse_file(path);
+  } catch (const toml::parse_error& e) {
+    const auto& where = e.source().begin;
+    if (std::string(e.description()).find("File could not be opened") != std::string::npos)
+      throw UsageError("cannot read config file '" + path + "'");
+    throw UsageError("config file '" + path + "' line " + std::to_string(where.line) + ": " +
+                     std::string(e.description()));
+  }
+  auto all = fields(config);
+  for (const auto& [section, node] : table) {
+    const std::string name(section.str());
+    if (!node.is_table()) {
+      throw UsageError("'" + name + "' in " + path + " must be a section [" + name + "]; the sections are " +
+                       join(sections(all)));
+    }
+    for (const auto& [key, value] : *node.as_table()) set_key(all, name, std::string(key.str()), value, path);
+  }
+  for (const auto& o : overrides) apply_override(config, o);
+  return config;
+}
+
+std::string to_toml(const Config& const_config) {
+  Config config = const_config;
+  std::ostringstream out;
+  std::string section;
+  for (const auto& f : fields(config)) {
+    if (f.section != section) {
+      out << (section.empty() ? "" : "\n") << "[" << f.section << "]\n";
+      section = f.section;
+    }
+    out << f.key << " = " << f.show() << "\n";
+  }
+  return out.str();
+}
+
+}  // namespace crosstrain::train

@@ -1,0 +1,147 @@
+// `crosstrain train` as a user runs it: real processes over Gloo, real files.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "subprocess.h"
+#include "train_fixture.h"
+
+using namespace crosstrain::testing;
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+namespace {
+
+const std::string kBin = CT_CROSSTRAIN_BIN;
+const std::string kRecipes = CT_SOURCE_DIR "/recipes";
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::vector<nlohmann::json> read_metrics(const std::string& dir) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+std::string fresh_dir(const std::string& name) {
+  auto d = fs::path(::testing::TempDir()) / name;
+  fs::remove_all(d);
+  return d.string();
+}
+
+// The tiny test model on the generated corpus, as --set overrides of the gpt-tiny recipe.
+std::vector<std::string> tiny_args(const std::string& dir, int nproc, int steps) {
+  return {kBin, "train", kRecipes + "/gpt-tiny.toml", "--nproc", std::to_string(nproc),
+          "--set", "run.dir=" + dir, "--set", "train.steps=" + std::to_string(steps),
+          "--set", "model.n_layer=2", "--set", "model.n_embd=32", "--set", "model.block_size=32",
+          "--set", "model.n_head=2", "--set", "train.global_batch=8", "--set", "data.path=" + corpus_file(),
+          "--set", "train.sample_tokens=0", "--set", "train.eval_every=10", "--set", "parallel.bucket_mb=0.01",
+          "--set", "train.peak_flops_per_rank=1e9", "--set", "train.warmup_steps=5"};
+}
+
+}  // namespace
+
+TEST(TrainCli, RecipeOnTwoRanksWritesMetrics) {
+  // The acceptance command: gpt-tiny as shipped, 30 steps, 2 ranks.
+  auto dir = fresh_dir("tiny30");
+  auto res = run_process({kBin, "train", kRecipes + "/gpt-tiny.toml", "--nproc", "2", "--set", "train.steps=30",
+                          "--set", "run.dir=" + dir, "--set", "train.sample_tokens=40"},
+                         {}, milliseconds(300000));
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  auto rows = read_metrics(dir);
+  ASSERT_EQ(rows.size(), 30u);
+  for (const auto& row : rows)
+    for (const char* key : {"step", "loss", "lr", "tokens_per_s", "mfu", "step_time_s", "comm_time_s",
+                            "exposed_comm_time_s"})
+      EXPECT_TRUE(row.contains(key)) << key;
+  EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>());
+  EXPECT_GT(rows.back()["comm_time_s"].get<double>(), 0.0);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "config.toml"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000030" / "model.safetensors"));
+  EXPECT_TRUE(contains(res.output, "--- sample")) << res.output;
+}
+
+TEST(TrainCli, GlooRanksMatchOneProcess) {
+  auto one = fresh_dir("gloo_parity_1"), two = fresh_dir("gloo_parity_2");
+  auto r1 = run_process(tiny_args(one, 1, 20), {}, milliseconds(120000));
+  ASSERT_EQ(r1.exit_code(), 0) << r1.output;
+  auto r2 = run_process(tiny_args(two, 2, 20), {}, milliseconds(120000));
+  ASSERT_EQ(r2.exit_code(), 0) << r2.output;
+  auto a = read_metrics(one), b = read_metrics(two);
+  ASSERT_EQ(a.size(), 20u);
+  ASSERT_EQ(b.size(), 20u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    double x = a[i]["loss"], y = b[i]["loss"];
+    EXPECT_NEAR(y, x, 1e-5 * std::abs(x)) << "step " << i + 1;
+  }
+}
+
+TEST(TrainCli, ResumeContinuesExactlyLikeAnUninterruptedRun) {
+  auto full = fresh_dir("resume_full"), part = fresh_dir("resume_part");
+  auto args = tiny_args(full, 2, 20);
+  args.insert(args.end(), {"--set", "train.checkpoint_every=10"});
+  auto r = run_process(args, {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  // An interrupted run: only the step-10 checkpoint and the first 10 metrics rows survived.
+  fs::create_directories(fs::path(part) / "checkpoints");
+  fs::copy(fs::path(full) / "checkpoints" / "step_00000010", fs::path(part) / "checkpoints" / "step_00000010");
+  auto rows = read_metrics(full);
+  {
+    std::ofstream out(fs::path(part) / "metrics.jsonl");
+    for (int i = 0; i < 13; ++i) out << rows[i].dump() << "\n";  // 3 rows past the checkpoint are replaced
+  }
+  auto resume = tiny_args(part, 2, 20);
+  resume.insert(resume.end(), {"--set", "train.checkpoint_every=10", "--resume"});
+  auto r2 = run_process(resume, {}, milliseconds(120000));
+  ASSERT_EQ(r2.exit_code(), 0) << r2.output;
+  EXPECT_TRUE(contains(r2.output, "resumed from")) << r2.output;
+  auto resumed = read_metrics(part);
+  ASSERT_EQ(resumed.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    EXPECT_EQ(resumed[i]["step"], rows[i]["step"]);
+    EXPECT_DOUBLE_EQ(resumed[i]["loss"].get<double>(), rows[i]["loss"].get<double>()) << "step " << i + 1;
+  }
+}
+
+TEST(TrainCli, BadInputGetsOneClearLine) {
+  auto dir = fresh_dir("bad_input");
+  auto bad = [&](std::vector<std::string> extra, const std::string& expect, const std::string& config = "") {
+    std::vector<std::string> args{kBin, "train", config.empty() ? kRecipes + "/gpt-tiny.toml" : config,
+                                  "--set", "run.dir=" + dir};
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto res = run_process(args, {}, milliseconds(60000));
+    EXPECT_NE(res.exit_code(), 0) << res.output;
+    EXPECT_TRUE(contains(res.output, expect)) << "expected '" << expect << "' in:\n" << res.output;
+    EXPECT_FALSE(contains(res.output, "frame #")) << "a backtrace leaked:\n" << res.output;
+  };
+  bad({"--set", "train.lrate=1"}, "unknown key 'train.lrate'");
+  bad({"--set", "train.lrate=1"}, "valid keys of [train]: steps");
+  bad({"--set", "data.path=/nonexistent/corpus.txt"}, "data file '/nonexistent/corpus.txt' does not exist");
+  bad({"--nproc", "2", "--set", "train.global_batch=7"}, "train.global_batch = 7 is not divisible by 2");
+  bad({}, "cannot read config file", "/nonexistent/recipe.toml");
+  bad({"--resume"}, "no checkpoint");
+
+  // A corrupt checkpoint: flip bytes inside a tensor of a real one.
+  auto args = tiny_args(dir, 1, 2);
+  auto ok = run_process(args, {}, milliseconds(60000));
+  ASSERT_EQ(ok.exit_code(), 0) << ok.output;
+  auto weights = fs::path(dir) / "checkpoints" / "step_00000002" / "model.safetensors";
+  {
+    std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(fs::file_size(weights) - 64));
+    f.write("garbage!garbage!", 16);
+  }
+  args.push_back("--resume");
+  auto res = run_process(args, {}, milliseconds(60000));
+  EXPECT_NE(res.exit_code(), 0) << res.output;
+  EXPECT_TRUE(contains(res.output, weights.string())) << res.output;
+  EXPECT_TRUE(contains(res.output, "checksum")) << res.output;
+  // Truncated.
+  fs::resize_file(weights, 100);
+  res = run_process(args, {}, milliseconds(60000));
+  EXPECT_NE(res.exit_code(), 0) << res.output;
+  EXPECT_TRUE(contains(res.output, "truncated")) << res.output;
+}

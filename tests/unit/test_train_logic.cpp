@@ -1,0 +1,155 @@
+// Pure parts of training: schedule, sampler, config, tokenizer, safetensors.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "crosstrain/checkpoint/safetensors.h"
+#include "crosstrain/core/error.h"
+#include "crosstrain/data/sampler.h"
+#include "crosstrain/data/tokenizer.h"
+#include "crosstrain/train/config.h"
+#include "crosstrain/train/schedule.h"
+
+using namespace crosstrain;
+namespace fs = std::filesystem;
+
+namespace {
+std::string temp_file(const std::string& name, const std::string& content) {
+  fs::path p = fs::path(::testing::TempDir()) / name;
+  std::ofstream(p) << content;
+  return p.string();
+}
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+}  // namespace
+
+TEST(Schedule, WarmupThenCosine) {
+  EXPECT_DOUBLE_EQ(train::learning_rate(1, 10, 100, 1.0, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(train::learning_rate(10, 10, 100, 1.0, 0.1), 1.0);
+  EXPECT_NEAR(train::learning_rate(55, 10, 100, 1.0, 0.1), 0.55, 1e-12);  // halfway down the cosine
+  EXPECT_DOUBLE_EQ(train::learning_rate(100, 10, 100, 1.0, 0.1), 0.1);
+  EXPECT_DOUBLE_EQ(train::learning_rate(5, 0, 0, 1.0, 0.1), 1.0);
+  for (int s = 11; s < 100; ++s)
+    EXPECT_LE(train::learning_rate(s + 1, 10, 100, 1.0, 0.1), train::learning_rate(s, 10, 100, 1.0, 0.1));
+}
+
+TEST(Sampler, RanksGetDisjointSlicesOfTheSameGlobalBatch) {
+  const int dp = 4, micro = 2;
+  data::DistributedSampler reference(7, 100000, 64, 16, 0, 1, 1);
+  for (int64_t step : {1, 2, 99}) {
+    auto global = reference.global_offsets(step);
+    std::vector<int64_t> joined;
+    for (int r = 0; r < dp; ++r) {
+      data::DistributedSampler s(7, 100000, 64, 16, r, dp, micro);
+      EXPECT_EQ(s.local_micro_batch(), 2);
+      for (int m = 0; m < micro; ++m) {
+        auto part = s.local_offsets(step, m);
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+    }
+    EXPECT_EQ(joined, global);  // in order: rank-major, then micro-batch
+    for (auto o : global) {
+      EXPECT_GE(o, 0);
+      EXPECT_LT(o, 100000 - 64);
+    }
+  }
+  EXPECT_NE(reference.global_offsets(1), reference.global_offsets(2));
+  EXPECT_NE(reference.global_offsets(1), data::DistributedSampler(8, 100000, 64, 16, 0, 1, 1).global_offsets(1));
+}
+
+TEST(Sampler, StateRoundTripsAndChecksTheSeed) {
+  data::DistributedSampler s(3, 1000, 10, 4, 0, 2, 1);
+  s.mark_done(41);
+  EXPECT_EQ(s.state().next_step, 42);
+  data::DistributedSampler t(3, 1000, 10, 4, 0, 2, 1);
+  t.restore(s.state());
+  EXPECT_EQ(t.state().next_step, 42);
+  data::DistributedSampler other(4, 1000, 10, 4, 0, 2, 1);
+  EXPECT_THROW(other.restore(s.state()), UsageError);
+}
+
+TEST(Sampler, BatchNotDivisibleByRanksIsAClearError) {
+  auto what = error_of([] { data::DistributedSampler(1, 1000, 10, 6, 0, 4, 1); });
+  EXPECT_NE(what.find("global_batch = 6 is not divisible by 4"), std::string::npos) << what;
+  EXPECT_NE(error_of([] { data::DistributedSampler(1, 5, 10, 4, 0, 1, 1); }).find("fewer than one sequence"),
+            std::string::npos);
+}
+
+TEST(Config, LoadsOverridesAndPrints) {
+  auto path = temp_file("ok.toml", "[train]\nsteps = 7\nlr = 3e-4\n[model]\nn_layer = 3\n");
+  auto c = train::load_config(path, {"train.global_batch=32", "run.dir=/tmp/x y", "data.path=\"a b\"",
+                                     "model.dropout=0.25", "train.lr=1"});
+  EXPECT_EQ(c.train.steps, 7);
+  EXPECT_EQ(c.train.global_batch, 32);
+  EXPECT_DOUBLE_EQ(c.train.lr, 1.0);  // integers are accepted for numbers
+  EXPECT_EQ(c.model.n_layer, 3);
+  EXPECT_EQ(c.run.dir, "/tmp/x y");
+  EXPECT_EQ(c.data.path, "a b");
+  EXPECT_DOUBLE_EQ(c.model.dropout, 0.25);
+  // The resolved config reads back to the same values.
+  auto again = train::load_config(temp_file("resolved.toml", train::to_toml(c)));
+  EXPECT_EQ(train::to_toml(again), train::to_toml(c));
+}
+
+TEST(Config, UnknownKeysAndWrongTypesAreNamed) {
+  auto path = temp_file("bad.toml", "[train]\nstepz = 7\n");
+  auto what = error_of([&] { train::load_config(path); });
+  EXPECT_NE(what.find("unknown key 'train.stepz'"), std::string::npos) << what;
+  EXPECT_NE(what.find("valid keys of [train]: steps, global_batch"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("b2.toml", "[trian]\nsteps = 1\n")); });
+  EXPECT_NE(what.find("unknown section [trian]"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("b3.toml", "[train]\nsteps = \"many\"\n")); });
+  EXPECT_NE(what.find("train.steps"), std::string::npos) << what;
+  EXPECT_NE(what.find("must be an integer"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("b4.toml", "[train\nsteps = 1\n")); });
+  EXPECT_NE(what.find("line 1"), std::string::npos) << what;
+  what = error_of([&] { train::load_config("/nonexistent/x.toml"); });
+  EXPECT_NE(what.find("cannot read config file '/nonexistent/x.toml'"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("ok2.toml", ""), {"train.steps"}); });
+  EXPECT_NE(what.find("section.key=value"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("ok3.toml", ""), {"train.lr=fast"}); });
+  EXPECT_NE(what.find("train.lr"), std::string::npos) << what;
+}
+
+TEST(Tokenizer, ByteRoundTrip) {
+  data::ByteTokenizer tok;
+  std::string text = "Hello, wörld!\n\t%";
+  auto ids = tok.encode(text);
+  EXPECT_EQ(ids.size(), text.size());
+  EXPECT_EQ(tok.decode(std::vector<int64_t>(ids.begin(), ids.end())), text);
+  EXPECT_EQ(tok.decode({72, 300}), "H<300>");
+}
+
+TEST(Safetensors, RoundTripAndTruncation) {
+  auto path = (fs::path(::testing::TempDir()) / "t.safetensors").string();
+  auto a = at::arange(12, at::kFloat).reshape({3, 4});
+  auto b = at::tensor({1, 2, 3}, at::kLong);
+  checkpoint::write_safetensors(path, {{"layer.a", a}, {"b", b}}, {{"step", "5"}});
+  // The layout of the format: u64 header length, then a JSON header.
+  std::ifstream raw(path, std::ios::binary);
+  unsigned char len[8];
+  raw.read(reinterpret_cast<char*>(len), 8);
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= static_cast<uint64_t>(len[i]) << (8 * i);
+  EXPECT_EQ(n % 8, 0u);
+  EXPECT_EQ(fs::file_size(path), 8 + n + 12 * 4 + 3 * 8);
+  auto f = checkpoint::read_safetensors(path);
+  EXPECT_TRUE(at::equal(f.tensors.at("layer.a"), a));
+  EXPECT_TRUE(at::equal(f.tensors.at("b"), b));
+  EXPECT_EQ(f.metadata.at("step"), "5");
+  fs::resize_file(path, fs::file_size(path) - 5);
+  auto what = error_of([&] { checkpoint::read_safetensors(path); });
+  EXPECT_NE(what.find("truncated"), std::string::npos) << what;
+  EXPECT_NE(what.find(path), std::string::npos) << what;
+}

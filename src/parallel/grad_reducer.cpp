@@ -7,6 +7,7 @@
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
+#include <cmath>
 
 #include "crosstrain/core/error.h"
 
@@ -32,10 +33,14 @@ BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::C
     buckets_.back().params.push_back(k);
     bucket_of_[k] = buckets_.size() - 1;
   }
+  if (buckets_.empty()) throw UsageError("the gradient reducer got no parameters that require gradients");
   for (auto& b : buckets_) {
     int64_t numel = 0;
     for (size_t q : b.params) numel += parameters_[q].numel();
-    b.flat = at::zeros({numel}, parameters_[b.params[0]].options().requires_grad(false));
+    // The bucket started last also carries the side values.
+    const int64_t side = &b == &buckets_.back() ? kSideValues : 0;
+    b.flat = at::zeros({numel + side}, parameters_[b.params[0]].options().requires_grad(false));
+    b.grads = b.flat.narrow(0, 0, numel);
     int64_t offset = 0;
     for (size_t q : b.params) {
       const at::Tensor& p = parameters_[q];
@@ -78,6 +83,27 @@ void BucketedAllReduce::attach_views() {
 void BucketedAllReduce::zero_grad() {
   for (auto& b : buckets_) b.flat.zero_();
   attach_views();
+}
+
+double BucketedAllReduce::gradient_norm() const {
+  double sum = 0;
+  for (const auto& b : buckets_) sum += b.grads.pow(2).sum().item<double>();
+  return std::sqrt(sum);
+}
+
+void BucketedAllReduce::scale_gradients(double factor) {
+  for (auto& b : buckets_) b.grads.mul_(factor);
+}
+
+void BucketedAllReduce::set_side_value(int index, double value) {
+  if (index < 0 || index >= kSideValues) throw UsageError("side value index out of range");
+  const at::Tensor& flat = buckets_.back().flat;
+  flat[flat.numel() - kSideValues + index].fill_(value);
+}
+
+double BucketedAllReduce::side_value(int index) const {
+  const at::Tensor& flat = buckets_.back().flat;
+  return flat[flat.numel() - kSideValues + index].item<double>();
 }
 
 void BucketedAllReduce::reset_pass() {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "crosstrain/core/allocator.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/threads.h"
 #include "crosstrain/data/dataset.h"
@@ -98,6 +99,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
   const bool leader = world.rank() == 0;
   const bool talk = leader && !options.quiet;
   limit_compute_threads(static_cast<int>(c.train.threads_per_rank));
+  keep_freed_memory_for_reuse();
 
   // Model: the same full model on every rank, from the seed alone.
   s.model = models::GPT(c.model, c.run.seed);
@@ -181,7 +183,6 @@ TrainResult Trainer::run(const TrainOptions& options) {
   };
 
   TrainResult result;
-  auto params = s.model->parameters();
   auto run_start = Clock::now();
   for (int64_t step = start_step; step <= c.train.steps; ++step) {
     world.set_step(step);
@@ -196,28 +197,27 @@ TrainResult Trainer::run(const TrainOptions& options) {
     for (int64_t m = 0; m < c.train.micro_batches; ++m) {
       torch::Tensor x, y;
       data::make_batch(s.splits.train, s.sampler->local_offsets(step, static_cast<int>(m)), c.model.block_size, x, y);
-      s.reducer->set_sync(m == c.train.micro_batches - 1);
+      const bool sync = m == c.train.micro_batches - 1;
+      s.reducer->set_sync(sync);
       auto loss = s.model->loss(x, y) / static_cast<double>(c.train.micro_batches);
-      loss.backward();
       local_loss += loss.item<double>();
+      // The loss rides with the gradients: averaged over the ranks in the same collective.
+      if (sync) s.reducer->set_side_value(0, local_loss);
+      loss.backward();
     }
     s.reducer->finish();
-    double grad_norm = 0;
-    if (c.train.grad_clip > 0) grad_norm = torch::nn::utils::clip_grad_norm_(params, c.train.grad_clip);
-    else {
-      for (auto& p : params) grad_norm += p.grad().pow(2).sum().item<double>();
-      grad_norm = std::sqrt(grad_norm);
-    }
+    // The loss of the global batch: the mean of the ranks' means (equal shares).
+    const double global_loss = s.reducer->side_value(0);
+    double grad_norm = s.reducer->gradient_norm();
+    if (c.train.grad_clip > 0 && grad_norm > c.train.grad_clip)
+      s.reducer->scale_gradients(c.train.grad_clip / (grad_norm + 1e-6));
     s.optimizer->step();
     s.reducer->zero_grad();
     s.sampler->mark_done(step);
 
-    // The loss of the global batch: the mean of the ranks' means (equal shares).
-    at::Tensor l = at::full({1}, local_loss, at::kDouble);
-    world.all_reduce(l, comm::ReduceOp::Avg)->wait();
     StepRecord rec;
     rec.step = step;
-    rec.loss = l.item<double>();
+    rec.loss = global_loss;
     rec.lr = lr;
     rec.grad_norm = grad_norm;
     rec.step_time_s = seconds_since(t0);

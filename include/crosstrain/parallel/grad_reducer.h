@@ -36,6 +36,13 @@ class GradReducer {
   // calling it again is free.
   virtual void finish() = 0;
   virtual ReducerStats stats() const = 0;
+  // L2 norm of all gradients, and scaling them in place (for clipping), without per-tensor calls.
+  virtual double gradient_norm() const = 0;
+  virtual void scale_gradients(double factor) = 0;
+  // Scalars averaged over the ranks together with the gradients (no extra collective): set them before the
+  // syncing backward, read them after it. Used for the step's loss.
+  virtual void set_side_value(int index, double value) = 0;
+  virtual double side_value(int index) const = 0;
 };
 
 struct BucketConfig {
@@ -60,12 +67,18 @@ class BucketedAllReduce : public GradReducer {
   void zero_grad() override;
   void finish() override;
   ReducerStats stats() const override { return stats_; }
+  double gradient_norm() const override;
+  void scale_gradients(double factor) override;
+  void set_side_value(int index, double value) override;
+  double side_value(int index) const override;
+  static constexpr int kSideValues = 4;
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
 
  private:
   using Clock = std::chrono::steady_clock;
   struct Bucket {
-    at::Tensor flat;
+    at::Tensor flat;                   // gradients, then (last bucket only) the side values
+    at::Tensor grads;                  // the gradient part of flat
     std::vector<size_t> params;  // indices into parameters_
     std::vector<at::Tensor> views;
     int pending = 0;

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build test test-all demo bench-comm install clean
+.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp install clean
 
 all: build
 
@@ -24,11 +24,20 @@ test: build
 test-all: build
 	@cd $(BUILD) && ctest -j2 --output-on-failure
 
+# Trains gpt-tiny on 2 data-parallel ranks and prints a sample of generated text.
 demo: build
+	@$(BUILD)/crosstrain train recipes/gpt-tiny.toml --nproc 2
+
+demo-comm: build
 	@$(BUILD)/crosstrain demo --nproc 2
 
 bench-comm: build
 	@$(BUILD)/crosstrain bench comm --op all --nproc 2 --sizes 4:16M --step-factor 4
+
+# crosstrain against PyTorch's DistributedDataParallel (Debian's python3-torch), same shape, 2 ranks.
+bench-ddp: build
+	@scripts/install-deps.sh python3-torch
+	@bench/bench_ddp.sh
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

@@ -2,9 +2,11 @@
 # Installs the Debian packages crosstrain needs, only when some are missing.
 # Idempotent and quiet when everything is present. Not root: prints the command instead.
 # Usage: scripts/install-deps.sh [extra-package ...]
+# libopenblas0-pthread replaces Debian's reference BLAS behind libtorch: about 10x faster CPU matmuls.
+# fortunes brings the English text the demo trains on (/usr/share/games/fortunes).
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin
-          libtomlplusplus-dev libgtest-dev libgmock-dev fortunes "$@")
+          libtomlplusplus-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes "$@")
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

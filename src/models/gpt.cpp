@@ -28,8 +28,9 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto qkv = linear(x, c_attn).split(C, 2);
   // [B, T, C] -> [B, H, T, hd]
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
-  auto q = heads(qkv[0]), k = heads(qkv[1]), v = heads(qkv[2]);
-  auto att = torch::matmul(q, k.transpose(-2, -1)) * (1.0 / std::sqrt(static_cast<double>(hd)));
+  // Scaling q ([T, hd]) instead of the scores ([T, T]) saves a pass over the largest activation.
+  auto q = heads(qkv[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto att = torch::matmul(q, k.transpose(-2, -1));
   att = att.masked_fill(mask_.slice(0, 0, T).slice(1, 0, T), -std::numeric_limits<float>::infinity());
   att = attn_dropout(torch::softmax(att, -1));
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});

@@ -47,5 +47,5 @@ TEST(MeshShape, WrongProductPrintsEveryFactor) {
     EXPECT_NE(what.find("dp=3 x pp=2 x tp=2 = 12"), std::string::npos) << what;
     EXPECT_NE(what.find("8 ranks"), std::string::npos) << what;
   }
-  EXPECT_NO_THROW(MeshShape{1, 8, 1}.check(8));
+  EXPECT_NO_THROW((MeshShape{1, 8, 1}.check(8)));
 }

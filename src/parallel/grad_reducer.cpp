@@ -160,6 +160,14 @@ void BucketedAllReduce::launch(Bucket& b) {
   }
 }
 
+void BucketedAllReduce::synchronize() {
+  if (!in_pass_) {
+    in_pass_ = true;
+    for (auto& b : buckets_) b.launched = Clock::now();
+  }
+  finish();
+}
+
 void BucketedAllReduce::finish() {
   if (!in_pass_) return;
   backward_done_ = Clock::now();

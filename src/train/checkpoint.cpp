@@ -18,7 +18,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kFormatVersion = 1;
+constexpr int kFormatVersion = 2;
 
 void fsync_path(const fs::path& p) {
   int fd = open(p.c_str(), O_RDONLY);
@@ -48,40 +48,51 @@ std::string step_name(int64_t step) {
   return out.str();
 }
 
+fs::path temp_dir(const std::string& run_dir, int64_t step) {
+  return fs::path(run_dir) / "checkpoints" / (step_name(step) + ".tmp");
+}
+
 }  // namespace
 
-std::string save_checkpoint(const std::string& run_dir, const CheckpointState& state, torch::nn::Module& model,
-                            torch::optim::Optimizer& optimizer) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  fs::create_directories(root);
-  const fs::path final_dir = root / step_name(state.step);
-  const fs::path tmp = root / (step_name(state.step) + ".tmp");
-  fs::remove_all(tmp);
-  fs::create_directories(tmp);
+std::string shard_name(int pp_index, int tp_index) {
+  return "pp" + std::to_string(pp_index) + "-tp" + std::to_string(tp_index);
+}
 
+void write_checkpoint_shard(const std::string& run_dir, int64_t step, const std::string& shard,
+                            const std::map<std::string, torch::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
+  const fs::path tmp = temp_dir(run_dir, step);
+  fs::create_directories(tmp);
   std::vector<checkpoint::NamedTensor> tensors;
-  nlohmann::json sums = nlohmann::json::object();
-  for (const auto& p : model.named_parameters()) {
-    tensors.push_back({p.key(), p.value().detach()});
-    sums[p.key()] = checksum(p.value().detach());
+  std::map<std::string, std::string> metadata{{"format", "pt"}};
+  for (const auto& [name, p] : parameters) {
+    tensors.push_back({name, p.detach()});
+    metadata["checksum." + name] = checksum(p.detach());
   }
-  checkpoint::write_safetensors((tmp / "model.safetensors").string(), tensors, {{"format", "pt"}});
-  {
-    torch::serialize::OutputArchive archive;
-    optimizer.save(archive);
-    archive.save_to((tmp / "optimizer.pt").string());
-  }
+  const fs::path weights = tmp / ("model-" + shard + ".safetensors");
+  const fs::path optim = tmp / ("optimizer-" + shard + ".pt");
+  checkpoint::write_safetensors(weights.string(), tensors, metadata);
+  torch::serialize::OutputArchive archive;
+  optimizer.save(archive);
+  archive.save_to(optim.string());
+  fsync_path(weights);
+  fsync_path(optim);
+}
+
+std::string commit_checkpoint(const std::string& run_dir, const CheckpointState& state) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const fs::path tmp = temp_dir(run_dir, state.step);
+  const fs::path final_dir = root / step_name(state.step);
   nlohmann::json meta = {{"format_version", kFormatVersion},
                          {"step", state.step},
                          {"sampler", {{"seed", state.sampler.seed}, {"next_step", state.sampler.next_step}}},
-                         {"config", state.config_toml},
-                         {"checksums", sums}};
+                         {"layout", {{"pp", state.pp}, {"tp", state.tp}}},
+                         {"config", state.config_toml}};
   {
     std::ofstream out(tmp / "state.json");
     out << meta.dump(2) << "\n";
     if (!out) throw Error("cannot write checkpoint state in '" + tmp.string() + "'");
   }
-  for (const char* f : {"model.safetensors", "optimizer.pt", "state.json"}) fsync_path(tmp / f);
+  fsync_path(tmp / "state.json");
   fsync_path(tmp);
   // The rename is the commit point: before it the checkpoint is invisible, after it complete.
   fs::remove_all(final_dir);
@@ -103,56 +114,67 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
   return best;
 }
 
-CheckpointState load_checkpoint(const std::string& dir, torch::nn::Module& model, torch::optim::Optimizer& optimizer) {
-  const fs::path d(dir);
-  for (const char* f : {"model.safetensors", "optimizer.pt", "state.json"})
-    if (!fs::exists(d / f)) throw UsageError("checkpoint '" + dir + "' is incomplete: " + f + " is missing");
+CheckpointState read_checkpoint_state(const std::string& dir, int pp, int tp) {
+  const fs::path file = fs::path(dir) / "state.json";
+  if (!fs::exists(file)) throw UsageError("checkpoint '" + dir + "' is incomplete: state.json is missing");
   nlohmann::json meta;
   try {
-    std::ifstream in(d / "state.json");
+    std::ifstream in(file);
     meta = nlohmann::json::parse(in);
+    CheckpointState s;
+    if (meta.value("format_version", 0) != kFormatVersion)
+      throw UsageError("checkpoint '" + dir + "' has format version " + std::to_string(meta.value("format_version", 0)) +
+                       ", this build reads " + std::to_string(kFormatVersion));
+    s.step = meta.at("step").get<int64_t>();
+    s.sampler.seed = meta.at("sampler").at("seed").get<uint64_t>();
+    s.sampler.next_step = meta.at("sampler").at("next_step").get<int64_t>();
+    s.pp = meta.at("layout").at("pp").get<int>();
+    s.tp = meta.at("layout").at("tp").get<int>();
+    s.config_toml = meta.value("config", "");
+    if (s.pp != pp || s.tp != tp)
+      throw UsageError("checkpoint '" + dir + "' was written with pp=" + std::to_string(s.pp) + " tp=" +
+                       std::to_string(s.tp) + " but this run uses pp=" + std::to_string(pp) + " tp=" +
+                       std::to_string(tp) + "; resume with the same parallel.pp and parallel.tp");
+    return s;
   } catch (const nlohmann::json::exception& e) {
-    throw UsageError("checkpoint file '" + (d / "state.json").string() + "' is corrupt: " + e.what());
+    throw UsageError("checkpoint file '" + file.string() + "' is corrupt: " + e.what());
   }
-  if (meta.value("format_version", 0) != kFormatVersion)
-    throw UsageError("checkpoint '" + dir + "' has format version " + std::to_string(meta.value("format_version", 0)) +
-                     ", this build reads " + std::to_string(kFormatVersion));
-  auto file = checkpoint::read_safetensors((d / "model.safetensors").string());
-  const std::string weights = (d / "model.safetensors").string();
-  auto params = model.named_parameters();
-  for (const auto& p : params) {
-    auto it = file.tensors.find(p.key());
+}
+
+void load_checkpoint_shard(const std::string& dir, const std::string& shard,
+                           const std::map<std::string, torch::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
+  const fs::path d(dir);
+  const std::string weights = (d / ("model-" + shard + ".safetensors")).string();
+  const std::string optim = (d / ("optimizer-" + shard + ".pt")).string();
+  for (const auto& f : {weights, optim})
+    if (!fs::exists(f)) throw UsageError("checkpoint '" + dir + "' is incomplete: " + f + " is missing");
+  auto file = checkpoint::read_safetensors(weights);
+  for (const auto& [name, p] : parameters) {
+    auto it = file.tensors.find(name);
     if (it == file.tensors.end())
-      throw UsageError("checkpoint file '" + weights + "' has no tensor '" + p.key() + "': is it from another model?");
-    if (it->second.sizes() != p.value().sizes())
-      throw UsageError("checkpoint file '" + weights + "': tensor '" + p.key() + "' has shape " +
-                       c10::str(it->second.sizes()) + " but the model needs " + c10::str(p.value().sizes()) +
+      throw UsageError("checkpoint file '" + weights + "' has no tensor '" + name + "': is it from another model?");
+    if (it->second.sizes() != p.sizes())
+      throw UsageError("checkpoint file '" + weights + "': tensor '" + name + "' has shape " +
+                       c10::str(it->second.sizes()) + " but the model needs " + c10::str(p.sizes()) +
                        " (another model configuration?)");
-    if (meta["checksums"].value(p.key(), "") != checksum(it->second))
-      throw UsageError("checkpoint file '" + weights + "': tensor '" + p.key() + "' does not match its checksum (corrupt)");
+    auto sum = file.metadata.find("checksum." + name);
+    if (sum == file.metadata.end() || sum->second != checksum(it->second))
+      throw UsageError("checkpoint file '" + weights + "': tensor '" + name + "' does not match its checksum (corrupt)");
   }
-  if (file.tensors.size() != params.size())
+  if (file.tensors.size() != parameters.size())
     throw UsageError("checkpoint file '" + weights + "' has " + std::to_string(file.tensors.size()) +
-                     " tensors but the model has " + std::to_string(params.size()) + " (another model?)");
+                     " tensors but the model has " + std::to_string(parameters.size()) + " (another model?)");
   try {
     torch::serialize::InputArchive archive;
-    archive.load_from((d / "optimizer.pt").string());
+    archive.load_from(optim);
     optimizer.load(archive);
   } catch (const c10::Error& e) {
     std::string what = e.what_without_backtrace();
-    throw UsageError("checkpoint file '" + (d / "optimizer.pt").string() + "' is corrupt or from another model: " +
+    throw UsageError("checkpoint file '" + optim + "' is corrupt or from another model: " +
                      what.substr(0, what.find('\n')));
   }
-  {
-    torch::NoGradGuard no_grad;
-    for (auto& p : params) p.value().copy_(file.tensors[p.key()]);
-  }
-  CheckpointState state;
-  state.step = meta.at("step").get<int64_t>();
-  state.sampler.seed = meta.at("sampler").at("seed").get<uint64_t>();
-  state.sampler.next_step = meta.at("sampler").at("next_step").get<int64_t>();
-  state.config_toml = meta.value("config", "");
-  return state;
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, p] : parameters) const_cast<torch::Tensor&>(p).copy_(file.tensors[name]);
 }
 
 }  // namespace crosstrain::train

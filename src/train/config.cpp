@@ -73,6 +73,15 @@ Field string_field(const char* section, const char* key, std::string& ref) {
           }};
 }
 
+Field bool_field(const char* section, const char* key, bool& ref) {
+  return {section, key,
+          [&ref](const toml::node& n, const std::string& where) {
+            if (!n.is_boolean()) wrong_type(where, "true or false", n);
+            ref = n.as_boolean()->get();
+          },
+          [&ref] { return std::string(ref ? "true" : "false"); }};
+}
+
 std::vector<Field> fields(Config& c) {
   return {
       string_field("run", "name", c.run.name),
@@ -106,6 +115,12 @@ std::vector<Field> fields(Config& c) {
       double_field("train", "peak_flops_per_rank", c.train.peak_flops_per_rank),
       int_field("train", "threads_per_rank", c.train.threads_per_rank),
       int_field("parallel", "dp", c.parallel.dp),
+      int_field("parallel", "pp", c.parallel.pp),
+      int_field("parallel", "tp", c.parallel.tp),
+      bool_field("parallel", "sequence_parallel", c.parallel.sequence_parallel),
+      string_field("parallel", "schedule", c.parallel.schedule),
+      int_field("parallel", "microbatches", c.parallel.microbatches),
+      int_field("parallel", "chunks", c.parallel.chunks),
       double_field("parallel", "bucket_mb", c.parallel.bucket_mb),
       string_field("comm", "backend", c.comm.backend),
       double_field("comm", "timeout_s", c.comm.timeout_s),

@@ -17,14 +17,18 @@
 #include "crosstrain/data/sampler.h"
 #include "crosstrain/data/tokenizer.h"
 #include "crosstrain/models/gpt.h"
+#include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/obs/metrics.h"
 #include "crosstrain/parallel/grad_reducer.h"
+#include "crosstrain/parallel/mesh.h"
+#include "crosstrain/parallel/pipeline.h"
 #include "crosstrain/train/checkpoint.h"
 #include "crosstrain/train/schedule.h"
 
 namespace crosstrain::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+using parallel::Axis;
 
 namespace {
 
@@ -45,6 +49,45 @@ double measure_peak_flops() {
   return 2.0 * n * n * n * iters / seconds_since(start);
 }
 
+std::string fmt(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+struct Layout {
+  parallel::MeshShape shape;
+  int64_t microbatches = 1;  // per data-parallel rank and step
+  int64_t chunks = 1;
+  parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
+};
+
+Layout resolve_layout(const Config& c, int world) {
+  auto need = [](bool ok, const std::string& message) {
+    if (!ok) throw UsageError(message);
+  };
+  Layout l;
+  need(c.parallel.pp >= 1 && c.parallel.tp >= 1 && c.parallel.dp >= 0,
+       "parallel.pp and parallel.tp must be at least 1 and parallel.dp at least 0");
+  l.shape.pp = static_cast<int>(c.parallel.pp);
+  l.shape.tp = static_cast<int>(c.parallel.tp);
+  l.shape.dp = c.parallel.dp > 0 ? static_cast<int>(c.parallel.dp) : std::max(1, world / (l.shape.pp * l.shape.tp));
+  l.shape.check(world);
+  l.schedule = parallel::parse_schedule(c.parallel.schedule);
+  l.chunks = c.parallel.chunks > 0 ? c.parallel.chunks : (l.schedule == parallel::ScheduleKind::Interleaved1F1B ? 2 : 1);
+  if (l.shape.pp > 1)
+    l.microbatches = c.parallel.microbatches > 0 ? c.parallel.microbatches : std::max<int64_t>(c.train.micro_batches, l.shape.pp);
+  else
+    l.microbatches = c.parallel.microbatches > 0 ? c.parallel.microbatches : c.train.micro_batches;
+  need(!c.parallel.sequence_parallel || l.shape.tp > 1, "parallel.sequence_parallel needs parallel.tp > 1");
+  models::check_parallel_plan(c.model, l.shape.tp, c.parallel.sequence_parallel,
+                              static_cast<int>(l.shape.pp * l.chunks));
+  if (l.shape.pp > 1)
+    parallel::validate(parallel::ScheduleSpec{l.schedule, l.shape.pp, static_cast<int>(l.microbatches),
+                                              static_cast<int>(l.chunks)});
+  return l;
+}
+
 void validate(const Config& c, int world) {
   c.model.validate();
   auto need = [](bool ok, const std::string& message) {
@@ -55,22 +98,14 @@ void validate(const Config& c, int world) {
   need(c.train.lr > 0 && c.train.min_lr >= 0, "train.lr must be positive and train.min_lr non-negative");
   need(c.train.threads_per_rank >= 1, "train.threads_per_rank must be at least 1");
   need(c.run.log_every >= 1, "run.log_every must be at least 1");
-  need(c.parallel.dp == 0 || c.parallel.dp == world,
-       "parallel.dp = " + std::to_string(c.parallel.dp) + " but the job has " + std::to_string(world) +
-           " ranks; data parallelism is the only axis so far, so dp must equal the world size (or be 0)");
-  const int64_t dp = world;
-  need(c.train.global_batch % (dp * c.train.micro_batches) == 0,
+  Layout l = resolve_layout(c, world);
+  const int64_t dp = l.shape.dp;
+  need(c.train.global_batch % (dp * l.microbatches) == 0,
        "train.global_batch = " + std::to_string(c.train.global_batch) + " is not divisible by " + std::to_string(dp) +
-           " data-parallel ranks x " + std::to_string(c.train.micro_batches) + " micro-batches; use a multiple of " +
-           std::to_string(dp * c.train.micro_batches));
+           " data-parallel ranks x " + std::to_string(l.microbatches) + " micro-batches; use a multiple of " +
+           std::to_string(dp * l.microbatches));
   need(c.model.vocab_size >= 256 || c.data.format == "bin",
        "model.vocab_size must be at least 256 for byte-level text");
-}
-
-std::string fmt(const char* format, double v) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, format, v);
-  return buf;
 }
 
 }  // namespace
@@ -78,11 +113,6 @@ std::string fmt(const char* format, double v) {
 struct Trainer::State {
   Config config;
   comm::Communicator& world;
-  models::GPT model{nullptr};
-  std::unique_ptr<torch::optim::AdamW> optimizer;
-  std::unique_ptr<parallel::BucketedAllReduce> reducer;
-  data::Splits splits;
-  std::unique_ptr<data::DistributedSampler> sampler;
   State(Config c, comm::Communicator& w) : config(std::move(c)), world(w) {}
 };
 
@@ -93,51 +123,132 @@ Trainer::Trainer(Config config, comm::Communicator& world) : s_(std::make_unique
 Trainer::~Trainer() = default;
 
 TrainResult Trainer::run(const TrainOptions& options) {
-  State& s = *s_;
-  const Config& c = s.config;
-  comm::Communicator& world = s.world;
+  const Config& c = s_->config;
+  comm::Communicator& world = s_->world;
   const bool leader = world.rank() == 0;
   const bool talk = leader && !options.quiet;
   limit_compute_threads(static_cast<int>(c.train.threads_per_rank));
   keep_freed_memory_for_reuse();
 
-  // Model: the same full model on every rank, from the seed alone.
-  s.model = models::GPT(c.model, c.run.seed);
-  std::vector<torch::Tensor> decay, no_decay;
-  for (auto& p : s.model->named_parameters()) (p.value().dim() >= 2 ? decay : no_decay).push_back(p.value());
+  const Layout layout = resolve_layout(c, world.size());
+  parallel::Mesh mesh(world, layout.shape);
+  const int dp = layout.shape.dp, pp = layout.shape.pp, tp = layout.shape.tp;
+  const int pp_index = mesh.index(Axis::PP), tp_index = mesh.index(Axis::TP), dp_index = mesh.index(Axis::DP);
+  const int64_t M = layout.microbatches;
+  const int virtual_stages = static_cast<int>(pp * layout.chunks);
+
+  // The full model from the seed, then this rank's shards of its chunks: every layout starts identical.
+  models::GPT full(c.model, c.run.seed);
+  const auto bounds = models::partition_gpt(c.model, virtual_stages);
+  models::TensorParallelContext tp_ctx{mesh.group(Axis::TP), tp_index, tp, c.parallel.sequence_parallel};
+  std::vector<models::GPTStage> chunks;
+  std::map<std::string, torch::Tensor> shards;  // every parameter of this rank by plain name
+  for (int64_t k = 0; k < layout.chunks; ++k) {
+    const int vs = static_cast<int>(k * pp + pp_index);
+    models::StageSpec spec{bounds[vs], bounds[vs + 1], vs == 0, vs == virtual_stages - 1};
+    chunks.emplace_back(c.model, spec, tp_ctx, full);
+    for (const auto& [name, t] : chunks.back()->named_shards()) shards[name] = t;
+  }
+  const bool sampling = leader && c.train.sample_tokens > 0 && pp == 1 && tp == 1;
+  if (!sampling) full = models::GPT(nullptr);
+
+  std::vector<torch::Tensor> decay, no_decay, all_params;
+  for (auto& chunk : chunks)
+    for (auto& p : chunk->parameters()) {
+      (p.dim() >= 2 ? decay : no_decay).push_back(p);
+      all_params.push_back(p);
+    }
   auto adamw = [&](double wd) {
     return std::make_unique<torch::optim::AdamWOptions>(
         torch::optim::AdamWOptions(c.train.lr).betas({c.train.beta1, c.train.beta2}).eps(c.train.eps).weight_decay(wd));
   };
   std::vector<torch::optim::OptimizerParamGroup> groups;
   groups.emplace_back(decay, adamw(c.train.weight_decay));
-  groups.emplace_back(no_decay, adamw(0.0));
-  s.optimizer = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(c.train.lr));
+  if (!no_decay.empty()) groups.emplace_back(no_decay, adamw(0.0));
+  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(c.train.lr));
 
   parallel::BucketConfig buckets;
   buckets.bucket_bytes = static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20));
-  s.reducer = std::make_unique<parallel::BucketedAllReduce>(s.model->parameters(), &world, buckets);
+  parallel::BucketedAllReduce reducer(all_params, mesh.group(Axis::DP), buckets);
+  std::vector<torch::Tensor> partial_grads;  // sequence parallel: summed over the tensor-parallel group
+  for (auto& chunk : chunks)
+    for (auto& p : chunk->partial_gradient_parameters()) partial_grads.push_back(p);
 
-  s.splits = data::load_dataset(c.data, c.model.block_size);
-  if (static_cast<int64_t>(s.splits.train.max_token()) >= c.model.vocab_size)
-    throw UsageError("data '" + c.data.path + "' holds token " + std::to_string(s.splits.train.max_token()) +
+  data::Splits splits = data::load_dataset(c.data, c.model.block_size);
+  if (static_cast<int64_t>(splits.train.max_token()) >= c.model.vocab_size)
+    throw UsageError("data '" + c.data.path + "' holds token " + std::to_string(splits.train.max_token()) +
                      " but model.vocab_size is " + std::to_string(c.model.vocab_size));
-  const int dp = world.size();
-  s.sampler = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(s.splits.train.size()),
-                                                         c.model.block_size, c.train.global_batch, world.rank(), dp,
-                                                         static_cast<int>(c.train.micro_batches));
+  // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
+  data::DistributedSampler sampler(c.run.seed, static_cast<int64_t>(splits.train.size()), c.model.block_size,
+                                   c.train.global_batch, dp_index, dp, static_cast<int>(M));
+  const int64_t local_batch = sampler.local_micro_batch();
 
-  // Resume: every rank loads the newest checkpoint (written by rank 0).
+  // The micro-batches of the step being run (the pipeline callbacks read them).
+  std::vector<torch::Tensor> inputs(M), targets(M);
+  auto load_batches = [&](const data::TokenStream& stream, auto&& offsets_of) {
+    for (int64_t m = 0; m < M; ++m) data::make_batch(stream, offsets_of(m), c.model.block_size, inputs[m], targets[m]);
+  };
+
+  std::unique_ptr<parallel::PipelineRuntime> pipeline;
+  if (pp > 1) {
+    parallel::PipelineModel model;
+    model.forward = [&](int chunk, int mb, const at::Tensor& input) -> at::Tensor {
+      auto& stage = chunks[chunk];
+      at::Tensor in = stage->spec().has_embedding ? inputs[mb] : input;
+      if (stage->spec().has_head) return stage->loss(in, targets[mb]) / static_cast<double>(M);
+      return stage->forward(in);
+    };
+    model.parameters = [&](int chunk) { return chunks[chunk]->parameters(); };
+    const int64_t seq = c.parallel.sequence_parallel ? c.model.block_size / tp : c.model.block_size;
+    model.activation_shape = {local_batch, seq, c.model.n_embd};
+    pipeline = std::make_unique<parallel::PipelineRuntime>(
+        parallel::ScheduleSpec{layout.schedule, pp, static_cast<int>(M), static_cast<int>(layout.chunks)},
+        mesh.group(Axis::PP), pp_index, model);
+  }
+
+  // The loss of the global batch, on every rank: the last stage's tensor-parallel rank 0 of each replica
+  // contributes its micro-batch sum; the sum over the world divided by dp is the mean over replicas.
+  auto global_mean = [&](double local_sum, bool contributes) {
+    at::Tensor t = at::full({1}, contributes ? local_sum : 0.0, at::kDouble);
+    world.all_reduce(t, comm::ReduceOp::Sum)->wait();
+    return t.item<double>() / dp;
+  };
+  const bool last_stage = pp_index == pp - 1;
+
+  auto run_pipeline_or_loop = [&](bool training) -> double {
+    double loss = 0;
+    if (pipeline) {
+      loss = training ? pipeline->train_step() : pipeline->eval_step();
+      return global_mean(loss, last_stage && tp_index == 0);
+    }
+    auto& stage = chunks[0];
+    for (int64_t m = 0; m < M; ++m) {
+      const bool sync = m == M - 1;
+      reducer.set_sync(sync);
+      auto l = stage->loss(inputs[m], targets[m]) / static_cast<double>(M);
+      loss += l.item<double>();
+      if (!training) continue;
+      // The loss rides with the gradients: averaged over the data-parallel ranks in the same collective.
+      if (sync) reducer.set_side_value(0, loss);
+      l.backward();
+    }
+    if (!training) return global_mean(loss, tp_index == 0);
+    reducer.finish();
+    return dp > 1 ? reducer.side_value(0) : loss;
+  };
+
+  // Resume: every rank loads its own shard of the newest checkpoint.
   int64_t start_step = 1;
   if (options.resume) {
     auto latest = latest_checkpoint(c.run.dir);
     if (!latest) throw UsageError("--resume: no checkpoint in '" + c.run.dir + "/checkpoints'");
-    CheckpointState st = load_checkpoint(*latest, *s.model, *s.optimizer);
-    s.sampler->restore(st.sampler);
+    CheckpointState st = read_checkpoint_state(*latest, pp, tp);
+    load_checkpoint_shard(*latest, shard_name(pp_index, tp_index), shards, optimizer);
+    sampler.restore(st.sampler);
     start_step = st.step + 1;
     if (talk) std::printf("resumed from %s (step %lld)\n", latest->c_str(), static_cast<long long>(st.step));
   }
-  s.reducer->zero_grad();
+  reducer.zero_grad();
 
   std::unique_ptr<obs::MetricsWriter> metrics;
   const std::string config_toml = to_toml(c);
@@ -156,30 +267,32 @@ TrainResult Trainer::run(const TrainOptions& options) {
   }
   const double tokens_per_step = static_cast<double>(c.train.global_batch * c.model.block_size);
   if (talk) {
-    std::printf("crosstrain train: %s, %lld parameters, %d data-parallel ranks, %s\n", c.run.name.c_str(),
-                static_cast<long long>(c.model.parameter_count()), dp, s.splits.description.c_str());
+    std::printf("crosstrain train: %s, %lld parameters, layout dp=%d x pp=%d x tp=%d%s%s, %s\n", c.run.name.c_str(),
+                static_cast<long long>(c.model.parameter_count()), dp, pp, tp,
+                c.parallel.sequence_parallel ? " (sequence parallel)" : "",
+                pp > 1 ? (std::string(", schedule ") + parallel::to_string(layout.schedule) + " x " +
+                          std::to_string(M) + " micro-batches").c_str()
+                       : "",
+                splits.description.c_str());
     std::printf("  %lld steps x %lld sequences x %lld tokens; %d gradient buckets; run dir %s\n",
                 static_cast<long long>(c.train.steps), static_cast<long long>(c.train.global_batch),
-                static_cast<long long>(c.model.block_size), s.reducer->bucket_count(), c.run.dir.c_str());
+                static_cast<long long>(c.model.block_size), reducer.bucket_count(), c.run.dir.c_str());
     std::fflush(stdout);
   }
 
   auto evaluate = [&]() -> double {
     torch::NoGradGuard no_grad;
-    s.model->eval();
-    // Fixed validation batches, split across ranks like training batches.
-    data::DistributedSampler val(c.run.seed ^ 0x5eedULL, static_cast<int64_t>(s.splits.val.size()), c.model.block_size,
-                                 c.train.global_batch, world.rank(), dp, 1);
+    for (auto& chunk : chunks) chunk->eval();
+    // Fixed validation batches, split across replicas like training batches.
+    data::DistributedSampler val(c.run.seed ^ 0x5eedULL, static_cast<int64_t>(splits.val.size()), c.model.block_size,
+                                 c.train.global_batch, dp_index, dp, static_cast<int>(M));
     double total = 0;
     for (int64_t b = 0; b < c.train.eval_batches; ++b) {
-      torch::Tensor x, y;
-      data::make_batch(s.splits.val, val.local_offsets(b, 0), c.model.block_size, x, y);
-      total += s.model->loss(x, y).item<double>();
+      load_batches(splits.val, [&](int64_t m) { return val.local_offsets(b, static_cast<int>(m)); });
+      total += run_pipeline_or_loop(false);
     }
-    at::Tensor t = at::full({1}, total / static_cast<double>(c.train.eval_batches), at::kDouble);
-    world.all_reduce(t, comm::ReduceOp::Avg)->wait();
-    s.model->train();
-    return t.item<double>();
+    for (auto& chunk : chunks) chunk->train();
+    return total / static_cast<double>(c.train.eval_batches);
   };
 
   TrainResult result;
@@ -188,42 +301,46 @@ TrainResult Trainer::run(const TrainOptions& options) {
     world.set_step(step);
     const auto t0 = Clock::now();
     const double lr = learning_rate(step, c.train.warmup_steps, c.train.steps, c.train.lr, c.train.min_lr);
-    for (auto& group : s.optimizer->param_groups())
-      static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     // Dropout masks depend on (seed, rank, step) only, so a resumed run draws the same ones.
     torch::manual_seed(c.run.seed * 1000003ULL + static_cast<uint64_t>(world.rank()) * 7919ULL + static_cast<uint64_t>(step));
 
-    double local_loss = 0;
-    for (int64_t m = 0; m < c.train.micro_batches; ++m) {
-      torch::Tensor x, y;
-      data::make_batch(s.splits.train, s.sampler->local_offsets(step, static_cast<int>(m)), c.model.block_size, x, y);
-      const bool sync = m == c.train.micro_batches - 1;
-      s.reducer->set_sync(sync);
-      auto loss = s.model->loss(x, y) / static_cast<double>(c.train.micro_batches);
-      local_loss += loss.item<double>();
-      // The loss rides with the gradients: averaged over the ranks in the same collective.
-      if (sync) s.reducer->set_side_value(0, local_loss);
-      loss.backward();
+    load_batches(splits.train, [&](int64_t m) { return sampler.local_offsets(step, static_cast<int>(m)); });
+    const double loss = run_pipeline_or_loop(true);
+    if (pipeline) reducer.synchronize();
+    for (auto& p : partial_grads) {
+      at::Tensor g = p.grad().contiguous();
+      mesh.group(Axis::TP)->all_reduce(g, comm::ReduceOp::Sum)->wait();
+      p.mutable_grad().copy_(g);
     }
-    s.reducer->finish();
-    // The loss of the global batch: the mean of the ranks' means (equal shares).
-    const double global_loss = s.reducer->side_value(0);
-    double grad_norm = s.reducer->gradient_norm();
+    // Gradient norm of the whole model: each rank adds its shards (replicated ones once per stage).
+    double grad_norm = 0;
+    if (pp == 1 && tp == 1) {
+      grad_norm = reducer.gradient_norm();
+    } else {
+      double sq = 0;
+      for (auto& chunk : chunks)
+        for (const auto& [name, t] : chunk->named_shards())
+          if (tp_index == 0 || !chunk->is_replicated(name)) sq += t.grad().pow(2).sum().item<double>();
+      grad_norm = std::sqrt(global_mean(sq, true));
+    }
     if (c.train.grad_clip > 0 && grad_norm > c.train.grad_clip)
-      s.reducer->scale_gradients(c.train.grad_clip / (grad_norm + 1e-6));
-    s.optimizer->step();
-    s.reducer->zero_grad();
-    s.sampler->mark_done(step);
+      reducer.scale_gradients(c.train.grad_clip / (grad_norm + 1e-6));
+    if (options.keep_parameters && step == c.train.steps)
+      for (const auto& [name, t] : shards) result.gradients[name] = t.grad().clone();
+    optimizer.step();
+    reducer.zero_grad();
+    sampler.mark_done(step);
 
     StepRecord rec;
     rec.step = step;
-    rec.loss = global_loss;
+    rec.loss = loss;
     rec.lr = lr;
     rec.grad_norm = grad_norm;
     rec.step_time_s = seconds_since(t0);
     rec.tokens_per_s = tokens_per_step / rec.step_time_s;
-    rec.comm_time_s = s.reducer->stats().comm_time_s;
-    rec.exposed_comm_time_s = s.reducer->stats().exposed_comm_time_s;
+    rec.comm_time_s = reducer.stats().comm_time_s;
+    rec.exposed_comm_time_s = reducer.stats().exposed_comm_time_s;
     result.steps.push_back(rec);
     if (!std::isfinite(rec.loss))
       throw Error("step " + std::to_string(step) + ": the loss is " + std::to_string(rec.loss) +
@@ -234,7 +351,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
       val_loss = result.val_loss = evaluate();
 
     if (leader) {
-      const double mfu = c.model.flops_per_token() * rec.tokens_per_s / (peak * dp);
+      const double mfu = c.model.flops_per_token() * rec.tokens_per_s / (peak * world.size());
       nlohmann::json row = {{"step", step},
                             {"loss", rec.loss},
                             {"lr", lr},
@@ -247,6 +364,15 @@ TrainResult Trainer::run(const TrainOptions& options) {
                             {"tokens", static_cast<double>(step) * tokens_per_step},
                             {"peak_rss_bytes", obs::peak_rss_bytes()}};
       if (val_loss >= 0) row["val_loss"] = val_loss;
+      if (pipeline) {
+        // The pipeline's timeline of this rank: compute time over step time shows the bubble.
+        double busy = 0;
+        for (const auto& e : pipeline->timeline())
+          if (e.action.type == parallel::ActionType::Forward || e.action.type == parallel::ActionType::Backward ||
+              e.action.type == parallel::ActionType::BackwardInput || e.action.type == parallel::ActionType::BackwardWeight)
+            busy += e.end_s - e.start_s;
+        row["pipeline_compute_s"] = busy;
+      }
       metrics->write(row.dump());
       if (!options.quiet && (step % c.run.log_every == 0 || step == c.train.steps || val_loss >= 0)) {
         const int64_t done = step, total = c.train.steps;
@@ -269,30 +395,41 @@ TrainResult Trainer::run(const TrainOptions& options) {
     }
     const bool last = step == c.train.steps;
     if ((c.train.checkpoint_every > 0 && step % c.train.checkpoint_every == 0) || last) {
+      // Every shard is written by its data-parallel rank 0; rank 0 commits once all are on disk.
+      if (dp_index == 0) write_checkpoint_shard(c.run.dir, step, shard_name(pp_index, tp_index), shards, optimizer);
+      world.barrier()->wait(comm::Millis(static_cast<int64_t>(std::max(600.0, c.comm.timeout_s) * 1000)));
       if (leader) {
-        CheckpointState st{step, s.sampler->state(), config_toml};
-        auto dir = save_checkpoint(c.run.dir, st, *s.model, *s.optimizer);
+        CheckpointState st{step, sampler.state(), config_toml, pp, tp};
+        auto dir = commit_checkpoint(c.run.dir, st);
         if (talk && !options.progress_bar) std::printf("saved checkpoint %s\n", dir.c_str());
       }
-      world.barrier()->wait();  // nobody runs ahead of a checkpoint being written
+      world.barrier()->wait();  // nobody runs ahead of a checkpoint being committed
     }
   }
   if (talk) {
     std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(c.train.steps - start_step + 1),
                 seconds_since(run_start));
   }
-  if (leader && c.train.sample_tokens > 0) {
+  if (sampling) {
+    {
+      torch::NoGradGuard no_grad;
+      auto target = full->named_parameters();
+      for (const auto& [name, t] : shards) target[name].copy_(t);
+    }
     data::ByteTokenizer tok;
     auto prompt = torch::full({1, 1}, static_cast<int64_t>('\n'), torch::kLong);
-    auto out = s.model->generate(prompt, c.train.sample_tokens, 0.8, 40, c.run.seed);
+    auto out = full->generate(prompt, c.train.sample_tokens, 0.8, 40, c.run.seed);
     std::vector<int64_t> ids(out.data_ptr<int64_t>() + 1, out.data_ptr<int64_t>() + out.numel());
     result.sample = tok.decode(ids);
     if (talk) std::printf("--- sample (%lld tokens) ---\n%s\n---\n", static_cast<long long>(c.train.sample_tokens),
                           result.sample.c_str());
+  } else if (talk && c.train.sample_tokens > 0) {
+    std::printf("(no text sample: generation runs on a single-stage, single-tensor-parallel layout)\n");
   }
   if (options.keep_parameters) {
-    for (const auto& p : s.model->named_parameters()) {
-      auto flat = p.value().detach().reshape(-1).contiguous();
+    for (const auto& [name, t] : shards) {
+      result.shards[name] = t.detach().clone();
+      auto flat = t.detach().reshape(-1).contiguous();
       result.parameters.insert(result.parameters.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
     }
   }

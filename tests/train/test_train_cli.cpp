@@ -60,7 +60,7 @@ TEST(TrainCli, RecipeOnTwoRanksWritesMetrics) {
   EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>());
   EXPECT_GT(rows.back()["comm_time_s"].get<double>(), 0.0);
   EXPECT_TRUE(fs::exists(fs::path(dir) / "config.toml"));
-  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000030" / "model.safetensors"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000030" / "model-pp0-tp0.safetensors"));
   EXPECT_TRUE(contains(res.output, "--- sample")) << res.output;
 }
 
@@ -128,7 +128,7 @@ TEST(TrainCli, BadInputGetsOneClearLine) {
   auto args = tiny_args(dir, 1, 2);
   auto ok = run_process(args, {}, milliseconds(60000));
   ASSERT_EQ(ok.exit_code(), 0) << ok.output;
-  auto weights = fs::path(dir) / "checkpoints" / "step_00000002" / "model.safetensors";
+  auto weights = fs::path(dir) / "checkpoints" / "step_00000002" / "model-pp0-tp0.safetensors";
   {
     std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(fs::file_size(weights) - 64));

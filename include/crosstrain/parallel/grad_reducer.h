@@ -35,6 +35,9 @@ class GradReducer {
   // Blocks until the synchronised gradients are in place. A syncing backward already ends with it;
   // calling it again is free.
   virtual void finish() = 0;
+  // Starts and waits for every bucket now: for callers whose backward passes all ran without sync
+  // (a pipeline interleaves micro-batches, so no single backward is the last one).
+  virtual void synchronize() = 0;
   virtual ReducerStats stats() const = 0;
   // L2 norm of all gradients, and scaling them in place (for clipping), without per-tensor calls.
   virtual double gradient_norm() const = 0;
@@ -66,6 +69,7 @@ class BucketedAllReduce : public GradReducer {
   void set_sync(bool sync) override { sync_ = sync; }
   void zero_grad() override;
   void finish() override;
+  void synchronize() override;
   ReducerStats stats() const override { return stats_; }
   double gradient_norm() const override;
   void scale_gradients(double factor) override;

@@ -41,7 +41,13 @@ struct TrainConfig {
 };
 
 struct ParallelConfig {
-  int64_t dp = 0;                 // 0: every rank
+  int64_t dp = 0;                 // data-parallel replicas; 0: world / (pp * tp)
+  int64_t pp = 1;                 // pipeline stages
+  int64_t tp = 1;                 // tensor-parallel ranks per stage
+  bool sequence_parallel = false; // shard LayerNorm/dropout regions along the sequence (needs tp > 1)
+  std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb-h1
+  int64_t microbatches = 0;       // pipeline micro-batches; 0: max(train.micro_batches, pp)
+  int64_t chunks = 0;             // model chunks per stage (interleaved); 0: 2 for interleaved, else 1
   double bucket_mb = 1.0;         // gradient all-reduce bucket size
 };
 

@@ -2,6 +2,9 @@
 // metrics, checkpoints. One Trainer per rank; the communicator decides who the other ranks are.
 #pragma once
 
+#include <ATen/core/Tensor.h>
+
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -25,7 +28,9 @@ struct StepRecord {
 struct TrainResult {
   std::vector<StepRecord> steps;   // the steps this run executed (after a resume: only the new ones)
   double val_loss = -1;            // last validation loss (-1: none)
-  std::vector<float> parameters;   // every parameter, flattened in name order (for parity checks)
+  std::vector<float> parameters;   // this rank's parameters, flattened in name order (for parity checks)
+  std::map<std::string, at::Tensor> shards;     // this rank's parameters by plain name, after the last step
+  std::map<std::string, at::Tensor> gradients;  // their gradients in the last step (after clipping)
   std::string sample;              // generated text (rank 0, when sample_tokens > 0)
 };
 
@@ -38,7 +43,7 @@ struct TrainOptions {
 
 class Trainer {
  public:
-  // `world` carries the data-parallel group (all ranks, for now). The config is validated here.
+  // `world`: every rank of the job; the mesh (dp x pp x tp) is built from the config. Validated here.
   Trainer(Config config, comm::Communicator& world);
   ~Trainer();
   TrainResult run(const TrainOptions& options);

@@ -1,0 +1,66 @@
+// The pipeline runtime: executes this rank's action list of a schedule (schedule.h) with tagged point-to-point
+// messages over the pipeline group. Sends are asynchronous (overlapping the next computation) and waited at the
+// end of the step; receives wait with the communicator's timeout. The model side is a set of callbacks, so the
+// runtime knows nothing of GPTs.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "crosstrain/comm/communicator.h"
+#include "crosstrain/parallel/schedule.h"
+
+namespace crosstrain::parallel {
+
+struct PipelineModel {
+  // Forward of local `chunk` for micro-batch `mb`. `input` is the received activation (undefined on the first
+  // virtual stage, which reads its tokens itself). On the last virtual stage it returns the micro-batch's loss
+  // (already scaled by 1/microbatches), elsewhere the activation to send.
+  std::function<at::Tensor(int chunk, int mb, const at::Tensor& input)> forward;
+  // Parameters of a chunk (the weight-gradient pass of zero-bubble schedules computes only these).
+  std::function<std::vector<at::Tensor>(int chunk)> parameters;
+  // Shape and dtype of the activations passed between stages.
+  std::vector<int64_t> activation_shape;
+  at::ScalarType activation_dtype = at::kFloat;
+};
+
+class PipelineRuntime {
+ public:
+  // `group`: the pipeline group (its ranks are pipeline stages, in order). The schedule is checked at once.
+  PipelineRuntime(ScheduleSpec spec, comm::Communicator* group, int stage, PipelineModel model);
+
+  // One training step: runs every action; weight gradients accumulate in the parameters' .grad.
+  // Returns the sum of this rank's micro-batch losses (non-zero only where the last virtual stage lives).
+  double train_step();
+  // Forward only (validation): all micro-batches through every stage, GPipe order. Same return value.
+  double eval_step();
+
+  // Per-action timings of the last step (for timelines: seconds since the step started).
+  struct Event {
+    Action action;
+    double start_s, end_s;
+  };
+  const std::vector<Event>& timeline() const { return timeline_; }
+  const ScheduleSpec& spec() const { return spec_; }
+  bool holds_last_stage() const;
+
+ private:
+  struct Slot {
+    at::Tensor input, output, output_grad, input_grad;
+  };
+  int tag(ActionType kind, int mb, int virtual_stage) const;
+  void execute(const Action& a, std::map<std::pair<int, int>, Slot>& slots, double& loss,
+               std::vector<comm::WorkPtr>& sends);
+
+  ScheduleSpec spec_;
+  comm::Communicator* group_;
+  int stage_;
+  PipelineModel model_;
+  std::vector<Action> actions_;
+  std::vector<Event> timeline_;
+};
+
+}  // namespace crosstrain::parallel

@@ -1,0 +1,129 @@
+#include "crosstrain/parallel/pipeline.h"
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/autograd.h>
+
+#include <chrono>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::parallel {
+namespace {
+using Clock = std::chrono::steady_clock;
+}
+
+PipelineRuntime::PipelineRuntime(ScheduleSpec spec, comm::Communicator* group, int stage, PipelineModel model)
+    : spec_(spec), group_(group), stage_(stage), model_(std::move(model)) {
+  auto all = build_schedule(spec_);
+  std::string problem = check_schedule(spec_, all);
+  if (!problem.empty()) throw Error("pipeline schedule " + std::string(to_string(spec_.kind)) + " is invalid: " + problem);
+  actions_ = all.at(static_cast<size_t>(stage_));
+  if (spec_.stages > 1 && (!group_ || group_->size() != spec_.stages))
+    throw Error("the pipeline needs a group of " + std::to_string(spec_.stages) + " stages");
+}
+
+bool PipelineRuntime::holds_last_stage() const { return stage_ == spec_.stages - 1; }
+
+int PipelineRuntime::tag(ActionType kind, int mb, int vs) const {
+  // One tag per (direction, receiving virtual stage, micro-batch): messages cannot be confused.
+  const int direction = kind == ActionType::SendActivation || kind == ActionType::RecvActivation ? 0 : 1;
+  return (direction * spec_.stages * spec_.chunks + vs) * spec_.microbatches + mb;
+}
+
+void PipelineRuntime::execute(const Action& a, std::map<std::pair<int, int>, Slot>& slots, double& loss,
+                              std::vector<comm::WorkPtr>& sends) {
+  Slot& s = slots[{a.microbatch, a.chunk}];
+  const int vs = virtual_stage(spec_, stage_, a.chunk);
+  const bool last = vs == spec_.stages * spec_.chunks - 1;
+  auto options = at::TensorOptions().dtype(model_.activation_dtype);
+  switch (a.type) {
+    case ActionType::RecvActivation: {
+      Peer peer = peer_of(spec_, stage_, a);
+      s.input = at::empty(model_.activation_shape, options);
+      group_->recv(s.input, peer.rank, tag(a.type, a.microbatch, vs))->wait();
+      s.input.requires_grad_(true);
+      break;
+    }
+    case ActionType::Forward: {
+      s.output = model_.forward(a.chunk, a.microbatch, s.input);
+      if (last) loss += s.output.item<double>();
+      break;
+    }
+    case ActionType::SendActivation: {
+      Peer peer = peer_of(spec_, stage_, a);
+      at::Tensor out = s.output.detach().contiguous();
+      sends.push_back(group_->send(out, peer.rank, tag(a.type, a.microbatch, vs + 1)));
+      break;
+    }
+    case ActionType::RecvGrad: {
+      Peer peer = peer_of(spec_, stage_, a);
+      s.output_grad = at::empty(model_.activation_shape, options);
+      group_->recv(s.output_grad, peer.rank, tag(a.type, a.microbatch, vs))->wait();
+      break;
+    }
+    case ActionType::Backward: {
+      torch::autograd::backward({s.output}, last ? torch::autograd::variable_list{} : torch::autograd::variable_list{s.output_grad});
+      if (s.input.defined()) s.input_grad = s.input.grad();
+      s.output = at::Tensor();  // free the stage's graph
+      break;
+    }
+    case ActionType::BackwardInput: {
+      // Input gradient only; the graph is kept for the weight pass.
+      if (s.input.defined()) {
+        auto grads = torch::autograd::grad({s.output}, {s.input},
+                                           last ? torch::autograd::variable_list{} : torch::autograd::variable_list{s.output_grad},
+                                           /*retain_graph=*/true);
+        s.input_grad = grads[0];
+      }
+      break;
+    }
+    case ActionType::BackwardWeight: {
+      torch::autograd::backward({s.output}, last ? torch::autograd::variable_list{} : torch::autograd::variable_list{s.output_grad},
+                                /*retain_graph=*/false, /*create_graph=*/false, model_.parameters(a.chunk));
+      s.output = at::Tensor();
+      break;
+    }
+    case ActionType::SendGrad: {
+      Peer peer = peer_of(spec_, stage_, a);
+      at::Tensor g = s.input_grad.contiguous();
+      sends.push_back(group_->send(g, peer.rank, tag(a.type, a.microbatch, vs - 1)));
+      break;
+    }
+  }
+}
+
+double PipelineRuntime::train_step() {
+  std::map<std::pair<int, int>, Slot> slots;
+  std::vector<comm::WorkPtr> sends;
+  double loss = 0;
+  timeline_.clear();
+  const auto start = Clock::now();
+  auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - start).count(); };
+  for (const Action& a : actions_) {
+    const auto t0 = Clock::now();
+    execute(a, slots, loss, sends);
+    timeline_.push_back({a, since(t0), since(Clock::now())});
+  }
+  comm::wait_all(sends);
+  return loss;
+}
+
+double PipelineRuntime::eval_step() {
+  at::NoGradGuard no_grad;
+  std::map<std::pair<int, int>, Slot> slots;
+  std::vector<comm::WorkPtr> sends;
+  double loss = 0;
+  // Forward actions of a GPipe schedule over the same stages and chunks, in virtual-stage order.
+  for (int chunk = 0; chunk < spec_.chunks; ++chunk)
+    for (int mb = 0; mb < spec_.microbatches; ++mb) {
+      const int vs = virtual_stage(spec_, stage_, chunk);
+      if (vs > 0) execute({ActionType::RecvActivation, mb, chunk}, slots, loss, sends);
+      execute({ActionType::Forward, mb, chunk}, slots, loss, sends);
+      if (vs < spec_.stages * spec_.chunks - 1) execute({ActionType::SendActivation, mb, chunk}, slots, loss, sends);
+      slots.erase({mb, chunk});
+    }
+  comm::wait_all(sends);
+  return loss;
+}
+
+}  // namespace crosstrain::parallel

@@ -57,6 +57,12 @@ bool pump(Rank& r, Stream& s, bool is_err, bool prefix) {
     s.fd = -1;
     return false;
   }
+  if (!prefix) {
+    // Unprefixed (rank 0's report): pass bytes through as they come, so a progress bar redrawn with '\r'
+    // stays live.
+    (is_err ? std::cerr : std::cout).write(buf, n).flush();
+    return true;
+  }
   s.pending.append(buf, static_cast<size_t>(n));
   size_t start = 0;
   for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)

@@ -1,5 +1,6 @@
 // The `crosstrain` command: train, run, bench, demo.
 #include <CLI/CLI.hpp>
+#include <c10/util/Exception.h>
 
 #include <iostream>
 
@@ -89,6 +90,11 @@ int main(int argc, char** argv) {
   } catch (const UsageError& e) {
     std::cerr << "crosstrain: " << e.what() << std::endl;
     return 2;
+  } catch (const c10::Error& e) {
+    // libtorch's messages carry a C++ backtrace: show the first line only.
+    std::string what = e.what_without_backtrace();
+    std::cerr << "crosstrain: error: " << what.substr(0, what.find('\n')) << std::endl;
+    return 1;
   } catch (const std::exception& e) {
     std::cerr << "crosstrain: error: " << e.what() << std::endl;
     return 1;

@@ -15,7 +15,9 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   // Read the config before starting any rank: a typo is reported once, not once per rank.
   train::Config config = train::load_config(cmd.config_path, cmd.sets);
   LaunchEnv env = detect_launch_env(current_environment());
-  if (env.source == LaunchSource::Single && cmd.nproc > 1) {
+  const bool launching = env.source == LaunchSource::Single && cmd.nproc > 1;
+  train::check_config(config, launching ? cmd.nproc : env.world_size);
+  if (launching) {
     // Ranks write into pipes; tell rank 0 whether a person is watching.
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);
     return launch_self(cmd.nproc, relaunch_args,

@@ -110,6 +110,14 @@ void validate(const Config& c, int world) {
 
 }  // namespace
 
+void check_config(const Config& config, int world) {
+  validate(config, world);
+  std::error_code ec;
+  if (!config.data.path.empty() && !fs::exists(config.data.path, ec))
+    throw UsageError("data file '" + config.data.path + "' does not exist (data.path); for the demo corpus run "
+                     "scripts/install-deps.sh, which installs Debian's fortunes package");
+}
+
 struct Trainer::State {
   Config config;
   comm::Communicator& world;

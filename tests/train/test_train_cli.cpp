@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -64,6 +65,20 @@ TEST(TrainCli, RecipeOnTwoRanksWritesMetrics) {
   EXPECT_TRUE(contains(res.output, "--- sample")) << res.output;
 }
 
+TEST(TrainCli, PipelineAndTensorParallelOnFourProcesses) {
+  // The acceptance command: gpt-tiny with 2 pipeline stages x 2 tensor-parallel ranks over Gloo.
+  auto dir = fresh_dir("pp2tp2");
+  auto res = run_process({kBin, "train", kRecipes + "/gpt-tiny.toml", "--nproc", "4", "--set", "parallel.pp=2",
+                          "--set", "parallel.tp=2", "--set", "train.steps=20", "--set", "run.dir=" + dir},
+                         {}, milliseconds(300000));
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  auto rows = read_metrics(dir);
+  ASSERT_EQ(rows.size(), 20u);
+  EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>() - 0.5);
+  for (const char* shard : {"pp0-tp0", "pp0-tp1", "pp1-tp0", "pp1-tp1"})
+    EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000020" / (std::string("model-") + shard + ".safetensors")));
+}
+
 TEST(TrainCli, GlooRanksMatchOneProcess) {
   auto one = fresh_dir("gloo_parity_1"), two = fresh_dir("gloo_parity_2");
   auto r1 = run_process(tiny_args(one, 1, 20), {}, milliseconds(120000));
@@ -116,12 +131,18 @@ TEST(TrainCli, BadInputGetsOneClearLine) {
     EXPECT_NE(res.exit_code(), 0) << res.output;
     EXPECT_TRUE(contains(res.output, expect)) << "expected '" << expect << "' in:\n" << res.output;
     EXPECT_FALSE(contains(res.output, "frame #")) << "a backtrace leaked:\n" << res.output;
+    EXPECT_EQ(std::count(res.output.begin(), res.output.end(), '\n'), 1) << "one line expected:\n" << res.output;
   };
   bad({"--set", "train.lrate=1"}, "unknown key 'train.lrate'");
   bad({"--set", "train.lrate=1"}, "valid keys of [train]: steps");
   bad({"--set", "data.path=/nonexistent/corpus.txt"}, "data file '/nonexistent/corpus.txt' does not exist");
   bad({"--nproc", "2", "--set", "train.global_batch=7"}, "train.global_batch = 7 is not divisible by 2");
   bad({}, "cannot read config file", "/nonexistent/recipe.toml");
+  bad({"--nproc", "4", "--set", "parallel.pp=3"}, "dp=1 x pp=3 x tp=1 = 3 does not match the 4 ranks");
+  bad({"--nproc", "2", "--set", "parallel.tp=2", "--set", "model.n_head=3", "--set", "model.n_embd=96"},
+      "n_head = 3 is not divisible by parallel.tp = 2");
+  bad({"--nproc", "8", "--set", "parallel.pp=8"}, "only 4 layers");
+  bad({"--set", "model.block_size=100000000", "--set", "train.global_batch=1"}, "error");
   bad({"--resume"}, "no checkpoint");
 
   // A corrupt checkpoint: flip bytes inside a tensor of a real one.

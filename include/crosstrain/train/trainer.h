@@ -41,6 +41,10 @@ struct TrainOptions {
   bool keep_parameters = false;    // fill TrainResult::parameters
 };
 
+// Checks a config for a job of `world` ranks without building anything (layout, batch divisibility, model
+// shape, the data path exists). Throws UsageError with one clear line. The Trainer runs it too.
+void check_config(const Config& config, int world);
+
 class Trainer {
  public:
   // `world`: every rank of the job; the mesh (dp x pp x tp) is built from the config. Validated here.

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp install clean
+.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline install clean
 
 all: build
 
@@ -38,6 +38,10 @@ bench-comm: build
 bench-ddp: build
 	@scripts/install-deps.sh python3-torch
 	@bench/bench_ddp.sh
+
+# Pipeline bubble of each schedule: measured on real processes next to (p-1)/m and friends.
+bench-pipeline: build
+	@$(BUILD)/crosstrain bench pipeline --stages 2,4 --microbatches 4,8
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

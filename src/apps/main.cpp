@@ -3,8 +3,10 @@
 #include <c10/util/Exception.h>
 
 #include <iostream>
+#include <sstream>
 
 #include "bench_comm.h"
+#include "bench_pipeline.h"
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
@@ -55,6 +57,18 @@ int main(int argc, char** argv) {
   train_cmd->add_option("--set", train.sets, "override a key: --set train.steps=30 (repeatable)");
   train_cmd->add_flag("--resume", train.resume, "continue from the newest checkpoint in run.dir");
 
+  apps::BenchPipelineOptions pipe;
+  std::string pipe_stages, pipe_micro;
+  auto* bench_pipe = bench_cmd->add_subcommand("pipeline", "pipeline bubble of each schedule, measured against theory");
+  bench_pipe->add_option("--stages", pipe_stages, "pipeline depths, e.g. 2,4 (default 2,4)");
+  bench_pipe->add_option("--microbatches", pipe_micro, "micro-batch counts, e.g. 4,8 (default 4,8)");
+  bench_pipe->add_option("--schedule", pipe.schedules, "gpipe, 1f1b, interleaved, zb-h1 (repeatable; default all)");
+  bench_pipe->add_option("--layers", pipe.layers, "GPT layers");
+  bench_pipe->add_option("--width", pipe.width, "GPT width");
+  bench_pipe->add_option("--context", pipe.context, "sequence length");
+  bench_pipe->add_option("--batch", pipe.batch, "sequences per micro-batch");
+  bench_pipe->add_option("--steps", pipe.steps, "timed steps per measurement");
+
   int demo_nproc = 2;
   auto* demo = app.add_subcommand("demo", "a short tour of the collectives on local ranks");
   demo->add_option("--nproc", demo_nproc, "ranks to start")->check(CLI::PositiveNumber);
@@ -86,6 +100,23 @@ int main(int argc, char** argv) {
       return apps::bench_comm(bench, args);
     }
     if (*demo) return apps::demo_comm(demo_nproc, args);
+    if (*bench_pipe) {
+      auto ints = [](const std::string& text, std::vector<int>& out) {
+        if (text.empty()) return;
+        out.clear();
+        std::stringstream in(text);
+        for (std::string item; std::getline(in, item, ',');) {
+          try {
+            out.push_back(std::stoi(item));
+          } catch (const std::exception&) {
+            throw UsageError("'" + text + "' is not a comma-separated list of integers");
+          }
+        }
+      };
+      ints(pipe_stages, pipe.stages);
+      ints(pipe_micro, pipe.microbatches);
+      return apps::bench_pipeline(pipe, args);
+    }
     if (*train_cmd) return apps::train_command(train, args);
   } catch (const UsageError& e) {
     std::cerr << "crosstrain: " << e.what() << std::endl;

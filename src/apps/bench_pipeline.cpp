@@ -1,0 +1,143 @@
+#include "bench_pipeline.h"
+
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+
+#include "crosstrain/comm/init.h"
+#include "crosstrain/core/allocator.h"
+#include "crosstrain/core/error.h"
+#include "crosstrain/core/launch_env.h"
+#include "crosstrain/core/threads.h"
+#include "crosstrain/models/gpt_parallel.h"
+#include "crosstrain/obs/metrics.h"
+#include "crosstrain/parallel/mesh.h"
+#include "crosstrain/parallel/pipeline.h"
+#include "launcher.h"
+
+namespace crosstrain::apps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string join_ints(const std::vector<int>& v) {
+  std::string s;
+  for (int x : v) s += (s.empty() ? "" : ",") + std::to_string(x);
+  return s;
+}
+
+double all_reduce(comm::Communicator& c, double v, comm::ReduceOp op) {
+  at::Tensor t = at::full({1}, v, at::kDouble);
+  c.all_reduce(t, op)->wait();
+  return t.item<double>();
+}
+
+// One (schedule, m) measurement on this rank; prints on rank 0.
+void measure(comm::Communicator& world, const BenchPipelineOptions& o, parallel::ScheduleKind kind, int m) {
+  const int p = world.size();
+  const int chunks = kind == parallel::ScheduleKind::Interleaved1F1B ? 2 : 1;
+  parallel::ScheduleSpec spec{kind, p, m, chunks};
+  models::GPTConfig config;
+  config.n_layer = o.layers;
+  config.n_head = o.heads;
+  config.n_embd = o.width;
+  config.block_size = o.context;
+  config.vocab_size = 256;
+  models::check_parallel_plan(config, 1, false, p * chunks);
+  models::GPT full(config, 1);
+  const auto bounds = models::partition_gpt(config, p * chunks);
+  std::vector<models::GPTStage> stages;
+  int64_t param_bytes = 0;
+  for (int k = 0; k < chunks; ++k) {
+    const int vs = k * p + world.rank();
+    stages.emplace_back(config, models::StageSpec{bounds[vs], bounds[vs + 1], vs == 0, vs == p * chunks - 1},
+                        models::TensorParallelContext{}, full);
+    for (const auto& t : stages.back()->parameters()) param_bytes += t.numel() * 4;
+  }
+  full = models::GPT(nullptr);
+  auto gen = at::detail::createCPUGenerator(5);
+  std::vector<at::Tensor> x, y;
+  for (int i = 0; i < m; ++i) {
+    x.push_back(torch::randint(0, 256, {o.batch, o.context}, gen));
+    y.push_back(torch::randint(0, 256, {o.batch, o.context}, gen));
+  }
+  parallel::PipelineModel model;
+  model.forward = [&](int chunk, int mb, const at::Tensor& in) -> at::Tensor {
+    auto& s = stages[chunk];
+    at::Tensor input = s->spec().has_embedding ? x[mb] : in;
+    if (s->spec().has_head) return s->loss(input, y[mb]) / static_cast<double>(m);
+    return s->forward(input);
+  };
+  model.parameters = [&](int chunk) { return stages[chunk]->parameters(); };
+  model.activation_shape = {o.batch, o.context, o.width};
+  parallel::PipelineRuntime runtime(spec, &world, world.rank(), model);
+  auto sim = parallel::simulate(spec, parallel::build_schedule(spec));
+
+  double makespan = 0, busy = 0;
+  for (int step = 0; step <= o.steps; ++step) {  // step 0 warms up
+    world.barrier()->wait();
+    auto t0 = Clock::now();
+    runtime.train_step();
+    double local = std::chrono::duration<double>(Clock::now() - t0).count();
+    double compute = 0;
+    for (const auto& e : runtime.timeline())
+      if (e.action.type == parallel::ActionType::Forward || e.action.type == parallel::ActionType::Backward ||
+          e.action.type == parallel::ActionType::BackwardInput || e.action.type == parallel::ActionType::BackwardWeight)
+        compute += e.end_s - e.start_s;
+    for (auto& s : stages)
+      for (auto& t : s->parameters()) t.mutable_grad() = at::Tensor();
+    if (step == 0) continue;
+    makespan += all_reduce(world, local, comm::ReduceOp::Max);
+    busy += all_reduce(world, compute, comm::ReduceOp::Avg);
+  }
+  const double measured = (makespan - busy) / busy;
+  const double peak_rss = all_reduce(world, static_cast<double>(obs::peak_rss_bytes()), comm::ReduceOp::Max);
+  const double max_params = all_reduce(world, static_cast<double>(param_bytes), comm::ReduceOp::Max);
+  int peak = 0;
+  for (int a : sim.peak_activations) peak = std::max(peak, a);
+  if (world.rank() == 0) {
+    std::printf("schedule=%s p=%d m=%d bubble_measured=%.3f bubble_theory=%.3f bubble_simulated=%.3f "
+                "peak_inflight=%d activation_mb_per_microbatch=%.2f params_mb_per_rank=%.2f peak_rss_mb=%.0f\n",
+                parallel::to_string(kind), p, m, measured, parallel::theoretical_bubble(spec), sim.bubble_fraction,
+                peak, o.batch * o.context * o.width * 4.0 / (1 << 20), max_params / (1 << 20), peak_rss / (1 << 20));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+int bench_pipeline(const BenchPipelineOptions& o, const std::vector<std::string>& relaunch_args) {
+  LaunchEnv env = detect_launch_env(current_environment());
+  if (env.source == LaunchSource::Single) {
+    // One job per pipeline depth: the ranks are the stages.
+    std::printf("# crosstrain bench pipeline: GPT %dL d%d T%d, %d sequences per micro-batch, %d timed steps; "
+                "measured bubble = (step time - mean compute per rank) / mean compute\n",
+                o.layers, o.width, o.context, o.batch, o.steps);
+    std::fflush(stdout);
+    for (int p : o.stages) {
+      std::vector<std::string> args{"bench", "pipeline", "--stages", std::to_string(p),
+                                    "--microbatches", join_ints(o.microbatches)};
+      for (const auto& s : o.schedules) args.insert(args.end(), {"--schedule", s});
+      args.insert(args.end(), {"--layers", std::to_string(o.layers), "--width", std::to_string(o.width),
+                               "--context", std::to_string(o.context), "--batch", std::to_string(o.batch),
+                               "--steps", std::to_string(o.steps)});
+      int rc = launch_self(p, args);
+      if (rc != 0) return rc;
+    }
+    return 0;
+  }
+  limit_compute_threads(1);
+  keep_freed_memory_for_reuse();
+  auto world = comm::init_world(env, comm::CommConfig{});
+  for (const auto& name : o.schedules) {
+    auto kind = parallel::parse_schedule(name);
+    for (int m : o.microbatches) {
+      if (kind == parallel::ScheduleKind::Interleaved1F1B && (m % world->size() != 0 || world->size() < 2)) continue;
+      measure(*world, o, kind, m);
+    }
+  }
+  return 0;
+}
+
+}  // namespace crosstrain::apps

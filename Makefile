@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline install clean
+.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts install clean
 
 all: build
 
@@ -15,7 +15,7 @@ $(BUILD)/CMakeCache.txt:
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) > /dev/null
 
 build: deps $(BUILD)/CMakeCache.txt
-	@cmake --build $(BUILD) -j $(JOBS)
+	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 # Everything but the `slow` label; ranks are processes, so two at a time is the limit on 2 cores.
 test: build
@@ -42,6 +42,10 @@ bench-ddp: build
 # Pipeline bubble of each schedule: measured on real processes next to (p-1)/m and friends.
 bench-pipeline: build
 	@$(BUILD)/crosstrain bench pipeline --stages 2,4 --microbatches 4,8
+
+# Rank 0's parameter bytes and peak memory for each 4-rank layout.
+bench-memory-layouts: build
+	@bench/memory_layouts.sh
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

@@ -157,6 +157,8 @@ TrainResult Trainer::run(const TrainOptions& options) {
     chunks.emplace_back(c.model, spec, tp_ctx, full);
     for (const auto& [name, t] : chunks.back()->named_shards()) shards[name] = t;
   }
+  int64_t param_bytes = 0;  // this rank's shards
+  for (const auto& [name, t] : shards) param_bytes += t.numel() * static_cast<int64_t>(t.element_size());
   const bool sampling = leader && c.train.sample_tokens > 0 && pp == 1 && tp == 1;
   if (!sampling) full = models::GPT(nullptr);
 
@@ -370,7 +372,8 @@ TrainResult Trainer::run(const TrainOptions& options) {
                             {"comm_time_s", rec.comm_time_s},
                             {"exposed_comm_time_s", rec.exposed_comm_time_s},
                             {"tokens", static_cast<double>(step) * tokens_per_step},
-                            {"peak_rss_bytes", obs::peak_rss_bytes()}};
+                            {"peak_rss_bytes", obs::peak_rss_bytes()},
+                            {"param_bytes", param_bytes}};
       if (val_loss >= 0) row["val_loss"] = val_loss;
       if (pipeline) {
         // The pipeline's timeline of this rank: compute time over step time shows the bubble.

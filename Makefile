@@ -26,7 +26,8 @@ test-all: build
 
 # Trains gpt-tiny on 2 data-parallel ranks and prints a sample of generated text.
 demo: build
-	@$(BUILD)/crosstrain train recipes/gpt-tiny.toml --nproc 2
+	@rm -rf runs/demo
+	@$(BUILD)/crosstrain train recipes/gpt-tiny.toml --nproc 2 --set run.dir=runs/demo
 
 demo-comm: build
 	@$(BUILD)/crosstrain demo --nproc 2

@@ -30,12 +30,13 @@ for round in $(seq 1 "$ROUNDS"); do
     --set model.block_size="$CONTEXT" --set train.global_batch=$((BATCH * NPROC)) \
     --set train.steps=$((WARMUP + STEPS)) --set train.eval_every=0 --set train.sample_tokens=0 \
     --set train.checkpoint_every=0 --set run.log_every=1000 > "$tmp/ct$round.log"
-  # Timed steps only: tokens over summed step time.
+  # Timed steps only, by wall clock (as the PyTorch side): from the end of the warm-up to the last step.
   ct=$($PY -c "
 import json,sys
-rows=[json.loads(l) for l in open('$dir/metrics.jsonl')][$WARMUP:]
-tokens=$BATCH*$NPROC*$CONTEXT*len(rows)
-print(tokens/sum(r['step_time_s'] for r in rows))")
+rows=[json.loads(l) for l in open('$dir/metrics.jsonl')]
+timed=rows[$WARMUP:]
+tokens=$BATCH*$NPROC*$CONTEXT*len(timed)
+print(tokens/(timed[-1]['time_s']-rows[$WARMUP-1]['time_s']))")
   printf "round %d: pytorch_ddp %8.1f tokens/s   crosstrain %8.1f tokens/s\n" "$round" "$pt" "$ct"
   pt_all+=("$pt"); ct_all+=("$ct")
 done

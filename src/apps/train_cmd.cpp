@@ -6,6 +6,8 @@
 
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/launch_env.h"
+#include "crosstrain/core/error.h"
+#include "crosstrain/train/checkpoint.h"
 #include "crosstrain/train/trainer.h"
 #include "launcher.h"
 
@@ -17,6 +19,9 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   LaunchEnv env = detect_launch_env(current_environment());
   const bool launching = env.source == LaunchSource::Single && cmd.nproc > 1;
   train::check_config(config, launching ? cmd.nproc : env.world_size);
+  if (!cmd.resume && train::latest_checkpoint(config.run.dir))
+    throw UsageError("run.dir '" + config.run.dir + "' already holds checkpoints of an earlier run; continue it with " +
+                     "--resume, or choose another run.dir (nothing was changed)");
   if (launching) {
     // Ranks write into pipes; tell rank 0 whether a person is watching.
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);

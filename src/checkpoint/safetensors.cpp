@@ -75,6 +75,7 @@ SafetensorsFile read_safetensors(const std::string& path) {
   const int64_t data_start = 8 + static_cast<int64_t>(n);
   const int64_t data_size = file_size - data_start;
   SafetensorsFile result;
+  try {
   for (auto& [name, entry] : header.items()) {
     if (name == "__metadata__") {
       for (auto& [k, v] : entry.items()) result.metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
@@ -89,7 +90,10 @@ SafetensorsFile read_safetensors(const std::string& path) {
     std::vector<int64_t> shape = entry.at("shape").get<std::vector<int64_t>>();
     auto offsets = entry.at("data_offsets").get<std::vector<int64_t>>();
     int64_t numel = 1;
-    for (int64_t d : shape) numel *= d;
+    for (int64_t d : shape) {
+      if (d < 0) throw bad("tensor '" + name + "' has a negative dimension");
+      numel *= d;
+    }
     const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(dtype));
     if (offsets.size() != 2 || offsets[0] < 0 || offsets[1] - offsets[0] != bytes)
       throw bad("tensor '" + name + "' has data_offsets that do not match its shape and dtype");
@@ -101,6 +105,9 @@ SafetensorsFile read_safetensors(const std::string& path) {
     in.read(static_cast<char*>(t.data_ptr()), static_cast<std::streamsize>(bytes));
     if (!in) throw bad("could not read tensor '" + name + "'");
     result.tensors[name] = t;
+  }
+  } catch (const nlohmann::json::exception& e) {
+    throw bad(std::string("malformed header entry (") + e.what() + ")");
   }
   return result;
 }

@@ -83,8 +83,10 @@ class GlooCommunicator : public Communicator {
     } catch (const std::exception& e) {
       CommContext c = context("init");
       c.timeout = timeout;
-      throw CommError(c, "could not connect to all " + std::to_string(size) +
-                             " ranks of the group: " + first_line(e.what()));
+      throw CommError(c, "could not connect to all " + std::to_string(size) + " ranks of the group through the " +
+                             "rendezvous store at " + rendezvous_->address() + ":" +
+                             std::to_string(rendezvous_->port()) + " (is that address really rank 0's store?): " +
+                             first_line(e.what()));
     }
   }
 

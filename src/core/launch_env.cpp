@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <string>
 
@@ -92,6 +93,24 @@ std::string first_slurm_host(const std::string& nodelist) {
   return prefix + range.substr(0, stop);
 }
 
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
+  // "2(x3),1": two tasks on each of three nodes, then one.
+  int index = 0;
+  size_t pos = 0;
+  while (pos < tasks_per_node.size()) {
+    size_t end = tasks_per_node.find(',', pos);
+    if (end == std::string::npos) end = tasks_per_node.size();
+    const std::string item = tasks_per_node.substr(pos, end - pos);
+    int count = 0, repeat = 1;
+    if (std::sscanf(item.c_str(), "%d(x%d)", &count, &repeat) < 1)
+      throw UsageError("SLURM_TASKS_PER_NODE='" + tasks_per_node + "' is not a Slurm task list");
+    if (node < index + repeat) return count;
+    index += repeat;
+    pos = end + 1;
+  }
+  throw UsageError("SLURM_TASKS_PER_NODE='" + tasks_per_node + "' has no entry for node " + std::to_string(node));
+}
+
 LaunchEnv detect_launch_env(const EnvMap& env) {
   LaunchEnv e;
   e.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
@@ -128,7 +147,10 @@ LaunchEnv detect_launch_env(const EnvMap& env) {
     e.rank = parse_int(env, "SLURM_PROCID", 0);
     e.world_size = parse_int(env, "SLURM_NTASKS", 1);
     e.local_rank = parse_int(env, "SLURM_LOCALID", 0);
-    e.local_world_size = parse_int(env, "SLURM_NTASKS_PER_NODE", parse_int(env, "SLURM_TASKS_PER_NODE", 1));
+    if (find(env, "SLURM_NTASKS_PER_NODE"))
+      e.local_world_size = parse_int(env, "SLURM_NTASKS_PER_NODE", 1);
+    else if (const std::string* tasks = find(env, "SLURM_TASKS_PER_NODE"))
+      e.local_world_size = slurm_tasks_on_node(*tasks, parse_int(env, "SLURM_NODEID", 0));
     if (!find(env, "MASTER_ADDR")) {
       std::string nodes = get(env, "SLURM_STEP_NODELIST", get(env, "SLURM_JOB_NODELIST", ""));
       if (!nodes.empty()) e.master_addr = first_slurm_host(nodes);

@@ -171,6 +171,7 @@ void BucketedAllReduce::synchronize() {
 void BucketedAllReduce::finish() {
   if (!in_pass_) return;
   backward_done_ = Clock::now();
+  stats_.started_during_backward = static_cast<int>(next_launch_);
   for (auto& b : buckets_) b.pending = 0;  // parameters without a gradient this step contribute zeros
   launch_ready_buckets();
   for (auto& b : buckets_) {

@@ -247,6 +247,9 @@ TrainResult Trainer::run(const TrainOptions& options) {
     return dp > 1 ? reducer.side_value(0) : loss;
   };
 
+  if (!options.resume && latest_checkpoint(c.run.dir))
+    throw UsageError("run.dir '" + c.run.dir + "' already holds checkpoints of an earlier run; continue it with " +
+                     "--resume, or choose another run.dir (nothing was changed)");
   // Resume: every rank loads its own shard of the newest checkpoint.
   int64_t start_step = 1;
   if (options.resume) {
@@ -373,7 +376,8 @@ TrainResult Trainer::run(const TrainOptions& options) {
                             {"exposed_comm_time_s", rec.exposed_comm_time_s},
                             {"tokens", static_cast<double>(step) * tokens_per_step},
                             {"peak_rss_bytes", obs::peak_rss_bytes()},
-                            {"param_bytes", param_bytes}};
+                            {"param_bytes", param_bytes},
+                            {"time_s", seconds_since(run_start)}};
       if (val_loss >= 0) row["val_loss"] = val_loss;
       if (pipeline) {
         // The pipeline's timeline of this rank: compute time over step time shows the bubble.

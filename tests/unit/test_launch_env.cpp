@@ -64,6 +64,17 @@ TEST(LaunchEnv, SlurmTasksPerNodeWithRepeat) {
   EXPECT_EQ(e.local_world_size, 2);
 }
 
+TEST(LaunchEnv, SlurmTaskLists) {
+  EXPECT_EQ(slurm_tasks_on_node("4", 0), 4);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 2), 2);
+  EXPECT_EQ(slurm_tasks_on_node("2(x3),1", 3), 1);
+  EXPECT_EQ(slurm_tasks_on_node("2,1", 1), 1);
+  EXPECT_THROW(slurm_tasks_on_node("2,1", 5), UsageError);
+  LaunchEnv e = detect_launch_env({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "3"}, {"SLURM_TASKS_PER_NODE", "2,1"},
+                                   {"SLURM_NODEID", "1"}, {"SLURM_LOCALID", "0"}});
+  EXPECT_EQ(e.local_world_size, 1);
+}
+
 TEST(LaunchEnv, FirstSlurmHost) {
   EXPECT_EQ(first_slurm_host("node1"), "node1");
   EXPECT_EQ(first_slurm_host("node1,node2"), "node1");

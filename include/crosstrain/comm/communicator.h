@@ -30,6 +30,7 @@ ReduceOp parse_reduce_op(const std::string& name);
 using Millis = std::chrono::milliseconds;
 
 // A started operation. wait() returns once the result is in place; it throws CommError on failure or timeout.
+// A Work refers to its communicator: wait for it before the communicator is destroyed.
 class Work {
  public:
   explicit Work(Millis default_timeout) : default_timeout_(default_timeout) {}

@@ -34,6 +34,9 @@ EnvMap current_environment();
 // or inconsistent (rank >= world size, bad port, ...).
 LaunchEnv detect_launch_env(const EnvMap& env);
 
+// Tasks on node `node` of a Slurm task list: "2(x3),1" -> 2 for nodes 0-2, 1 for node 3. Throws UsageError.
+int slurm_tasks_on_node(const std::string& tasks_per_node, int node);
+
 // First host of a Slurm node list: "node[03-05,9],gpu1" -> "node03".
 std::string first_slurm_host(const std::string& nodelist);
 

@@ -23,6 +23,7 @@ struct ReducerStats {
   double exposed_comm_time_s = 0;  // of which backward had finished and the step waited
   int64_t bytes = 0;               // gradient bytes all-reduced per synced step
   int buckets = 0;
+  int started_during_backward = 0;  // buckets whose all-reduce began before backward finished (overlap)
 };
 
 class GradReducer {

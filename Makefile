@@ -42,7 +42,7 @@ bench-ddp: build
 
 # Pipeline bubble of each schedule: measured on real processes next to (p-1)/m and friends.
 bench-pipeline: build
-	@$(BUILD)/crosstrain bench pipeline --stages 2,4 --microbatches 4,8
+	@$(BUILD)/crosstrain bench pipeline --stages 2,4 --microbatches 4,8 --trace runs/pipeline-traces
 
 # Rank 0's parameter bytes and peak memory for each 4-rank layout.
 bench-memory-layouts: build

@@ -3,6 +3,9 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <cstdio>
 
 #include "crosstrain/comm/init.h"
@@ -31,6 +34,44 @@ double all_reduce(comm::Communicator& c, double v, comm::ReduceOp op) {
   at::Tensor t = at::full({1}, v, at::kDouble);
   c.all_reduce(t, op)->wait();
   return t.item<double>();
+}
+
+// The last step's timeline of every stage as one Chrome trace (chrome://tracing, ui.perfetto.dev): the gaps
+// in each stage's track are the bubble.
+void write_trace(comm::Communicator& world, const BenchPipelineOptions& o, const parallel::PipelineRuntime& runtime,
+                 parallel::ScheduleKind kind, int m) {
+  const auto& events = runtime.timeline();
+  const int64_t longest = static_cast<int64_t>(all_reduce(world, static_cast<double>(events.size()), comm::ReduceOp::Max));
+  at::Tensor mine = at::full({longest, 5}, -1.0, at::kDouble);
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    mine[static_cast<int64_t>(i)].copy_(at::tensor({static_cast<double>(e.action.type), static_cast<double>(e.action.microbatch),
+                                                   static_cast<double>(e.action.chunk), e.start_s, e.end_s}, at::kDouble));
+  }
+  at::Tensor all = at::empty({world.size() * longest, 5}, at::kDouble);
+  world.all_gather(mine, all)->wait();
+  if (world.rank() != 0) return;
+  nlohmann::json trace = nlohmann::json::array();
+  for (int r = 0; r < world.size(); ++r) {
+    trace.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", 0}, {"tid", r},
+                     {"args", {{"name", "stage " + std::to_string(r)}}}});
+    for (int64_t i = 0; i < longest; ++i) {
+      auto row = all[r * longest + i];
+      if (row[0].item<double>() < 0) break;
+      auto type = static_cast<parallel::ActionType>(static_cast<int>(row[0].item<double>()));
+      const int mb = static_cast<int>(row[1].item<double>()), chunk = static_cast<int>(row[2].item<double>());
+      trace.push_back({{"name", std::string(parallel::to_string(type)) + " " + std::to_string(mb)},
+                       {"cat", chunk == 0 ? "chunk0" : "chunk1"},
+                       {"ph", "X"}, {"pid", 0}, {"tid", r},
+                       {"ts", row[3].item<double>() * 1e6},
+                       {"dur", (row[4].item<double>() - row[3].item<double>()) * 1e6},
+                       {"args", {{"microbatch", mb}, {"chunk", chunk}}}});
+    }
+  }
+  std::filesystem::create_directories(o.trace_dir);
+  const std::string path = o.trace_dir + "/pipeline-" + parallel::to_string(kind) + "-p" + std::to_string(world.size()) +
+                           "-m" + std::to_string(m) + ".json";
+  std::ofstream(path) << nlohmann::json{{"traceEvents", trace}}.dump() << "\n";
 }
 
 // One (schedule, m) measurement on this rank; prints on rank 0.
@@ -92,6 +133,7 @@ void measure(comm::Communicator& world, const BenchPipelineOptions& o, parallel:
     busy += all_reduce(world, compute, comm::ReduceOp::Avg);
   }
   const double measured = (makespan - busy) / busy;
+  if (!o.trace_dir.empty()) write_trace(world, o, runtime, kind, m);
   const double peak_rss = all_reduce(world, static_cast<double>(obs::peak_rss_bytes()), comm::ReduceOp::Max);
   const double max_params = all_reduce(world, static_cast<double>(param_bytes), comm::ReduceOp::Max);
   int peak = 0;
@@ -122,6 +164,7 @@ int bench_pipeline(const BenchPipelineOptions& o, const std::vector<std::string>
       args.insert(args.end(), {"--layers", std::to_string(o.layers), "--width", std::to_string(o.width),
                                "--context", std::to_string(o.context), "--batch", std::to_string(o.batch),
                                "--steps", std::to_string(o.steps)});
+      if (!o.trace_dir.empty()) args.insert(args.end(), {"--trace", o.trace_dir});
       int rc = launch_self(p, args);
       if (rc != 0) return rc;
     }

@@ -11,6 +11,7 @@ struct BenchPipelineOptions {
   std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved", "zb-h1"};
   int layers = 8, width = 256, heads = 4, context = 128, batch = 4;  // batch: sequences per micro-batch
   int steps = 3;
+  std::string trace_dir;  // when set: one Chrome/Perfetto trace per (schedule, p, m), a track per stage
 };
 
 // `crosstrain bench pipeline`: runs each schedule on real processes with the GPT and prints, per schedule and

@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   bench_pipe->add_option("--context", pipe.context, "sequence length");
   bench_pipe->add_option("--batch", pipe.batch, "sequences per micro-batch");
   bench_pipe->add_option("--steps", pipe.steps, "timed steps per measurement");
+  bench_pipe->add_option("--trace", pipe.trace_dir, "write a Chrome/Perfetto trace of each run into this folder");
 
   int demo_nproc = 2;
   auto* demo = app.add_subcommand("demo", "a short tour of the collectives on local ranks");

@@ -148,7 +148,7 @@ class GlooCommunicator : public Communicator {
     if (input.numel() == 0) return done();
     std::vector<at::Tensor> inputs{as_bytes(input)};
     std::vector<std::vector<at::Tensor>> outputs;
-    if (is_root) outputs.push_back(slices(as_bytes(output)));
+    if (is_root) outputs.push_back(slices(as_bytes(output), inputs[0]));
     c10d::GatherOptions opts;
     opts.rootRank = root;
     opts.timeout = timeout();
@@ -162,7 +162,7 @@ class GlooCommunicator : public Communicator {
     check_sliced("allgather", input, output);
     if (input.numel() == 0) return done();
     std::vector<at::Tensor> inputs{as_bytes(input)};
-    std::vector<std::vector<at::Tensor>> outputs{slices(as_bytes(output))};
+    std::vector<std::vector<at::Tensor>> outputs{slices(as_bytes(output), inputs[0])};
     c10d::AllgatherOptions opts;
     opts.timeout = timeout();
     return start("allgather", -1, [&] { return pg_->allgather(outputs, inputs, opts); });
@@ -180,7 +180,7 @@ class GlooCommunicator : public Communicator {
     if (output.numel() == 0) return done();
     std::vector<at::Tensor> outputs{as_bytes(output)};
     std::vector<std::vector<at::Tensor>> inputs;
-    if (is_root) inputs.push_back(slices(as_bytes(input)));
+    if (is_root) inputs.push_back(slices(as_bytes(input), outputs[0]));
     c10d::ScatterOptions opts;
     opts.rootRank = root;
     opts.timeout = timeout();
@@ -280,11 +280,11 @@ class GlooCommunicator : public Communicator {
 
   static WorkPtr done() { return std::make_shared<DoneWork>(); }
 
-  // One row per rank of a sliced buffer, as the process group's list-of-tensors API wants.
-  std::vector<at::Tensor> slices(const at::Tensor& many) const {
+  // One slice per rank of a sliced buffer, each shaped like `one` (the process group checks shapes).
+  std::vector<at::Tensor> slices(const at::Tensor& many, const at::Tensor& one) const {
     at::Tensor rows = many.reshape({size(), -1});
     std::vector<at::Tensor> out;
-    for (int r = 0; r < size(); ++r) out.push_back(rows[r]);
+    for (int r = 0; r < size(); ++r) out.push_back(rows[r].view(one.sizes()));
     return out;
   }
 

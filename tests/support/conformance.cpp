@@ -172,6 +172,26 @@ std::vector<std::string> run_conformance(comm::Communicator& c, const Conformanc
       }
     }
   }
+  // Multi-dimensional buffers: a per-rank [3, 5] block and a full [n * 3, 5] buffer.
+  k.guarded("2-d buffers", at::kFloat, 15, [&] {
+    auto block = [&](int r) { return conformance_input(r, at::kFloat, 15, 99).view({3, 5}); };
+    std::vector<at::Tensor> blocks;
+    for (int r = 0; r < n; ++r) blocks.push_back(block(r));
+    at::Tensor concat = at::cat(blocks);  // [n * 3, 5]
+    at::Tensor gathered = at::zeros({n * 3, 5});
+    c.all_gather(block(me), gathered)->wait();
+    k.expect(close(gathered, concat), "allgather of [3, 5] blocks wrong", at::kFloat, 15);
+    at::Tensor rooted = at::zeros({n * 3, 5});
+    c.gather(block(me), rooted, 0)->wait();
+    if (me == 0) k.expect(close(rooted, concat), "gather of [3, 5] blocks wrong", at::kFloat, 15);
+    at::Tensor part = at::zeros({3, 5});
+    c.scatter(me == 0 ? concat : at::Tensor(), part, 0)->wait();
+    k.expect(close(part, block(me)), "scatter of [3, 5] blocks wrong", at::kFloat, 15);
+    at::Tensor reduced = at::zeros({3, 5});
+    c.reduce_scatter(concat, reduced, ReduceOp::Sum)->wait();
+    k.expect(close(reduced, block(me) * n), "reducescatter of [n*3, 5] wrong", at::kFloat, 15);
+  });
+
   // barrier and sub-groups: even and odd ranks, then everyone but rank 0
   try {
     c.barrier()->wait();

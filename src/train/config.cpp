@@ -121,6 +121,7 @@ std::vector<Field> fields(Config& c) {
       string_field("parallel", "schedule", c.parallel.schedule),
       int_field("parallel", "microbatches", c.parallel.microbatches),
       int_field("parallel", "chunks", c.parallel.chunks),
+      string_field("parallel", "stage_layers", c.parallel.stage_layers),
       double_field("parallel", "bucket_mb", c.parallel.bucket_mb),
       string_field("comm", "backend", c.comm.backend),
       double_field("comm", "timeout_s", c.comm.timeout_s),

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 
 #include "crosstrain/core/allocator.h"
 #include "crosstrain/core/error.h"
@@ -60,6 +61,7 @@ struct Layout {
   int64_t microbatches = 1;  // per data-parallel rank and step
   int64_t chunks = 1;
   parallel::ScheduleKind schedule = parallel::ScheduleKind::OneFOneB;
+  std::vector<int64_t> bounds;  // first block of each virtual stage, then the end
 };
 
 Layout resolve_layout(const Config& c, int world) {
@@ -85,6 +87,29 @@ Layout resolve_layout(const Config& c, int world) {
   if (l.shape.pp > 1)
     parallel::validate(parallel::ScheduleSpec{l.schedule, l.shape.pp, static_cast<int>(l.microbatches),
                                               static_cast<int>(l.chunks)});
+  const int virtual_stages = static_cast<int>(l.shape.pp * l.chunks);
+  if (c.parallel.stage_layers.empty()) {
+    l.bounds = models::partition_gpt(c.model, virtual_stages);
+  } else {
+    // Given explicitly: blocks per virtual stage.
+    std::vector<int64_t> counts;
+    std::stringstream in(c.parallel.stage_layers);
+    for (std::string item; std::getline(in, item, ',');) {
+      try {
+        counts.push_back(std::stoll(item));
+      } catch (const std::exception&) {
+        need(false, "parallel.stage_layers = '" + c.parallel.stage_layers + "' must be a list like \"3,3,2\"");
+      }
+    }
+    int64_t total = 0;
+    for (auto n : counts) total += n;
+    need(static_cast<int>(counts.size()) == virtual_stages &&
+             std::all_of(counts.begin(), counts.end(), [](int64_t n) { return n >= 1; }) && total == c.model.n_layer,
+         "parallel.stage_layers = '" + c.parallel.stage_layers + "' must give " + std::to_string(virtual_stages) +
+             " positive block counts (pp x chunks) adding up to model.n_layer = " + std::to_string(c.model.n_layer));
+    l.bounds = {0};
+    for (auto n : counts) l.bounds.push_back(l.bounds.back() + n);
+  }
   return l;
 }
 
@@ -147,7 +172,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
 
   // The full model from the seed, then this rank's shards of its chunks: every layout starts identical.
   models::GPT full(c.model, c.run.seed);
-  const auto bounds = models::partition_gpt(c.model, virtual_stages);
+  const auto& bounds = layout.bounds;
   models::TensorParallelContext tp_ctx{mesh.group(Axis::TP), tp_index, tp, c.parallel.sequence_parallel};
   std::vector<models::GPTStage> chunks;
   std::map<std::string, torch::Tensor> shards;  // every parameter of this rank by plain name

@@ -23,6 +23,7 @@ struct Layout {
   std::string schedule = "1f1b";
   bool sequence_parallel = false;
   int64_t microbatches = 0;
+  std::string stage_layers = "";
 };
 
 train::Config config_for(const std::string& tag) {
@@ -45,6 +46,7 @@ std::vector<std::map<std::string, at::Tensor>> run_layout(const Layout& l, const
   c.parallel.schedule = l.schedule;
   c.parallel.sequence_parallel = l.sequence_parallel;
   c.parallel.microbatches = l.microbatches;
+  c.parallel.stage_layers = l.stage_layers;
   const int world = l.dp * l.pp * l.tp;
   std::vector<std::map<std::string, at::Tensor>> grads(world);
   std::mutex m;
@@ -135,6 +137,7 @@ TEST(Layouts, Pipeline2OneFOneB) { check_layout({1, 2, 1, "1f1b", false, 4}, "pp
 TEST(Layouts, Pipeline2Interleaved) { check_layout({1, 2, 1, "interleaved", false, 4}, "pp2_interleaved"); }
 TEST(Layouts, Pipeline2ZeroBubble) { check_layout({1, 2, 1, "zb-h1", false, 4}, "pp2_zbh1"); }
 TEST(Layouts, Pipeline4Interleaved) { check_layout({1, 4, 1, "interleaved", false, 4}, "pp4_interleaved"); }
+TEST(Layouts, Pipeline2ExplicitUnevenStages) { check_layout({1, 2, 1, "1f1b", false, 2, "6,2"}, "pp2_explicit"); }
 TEST(Layouts, Data2Tensor2) { check_layout({2, 1, 2}, "dp2_tp2"); }
 TEST(Layouts, Data2Pipeline2) { check_layout({2, 2, 1}, "dp2_pp2"); }
 TEST(Layouts, Pipeline2Tensor2) { check_layout({1, 2, 2, "1f1b", true}, "pp2_tp2_sp"); }
@@ -165,6 +168,10 @@ TEST(Layouts, BadLayoutsAreClearErrors) {
   c = config_for("bad");
   c.parallel.sequence_parallel = true;
   EXPECT_NE(message(c, 1).find("needs parallel.tp > 1"), std::string::npos);
+  c = config_for("bad");
+  c.parallel.pp = 2;
+  c.parallel.stage_layers = "4,3";
+  EXPECT_NE(message(c, 2).find("adding up to model.n_layer = 8"), std::string::npos) << message(c, 2);
   c = config_for("bad");
   c.parallel.schedule = "zigzag";
   EXPECT_NE(message(c, 1).find("zigzag"), std::string::npos);

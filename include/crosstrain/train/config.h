@@ -48,6 +48,7 @@ struct ParallelConfig {
   std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb-h1
   int64_t microbatches = 0;       // pipeline micro-batches; 0: max(train.micro_batches, pp)
   int64_t chunks = 0;             // model chunks per stage (interleaved); 0: 2 for interleaved, else 1
+  std::string stage_layers;       // blocks per virtual stage, e.g. "3,3,2"; empty: balanced by cost
   double bucket_mb = 1.0;         // gradient all-reduce bucket size
 };
 

@@ -115,37 +115,30 @@ GPTStageImpl::GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParall
 
 torch::Tensor& GPTStageImpl::p(const std::string& name) { return params_.at(name); }
 
-torch::Tensor GPTStageImpl::enter(const torch::Tensor& x) {
-  return tp_.sequence_parallel ? tp::gather_from_sequence(x, tp_.group) : tp::copy_to_region(x, tp_.group);
-}
-
-torch::Tensor GPTStageImpl::leave(const torch::Tensor& x) {
-  return tp_.sequence_parallel ? tp::reduce_scatter_to_sequence(x, tp_.group) : tp::reduce_from_region(x, tp_.group);
-}
-
 torch::Tensor GPTStageImpl::attention(int64_t layer, const torch::Tensor& x) {
   const std::string h = "h." + std::to_string(layer) + ".";
   const int64_t d = config_.n_embd, heads = config_.n_head / tp_.size, hd = d / config_.n_head;
-  auto in = enter(torch::layer_norm(x, {d}, p(h + "ln_1.weight"), p(h + "ln_1.bias")));
-  const int64_t B = in.size(0), T = in.size(1), local = heads * hd;
-  auto qkv = torch::linear(in, p(h + "attn.c_attn.weight"), p(h + "attn.c_attn.bias")).split(local, 2);
+  auto qkv = parallel::column_parallel_linear(torch::layer_norm(x, {d}, p(h + "ln_1.weight"), p(h + "ln_1.bias")),
+                                              p(h + "attn.c_attn.weight"), p(h + "attn.c_attn.bias"), tp_);
+  const int64_t B = qkv.size(0), T = qkv.size(1), local = heads * hd;
+  auto qkv_parts = qkv.split(local, 2);
   auto split_heads = [&](const torch::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };
-  auto q = split_heads(qkv[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = split_heads(qkv[1]),
-       v = split_heads(qkv[2]);
+  auto q = split_heads(qkv_parts[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = split_heads(qkv_parts[1]),
+       v = split_heads(qkv_parts[2]);
   auto att = torch::matmul(q, k.transpose(-2, -1));
   auto mask = torch::ones({T, T}, torch::kBool).triu(1);
   att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
   att = torch::dropout(att, config_.dropout, is_training());
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, local});
-  auto out = leave(torch::linear(y, p(h + "attn.c_proj.weight"))) + p(h + "attn.c_proj.bias");
+  auto out = parallel::row_parallel_linear(y, p(h + "attn.c_proj.weight"), p(h + "attn.c_proj.bias"), tp_);
   return torch::dropout(out, config_.dropout, is_training());
 }
 
 torch::Tensor GPTStageImpl::mlp(int64_t layer, const torch::Tensor& x) {
   const std::string h = "h." + std::to_string(layer) + ".";
-  auto in = enter(torch::layer_norm(x, {config_.n_embd}, p(h + "ln_2.weight"), p(h + "ln_2.bias")));
-  auto hidden = torch::gelu(torch::linear(in, p(h + "mlp.c_fc.weight"), p(h + "mlp.c_fc.bias")));
-  auto out = leave(torch::linear(hidden, p(h + "mlp.c_proj.weight"))) + p(h + "mlp.c_proj.bias");
+  auto in = torch::layer_norm(x, {config_.n_embd}, p(h + "ln_2.weight"), p(h + "ln_2.bias"));
+  auto hidden = torch::gelu(parallel::column_parallel_linear(in, p(h + "mlp.c_fc.weight"), p(h + "mlp.c_fc.bias"), tp_));
+  auto out = parallel::row_parallel_linear(hidden, p(h + "mlp.c_proj.weight"), p(h + "mlp.c_proj.bias"), tp_);
   return torch::dropout(out, config_.dropout, is_training());
 }
 
@@ -153,20 +146,9 @@ torch::Tensor GPTStageImpl::forward(const torch::Tensor& input) {
   torch::Tensor x = input;
   if (spec_.has_embedding) {
     const int64_t T = input.size(1);
-    const int64_t local_vocab = config_.vocab_size / tp_.size, start = tp_.rank * local_vocab;
-    // Vocabulary-parallel lookup: tokens outside this rank's slice contribute zeros; the sum over ranks is
-    // the full embedding.
-    auto local = input - start;
-    auto outside = (local < 0).logical_or(local >= local_vocab);
-    auto emb = torch::embedding(p("wte.weight"), local.masked_fill(outside, 0));
-    emb = emb.masked_fill(outside.unsqueeze(-1), 0.0);
+    auto emb = parallel::vocab_parallel_embedding(input, p("wte.weight"), tp_);
     auto pos = p("wpe.weight").slice(0, 0, T);
-    if (tp_.sequence_parallel) {
-      emb = tp::reduce_scatter_to_sequence(emb, tp_.group);
-      pos = pos.chunk(tp_.size, 0)[tp_.rank];
-    } else {
-      emb = tp::reduce_from_region(emb, tp_.group);
-    }
+    if (tp_.sequence_parallel) pos = pos.chunk(tp_.size, 0)[tp_.rank];
     x = torch::dropout(emb + pos, config_.dropout, is_training());
   }
   for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i) {
@@ -179,7 +161,7 @@ torch::Tensor GPTStageImpl::forward(const torch::Tensor& input) {
 torch::Tensor GPTStageImpl::loss(const torch::Tensor& input, const torch::Tensor& targets) {
   auto x = forward(input);
   x = torch::layer_norm(x, {config_.n_embd}, p("ln_f.weight"), p("ln_f.bias"));
-  auto logits = torch::linear(enter(x), p("lm_head.weight"));
+  auto logits = parallel::column_parallel_linear(x, p("lm_head.weight"), torch::Tensor(), tp_);
   return tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * (config_.vocab_size / tp_.size), tp_.group);
 }
 

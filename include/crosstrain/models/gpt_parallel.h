@@ -16,15 +16,11 @@
 
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/models/gpt.h"
+#include "crosstrain/parallel/tp_layers.h"
 
 namespace crosstrain::models {
 
-struct TensorParallelContext {
-  comm::Communicator* group = nullptr;  // null: no tensor parallelism
-  int rank = 0;
-  int size = 1;
-  bool sequence_parallel = false;
-};
+using TensorParallelContext = parallel::TensorParallel;
 
 // A pipeline stage (or, with one stage, the whole model) of a virtual stage index.
 struct StageSpec {
@@ -72,8 +68,6 @@ class GPTStageImpl : public torch::nn::Module {
  private:
   torch::Tensor attention(int64_t layer, const torch::Tensor& x);
   torch::Tensor mlp(int64_t layer, const torch::Tensor& x);
-  torch::Tensor enter(const torch::Tensor& x);  // into a column-parallel region
-  torch::Tensor leave(const torch::Tensor& x);  // out of a row-parallel region
   torch::Tensor& p(const std::string& name);
 
   GPTConfig config_;

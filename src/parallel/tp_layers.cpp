@@ -1,0 +1,33 @@
+#include "crosstrain/parallel/tp_layers.h"
+
+#include <ATen/ATen.h>
+
+#include "crosstrain/parallel/tensor_parallel.h"
+
+namespace crosstrain::parallel {
+
+at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                  const TensorParallel& t) {
+  // Entering the region: every rank needs the whole input (its backward sums the ranks' input gradients).
+  at::Tensor in = t.sequence_parallel ? tp::gather_from_sequence(x, t.group) : tp::copy_to_region(x, t.group);
+  return at::linear(in, weight, bias);
+}
+
+at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                               const TensorParallel& t) {
+  at::Tensor partial = at::linear(x, weight);
+  at::Tensor out = t.sequence_parallel ? tp::reduce_scatter_to_sequence(partial, t.group)
+                                       : tp::reduce_from_region(partial, t.group);
+  return bias.defined() ? out + bias : out;
+}
+
+at::Tensor vocab_parallel_embedding(const at::Tensor& tokens, const at::Tensor& weight, const TensorParallel& t) {
+  const int64_t local_vocab = weight.size(0), start = t.rank * local_vocab;
+  // Tokens outside this rank's slice look up row 0 and are zeroed: the sum over ranks is the full lookup.
+  at::Tensor local = tokens - start;
+  at::Tensor outside = (local < 0).logical_or(local >= local_vocab);
+  at::Tensor emb = at::embedding(weight, local.masked_fill(outside, 0)).masked_fill(outside.unsqueeze(-1), 0.0);
+  return t.sequence_parallel ? tp::reduce_scatter_to_sequence(emb, t.group) : tp::reduce_from_region(emb, t.group);
+}
+
+}  // namespace crosstrain::parallel

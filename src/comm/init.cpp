@@ -1,5 +1,7 @@
 #include "crosstrain/comm/init.h"
 
+#include "crosstrain/comm/shm.h"
+
 namespace crosstrain::comm {
 
 std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config) {
@@ -14,7 +16,8 @@ std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig&
   } else {
     rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, config.timeout);
   }
-  return make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, config.timeout, "world");
+  auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, config.timeout, "world");
+  return config.shared_memory ? with_shared_memory(std::move(world)) : std::move(world);
 }
 
 }  // namespace crosstrain::comm

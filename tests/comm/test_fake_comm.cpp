@@ -7,6 +7,9 @@
 
 #include "conformance.h"
 #include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/shm.h"
+
+#include <thread>
 
 using namespace crosstrain;
 using comm::FakeWorld;
@@ -108,4 +111,50 @@ TEST(FakeComm, AsyncOperationsOverlap) {
     EXPECT_EQ(a[0].item<double>(), 4.0);
     EXPECT_EQ(b[0].item<double>(), 2.0);
   });
+}
+
+// The shared-memory all-reduce in front of the in-process back end (threads of one process are on one host).
+class ShmConformance : public ::testing::TestWithParam<int> {};
+
+TEST_P(ShmConformance, EveryCollectiveMatchesReference) {
+  const int n = GetParam();
+  FakeWorld world(n, Millis(60000));
+  std::vector<std::vector<std::string>> failures(n);
+  std::vector<std::string> backends(n);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r)
+    threads.emplace_back([&, r] {
+      auto c = comm::with_shared_memory(world.communicator(r), 1 << 20);  // small rounds: several per buffer
+      backends[r] = c->backend();
+      crosstrain::testing::ConformanceOptions options;
+      options.all_dtypes = false;
+      failures[r] = crosstrain::testing::run_conformance(*c, options);
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(backends[r], "fake+shm");
+    for (const auto& f : failures[r]) ADD_FAILURE() << f;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ShmConformance, ::testing::Values(2, 3, 8));
+
+TEST(ShmComm, SilentPeerTimesOutNamingIt) {
+  FakeWorld world(2, Millis(300));
+  std::string error;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto c = comm::with_shared_memory(world.communicator(r));
+      if (r == 1) return;
+      at::Tensor t = at::ones({8});
+      try {
+        c->all_reduce(t, comm::ReduceOp::Sum)->wait();
+      } catch (const CommError& e) {
+        error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_NE(error.find("[rank 0] allreduce(sum)"), std::string::npos) << error;
+  EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
 }

@@ -172,6 +172,15 @@ std::vector<std::string> run_conformance(comm::Communicator& c, const Conformanc
       }
     }
   }
+  // A buffer larger than a shared-memory round (8 MiB): all-reduced in several rounds.
+  k.guarded("large allreduce", at::kFloat, 3 << 20, [&] {
+    at::Tensor t = conformance_input(me, at::kFloat, 3 << 20, 7);
+    std::vector<at::Tensor> all;
+    for (int r = 0; r < n; ++r) all.push_back(conformance_input(r, at::kFloat, 3 << 20, 7));
+    c.all_reduce(t, ReduceOp::Sum)->wait();
+    k.expect(close(t, comm::reduce_reference(all, ReduceOp::Sum)), "12 MiB allreduce wrong", at::kFloat, 3 << 20);
+  });
+
   // Multi-dimensional buffers: a per-rank [3, 5] block and a full [n * 3, 5] buffer.
   k.guarded("2-d buffers", at::kFloat, 15, [&] {
     auto block = [&](int r) { return conformance_input(r, at::kFloat, 15, 99).view({3, 5}); };

@@ -13,6 +13,7 @@ namespace crosstrain::comm {
 struct CommConfig {
   std::string backend = "gloo";  // gloo (default); "fake" only exists inside one process
   Millis timeout{30000};         // every wait, the rendezvous and group creation
+  bool shared_memory = true;     // same-host float all-reduces through shared memory (comm/shm.h)
 };
 
 // The Gloo back end (c10d's ProcessGroupGloo) for one group over a rendezvous store.

@@ -1,0 +1,293 @@
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <signal.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "crosstrain/comm/shm.h"
+
+namespace crosstrain::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One counter per rank and cache line: arrived = the round whose data is in its slot, consumed = the round
+// it has finished reading.
+struct alignas(64) RankState {
+  std::atomic<uint32_t> arrived;
+  std::atomic<uint32_t> consumed;
+};
+
+// A process that exited: gone, or a zombie its parent has not reaped yet.
+bool alive(pid_t pid) {
+  if (kill(pid, 0) != 0 && errno == ESRCH) return false;
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", static_cast<int>(pid));
+  FILE* f = std::fopen(path, "r");
+  if (!f) return false;
+  char state = '?';
+  // The state follows the command name, which is in parentheses and may contain spaces.
+  char line[512] = {0};
+  if (std::fgets(line, sizeof line, f)) {
+    const char* close = std::strrchr(line, ')');
+    if (close && close[1] == ' ') state = close[2];
+  }
+  std::fclose(f);
+  return state != 'Z' && state != 'X';
+}
+
+void futex_wake(std::atomic<uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::microseconds at_most) {
+  timespec ts{0, static_cast<long>(at_most.count() * 1000)};
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT, seen, &ts, nullptr, 0);
+}
+
+class Segment {
+ public:
+  Segment(const std::string& name, bool create, int ranks, int64_t slot_bytes)
+      : ranks_(ranks), slot_bytes_(slot_bytes) {
+    bytes_ = sizeof(RankState) * ranks + static_cast<size_t>(slot_bytes) * ranks;
+    int fd = shm_open(name.c_str(), create ? (O_CREAT | O_EXCL | O_RDWR) : O_RDWR, 0600);
+    if (fd < 0) throw Error("shared memory: cannot open '" + name + "': " + std::strerror(errno));
+    if (create && ftruncate(fd, static_cast<off_t>(bytes_)) != 0) {
+      close(fd);
+      throw Error("shared memory: cannot size '" + name + "': " + std::strerror(errno));
+    }
+    base_ = mmap(nullptr, bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (base_ == MAP_FAILED) throw Error("shared memory: cannot map '" + name + "': " + std::strerror(errno));
+  }
+  ~Segment() { munmap(base_, bytes_); }
+  RankState& state(int r) { return static_cast<RankState*>(base_)[r]; }
+  char* slot(int r) { return static_cast<char*>(base_) + sizeof(RankState) * ranks_ + static_cast<size_t>(slot_bytes_) * r; }
+  int64_t slot_bytes() const { return slot_bytes_; }
+
+ private:
+  int ranks_;
+  int64_t slot_bytes_;
+  size_t bytes_;
+  void* base_;
+};
+
+class ShmWork : public Work {
+ public:
+  explicit ShmWork(Millis timeout) : Work(timeout) {}
+  void wait(Millis timeout) override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    // A little grace: the worker's own error (which names the missing peer) is the better message.
+    if (!cv_.wait_for(lock, timeout + Millis(1000), [&] { return done_; })) {
+      CommContext c = context_;
+      c.timeout = timeout;
+      throw CommError(c, "the shared-memory all-reduce did not complete", true);
+    }
+    if (error_) std::rethrow_exception(error_);
+  }
+  bool is_completed() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+  void complete(std::exception_ptr error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    done_ = true;
+    error_ = error;
+    cv_.notify_all();
+  }
+  CommContext context_;
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::exception_ptr error_;
+};
+
+class ShmCommunicator : public Communicator {
+ public:
+  ShmCommunicator(std::unique_ptr<Communicator> inner, std::unique_ptr<Segment> segment, std::vector<int64_t> pids)
+      : Communicator(inner->backend() + "+shm", inner->name(), inner->rank(), inner->size(), inner->timeout()),
+        inner_(std::move(inner)), segment_(std::move(segment)), pids_(std::move(pids)), worker_([this] { loop(); }) {}
+
+  ~ShmCommunicator() override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+      cv_.notify_all();
+    }
+    worker_.join();
+  }
+
+  WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
+    const auto dtype = tensor.scalar_type();
+    if ((dtype != at::kFloat && dtype != at::kDouble) || (op != ReduceOp::Sum && op != ReduceOp::Avg) ||
+        !tensor.is_contiguous() || !tensor.device().is_cpu())
+      return inner_->all_reduce(tensor, op);
+    auto work = std::make_shared<ShmWork>(timeout());
+    work->context_ = context(std::string("allreduce(") + to_string(op) + ")");
+    if (tensor.numel() == 0) {
+      work->complete(nullptr);
+      return work;
+    }
+    at::Tensor t = tensor;
+    std::lock_guard<std::mutex> lock(mutex_);
+    queue_.push_back([this, t, op, work]() mutable {
+      try {
+        reduce(t, op, work->context_.op);
+        work->complete(nullptr);
+      } catch (...) {
+        work->complete(std::current_exception());
+      }
+    });
+    cv_.notify_all();
+    return work;
+  }
+
+  // Everything else: the wrapped back end.
+  WorkPtr broadcast(at::Tensor& t, int root) override { return inner_->broadcast(t, root); }
+  WorkPtr reduce(at::Tensor& t, int root, ReduceOp op) override { return inner_->reduce(t, root, op); }
+  WorkPtr gather(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->gather(in, out, root); }
+  WorkPtr all_gather(const at::Tensor& in, at::Tensor& out) override { return inner_->all_gather(in, out); }
+  WorkPtr scatter(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->scatter(in, out, root); }
+  WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) override {
+    return inner_->reduce_scatter(in, out, op);
+  }
+  WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out) override { return inner_->all_to_all(in, out); }
+  WorkPtr barrier() override { return inner_->barrier(); }
+  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
+  WorkPtr recv(at::Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
+  std::unique_ptr<Communicator> split(const std::vector<int>& ranks) override {
+    auto sub = inner_->split(ranks);
+    return sub ? with_shared_memory(std::move(sub), segment_->slot_bytes()) : nullptr;
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      job();
+    }
+  }
+
+  // Waits until `word` reaches `target` (counters only grow, modulo wrap-around). A peer that died is noticed
+  // within ~100 ms (same host: its process id is known), one that hangs at the timeout.
+  void await(std::atomic<uint32_t>& word, uint32_t target, int peer, const char* what, const std::string& op,
+             Clock::time_point deadline) {
+    auto next_check = Clock::now() + std::chrono::milliseconds(100);
+    for (int spin = 0;; ++spin) {
+      uint32_t seen = word.load(std::memory_order_acquire);
+      if (static_cast<int32_t>(seen - target) >= 0) return;
+      if (spin < 200) continue;
+      const auto now = Clock::now();
+      if (now > next_check) {
+        next_check = now + std::chrono::milliseconds(100);
+        if (!alive(static_cast<pid_t>(pids_[peer])))
+          throw CommError(context(op, peer), "rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[peer]) +
+                                                 ") exited during a shared-memory all-reduce");
+      }
+      if (now > deadline) {
+        CommContext c = context(op, peer);
+        c.timeout = timeout();
+        throw CommError(c, "rank " + std::to_string(peer) + " did not " + what + " (shared-memory all-reduce)", true);
+      }
+      futex_wait(&word, seen, std::chrono::microseconds(1000));
+    }
+  }
+
+  void reduce(at::Tensor& t, ReduceOp op, const std::string& name) {
+    const int n = size(), me = rank();
+    const int64_t element = static_cast<int64_t>(t.element_size());
+    const int64_t per_round = segment_->slot_bytes() / element;
+    char* data = static_cast<char*>(t.data_ptr());
+    const auto deadline = Clock::now() + timeout();
+    for (int64_t offset = 0; offset < t.numel(); offset += per_round) {
+      const int64_t count = std::min(per_round, t.numel() - offset);
+      const uint32_t round = ++round_;
+      // My slot is free once everyone has read the previous round.
+      for (int q = 0; q < n; ++q) await(segment_->state(q).consumed, round - 1, q, "finish the previous round", name, deadline);
+      std::memcpy(segment_->slot(me), data + offset * element, static_cast<size_t>(count * element));
+      segment_->state(me).arrived.store(round, std::memory_order_release);
+      futex_wake(&segment_->state(me).arrived);
+      for (int q = 0; q < n; ++q) await(segment_->state(q).arrived, round, q, "arrive", name, deadline);
+      // Sum in rank order: the same bits on every rank.
+      at::Tensor out = at::from_blob(data + offset * element, {count}, t.options());
+      out.copy_(at::from_blob(segment_->slot(0), {count}, t.options()));
+      for (int q = 1; q < n; ++q) out.add_(at::from_blob(segment_->slot(q), {count}, t.options()));
+      if (op == ReduceOp::Avg) out.div_(n);
+      segment_->state(me).consumed.store(round, std::memory_order_release);
+      futex_wake(&segment_->state(me).consumed);
+    }
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  std::unique_ptr<Segment> segment_;
+  std::vector<int64_t> pids_;
+  uint32_t round_ = 0;
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+}  // namespace
+
+std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> inner, int64_t slot_bytes) {
+  if (!inner || inner->size() < 2) return inner;
+  // Same host? Compare host ids (hash of the hostname and boot id) over the group.
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  std::string id = host;
+  if (FILE* f = std::fopen("/proc/sys/kernel/random/boot_id", "r")) {
+    char boot[64] = {0};
+    if (std::fgets(boot, sizeof boot, f)) id += boot;
+    std::fclose(f);
+  }
+  const int64_t mine = static_cast<int64_t>(std::hash<std::string>{}(id) & 0x7fffffffffffffffLL);
+  at::Tensor ids = at::empty({inner->size()}, at::kLong);
+  inner->all_gather(at::full({1}, mine, at::kLong), ids)->wait();
+  if (!at::all(ids.eq(mine)).item<bool>()) return inner;
+  at::Tensor pid_table = at::empty({inner->size()}, at::kLong);
+  inner->all_gather(at::full({1}, static_cast<int64_t>(getpid()), at::kLong), pid_table)->wait();
+  std::vector<int64_t> pids(pid_table.data_ptr<int64_t>(), pid_table.data_ptr<int64_t>() + inner->size());
+  // Rank 0 names and creates the segment; the others open it; then the name is removed (no leak on a crash).
+  at::Tensor nonce = at::zeros({2}, at::kLong);
+  if (inner->rank() == 0) {
+    nonce[0] = static_cast<int64_t>(getpid());
+    nonce[1] = static_cast<int64_t>(std::random_device{}() & 0x7fffffff);
+  }
+  inner->broadcast(nonce, 0)->wait();
+  const std::string name = "/crosstrain-" + std::to_string(nonce[0].item<int64_t>()) + "-" +
+                           std::to_string(nonce[1].item<int64_t>()) + "-" + std::to_string(inner->size());
+  std::unique_ptr<Segment> segment;
+  if (inner->rank() == 0) segment = std::make_unique<Segment>(name, true, inner->size(), slot_bytes);
+  inner->barrier()->wait();
+  if (inner->rank() != 0) segment = std::make_unique<Segment>(name, false, inner->size(), slot_bytes);
+  inner->barrier()->wait();
+  if (inner->rank() == 0) shm_unlink(name.c_str());
+  return std::make_unique<ShmCommunicator>(std::move(inner), std::move(segment), std::move(pids));
+}
+
+}  // namespace crosstrain::comm

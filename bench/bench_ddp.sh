@@ -18,7 +18,9 @@ if ! $PY -c 'import torch' 2>/dev/null; then
   exit 1
 fi
 tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
-echo "# bench-ddp: GPT ${LAYERS}L ${HEADS}H d${WIDTH} T${CONTEXT}, ${BATCH} sequences per rank, ${NPROC} ranks, 1 thread each, gloo"
+echo "# bench-ddp: GPT ${LAYERS}L ${HEADS}H d${WIDTH} T${CONTEXT}, ${BATCH} sequences per rank, ${NPROC} ranks, 1 thread each"
+echo "# PyTorch: DDP over Gloo (defaults); crosstrain: bucketed reducer over Gloo with the same-host shared-memory all-reduce"
+echo "# (comm.shared_memory; run with SHM=false to compare Gloo alone)"
 echo "# ${WARMUP} warm-up + ${STEPS} timed steps per run, ${ROUNDS} rounds"
 pt_all=(); ct_all=()
 for round in $(seq 1 "$ROUNDS"); do
@@ -29,7 +31,7 @@ for round in $(seq 1 "$ROUNDS"); do
     --set model.n_layer="$LAYERS" --set model.n_head="$HEADS" --set model.n_embd="$WIDTH" \
     --set model.block_size="$CONTEXT" --set train.global_batch=$((BATCH * NPROC)) \
     --set train.steps=$((WARMUP + STEPS)) --set train.eval_every=0 --set train.sample_tokens=0 \
-    --set train.checkpoint_every=0 --set run.log_every=1000 > "$tmp/ct$round.log"
+    --set train.checkpoint_every=0 --set run.log_every=1000 --set comm.shared_memory="${SHM:-true}" > "$tmp/ct$round.log"
   # Timed steps only, by wall clock (as the PyTorch side): from the end of the warm-up to the last step.
   ct=$($PY -c "
 import json,sys

@@ -203,7 +203,8 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
 
   limit_compute_threads(1);
   comm::CommConfig config;
-  config.backend = o.backend;
+  config.backend = "gloo";
+  config.shared_memory = o.backend == "gloo+shm";
   config.timeout = comm::Millis(static_cast<int64_t>(o.timeout_s * 1000));
   auto world = comm::init_world(env, config);
   Communicator& c = *world;

@@ -31,6 +31,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   comm::CommConfig comm_config;
   comm_config.backend = config.comm.backend;
   comm_config.timeout = comm::Millis(static_cast<int64_t>(config.comm.timeout_s * 1000));
+  comm_config.shared_memory = config.comm.shared_memory;
   auto world = comm::init_world(env, comm_config);
   train::Trainer trainer(config, *world);
   train::TrainOptions options;

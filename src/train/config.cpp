@@ -125,6 +125,7 @@ std::vector<Field> fields(Config& c) {
       double_field("parallel", "bucket_mb", c.parallel.bucket_mb),
       string_field("comm", "backend", c.comm.backend),
       double_field("comm", "timeout_s", c.comm.timeout_s),
+      bool_field("comm", "shared_memory", c.comm.shared_memory),
   };
 }
 

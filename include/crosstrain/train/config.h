@@ -55,6 +55,7 @@ struct ParallelConfig {
 struct CommSectionConfig {
   std::string backend = "gloo";
   double timeout_s = 30;
+  bool shared_memory = true;      // same-host float all-reduces through shared memory
 };
 
 struct Config {

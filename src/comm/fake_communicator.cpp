@@ -36,13 +36,6 @@ namespace {
 using detail::FakeHub;
 using detail::Slot;
 
-class DoneWork : public Work {
- public:
-  DoneWork() : Work(Millis(0)) {}
-  void wait(Millis) override {}
-  bool is_completed() override { return true; }
-};
-
 class FakeCommunicator;
 
 // Waits for all members of a slot, then runs `finish` with every rank's input.
@@ -201,7 +194,7 @@ class FakeCommunicator : public Communicator {
     std::lock_guard<std::mutex> lock(hub_->mutex);
     hub_->mailboxes[{name(), rank(), dst, tag}].push_back(tensor.clone());
     hub_->changed.notify_all();
-    return std::make_shared<DoneWork>();
+    return completed_work();
   }
 
   WorkPtr recv(at::Tensor& tensor, int src, int tag) override {

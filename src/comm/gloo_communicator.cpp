@@ -35,13 +35,6 @@ std::string first_line(const std::string& text) {
   return end == std::string::npos ? text : text.substr(0, end);
 }
 
-class DoneWork : public Work {
- public:
-  DoneWork() : Work(Millis(0)) {}
-  void wait(Millis) override {}
-  bool is_completed() override { return true; }
-};
-
 class GlooCommunicator;
 
 // Wraps a c10d work item; runs `finish` (copy back, divide for avg, ...) once, after success.
@@ -278,7 +271,7 @@ class GlooCommunicator : public Communicator {
     if (tag < 0) fail(op, "tags must be non-negative, got " + std::to_string(tag));
   }
 
-  static WorkPtr done() { return std::make_shared<DoneWork>(); }
+  static WorkPtr done() { return completed_work(); }
 
   // One slice per rank of a sliced buffer, each shaped like `one` (the process group checks shapes).
   std::vector<at::Tensor> slices(const at::Tensor& many, const at::Tensor& one) const {

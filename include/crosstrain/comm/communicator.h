@@ -45,6 +45,9 @@ class Work {
 };
 using WorkPtr = std::shared_ptr<Work>;
 
+// A Work that is already done (operations with nothing to move, buffered sends).
+WorkPtr completed_work();
+
 // Waits for every handle in order (each with the default timeout).
 void wait_all(const std::vector<WorkPtr>& works);
 

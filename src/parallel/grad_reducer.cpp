@@ -54,8 +54,8 @@ BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::C
   for (size_t k = 0; k < parameters_.size(); ++k) {
     auto acc = torch::autograd::impl::grad_accumulator(parameters_[k]);
     acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, k](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          on_gradient_ready(k);
+        [this, k, alive = alive_](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+          if (*alive) on_gradient_ready(k);
           return outputs;
         }));
     accumulators_.push_back(std::move(acc));
@@ -64,8 +64,8 @@ BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::C
 }
 
 BucketedAllReduce::~BucketedAllReduce() {
-  // Hooks capture `this`; the accumulators may outlive us inside the model's autograd graph.
-  for (auto& acc : accumulators_) acc->post_hooks().clear();
+  // Hooks capture `this` and may outlive us inside the model's autograd graph: disarm ours, leave others'.
+  *alive_ = false;
 }
 
 void BucketedAllReduce::attach_views() {

@@ -116,7 +116,9 @@ TEST(Launcher, SetsTorchrunVariablesAndPrefixesOutput) {
 TEST(Launcher, ForwardsSigterm) {
   Process p({kBin, "run", "--nproc", "2", "--", "sh", "-c",
              "trap 'echo got-term $RANK; exit 0' TERM; echo ready; while true; do sleep 0.1; done"});
-  std::this_thread::sleep_for(milliseconds(1500));
+  // Both ranks have installed their trap once they print "ready".
+  ASSERT_TRUE(p.wait_for_output("[rank 0] ready", milliseconds(20000)));
+  ASSERT_TRUE(p.wait_for_output("[rank 1] ready", milliseconds(20000)));
   p.signal(SIGTERM);
   auto res = p.wait(milliseconds(15000));
   EXPECT_FALSE(res.timed_out) << res.output;

@@ -54,6 +54,19 @@ Process::~Process() {
 
 void Process::signal(int sig) { kill(pid_, sig); }
 
+bool Process::wait_for_output(const std::string& text, std::chrono::milliseconds deadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  while (output_.find(text) == std::string::npos) {
+    if (std::chrono::steady_clock::now() > until) return false;
+    pollfd p{fd_, POLLIN, 0};
+    poll(&p, 1, 50);
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(fd_, buf, sizeof buf)) > 0) output_.append(buf, static_cast<size_t>(n));
+  }
+  return true;
+}
+
 ProcessResult Process::wait(std::chrono::milliseconds deadline) {
   ProcessResult result;
   auto until = start_ + deadline;

@@ -24,6 +24,8 @@ class Process {
   Process& operator=(const Process&) = delete;
   int pid() const { return pid_; }
   void signal(int sig);
+  // Reads output until it contains `text` or the deadline passes; returns whether it appeared.
+  bool wait_for_output(const std::string& text, std::chrono::milliseconds deadline);
   // Waits until exit or the deadline (then SIGKILL), collecting output.
   ProcessResult wait(std::chrono::milliseconds deadline);
 

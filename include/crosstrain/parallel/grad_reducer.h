@@ -102,6 +102,7 @@ class BucketedAllReduce : public GradReducer {
   std::vector<size_t> bucket_of_;  // parameter -> bucket
   std::vector<Bucket> buckets_;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // hooks live as long as these
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);        // hooks outliving us do nothing
   comm::Communicator* comm_;
   bool sync_ = true;
   bool in_pass_ = false;

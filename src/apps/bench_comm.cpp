@@ -10,6 +10,7 @@
 #include <fstream>
 #include <iostream>
 
+#include "crosstrain/comm/algorithms.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/reference.h"
 #include "crosstrain/core/error.h"
@@ -56,6 +57,51 @@ struct Case {
   std::function<comm::WorkPtr()> run;
   int64_t count = 0;       // elements in the full buffer (nccl-tests "count")
 };
+
+// Replaces a case's run with one of our algorithms (synchronous; returns a completed handle).
+void use_algorithm(Case& k, Communicator& c, const std::string& op, comm::algo::Algorithm a, ReduceOp redop, int root,
+                   comm::algo::Hierarchy* h) {
+  using comm::algo::Algorithm;
+  namespace algo = comm::algo;
+  auto done = [] { return comm::completed_work(); };
+  auto unsupported = [&] {
+    throw UsageError("--algo " + std::string(algo::to_string(a)) + " does not implement " + op +
+                     "; allreduce: ring, tree, hd, hierarchical; reducescatter and allgather: ring; broadcast: ring, "
+                     "tree; alltoall: ring (pairwise)");
+  };
+  if (op == "allreduce") {
+    k.run = [&c, t = k.input, a, redop, h, done]() mutable {
+      if (a == Algorithm::Ring) algo::ring_all_reduce(c, t, redop);
+      else if (a == Algorithm::Tree) algo::tree_all_reduce(c, t, redop);
+      else if (a == Algorithm::HalvingDoubling) algo::halving_doubling_all_reduce(c, t, redop);
+      else algo::hierarchical_all_reduce(c, *h, t, redop);
+      return done();
+    };
+  } else if (op == "reducescatter" && a == Algorithm::Ring) {
+    k.run = [&c, in = k.input, out = k.output, redop, done]() mutable {
+      algo::ring_reduce_scatter(c, in, out, redop);
+      return done();
+    };
+  } else if (op == "allgather" && a == Algorithm::Ring) {
+    k.run = [&c, in = k.input, out = k.output, done]() mutable {
+      algo::ring_all_gather(c, in, out);
+      return done();
+    };
+  } else if (op == "broadcast" && (a == Algorithm::Ring || a == Algorithm::Tree)) {
+    k.run = [&c, t = k.input, a, root, done]() mutable {
+      if (a == Algorithm::Ring) algo::ring_broadcast(c, t, root);
+      else algo::tree_broadcast(c, t, root);
+      return done();
+    };
+  } else if (op == "alltoall" && a == Algorithm::Ring) {
+    k.run = [&c, in = k.input, out = k.output, done]() mutable {
+      algo::pairwise_all_to_all(c, in, out);
+      return done();
+    };
+  } else {
+    unsupported();
+  }
+}
 
 Case make_case(Communicator& c, const std::string& op, int64_t bytes, at::ScalarType dtype, ReduceOp redop,
                int root) {
@@ -209,13 +255,16 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
   auto world = comm::init_world(env, config);
   Communicator& c = *world;
   const bool leader = c.rank() == 0;
+  const auto algorithm = comm::algo::parse_algorithm(o.algo);
+  comm::algo::Hierarchy hierarchy;
+  if (algorithm == comm::algo::Algorithm::Hierarchical) hierarchy = comm::algo::make_hierarchy(c, o.group_size);
   nlohmann::json rows = nlohmann::json::array();
   int64_t total_wrong = 0;
 
   for (const auto& op : ops) {
     if (leader) {
-      std::printf("# crosstrain bench comm: op %s, backend %s, %d ranks, dtype %s, iters %d, warmup %d\n", op.c_str(),
-                  c.backend().c_str(), c.size(), o.dtype.c_str(), o.iters, o.warmup);
+      std::printf("# crosstrain bench comm: op %s, backend %s, algo %s, %d ranks, dtype %s, iters %d, warmup %d\n",
+                  op.c_str(), c.backend().c_str(), o.algo.c_str(), c.size(), o.dtype.c_str(), o.iters, o.warmup);
       std::printf("#%13s %12s %9s %7s %5s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "root",
                   "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
@@ -223,6 +272,7 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
     int measured = 0;
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step_factor) {
       Case k = make_case(c, op, bytes, dtype, redop, o.root);
+      if (algorithm != comm::algo::Algorithm::Builtin) use_algorithm(k, c, op, algorithm, redop, o.root, &hierarchy);
       const int64_t size_bytes = k.count * static_cast<int64_t>(c10::elementSize(dtype));
       // Correctness first, on fresh inputs; in-place ops then keep transforming the buffer while timed.
       k.run()->wait();
@@ -253,7 +303,7 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
                     static_cast<long long>(k.count), o.dtype.c_str(), redop_name.c_str(), root, seconds * 1e6, algbw,
                     busbw, static_cast<long long>(wrong));
         std::fflush(stdout);
-        rows.push_back({{"op", op}, {"backend", c.backend()}, {"nranks", c.size()}, {"size", size_bytes},
+        rows.push_back({{"op", op}, {"backend", c.backend()}, {"algo", o.algo}, {"nranks", c.size()}, {"size", size_bytes},
                         {"count", k.count}, {"type", o.dtype}, {"redop", redop_name}, {"root", root},
                         {"iters", iters}, {"time_us", seconds * 1e6}, {"algbw", algbw}, {"busbw", busbw},
                         {"wrong", wrong}});

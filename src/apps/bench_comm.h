@@ -10,6 +10,8 @@ namespace crosstrain::apps {
 struct BenchCommOptions {
   std::string op = "allreduce";   // one collective, or "all"
   std::string backend = "gloo";
+  std::string algo = "builtin";   // builtin (the back end's), ring, tree, hd, hierarchical
+  int group_size = 2;             // hierarchical: ranks per group
   int nproc = 2;
   int64_t min_bytes = 4;
   int64_t max_bytes = 64LL << 20;

@@ -50,6 +50,8 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--root", bench.root, "root rank of rooted collectives");
   bench_comm->add_option("--timeout", bench.timeout_s, "seconds before a collective counts as failed");
   bench_comm->add_option("--json", bench.json, "also write the rows as JSON to this file");
+  bench_comm->add_option("--algo", bench.algo, "builtin (the back end's), ring, tree, hd, hierarchical");
+  bench_comm->add_option("--group-size", bench.group_size, "ranks per group for --algo hierarchical");
 
   apps::TrainCommand train;
   auto* train_cmd = app.add_subcommand("train", "train a model from a TOML recipe");

@@ -14,6 +14,12 @@ for p in "${paths[@]}"; do
   "$BIN" bench comm --op allreduce --backend "$backend" --algo "$algo" --nproc "$NPROC" --sizes "$SIZES" \
     --step-factor "$FACTOR" --json "$tmp/$backend-$algo.json" > "$tmp/$backend-$algo.log"
 done
+# OpenMPI's MPI_Allreduce in the same run, through our MPI back end.
+if command -v mpirun > /dev/null && mpirun --allow-run-as-root --oversubscribe -np "$NPROC" "$BIN" bench comm --op allreduce \
+     --backend mpi --nproc "$NPROC" --sizes "$SIZES" --step-factor "$FACTOR" --json "$tmp/mpi-builtin.json" \
+     > "$tmp/mpi.log" 2>&1; then
+  paths+=("mpi builtin")
+fi
 /usr/bin/python3 - "$tmp" "${paths[@]}" <<'PY'
 import json, sys, os
 tmp, paths = sys.argv[1], sys.argv[2:]
@@ -29,5 +35,10 @@ big = max(sizes)
 best = max(paths, key=lambda p: tables[p][big]["busbw"])
 print("best path at %d bytes: %s" % (big, best))
 print("allreduce_%dMiB_busbw_ratio_vs_gloo=%.2f" % (big >> 20, tables[best][big]["busbw"] / tables["gloo builtin"][big]["busbw"]))
-print("allreduce_%dMiB_busbw_ratio_vs_mpi=n/a (no MPI back end yet)" % (big >> 20))
+if "mpi builtin" in tables:
+    print("allreduce_%dMiB_busbw_ratio_vs_mpi=%.2f" % (big >> 20, tables[best][big]["busbw"] / tables["mpi builtin"][big]["busbw"]))
+    small = min(sizes)
+    print("allreduce_%dB_time_ratio_vs_mpi=%.2f" % (small, min(tables[p][small]["time_us"] for p in paths if p != "mpi builtin") / tables["mpi builtin"][small]["time_us"]))
+else:
+    print("allreduce_%dMiB_busbw_ratio_vs_mpi=n/a (mpirun not available)" % (big >> 20))
 PY

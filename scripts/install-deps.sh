@@ -5,7 +5,7 @@
 # libopenblas0-pthread replaces Debian's reference BLAS behind libtorch: about 10x faster CPU matmuls.
 # fortunes brings the English text the demo trains on (/usr/share/games/fortunes).
 set -euo pipefail
-packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin
+packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
           libtomlplusplus-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes "$@")
 missing=()
 for p in "${packages[@]}"; do

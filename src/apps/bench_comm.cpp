@@ -242,6 +242,9 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
   const at::ScalarType dtype = parse_dtype(o.dtype);
   const ReduceOp redop = comm::parse_reduce_op(o.redop);
   LaunchEnv env = detect_launch_env(current_environment());
+  if (o.backend == "mpi" && env.source != LaunchSource::Mpi)
+    throw UsageError("--backend mpi runs under mpirun: mpirun -np " + std::to_string(o.nproc) +
+                     " crosstrain bench comm --backend mpi ...");
   if (env.source == LaunchSource::Single && o.nproc > 1)
     return launch_self(o.nproc, relaunch_args, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
   if (o.root < 0 || o.root >= env.world_size)
@@ -249,7 +252,7 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
 
   limit_compute_threads(1);
   comm::CommConfig config;
-  config.backend = "gloo";
+  config.backend = o.backend == "mpi" ? "mpi" : "gloo";
   config.shared_memory = o.backend == "gloo+shm";
   config.timeout = comm::Millis(static_cast<int64_t>(o.timeout_s * 1000));
   auto world = comm::init_world(env, config);

@@ -38,8 +38,9 @@ int main(int argc, char** argv) {
   auto* bench_comm = bench_cmd->add_subcommand("comm", "collective benchmark with nccl-tests columns");
   bench_comm->add_option("--op", bench.op, "allreduce, broadcast, reduce, allgather, reducescatter, alltoall, "
                                            "gather, scatter, sendrecv or all");
-  bench_comm->add_option("--backend", bench.backend, "gloo, or gloo+shm (same-host float all-reduce in shared memory)")
-      ->check(CLI::IsMember({"gloo", "gloo+shm"}));
+  bench_comm->add_option("--backend", bench.backend,
+                          "gloo, gloo+shm (same-host float all-reduce in shared memory), or mpi (under mpirun)")
+      ->check(CLI::IsMember({"gloo", "gloo+shm", "mpi"}));
   bench_comm->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
   bench_comm->add_option("--sizes", sizes, "MIN:MAX bytes, e.g. 4:256M (default 4:64M)");
   bench_comm->add_option("--step-factor", bench.step_factor, "multiply the size by this each row");

@@ -1,12 +1,18 @@
 #include "crosstrain/comm/init.h"
 
+#include "crosstrain/comm/mpi.h"
 #include "crosstrain/comm/shm.h"
 
 namespace crosstrain::comm {
 
 std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config) {
+  if (config.backend == "mpi") {
+    if (env.source != LaunchSource::Mpi)
+      throw UsageError("the mpi back end needs a job started by mpirun (e.g. mpirun -np 2 crosstrain ...)");
+    return make_mpi_world(config.timeout);
+  }
   if (config.backend != "gloo")
-    throw UsageError("unknown communication back end '" + config.backend + "' for a multi-process job; use gloo");
+    throw UsageError("unknown communication back end '" + config.backend + "'; use gloo or mpi");
   std::shared_ptr<Rendezvous> rendezvous;
   if (env.rank == 0 && !env.store_hosted_by_launcher && env.source != LaunchSource::Single) {
     rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, config.timeout);

@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
     LaunchEnv env = detect_launch_env(current_environment());
     comm::CommConfig config;
     if (const char* t = std::getenv("CT_TIMEOUT_MS")) config.timeout = comm::Millis(std::atoi(t));
+    if (const char* b = std::getenv("CT_BACKEND")) config.backend = b;
     auto world = comm::init_world(env, config);
     comm::Communicator& c = *world;
     if (mode == "conformance") {

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-comm-compare install clean
+.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-comm-compare bench-compression install clean
 
 all: build
 
@@ -34,6 +34,10 @@ demo-comm: build
 
 bench-comm: build
 	@$(BUILD)/crosstrain bench comm --op all --nproc 2 --sizes 4:16M --step-factor 4
+
+# Gradient codecs: bytes per step and loss against uncompressed training.
+bench-compression: build
+	@bench/compression.sh
 
 # Every all-reduce path (Gloo, shared memory, our algorithms) on the same sizes, busbw side by side.
 bench-comm-compare: build

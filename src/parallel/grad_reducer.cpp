@@ -19,6 +19,7 @@ BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::C
   for (auto& p : parameters)
     if (p.requires_grad()) parameters_.push_back(p);
   if (config.bucket_bytes < 1) throw UsageError("parallel.bucket_mb must be positive");
+  if (config.compression != "none") codec_ = comm::make_codec(config.compression);
   bucket_of_.resize(parameters_.size());
   // Reverse order: the last layers' gradients are ready first.
   for (size_t k = parameters_.size(); k-- > 0;) {
@@ -152,8 +153,10 @@ void BucketedAllReduce::launch(Bucket& b) {
       p.mutable_grad() = b.views[i];
     }
   }
-  if (comm_ && comm_->size() > 1) {
+  if (comm_ && comm_->size() > 1 && !codec_) {
     b.work = comm_->all_reduce(b.flat, comm::ReduceOp::Avg);
+  } else if (comm_ && comm_->size() > 1) {
+    // Compressed: exchanged in finish(), in bucket order.
   } else {
     b.done = true;
     b.completed = b.launched;
@@ -174,6 +177,26 @@ void BucketedAllReduce::finish() {
   stats_.started_during_backward = static_cast<int>(next_launch_);
   for (auto& b : buckets_) b.pending = 0;  // parameters without a gradient this step contribute zeros
   launch_ready_buckets();
+  const int n = comm_ ? comm_->size() : 1;
+  stats_.bytes_sent = stats_.bytes_uncompressed = 0;
+  for (auto& b : buckets_)
+    stats_.bytes_uncompressed += n > 1 ? 2 * (n - 1) * b.flat.numel() * static_cast<int64_t>(b.flat.element_size()) / n : 0;
+  if (codec_ && n > 1) {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      Bucket& b = buckets_[i];
+      auto st = comm::compressed_all_reduce(*comm_, b.grads, *codec_, &feedback_, static_cast<int64_t>(i));
+      stats_.bytes_sent += st.bytes_sent;
+      if (b.flat.numel() > b.grads.numel()) {
+        // The side values (the loss) are averaged exactly, not through the codec.
+        at::Tensor side = b.flat.narrow(0, b.grads.numel(), b.flat.numel() - b.grads.numel());
+        comm_->all_reduce(side, comm::ReduceOp::Avg)->wait();
+      }
+      b.done = true;
+      b.completed = Clock::now();
+    }
+  } else {
+    stats_.bytes_sent = stats_.bytes_uncompressed;
+  }
   for (auto& b : buckets_) {
     if (b.done) continue;
     b.work->wait();

@@ -126,6 +126,7 @@ std::vector<Field> fields(Config& c) {
       string_field("comm", "backend", c.comm.backend),
       double_field("comm", "timeout_s", c.comm.timeout_s),
       bool_field("comm", "shared_memory", c.comm.shared_memory),
+      string_field("comm", "compression", c.comm.compression),
   };
 }
 

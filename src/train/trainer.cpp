@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "crosstrain/comm/compression.h"
 #include "crosstrain/core/allocator.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/threads.h"
@@ -123,6 +124,7 @@ void validate(const Config& c, int world) {
   need(c.train.lr > 0 && c.train.min_lr >= 0, "train.lr must be positive and train.min_lr non-negative");
   need(c.train.threads_per_rank >= 1, "train.threads_per_rank must be at least 1");
   need(c.run.log_every >= 1, "run.log_every must be at least 1");
+  if (c.comm.compression != "none") comm::make_codec(c.comm.compression);  // throws on a bad spec
   Layout l = resolve_layout(c, world);
   const int64_t dp = l.shape.dp;
   need(c.train.global_batch % (dp * l.microbatches) == 0,
@@ -204,6 +206,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
 
   parallel::BucketConfig buckets;
   buckets.bucket_bytes = static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20));
+  buckets.compression = c.comm.compression;
   parallel::BucketedAllReduce reducer(all_params, mesh.group(Axis::DP), buckets);
   std::vector<torch::Tensor> partial_grads;  // sequence parallel: summed over the tensor-parallel group
   for (auto& chunk : chunks)
@@ -402,6 +405,8 @@ TrainResult Trainer::run(const TrainOptions& options) {
                             {"tokens", static_cast<double>(step) * tokens_per_step},
                             {"peak_rss_bytes", obs::peak_rss_bytes()},
                             {"param_bytes", param_bytes},
+                            {"comm_bytes", reducer.stats().bytes_sent},
+                            {"comm_bytes_uncompressed", reducer.stats().bytes_uncompressed},
                             {"time_s", seconds_since(run_start)}};
       if (val_loss >= 0) row["val_loss"] = val_loss;
       if (pipeline) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/comm/compression.h"
 
 namespace torch::autograd {
 struct Node;
@@ -24,6 +25,8 @@ struct ReducerStats {
   int64_t bytes = 0;               // gradient bytes all-reduced per synced step
   int buckets = 0;
   int started_during_backward = 0;  // buckets whose all-reduce began before backward finished (overlap)
+  int64_t bytes_sent = 0;            // by this rank in the last synced step (busbw accounting)
+  int64_t bytes_uncompressed = 0;    // what a plain float all-reduce of the same gradients sends
 };
 
 class GradReducer {
@@ -51,6 +54,9 @@ class GradReducer {
 
 struct BucketConfig {
   int64_t bucket_bytes = 1 << 20;  // all-reduce granularity; small enough to start during backward
+  // comm.compression: none, bf16, fp16, int8, int4, topk:F, powersgd:R. Compressed buckets are exchanged at
+  // the end of backward (with error feedback), not overlapped with it.
+  std::string compression = "none";
 };
 
 // DDP-style reducer. Gradients live in flat per-bucket buffers (each parameter's .grad is a view), so
@@ -104,6 +110,8 @@ class BucketedAllReduce : public GradReducer {
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // hooks live as long as these
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);        // hooks outliving us do nothing
   comm::Communicator* comm_;
+  std::unique_ptr<comm::Codec> codec_;  // null: plain all-reduce
+  comm::ErrorFeedback feedback_;
   bool sync_ = true;
   bool in_pass_ = false;
   size_t next_launch_ = 0;

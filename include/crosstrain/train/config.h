@@ -56,6 +56,7 @@ struct CommSectionConfig {
   std::string backend = "gloo";
   double timeout_s = 30;
   bool shared_memory = true;      // same-host float all-reduces through shared memory
+  std::string compression = "none";  // gradients: none, bf16, fp16, int8, int4, topk:F, powersgd:R
 };
 
 struct Config {

@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <fstream>
 
 #include "crosstrain/comm/fake.h"
@@ -134,4 +135,38 @@ TEST(BucketedAllReduce, StartsBucketsWhileBackwardRuns) {
     EXPECT_GE(reducer.stats().started_during_backward, reducer.bucket_count() - 2);
     EXPECT_GT(reducer.stats().comm_time_s, 0.0);
   });
+}
+
+TEST(CompressedDataParallel, Int8WithErrorFeedbackTracksUncompressedTraining) {
+  auto run = [](const std::string& codec, std::vector<double>& losses, int64_t& sent, int64_t& plain) {
+    train::Config config = crosstrain::testing::tiny_config("compressed_" + codec.substr(0, 4));
+    config.comm.compression = codec;
+    config.parallel.bucket_mb = 1.0;
+    std::mutex m;
+    comm::FakeWorld::run(2, [&](comm::Communicator& c) {
+      train::Trainer trainer(config, c);
+      train::TrainOptions o;
+      o.quiet = true;
+      auto r = trainer.run(o);
+      if (c.rank() == 0) {
+        std::lock_guard<std::mutex> lock(m);
+        for (const auto& s : r.steps) losses.push_back(s.loss);
+      }
+    });
+    std::ifstream in(config.run.dir + "/metrics.jsonl");
+    std::string last, line;
+    while (std::getline(in, line)) last = line;
+    auto row = nlohmann::json::parse(last);
+    sent = row["comm_bytes"];
+    plain = row["comm_bytes_uncompressed"];
+  };
+  std::vector<double> plain_losses, int8_losses;
+  int64_t sent = 0, plain = 0, s0 = 0, p0 = 0;
+  run("none", plain_losses, s0, p0);
+  run("int8", int8_losses, sent, plain);
+  EXPECT_EQ(s0, p0);
+  EXPECT_GT(static_cast<double>(plain) / static_cast<double>(sent), 3.0);
+  ASSERT_EQ(int8_losses.size(), plain_losses.size());
+  EXPECT_NEAR(int8_losses.back(), plain_losses.back(), 0.02 * plain_losses.back());
+  EXPECT_LT(int8_losses.back(), int8_losses.front());
 }

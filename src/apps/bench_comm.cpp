@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "crosstrain/comm/algorithms.h"
+#include "crosstrain/comm/cost_model.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/reference.h"
 #include "crosstrain/core/error.h"
@@ -258,7 +259,7 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
   auto world = comm::init_world(env, config);
   Communicator& c = *world;
   const bool leader = c.rank() == 0;
-  const auto algorithm = comm::algo::parse_algorithm(o.algo);
+  comm::algo::Algorithm algorithm = o.algo == "auto" ? comm::algo::Algorithm::Ring : comm::algo::parse_algorithm(o.algo);
   comm::algo::Hierarchy hierarchy;
   if (algorithm == comm::algo::Algorithm::Hierarchical) hierarchy = comm::algo::make_hierarchy(c, o.group_size);
   nlohmann::json rows = nlohmann::json::array();
@@ -275,7 +276,15 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
     int measured = 0;
     for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step_factor) {
       Case k = make_case(c, op, bytes, dtype, redop, o.root);
-      if (algorithm != comm::algo::Algorithm::Builtin) use_algorithm(k, c, op, algorithm, redop, o.root, &hierarchy);
+      comm::algo::Algorithm chosen = algorithm;
+      if (o.algo == "auto") {
+        // The cost model picks per size (for the local host: loopback figures measured here).
+        chosen = comm::choose_all_reduce(static_cast<double>(bytes),
+                                         comm::local_topology(c.size(), comm::Link{150e-6, 1.5e9}));
+        if (leader && op == "allreduce") std::printf("# auto: %lld bytes -> %s\n", static_cast<long long>(bytes),
+                                                     comm::algo::to_string(chosen));
+      }
+      if (chosen != comm::algo::Algorithm::Builtin) use_algorithm(k, c, op, chosen, redop, o.root, &hierarchy);
       const int64_t size_bytes = k.count * static_cast<int64_t>(c10::elementSize(dtype));
       // Correctness first, on fresh inputs; in-place ops then keep transforming the buffer while timed.
       k.run()->wait();
@@ -324,6 +333,70 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
   if (total_wrong != 0) {
     if (leader) std::fprintf(stderr, "bench comm: %lld wrong elements\n", static_cast<long long>(total_wrong));
     return 1;
+  }
+  return 0;
+}
+
+int bench_cost_model(const BenchCommOptions& o, const std::vector<std::string>& relaunch_args) {
+  LaunchEnv env = detect_launch_env(current_environment());
+  if (env.source == LaunchSource::Single && o.nproc > 1)
+    return launch_self(o.nproc, relaunch_args, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
+  limit_compute_threads(1);
+  comm::CommConfig config;
+  config.shared_memory = false;  // the model describes the point-to-point link our algorithms use
+  config.timeout = comm::Millis(static_cast<int64_t>(o.timeout_s * 1000));
+  auto world = comm::init_world(env, config);
+  Communicator& c = *world;
+  const int n = c.size(), r = c.rank();
+  if (n < 2) throw UsageError("bench cost-model needs at least 2 ranks");
+  // Ping-pong between ranks 0 and 1: alpha from a tiny message, beta from a large one (one-way times).
+  auto one_way = [&](int64_t numel, int rounds) {
+    at::Tensor t = at::zeros({numel});
+    c.barrier()->wait();
+    auto t0 = Clock::now();
+    for (int i = 0; i < rounds && r < 2; ++i) {
+      if (r == 0) {
+        c.send(t, 1, 1)->wait();
+        c.recv(t, 1, 2)->wait();
+      } else {
+        c.recv(t, 0, 1)->wait();
+        c.send(t, 0, 2)->wait();
+      }
+    }
+    double s = std::chrono::duration<double>(Clock::now() - t0).count() / (2.0 * rounds);
+    at::Tensor v = at::full({1}, r == 0 ? s : 0.0, at::kDouble);
+    c.all_reduce(v, ReduceOp::Max)->wait();
+    return v.item<double>();
+  };
+  one_way(1, 20);  // warm up
+  const double alpha = one_way(1, 200);
+  const int64_t big = 4 << 20;  // floats: 16 MiB
+  const double big_time = one_way(big, 10);
+  comm::Link link{alpha, static_cast<double>(big * 4) / std::max(big_time - alpha, 1e-9)};
+  if (r == 0)
+    std::printf("# calibrated link: alpha = %.1f us, bandwidth = %.2f GB/s (send/recv ping-pong, %d ranks)\n"
+                "#%13s %10s %14s %14s %8s\n",
+                alpha * 1e6, link.bandwidth_Bps / 1e9, n, "size(B)", "algo", "predicted(us)", "measured(us)", "ratio");
+  for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
+    for (auto a : {comm::algo::Algorithm::Ring, comm::algo::Algorithm::Tree}) {
+      at::Tensor t = at::ones({bytes / 4});
+      auto run = [&] {
+        if (a == comm::algo::Algorithm::Ring) comm::algo::ring_all_reduce(c, t, ReduceOp::Sum);
+        else comm::algo::tree_all_reduce(c, t, ReduceOp::Sum);
+      };
+      run();
+      c.barrier()->wait();
+      const int iters = bytes >= (4 << 20) ? 5 : 20;
+      auto t0 = Clock::now();
+      for (int i = 0; i < iters; ++i) run();
+      double s = max_over_ranks(c, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+      const double predicted = comm::predict_all_reduce(a, static_cast<double>(bytes), n, link);
+      if (r == 0) {
+        std::printf("%14lld %10s %14.1f %14.1f %8.2f\n", static_cast<long long>(bytes), comm::algo::to_string(a),
+                    predicted * 1e6, s * 1e6, predicted / s);
+        std::fflush(stdout);
+      }
+    }
   }
   return 0;
 }

@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--root", bench.root, "root rank of rooted collectives");
   bench_comm->add_option("--timeout", bench.timeout_s, "seconds before a collective counts as failed");
   bench_comm->add_option("--json", bench.json, "also write the rows as JSON to this file");
-  bench_comm->add_option("--algo", bench.algo, "builtin (the back end's), ring, tree, hd, hierarchical");
+  bench_comm->add_option("--algo", bench.algo, "builtin (the back end's), ring, tree, hd, hierarchical, auto (cost model)");
+  auto* bench_model = bench_cmd->add_subcommand("cost-model", "cost model's prediction next to measured ring and tree all-reduce");
+  bench_model->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
   bench_comm->add_option("--group-size", bench.group_size, "ranks per group for --algo hierarchical");
 
   apps::TrainCommand train;
@@ -100,6 +102,7 @@ int main(int argc, char** argv) {
       launch.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
       return apps::launch(launch);
     }
+    if (*bench_model) return apps::bench_cost_model(bench, args);
     if (*bench_comm) {
       if (!sizes.empty()) apps::parse_sizes(sizes, bench.min_bytes, bench.max_bytes);
       return apps::bench_comm(bench, args);

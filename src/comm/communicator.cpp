@@ -98,6 +98,16 @@ void Communicator::check_equal_numel(const std::string& op, const at::Tensor& a,
     fail(op, "input has " + std::to_string(a.numel()) + " elements but output has " + std::to_string(b.numel()));
 }
 
+void Communicator::check_all_to_all(const at::Tensor& input, const at::Tensor& output) const {
+  check_tensor("alltoall", input, "input");
+  check_tensor("alltoall", output, "output");
+  check_same_dtype("alltoall", input, output);
+  check_equal_numel("alltoall", input, output);
+  if (input.numel() % size_ != 0)
+    fail("alltoall", "buffer of " + std::to_string(input.numel()) + " elements does not split into " +
+                         std::to_string(size_) + " equal slices");
+}
+
 void Communicator::check_split_ranks(const std::vector<int>& ranks) const {
   if (ranks.empty()) fail("split", "the list of ranks is empty");
   std::set<int> seen;

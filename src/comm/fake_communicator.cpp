@@ -167,13 +167,7 @@ class FakeCommunicator : public Communicator {
   }
 
   WorkPtr all_to_all(const at::Tensor& input, at::Tensor& output) override {
-    check_tensor("alltoall", input, "input");
-    check_tensor("alltoall", output, "output");
-    check_same_dtype("alltoall", input, output);
-    check_equal_numel("alltoall", input, output);
-    if (input.numel() % size() != 0)
-      fail("alltoall", "buffer of " + std::to_string(input.numel()) + " elements does not split into " +
-                           std::to_string(size()) + " equal slices");
+    check_all_to_all(input, output);
     at::Tensor out = output;
     int me = rank();
     int n = size();

@@ -186,13 +186,7 @@ class MpiCommunicator : public Communicator {
   }
 
   WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out) override {
-    check_tensor("alltoall", in, "input");
-    check_tensor("alltoall", out, "output");
-    check_same_dtype("alltoall", in, out);
-    check_equal_numel("alltoall", in, out);
-    if (in.numel() % size() != 0)
-      fail("alltoall", "buffer of " + std::to_string(in.numel()) + " elements does not split into " +
-                           std::to_string(size()) + " equal slices");
+    check_all_to_all(in, out);
     const int each = bytes(in) / size();
     return start("alltoall", -1, {}, [&](MPI_Request* r) {
       return MPI_Ialltoall(in.data_ptr(), each, MPI_BYTE, out.data_ptr(), each, MPI_BYTE, comm_, r);

@@ -102,6 +102,8 @@ class Communicator {
   // `many` must hold exactly size() times as many elements as `one`.
   void check_sliced(const std::string& op, const at::Tensor& one, const at::Tensor& many) const;
   void check_equal_numel(const std::string& op, const at::Tensor& a, const at::Tensor& b) const;
+  // All-to-all: same dtype and size in and out, split into size() equal slices.
+  void check_all_to_all(const at::Tensor& input, const at::Tensor& output) const;
   void check_split_ranks(const std::vector<int>& ranks) const;
   // Name for the next sub-group; advances the per-communicator split counter.
   std::string next_split_name();

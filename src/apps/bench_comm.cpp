@@ -368,11 +368,29 @@ int bench_cost_model(const BenchCommOptions& o, const std::vector<std::string>& 
     c.all_reduce(v, ReduceOp::Max)->wait();
     return v.item<double>();
   };
+  // Exchange: every rank sends to its right and receives from its left at once, as a ring step does.
+  auto exchange = [&](int64_t numel, int rounds) {
+    at::Tensor out = at::zeros({numel}), in = at::zeros({numel});
+    c.barrier()->wait();
+    auto t0 = Clock::now();
+    for (int i = 0; i < rounds; ++i) {
+      auto s = c.send(out, (r + 1) % n, 3);
+      c.recv(in, (r + n - 1) % n, 3)->wait();
+      s->wait();
+    }
+    return max_over_ranks(c, std::chrono::duration<double>(Clock::now() - t0).count() / rounds);
+  };
   one_way(1, 20);  // warm up
   const double alpha = one_way(1, 200);
   const int64_t big = 4 << 20;  // floats: 16 MiB
   const double big_time = one_way(big, 10);
   comm::Link link{alpha, static_cast<double>(big * 4) / std::max(big_time - alpha, 1e-9)};
+  exchange(1, 20);
+  link.exchange_latency_s = exchange(1, 200);
+  link.exchange_bandwidth_Bps = static_cast<double>(big * 4) / std::max(exchange(big, 10) - link.exchange_latency_s, 1e-9);
+  if (r == 0)
+    std::printf("# calibrated link: exchange alpha = %.1f us, %.2f GB/s\n", link.exchange_latency_s * 1e6,
+                link.exchange_bandwidth_Bps / 1e9);
   if (r == 0)
     std::printf("# calibrated link: alpha = %.1f us, bandwidth = %.2f GB/s (send/recv ping-pong, %d ranks)\n"
                 "#%13s %10s %14s %14s %8s\n",

@@ -80,19 +80,21 @@ Topology load_topology(const std::string& path) {
 
 double predict_all_reduce(algo::Algorithm a, double bytes, int n, const Link& l) {
   if (n <= 1) return 0.0;
-  const double alpha = l.latency_s, beta = 1.0 / l.bandwidth_Bps;
   switch (a) {
     case algo::Algorithm::Ring:
-      // 2(n-1) steps, each moving a 1/n slice.
-      return 2.0 * (n - 1) * (alpha + bytes / n * beta);
+      // 2(n-1) exchange steps (send right while receiving from the left), each moving a 1/n slice.
+      return 2.0 * (n - 1) * l.exchange_seconds(bytes / n);
     case algo::Algorithm::Tree:
-      // Reduce up and broadcast down a binomial tree: the whole buffer at each of 2 ceil(log2 n) levels.
-      return 2.0 * log2_ceil(n) * (alpha + bytes * beta);
+      // Reduce up and broadcast down a binomial tree: one-way messages of the whole buffer, 2 ceil(log2 n) levels.
+      return 2.0 * log2_ceil(n) * l.seconds(bytes);
     case algo::Algorithm::HalvingDoubling: {
       int p = 1;
       while (p * 2 <= n) p *= 2;
-      const double fold = p == n ? 0.0 : 2.0 * (alpha + bytes * beta);  // extra ranks in and out
-      return fold + 2.0 * std::log2(static_cast<double>(p)) * alpha + 2.0 * (p - 1) / p * bytes * beta;
+      const double fold = p == n ? 0.0 : 2.0 * l.seconds(bytes);  // extra ranks in and out
+      // 2 log2 p exchange steps; the halves shrink then grow: 2 (p-1)/p of the buffer in all.
+      const double steps = 2.0 * std::log2(static_cast<double>(p));
+      const double alpha = l.exchange_seconds(0.0);
+      return fold + steps * alpha + (l.exchange_seconds(2.0 * (p - 1) / p * bytes) - alpha);
     }
     default:
       return std::numeric_limits<double>::infinity();

@@ -15,7 +15,15 @@ namespace crosstrain::comm {
 struct Link {
   double latency_s = 50e-6;        // alpha: per message
   double bandwidth_Bps = 1e9;      // 1/beta: bytes per second
+  // A step where every rank sends and receives at once (ring, halving-doubling) can cost more than a one-way
+  // message when the transport does not run both directions in parallel; 0 means "same as one way".
+  double exchange_latency_s = 0;
+  double exchange_bandwidth_Bps = 0;
   double seconds(double bytes) const { return latency_s + bytes / bandwidth_Bps; }
+  double exchange_seconds(double bytes) const {
+    return (exchange_latency_s > 0 ? exchange_latency_s : latency_s) +
+           bytes / (exchange_bandwidth_Bps > 0 ? exchange_bandwidth_Bps : bandwidth_Bps);
+  }
 };
 
 // Hosts grouped in clusters; three kinds of links. Read from TOML:

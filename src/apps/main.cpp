@@ -55,6 +55,8 @@ int main(int argc, char** argv) {
   auto* bench_model = bench_cmd->add_subcommand("cost-model", "cost model's prediction next to measured ring and tree all-reduce");
   bench_model->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
   bench_comm->add_option("--group-size", bench.group_size, "ranks per group for --algo hierarchical");
+  bench_comm->add_option("--compression", bench.compression,
+                         "all-reduce through a codec: none, bf16, fp16, int8, int4, topk:F, powersgd:R");
 
   apps::TrainCommand train;
   auto* train_cmd = app.add_subcommand("train", "train a model from a TOML recipe");

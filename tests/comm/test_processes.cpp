@@ -232,3 +232,24 @@ TEST(BenchComm, EveryCollectiveOnThreeRanks) {
                          "scatter", "sendrecv"})
     EXPECT_TRUE(contains(res.output, std::string("op ") + op + ",")) << op;
 }
+
+TEST(BenchComm, CompressionAlgorithmsAndCostModel) {
+  auto res = run_process({kBin, "bench", "comm", "--op", "allreduce", "--redop", "avg", "--compression", "int8",
+                          "--nproc", "2", "--sizes", "64K"},
+                         {}, milliseconds(120000));
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  EXPECT_TRUE(contains(res.output, "3.94x fewer")) << res.output;
+  for (const char* a : {"ring", "tree", "hd", "hierarchical", "auto"}) {
+    auto r = run_process({kBin, "bench", "comm", "--op", "allreduce", "--algo", a, "--nproc", "2", "--sizes", "1K:64K",
+                          "--step-factor", "64", "--iters", "3"},
+                         {}, milliseconds(120000));
+    EXPECT_EQ(r.exit_code(), 0) << a << "\n" << r.output;  // non-zero #wrong fails the command
+  }
+  auto model = run_process({kBin, "bench", "cost-model", "--nproc", "2"}, {}, milliseconds(120000));
+  ASSERT_EQ(model.exit_code(), 0) << model.output;
+  EXPECT_TRUE(contains(model.output, "predicted(us)")) << model.output;
+  auto bad = run_process({kBin, "bench", "comm", "--op", "broadcast", "--compression", "int8", "--nproc", "1"}, {},
+                         milliseconds(60000));
+  EXPECT_NE(bad.exit_code(), 0);
+  EXPECT_TRUE(contains(bad.output, "--compression applies to --op allreduce")) << bad.output;
+}

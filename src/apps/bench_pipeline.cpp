@@ -104,11 +104,8 @@ void measure(comm::Communicator& world, const BenchPipelineOptions& o, parallel:
     y.push_back(torch::randint(0, 256, {o.batch, o.context}, gen));
   }
   parallel::PipelineModel model;
-  model.forward = [&](int chunk, int mb, const at::Tensor& in) -> at::Tensor {
-    auto& s = stages[chunk];
-    at::Tensor input = s->spec().has_embedding ? x[mb] : in;
-    if (s->spec().has_head) return s->loss(input, y[mb]) / static_cast<double>(m);
-    return s->forward(input);
+  model.forward = [&](int chunk, int mb, const at::Tensor& in) {
+    return stages[chunk]->pipeline_forward(in, x[mb], y[mb], 1.0 / m);
   };
   model.parameters = [&](int chunk) { return stages[chunk]->parameters(); };
   model.activation_shape = {o.batch, o.context, o.width};

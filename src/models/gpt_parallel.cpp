@@ -87,6 +87,7 @@ std::vector<int64_t> partition_gpt(const GPTConfig& c, int stages) {
 
 GPTStageImpl::GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParallelContext tp, GPT& full)
     : config_(config), spec_(spec), tp_(tp) {
+  causal_mask_ = torch::ones({config.block_size, config.block_size}, torch::kBool).triu(1);
   auto reference = full->named_parameters();
   auto take = [&](const std::string& name) {
     torch::Tensor shard = shard_of(name, reference[name].detach(), config_, tp_.rank, tp_.size).clone();
@@ -126,7 +127,7 @@ torch::Tensor GPTStageImpl::attention(int64_t layer, const torch::Tensor& x) {
   auto q = split_heads(qkv_parts[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = split_heads(qkv_parts[1]),
        v = split_heads(qkv_parts[2]);
   auto att = torch::matmul(q, k.transpose(-2, -1));
-  auto mask = torch::ones({T, T}, torch::kBool).triu(1);
+  auto mask = causal_mask_.slice(0, 0, T).slice(1, 0, T);
   att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
   att = torch::dropout(att, config_.dropout, is_training());
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, local});
@@ -163,6 +164,12 @@ torch::Tensor GPTStageImpl::loss(const torch::Tensor& input, const torch::Tensor
   x = torch::layer_norm(x, {config_.n_embd}, p("ln_f.weight"), p("ln_f.bias"));
   auto logits = parallel::column_parallel_linear(x, p("lm_head.weight"), torch::Tensor(), tp_);
   return tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * (config_.vocab_size / tp_.size), tp_.group);
+}
+
+torch::Tensor GPTStageImpl::pipeline_forward(const torch::Tensor& activation, const torch::Tensor& tokens,
+                                             const torch::Tensor& targets, double loss_scale) {
+  const torch::Tensor& in = spec_.has_embedding ? tokens : activation;
+  return spec_.has_head ? loss(in, targets) * loss_scale : forward(in);
 }
 
 bool GPTStageImpl::is_replicated(const std::string& name) const { return tp_.size > 1 && !is_sharded(name); }

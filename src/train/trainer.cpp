@@ -230,11 +230,8 @@ TrainResult Trainer::run(const TrainOptions& options) {
   std::unique_ptr<parallel::PipelineRuntime> pipeline;
   if (pp > 1) {
     parallel::PipelineModel model;
-    model.forward = [&](int chunk, int mb, const at::Tensor& input) -> at::Tensor {
-      auto& stage = chunks[chunk];
-      at::Tensor in = stage->spec().has_embedding ? inputs[mb] : input;
-      if (stage->spec().has_head) return stage->loss(in, targets[mb]) / static_cast<double>(M);
-      return stage->forward(in);
+    model.forward = [&](int chunk, int mb, const at::Tensor& input) {
+      return chunks[chunk]->pipeline_forward(input, inputs[mb], targets[mb], 1.0 / static_cast<double>(M));
     };
     model.parameters = [&](int chunk) { return chunks[chunk]->parameters(); };
     const int64_t seq = c.parallel.sequence_parallel ? c.model.block_size / tp : c.model.block_size;

@@ -57,6 +57,11 @@ class GPTStageImpl : public torch::nn::Module {
   // Last stage: hidden (or tokens, for a single stage) -> mean cross-entropy against targets [B, T].
   torch::Tensor loss(const torch::Tensor& input, const torch::Tensor& targets);
 
+  // One pipeline step of this stage: the first stage reads `tokens`, others the received `activation`; the
+  // last returns its loss times `loss_scale` (1 / micro-batches), others the activation to send.
+  torch::Tensor pipeline_forward(const torch::Tensor& activation, const torch::Tensor& tokens,
+                                 const torch::Tensor& targets, double loss_scale);
+
   const StageSpec& spec() const { return spec_; }
   // This stage's parameters under their plain names ("h.3.attn.c_attn.weight"), sorted by name.
   const std::map<std::string, torch::Tensor>& named_shards() const { return params_; }
@@ -74,6 +79,7 @@ class GPTStageImpl : public torch::nn::Module {
   StageSpec spec_;
   TensorParallelContext tp_;
   std::map<std::string, torch::Tensor> params_;
+  torch::Tensor causal_mask_;  // [block_size, block_size], true above the diagonal; built once
 };
 TORCH_MODULE(GPTStage);
 

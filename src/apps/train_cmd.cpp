@@ -7,7 +7,7 @@
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/error.h"
-#include "crosstrain/train/checkpoint.h"
+#include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/train/trainer.h"
 #include "launcher.h"
 
@@ -19,7 +19,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   LaunchEnv env = detect_launch_env(current_environment());
   const bool launching = env.source == LaunchSource::Single && cmd.nproc > 1;
   train::check_config(config, launching ? cmd.nproc : env.world_size);
-  if (!cmd.resume && train::latest_checkpoint(config.run.dir))
+  if (!cmd.resume && checkpoint::latest_checkpoint(config.run.dir))
     throw UsageError("run.dir '" + config.run.dir + "' already holds checkpoints of an earlier run; continue it with " +
                      "--resume, or choose another run.dir (nothing was changed)");
   if (launching) {

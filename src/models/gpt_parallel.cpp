@@ -85,6 +85,13 @@ std::vector<int64_t> partition_gpt(const GPTConfig& c, int stages) {
   return partition_layers(c.n_layer, stages, 0.1, static_cast<double>(c.n_embd * c.vocab_size) / block);
 }
 
+namespace {
+// A block's parameters in forward order.
+constexpr const char* kBlockLeaves[] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
+                                        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
+                                        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+}  // namespace
+
 GPTStageImpl::GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParallelContext tp, GPT& full)
     : config_(config), spec_(spec), tp_(tp) {
   causal_mask_ = torch::ones({config.block_size, config.block_size}, torch::kBool).triu(1);
@@ -102,10 +109,7 @@ GPTStageImpl::GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParall
   }
   for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
-    for (const char* leaf : {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight",
-                             "attn.c_proj.bias", "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight", "mlp.c_fc.bias",
-                             "mlp.c_proj.weight", "mlp.c_proj.bias"})
-      take(h + leaf);
+    for (const char* leaf : kBlockLeaves) take(h + leaf);
   }
   if (spec_.has_head) {
     take("ln_f.weight");
@@ -145,25 +149,49 @@ torch::Tensor GPTStageImpl::mlp(int64_t layer, const torch::Tensor& x) {
 
 torch::Tensor GPTStageImpl::forward(const torch::Tensor& input) {
   torch::Tensor x = input;
+  int unit = 0;
   if (spec_.has_embedding) {
+    if (hooks_) hooks_->before_unit(unit);
     const int64_t T = input.size(1);
     auto emb = parallel::vocab_parallel_embedding(input, p("wte.weight"), tp_);
     auto pos = p("wpe.weight").slice(0, 0, T);
     if (tp_.sequence_parallel) pos = pos.chunk(tp_.size, 0)[tp_.rank];
     x = torch::dropout(emb + pos, config_.dropout, is_training());
+    if (hooks_) x = hooks_->after_unit(unit, x);
+    ++unit;
   }
-  for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i) {
+  for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i, ++unit) {
+    if (hooks_) hooks_->before_unit(unit);
     x = x + attention(i, x);
     x = x + mlp(i, x);
+    if (hooks_) x = hooks_->after_unit(unit, x);
   }
   return x;
 }
 
 torch::Tensor GPTStageImpl::loss(const torch::Tensor& input, const torch::Tensor& targets) {
-  auto x = forward(input);
-  x = torch::layer_norm(x, {config_.n_embd}, p("ln_f.weight"), p("ln_f.bias"));
+  return head(forward(input), targets);
+}
+
+torch::Tensor GPTStageImpl::head(const torch::Tensor& hidden, const torch::Tensor& targets) {
+  const int unit = static_cast<int>(unit_names().size()) - 1;
+  if (hooks_) hooks_->before_unit(unit);
+  auto x = torch::layer_norm(hidden, {config_.n_embd}, p("ln_f.weight"), p("ln_f.bias"));
   auto logits = parallel::column_parallel_linear(x, p("lm_head.weight"), torch::Tensor(), tp_);
-  return tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * (config_.vocab_size / tp_.size), tp_.group);
+  auto loss = tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * (config_.vocab_size / tp_.size), tp_.group);
+  return hooks_ ? hooks_->after_unit(unit, loss) : loss;
+}
+
+std::vector<std::vector<std::string>> GPTStageImpl::unit_names() const {
+  std::vector<std::vector<std::string>> units;
+  if (spec_.has_embedding) units.push_back({"wte.weight", "wpe.weight"});
+  for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    units.emplace_back();
+    for (const char* leaf : kBlockLeaves) units.back().push_back(h + leaf);
+  }
+  if (spec_.has_head) units.push_back({"ln_f.weight", "ln_f.bias", "lm_head.weight"});
+  return units;
 }
 
 torch::Tensor GPTStageImpl::pipeline_forward(const torch::Tensor& activation, const torch::Tensor& tokens,

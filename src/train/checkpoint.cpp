@@ -1,180 +1,246 @@
 #include "crosstrain/train/checkpoint.h"
 
-#include <fcntl.h>
-#include <unistd.h>
+#include <algorithm>
 
-#include <nlohmann/json.hpp>
-
-#include <filesystem>
-#include <fstream>
-#include <iomanip>
-#include <sstream>
-
-#include "crosstrain/checkpoint/safetensors.h"
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::train {
-namespace fs = std::filesystem;
 
 namespace {
 
-constexpr int kFormatVersion = 2;
+std::string shape_text(c10::IntArrayRef shape) { return c10::str(shape); }
 
-void fsync_path(const fs::path& p) {
-  int fd = open(p.c_str(), O_RDONLY);
-  if (fd >= 0) {
-    fsync(fd);
-    close(fd);
+// A parameter is split over the tensor-parallel group when its shard is smaller than the whole.
+bool is_split(const std::vector<int64_t>& global, const at::Tensor& shard, int tp_size) {
+  return tp_size > 1 && shard.sizes().vec() != global;
+}
+
+const std::vector<int64_t>& global_shape_of(const ModelStateRefs& s, const std::string& name) {
+  auto it = s.global_shapes.find(name);
+  if (it == s.global_shapes.end()) throw Error("checkpoint: no global shape for parameter '" + name + "'");
+  return it->second;
+}
+
+checkpoint::Piece piece(const std::string& tensor, const std::string& param, const std::vector<int64_t>& global,
+                        const at::Tensor& shard, bool split, const ModelStateRefs& s, int64_t offset, at::Tensor data) {
+  checkpoint::Piece p;
+  p.tensor = tensor;
+  p.param = param;
+  p.global_shape = global;
+  p.shard_shape = shard.sizes().vec();
+  p.tp_rank = split ? s.tp_rank : 0;
+  p.tp_size = split ? s.tp_size : 1;
+  p.offset = offset;
+  p.data = data.detach().reshape(-1).clone();  // a snapshot: training may change the original right away
+  return p;
+}
+
+std::string key_of(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+
+}  // namespace
+
+nlohmann::json state_to_info(const CheckpointState& s) {
+  return {{"step", s.step},
+          {"sampler", {{"seed", s.sampler.seed}, {"next_step", s.sampler.next_step}}},
+          {"layout", {{"dp", s.dp}, {"pp", s.pp}, {"tp", s.tp}, {"zero", s.zero}}},
+          {"rng", "dropout masks are drawn from run.seed, the rank and the step, so a resumed run needs no saved state"},
+          {"config", s.config_toml}};
+}
+
+CheckpointState state_from_info(const checkpoint::CheckpointReader& reader) {
+  try {
+    const auto& info = reader.info();
+    CheckpointState s;
+    s.step = info.at("step").get<int64_t>();
+    s.sampler.seed = info.at("sampler").at("seed").get<uint64_t>();
+    s.sampler.next_step = info.at("sampler").at("next_step").get<int64_t>();
+    const auto& layout = info.at("layout");
+    s.dp = layout.at("dp").get<int>();
+    s.pp = layout.at("pp").get<int>();
+    s.tp = layout.at("tp").get<int>();
+    s.zero = layout.value("zero", 0);
+    s.config_toml = info.value("config", "");
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("checkpoint manifest '" + reader.dir() + "/manifest.json' lacks the training state: " + e.what());
   }
 }
 
-// FNV-1a over the tensor's bytes: catches flipped or zeroed data that still parses.
-std::string checksum(const at::Tensor& t) {
-  at::Tensor c = t.contiguous();
-  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
-  uint64_t h = 1469598103934665603ULL;
-  for (int64_t i = 0, n = c.numel() * static_cast<int64_t>(c.element_size()); i < n; ++i) {
-    h ^= p[i];
-    h *= 1099511628211ULL;
+std::vector<checkpoint::Piece> snapshot_pieces(const ModelStateRefs& s, int64_t* optimizer_step) {
+  torch::NoGradGuard no_grad;
+  std::vector<checkpoint::Piece> pieces;
+  *optimizer_step = 0;
+  if (s.zero) {
+    *optimizer_step = s.zero->step_count();
+    std::map<const c10::TensorImpl*, std::string> names;
+    for (const auto& [name, t] : *s.parameters) names[t.unsafeGetTensorImpl()] = name;
+    for (auto& slice : s.zero->owned_slices()) {
+      const std::string& name = names.at(slice.tensor.unsafeGetTensorImpl());
+      const auto& global = global_shape_of(s, name);
+      const bool split = is_split(global, slice.tensor, s.tp_size);
+      if (!split && s.tp_rank != 0) continue;  // replicated: tensor-parallel rank 0 writes it
+      pieces.push_back(piece(name, name, global, slice.tensor, split, s, slice.param_offset, slice.value));
+      pieces.push_back(piece(name + "#exp_avg", name, global, slice.tensor, split, s, slice.param_offset, slice.exp_avg));
+      pieces.push_back(piece(name + "#exp_avg_sq", name, global, slice.tensor, split, s, slice.param_offset, slice.exp_avg_sq));
+    }
+    return pieces;
   }
-  std::ostringstream out;
-  out << std::hex << std::setw(16) << std::setfill('0') << h;
-  return out.str();
+  auto& state = s.adamw->state();
+  for (const auto& [name, t] : *s.parameters) {
+    const auto& global = global_shape_of(s, name);
+    const bool split = is_split(global, t, s.tp_size);
+    if (!split && s.tp_rank != 0) continue;
+    // Each data-parallel rank writes an even share of the (identical) replicas.
+    const int64_t n = t.numel(), begin = s.dp_rank * n / s.dp_size, end = (s.dp_rank + 1) * n / s.dp_size;
+    if (begin == end) continue;
+    at::Tensor flat = t.detach().reshape(-1);
+    at::Tensor m, v;
+    auto it = state.find(key_of(t));
+    if (it != state.end()) {
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
+      m = st.exp_avg().reshape(-1);
+      v = st.exp_avg_sq().reshape(-1);
+      *optimizer_step = st.step();
+    } else {
+      m = v = at::zeros({n}, flat.options());
+    }
+    pieces.push_back(piece(name, name, global, t, split, s, begin, flat.narrow(0, begin, end - begin)));
+    pieces.push_back(piece(name + "#exp_avg", name, global, t, split, s, begin, m.narrow(0, begin, end - begin)));
+    pieces.push_back(piece(name + "#exp_avg_sq", name, global, t, split, s, begin, v.narrow(0, begin, end - begin)));
+  }
+  return pieces;
 }
 
-std::string step_name(int64_t step) {
-  std::ostringstream out;
-  out << "step_" << std::setw(8) << std::setfill('0') << step;
-  return out.str();
+void load_model_state(checkpoint::CheckpointReader& reader, const ModelStateRefs& s, int64_t optimizer_step) {
+  const std::string manifest = reader.dir() + "/manifest.json";
+  // Everything is checked before anything is changed.
+  for (const auto& [name, t] : *s.parameters) {
+    for (const std::string& tensor : {name, name + "#exp_avg", name + "#exp_avg_sq"})
+      if (!reader.has(tensor))
+        throw UsageError("checkpoint '" + reader.dir() + "' has no tensor '" + tensor + "' (" + manifest +
+                         "): it was written for another model");
+    const auto& global = global_shape_of(s, name);
+    if (reader.global_shape(name) != global)
+      throw UsageError("checkpoint '" + reader.dir() + "': parameter '" + name + "' has shape " +
+                       shape_text(reader.global_shape(name)) + " in " + manifest + " but this model's is " +
+                       shape_text(global) + ": it was written for another model configuration");
+  }
+  std::map<std::string, std::vector<parallel::ZeroOptimizer::OwnedSlice>> slices;
+  if (s.zero)
+    for (auto& slice : s.zero->owned_slices()) {
+      for (const auto& [name, t] : *s.parameters)
+        if (t.unsafeGetTensorImpl() == slice.tensor.unsafeGetTensorImpl()) slices[name].push_back(slice);
+    }
+  // Read every tensor first (this validates pieces and checksums), then copy.
+  struct Loaded {
+    at::Tensor value, exp_avg, exp_avg_sq;
+  };
+  std::map<std::string, Loaded> loaded;
+  for (const auto& [name, t] : *s.parameters) {
+    auto shard = [&](const std::string& tensor) {
+      return s.split(name, reader.read_full(tensor, s.split), s.tp_rank, s.tp_size).contiguous();
+    };
+    Loaded l{shard(name), shard(name + "#exp_avg"), shard(name + "#exp_avg_sq")};
+    if (l.value.sizes() != t.sizes())
+      throw UsageError("checkpoint '" + reader.dir() + "': parameter '" + name + "' splits into " +
+                       shape_text(l.value.sizes()) + " but this rank holds " + shape_text(t.sizes()));
+    loaded[name] = l;
+  }
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : *s.parameters) {
+    const Loaded& l = loaded[name];
+    if (s.zero) {
+      // Stages 1-2 hold whole parameters; stage 3 only its slices (the parameter memory is released).
+      if (s.zero->stage() < 3) const_cast<torch::Tensor&>(t).copy_(l.value);
+      for (auto& slice : slices[name]) {
+        const int64_t n = slice.value.numel();
+        slice.value.copy_(l.value.reshape(-1).narrow(0, slice.param_offset, n));
+        slice.exp_avg.copy_(l.exp_avg.reshape(-1).narrow(0, slice.param_offset, n));
+        slice.exp_avg_sq.copy_(l.exp_avg_sq.reshape(-1).narrow(0, slice.param_offset, n));
+      }
+    } else {
+      const_cast<torch::Tensor&>(t).copy_(l.value);
+      auto st = std::make_unique<torch::optim::AdamWParamState>();
+      st->step(optimizer_step);
+      st->exp_avg(l.exp_avg.view(t.sizes()).clone());
+      st->exp_avg_sq(l.exp_avg_sq.view(t.sizes()).clone());
+      s.adamw->state()[key_of(t)] = std::move(st);
+    }
+  }
+  if (s.zero) s.zero->set_step_count(optimizer_step);
 }
 
-fs::path temp_dir(const std::string& run_dir, int64_t step) {
-  return fs::path(run_dir) / "checkpoints" / (step_name(step) + ".tmp");
+namespace {
+
+// Every rank's records, on every rank: lengths first, then the padded bytes.
+std::vector<checkpoint::PieceRecord> gather_records(comm::Communicator& world,
+                                                    const std::vector<checkpoint::PieceRecord>& mine) {
+  const std::string text = checkpoint::records_to_json(mine).dump();
+  at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
+  at::Tensor lengths = at::empty({world.size()}, at::kLong);
+  world.all_gather(length, lengths)->wait();
+  const int64_t longest = lengths.max().item<int64_t>();
+  at::Tensor bytes = at::zeros({longest}, at::kByte);
+  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  at::Tensor all = at::empty({longest * world.size()}, at::kByte);
+  world.all_gather(bytes, all)->wait();
+  std::vector<checkpoint::PieceRecord> records;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + r * longest;
+    auto part = checkpoint::records_from_json(nlohmann::json::parse(begin, begin + lengths[r].item<int64_t>()));
+    records.insert(records.end(), part.begin(), part.end());
+  }
+  return records;
 }
 
 }  // namespace
 
-std::string shard_name(int pp_index, int tp_index) {
-  return "pp" + std::to_string(pp_index) + "-tp" + std::to_string(tp_index);
+CheckpointWriter::CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async,
+                                   double timeout_s)
+    : world_(world), run_dir_(std::move(run_dir)), keep_last_(keep_last), async_(async), timeout_s_(timeout_s) {}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (thread_.joinable()) thread_.join();
 }
 
-void write_checkpoint_shard(const std::string& run_dir, int64_t step, const std::string& shard,
-                            const std::map<std::string, torch::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
-  const fs::path tmp = temp_dir(run_dir, step);
-  fs::create_directories(tmp);
-  std::vector<checkpoint::NamedTensor> tensors;
-  std::map<std::string, std::string> metadata{{"format", "pt"}};
-  for (const auto& [name, p] : parameters) {
-    tensors.push_back({name, p.detach()});
-    metadata["checksum." + name] = checksum(p.detach());
-  }
-  const fs::path weights = tmp / ("model-" + shard + ".safetensors");
-  const fs::path optim = tmp / ("optimizer-" + shard + ".pt");
-  checkpoint::write_safetensors(weights.string(), tensors, metadata);
-  torch::serialize::OutputArchive archive;
-  optimizer.save(archive);
-  archive.save_to(optim.string());
-  fsync_path(weights);
-  fsync_path(optim);
+void CheckpointWriter::save(int64_t step, std::vector<checkpoint::Piece> pieces, nlohmann::json info) {
+  commit();
+  pending_ = true;
+  step_ = step;
+  info_ = std::move(info);
+  error_ = nullptr;
+  records_.clear();
+  const std::string tmp = checkpoint::temp_checkpoint_dir(run_dir_, step);
+  auto work = [this, tmp, pieces = std::move(pieces), rank = world_.rank()] {
+    try {
+      records_ = checkpoint::write_pieces(tmp, rank, pieces);
+    } catch (...) {
+      error_ = std::current_exception();
+    }
+  };
+  if (async_)
+    thread_ = std::thread(std::move(work));
+  else
+    work();
 }
 
-std::string commit_checkpoint(const std::string& run_dir, const CheckpointState& state) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  const fs::path tmp = temp_dir(run_dir, state.step);
-  const fs::path final_dir = root / step_name(state.step);
-  nlohmann::json meta = {{"format_version", kFormatVersion},
-                         {"step", state.step},
-                         {"sampler", {{"seed", state.sampler.seed}, {"next_step", state.sampler.next_step}}},
-                         {"layout", {{"pp", state.pp}, {"tp", state.tp}}},
-                         {"config", state.config_toml}};
-  {
-    std::ofstream out(tmp / "state.json");
-    out << meta.dump(2) << "\n";
-    if (!out) throw Error("cannot write checkpoint state in '" + tmp.string() + "'");
-  }
-  fsync_path(tmp / "state.json");
-  fsync_path(tmp);
-  // The rename is the commit point: before it the checkpoint is invisible, after it complete.
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
-  fsync_path(root);
-  return final_dir.string();
-}
-
-std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
-  const fs::path root = fs::path(run_dir) / "checkpoints";
-  std::error_code ec;
-  if (!fs::is_directory(root, ec)) return std::nullopt;
-  std::optional<std::string> best;
-  for (const auto& entry : fs::directory_iterator(root)) {
-    const std::string name = entry.path().filename().string();
-    if (!entry.is_directory() || name.rfind("step_", 0) != 0 || name.find(".tmp") != std::string::npos) continue;
-    if (!best || name > fs::path(*best).filename().string()) best = entry.path().string();
-  }
-  return best;
-}
-
-CheckpointState read_checkpoint_state(const std::string& dir, int pp, int tp) {
-  const fs::path file = fs::path(dir) / "state.json";
-  if (!fs::exists(file)) throw UsageError("checkpoint '" + dir + "' is incomplete: state.json is missing");
-  nlohmann::json meta;
-  try {
-    std::ifstream in(file);
-    meta = nlohmann::json::parse(in);
-    CheckpointState s;
-    if (meta.value("format_version", 0) != kFormatVersion)
-      throw UsageError("checkpoint '" + dir + "' has format version " + std::to_string(meta.value("format_version", 0)) +
-                       ", this build reads " + std::to_string(kFormatVersion));
-    s.step = meta.at("step").get<int64_t>();
-    s.sampler.seed = meta.at("sampler").at("seed").get<uint64_t>();
-    s.sampler.next_step = meta.at("sampler").at("next_step").get<int64_t>();
-    s.pp = meta.at("layout").at("pp").get<int>();
-    s.tp = meta.at("layout").at("tp").get<int>();
-    s.config_toml = meta.value("config", "");
-    if (s.pp != pp || s.tp != tp)
-      throw UsageError("checkpoint '" + dir + "' was written with pp=" + std::to_string(s.pp) + " tp=" +
-                       std::to_string(s.tp) + " but this run uses pp=" + std::to_string(pp) + " tp=" +
-                       std::to_string(tp) + "; resume with the same parallel.pp and parallel.tp");
-    return s;
-  } catch (const nlohmann::json::exception& e) {
-    throw UsageError("checkpoint file '" + file.string() + "' is corrupt: " + e.what());
-  }
-}
-
-void load_checkpoint_shard(const std::string& dir, const std::string& shard,
-                           const std::map<std::string, torch::Tensor>& parameters, torch::optim::Optimizer& optimizer) {
-  const fs::path d(dir);
-  const std::string weights = (d / ("model-" + shard + ".safetensors")).string();
-  const std::string optim = (d / ("optimizer-" + shard + ".pt")).string();
-  for (const auto& f : {weights, optim})
-    if (!fs::exists(f)) throw UsageError("checkpoint '" + dir + "' is incomplete: " + f + " is missing");
-  auto file = checkpoint::read_safetensors(weights);
-  for (const auto& [name, p] : parameters) {
-    auto it = file.tensors.find(name);
-    if (it == file.tensors.end())
-      throw UsageError("checkpoint file '" + weights + "' has no tensor '" + name + "': is it from another model?");
-    if (it->second.sizes() != p.sizes())
-      throw UsageError("checkpoint file '" + weights + "': tensor '" + name + "' has shape " +
-                       c10::str(it->second.sizes()) + " but the model needs " + c10::str(p.sizes()) +
-                       " (another model configuration?)");
-    auto sum = file.metadata.find("checksum." + name);
-    if (sum == file.metadata.end() || sum->second != checksum(it->second))
-      throw UsageError("checkpoint file '" + weights + "': tensor '" + name + "' does not match its checksum (corrupt)");
-  }
-  if (file.tensors.size() != parameters.size())
-    throw UsageError("checkpoint file '" + weights + "' has " + std::to_string(file.tensors.size()) +
-                     " tensors but the model has " + std::to_string(parameters.size()) + " (another model?)");
-  try {
-    torch::serialize::InputArchive archive;
-    archive.load_from(optim);
-    optimizer.load(archive);
-  } catch (const c10::Error& e) {
-    std::string what = e.what_without_backtrace();
-    throw UsageError("checkpoint file '" + optim + "' is corrupt or from another model: " +
-                     what.substr(0, what.find('\n')));
-  }
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, p] : parameters) const_cast<torch::Tensor&>(p).copy_(file.tensors[name]);
+std::string CheckpointWriter::commit() {
+  if (!pending_) return "";
+  if (thread_.joinable()) thread_.join();
+  pending_ = false;
+  // A failed write on any rank fails the save everywhere (the flag rides on the records exchange).
+  int failed = error_ ? 1 : 0;
+  at::Tensor flag = at::full({1}, failed, at::kInt);
+  world_.all_reduce(flag, comm::ReduceOp::Max)->wait();
+  if (error_) std::rethrow_exception(error_);
+  if (flag.item<int>() != 0)
+    throw Error("checkpoint of step " + std::to_string(step_) + " failed on another rank; the previous checkpoint is kept");
+  auto records = gather_records(world_, records_);
+  std::string dir;
+  if (world_.rank() == 0) dir = checkpoint::commit_checkpoint(run_dir_, step_, records, info_, keep_last_);
+  // Nobody runs ahead of a checkpoint being committed.
+  world_.barrier()->wait(comm::Millis(static_cast<int64_t>(std::max(600.0, timeout_s_) * 1000)));
+  return world_.rank() == 0 ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);
 }
 
 }  // namespace crosstrain::train

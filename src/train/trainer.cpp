@@ -24,6 +24,7 @@
 #include "crosstrain/parallel/grad_reducer.h"
 #include "crosstrain/parallel/mesh.h"
 #include "crosstrain/parallel/pipeline.h"
+#include "crosstrain/parallel/zero.h"
 #include "crosstrain/train/checkpoint.h"
 #include "crosstrain/train/schedule.h"
 
@@ -125,7 +126,14 @@ void validate(const Config& c, int world) {
   need(c.train.threads_per_rank >= 1, "train.threads_per_rank must be at least 1");
   need(c.run.log_every >= 1, "run.log_every must be at least 1");
   if (c.comm.compression != "none") comm::make_codec(c.comm.compression);  // throws on a bad spec
+  need(c.train.keep_checkpoints >= 0, "train.keep_checkpoints must be 0 (keep all) or more");
   Layout l = resolve_layout(c, world);
+  need(c.parallel.zero >= 0 && c.parallel.zero <= 3,
+       "parallel.zero = " + std::to_string(c.parallel.zero) + ": use 0 (plain data parallel), 1, 2 or 3");
+  need(c.parallel.zero < 3 || l.shape.pp == 1,
+       "parallel.zero = 3 gathers parameters layer by layer and needs parallel.pp = 1; use parallel.zero = 1 or 2 with pipelines");
+  need(c.parallel.zero == 0 || c.comm.compression == "none",
+       "comm.compression applies to plain data parallel; set parallel.zero = 0 or comm.compression = \"none\"");
   const int64_t dp = l.shape.dp;
   need(c.train.global_batch % (dp * l.microbatches) == 0,
        "train.global_batch = " + std::to_string(c.train.global_batch) + " is not divisible by " + std::to_string(dp) +
@@ -184,30 +192,65 @@ TrainResult Trainer::run(const TrainOptions& options) {
     chunks.emplace_back(c.model, spec, tp_ctx, full);
     for (const auto& [name, t] : chunks.back()->named_shards()) shards[name] = t;
   }
-  int64_t param_bytes = 0;  // this rank's shards
-  for (const auto& [name, t] : shards) param_bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  std::map<std::string, std::vector<int64_t>> global_shapes;  // for checkpoints: every parameter, unsplit
+  for (const auto& item : full->named_parameters()) global_shapes[item.key()] = item.value().sizes().vec();
   const bool sampling = leader && c.train.sample_tokens > 0 && pp == 1 && tp == 1;
   if (!sampling) full = models::GPT(nullptr);
 
-  std::vector<torch::Tensor> decay, no_decay, all_params;
-  for (auto& chunk : chunks)
-    for (auto& p : chunk->parameters()) {
-      (p.dim() >= 2 ? decay : no_decay).push_back(p);
-      all_params.push_back(p);
+  // The optimizer: torch's AdamW over whole replicas (plain data parallel, with the bucketed all-reduce), or
+  // ZeRO's sharded AdamW, which is its own gradient reducer.
+  const int zero_stage = static_cast<int>(c.parallel.zero);
+  std::unique_ptr<torch::optim::AdamW> adamw;
+  std::unique_ptr<parallel::BucketedAllReduce> bucketed;
+  std::unique_ptr<parallel::ZeroOptimizer> zero;
+  std::vector<std::vector<std::string>> unit_params;  // ZeRO: parameter names of each unit
+  if (zero_stage == 0) {
+    std::vector<torch::Tensor> decay, no_decay, all_params;
+    for (auto& chunk : chunks)
+      for (auto& p : chunk->parameters()) {
+        (p.dim() >= 2 ? decay : no_decay).push_back(p);
+        all_params.push_back(p);
+      }
+    auto options = [&](double wd) {
+      return std::make_unique<torch::optim::AdamWOptions>(
+          torch::optim::AdamWOptions(c.train.lr).betas({c.train.beta1, c.train.beta2}).eps(c.train.eps).weight_decay(wd));
+    };
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(decay, options(c.train.weight_decay));
+    if (!no_decay.empty()) groups.emplace_back(no_decay, options(0.0));
+    adamw = std::make_unique<torch::optim::AdamW>(groups, torch::optim::AdamWOptions(c.train.lr));
+    parallel::BucketConfig buckets;
+    buckets.bucket_bytes = static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20));
+    buckets.compression = c.comm.compression;
+    bucketed = std::make_unique<parallel::BucketedAllReduce>(all_params, mesh.group(Axis::DP), buckets);
+  } else {
+    std::vector<std::vector<parallel::ZeroParam>> units;
+    for (auto& chunk : chunks)
+      for (const auto& names : chunk->unit_names()) {
+        unit_params.push_back(names);
+        units.emplace_back();
+        for (const auto& name : names) units.back().push_back({shards.at(name), shards.at(name).dim() >= 2});
+      }
+    parallel::ZeroConfig zc;
+    zc.stage = zero_stage;
+    zc.adam = {c.train.lr, c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
+    zero = std::make_unique<parallel::ZeroOptimizer>(std::move(units), mesh.group(Axis::DP), zc);
+    if (zero_stage == 3) chunks[0]->set_unit_hooks(zero.get());
+  }
+  parallel::GradReducer& reducer = zero ? static_cast<parallel::GradReducer&>(*zero) : *bucketed;
+  // Bytes of model state this rank holds: parameters, gradients, optimizer state.
+  auto model_state_bytes = [&]() {
+    if (zero) return zero->memory();
+    parallel::ModelStateBytes m;
+    for (const auto& [name, t] : shards) m.parameters += t.numel() * static_cast<int64_t>(t.element_size());
+    m.gradients = reducer.stats().bytes;
+    for (const auto& [key, st] : adamw->state()) {
+      auto& a = static_cast<torch::optim::AdamWParamState&>(*st);
+      for (const auto& t : {a.exp_avg(), a.exp_avg_sq()})
+        if (t.defined()) m.optimizer += t.numel() * static_cast<int64_t>(t.element_size());
     }
-  auto adamw = [&](double wd) {
-    return std::make_unique<torch::optim::AdamWOptions>(
-        torch::optim::AdamWOptions(c.train.lr).betas({c.train.beta1, c.train.beta2}).eps(c.train.eps).weight_decay(wd));
+    return m;
   };
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  groups.emplace_back(decay, adamw(c.train.weight_decay));
-  if (!no_decay.empty()) groups.emplace_back(no_decay, adamw(0.0));
-  torch::optim::AdamW optimizer(groups, torch::optim::AdamWOptions(c.train.lr));
-
-  parallel::BucketConfig buckets;
-  buckets.bucket_bytes = static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20));
-  buckets.compression = c.comm.compression;
-  parallel::BucketedAllReduce reducer(all_params, mesh.group(Axis::DP), buckets);
   std::vector<torch::Tensor> partial_grads;  // sequence parallel: summed over the tensor-parallel group
   for (auto& chunk : chunks)
     for (auto& p : chunk->partial_gradient_parameters()) partial_grads.push_back(p);
@@ -272,19 +315,38 @@ TrainResult Trainer::run(const TrainOptions& options) {
     return dp > 1 ? reducer.side_value(0) : loss;
   };
 
-  if (!options.resume && latest_checkpoint(c.run.dir))
+  ModelStateRefs state_refs;
+  state_refs.parameters = &shards;
+  state_refs.global_shapes = global_shapes;
+  state_refs.adamw = adamw.get();
+  state_refs.zero = zero.get();
+  state_refs.split = [&](const std::string& name, const at::Tensor& whole, int rank, int size) {
+    return models::shard_of(name, whole, c.model, rank, size);
+  };
+  state_refs.tp_rank = tp_index;
+  state_refs.tp_size = tp;
+  state_refs.dp_rank = dp_index;
+  state_refs.dp_size = dp;
+  CheckpointWriter checkpoints(world, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
+                               c.comm.timeout_s);
+
+  if (!options.resume && checkpoint::latest_checkpoint(c.run.dir))
     throw UsageError("run.dir '" + c.run.dir + "' already holds checkpoints of an earlier run; continue it with " +
                      "--resume, or choose another run.dir (nothing was changed)");
   // Resume: every rank loads its own shard of the newest checkpoint.
   int64_t start_step = 1;
   if (options.resume) {
-    auto latest = latest_checkpoint(c.run.dir);
+    auto latest = checkpoint::latest_checkpoint(c.run.dir);
     if (!latest) throw UsageError("--resume: no checkpoint in '" + c.run.dir + "/checkpoints'");
-    CheckpointState st = read_checkpoint_state(*latest, pp, tp);
-    load_checkpoint_shard(*latest, shard_name(pp_index, tp_index), shards, optimizer);
+    // Any layout loads any checkpoint: each rank rebuilds the tensors it needs and takes its part.
+    checkpoint::CheckpointReader reader(*latest);
+    CheckpointState st = state_from_info(reader);
+    load_model_state(reader, state_refs, reader.info().value("optimizer_step", st.step));
     sampler.restore(st.sampler);
     start_step = st.step + 1;
-    if (talk) std::printf("resumed from %s (step %lld)\n", latest->c_str(), static_cast<long long>(st.step));
+    if (talk)
+      std::printf("resumed from %s (step %lld, saved with dp=%d pp=%d tp=%d zero=%d)\n", latest->c_str(),
+                  static_cast<long long>(st.step), st.dp, st.pp, st.tp, st.zero);
   }
   reducer.zero_grad();
 
@@ -312,9 +374,12 @@ TrainResult Trainer::run(const TrainOptions& options) {
                           std::to_string(M) + " micro-batches").c_str()
                        : "",
                 splits.description.c_str());
-    std::printf("  %lld steps x %lld sequences x %lld tokens; %d gradient buckets; run dir %s\n",
-                static_cast<long long>(c.train.steps), static_cast<long long>(c.train.global_batch),
-                static_cast<long long>(c.model.block_size), reducer.bucket_count(), c.run.dir.c_str());
+    const std::string sync = zero ? "ZeRO-" + std::to_string(zero_stage) + " over " + std::to_string(dp) +
+                                        " data-parallel ranks, " + std::to_string(zero->unit_count()) + " units"
+                                  : std::to_string(bucketed->bucket_count()) + " gradient buckets";
+    std::printf("  %lld steps x %lld sequences x %lld tokens; %s; run dir %s\n", static_cast<long long>(c.train.steps),
+                static_cast<long long>(c.train.global_batch), static_cast<long long>(c.model.block_size), sync.c_str(),
+                c.run.dir.c_str());
     std::fflush(stdout);
   }
 
@@ -339,21 +404,35 @@ TrainResult Trainer::run(const TrainOptions& options) {
     world.set_step(step);
     const auto t0 = Clock::now();
     const double lr = learning_rate(step, c.train.warmup_steps, c.train.steps, c.train.lr, c.train.min_lr);
-    for (auto& group : optimizer.param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
+    if (adamw)
+      for (auto& group : adamw->param_groups()) static_cast<torch::optim::AdamWOptions&>(group.options()).lr(lr);
     // Dropout masks depend on (seed, rank, step) only, so a resumed run draws the same ones.
     torch::manual_seed(c.run.seed * 1000003ULL + static_cast<uint64_t>(world.rank()) * 7919ULL + static_cast<uint64_t>(step));
 
     load_batches(splits.train, [&](int64_t m) { return sampler.local_offsets(step, static_cast<int>(m)); });
     const double loss = run_pipeline_or_loop(true);
     if (pipeline) reducer.synchronize();
-    for (auto& p : partial_grads) {
-      at::Tensor g = p.grad().contiguous();
-      mesh.group(Axis::TP)->all_reduce(g, comm::ReduceOp::Sum)->wait();
-      p.mutable_grad().copy_(g);
+    if (zero && !partial_grads.empty()) {
+      zero->all_reduce_owned_gradients(
+          [&](int u, size_t i) { return chunks[0]->is_replicated(unit_params[u][i]); }, *mesh.group(Axis::TP));
+    } else {
+      for (auto& p : partial_grads) {
+        at::Tensor g = p.grad().contiguous();
+        mesh.group(Axis::TP)->all_reduce(g, comm::ReduceOp::Sum)->wait();
+        p.mutable_grad().copy_(g);
+      }
     }
     // Gradient norm of the whole model: each rank adds its shards (replicated ones once per stage).
     double grad_norm = 0;
-    if (pp == 1 && tp == 1) {
+    if (zero) {
+      // Data-parallel ranks own disjoint slices: the sum over the world counts every element once.
+      at::Tensor sq = at::full({1}, zero->owned_squared_norm([&](int u, size_t i) {
+                                 return tp_index == 0 || !chunks[0]->is_replicated(unit_params[u][i]);
+                               }),
+                               at::kDouble);
+      world.all_reduce(sq, comm::ReduceOp::Sum)->wait();
+      grad_norm = std::sqrt(sq.item<double>());
+    } else if (pp == 1 && tp == 1) {
       grad_norm = reducer.gradient_norm();
     } else {
       double sq = 0;
@@ -364,9 +443,12 @@ TrainResult Trainer::run(const TrainOptions& options) {
     }
     if (c.train.grad_clip > 0 && grad_norm > c.train.grad_clip)
       reducer.scale_gradients(c.train.grad_clip / (grad_norm + 1e-6));
-    if (options.keep_parameters && step == c.train.steps)
+    if (options.keep_parameters && step == c.train.steps && !zero)
       for (const auto& [name, t] : shards) result.gradients[name] = t.grad().clone();
-    optimizer.step();
+    if (zero)
+      zero->step(lr);
+    else
+      adamw->step();
     reducer.zero_grad();
     sampler.mark_done(step);
 
@@ -388,6 +470,23 @@ TrainResult Trainer::run(const TrainOptions& options) {
     if (c.train.eval_every > 0 && (step % c.train.eval_every == 0 || step == c.train.steps) && c.data.val_fraction > 0)
       val_loss = result.val_loss = evaluate();
 
+    // Checkpoints: a save on schedule and at the end; an asynchronous one is committed a step later, when its
+    // files have had a step's time to be written. checkpoint_s is the time this step spent on them.
+    const auto checkpoint_start = Clock::now();
+    std::string saved;
+    if (checkpoints.pending()) saved = checkpoints.commit();
+    const bool last = step == c.train.steps;
+    if ((c.train.checkpoint_every > 0 && step % c.train.checkpoint_every == 0) || last) {
+      int64_t optimizer_step = 0;
+      auto pieces = snapshot_pieces(state_refs, &optimizer_step);
+      nlohmann::json info = state_to_info(CheckpointState{step, sampler.state(), config_toml, dp, pp, tp, zero_stage});
+      info["optimizer_step"] = optimizer_step;
+      checkpoints.save(step, std::move(pieces), std::move(info));
+      if (last || !c.train.async_checkpoint) saved = checkpoints.commit();
+    }
+    if (!saved.empty() && talk && !options.progress_bar) std::printf("saved checkpoint %s\n", saved.c_str());
+    const double checkpoint_s = seconds_since(checkpoint_start);
+
     if (leader) {
       const double mfu = c.model.flops_per_token() * rec.tokens_per_s / (peak * world.size());
       nlohmann::json row = {{"step", step},
@@ -401,11 +500,17 @@ TrainResult Trainer::run(const TrainOptions& options) {
                             {"exposed_comm_time_s", rec.exposed_comm_time_s},
                             {"tokens", static_cast<double>(step) * tokens_per_step},
                             {"peak_rss_bytes", obs::peak_rss_bytes()},
-                            {"param_bytes", param_bytes},
+                            {"checkpoint_s", checkpoint_s},
                             {"comm_bytes", reducer.stats().bytes_sent},
                             {"comm_bytes_uncompressed", reducer.stats().bytes_uncompressed},
                             {"time_s", seconds_since(run_start)}};
       if (val_loss >= 0) row["val_loss"] = val_loss;
+      const parallel::ModelStateBytes bytes = model_state_bytes();
+      row["param_bytes"] = bytes.parameters;
+      row["grad_bytes"] = bytes.gradients;
+      row["optimizer_bytes"] = bytes.optimizer;
+      row["model_state_bytes"] = bytes.total();
+      if (zero_stage == 3) row["gathered_peak_bytes"] = bytes.gathered_peak;
       if (pipeline) {
         // The pipeline's timeline of this rank: compute time over step time shows the bubble.
         double busy = 0;
@@ -435,23 +540,12 @@ TrainResult Trainer::run(const TrainOptions& options) {
         std::fflush(stdout);
       }
     }
-    const bool last = step == c.train.steps;
-    if ((c.train.checkpoint_every > 0 && step % c.train.checkpoint_every == 0) || last) {
-      // Every shard is written by its data-parallel rank 0; rank 0 commits once all are on disk.
-      if (dp_index == 0) write_checkpoint_shard(c.run.dir, step, shard_name(pp_index, tp_index), shards, optimizer);
-      world.barrier()->wait(comm::Millis(static_cast<int64_t>(std::max(600.0, c.comm.timeout_s) * 1000)));
-      if (leader) {
-        CheckpointState st{step, sampler.state(), config_toml, pp, tp};
-        auto dir = commit_checkpoint(c.run.dir, st);
-        if (talk && !options.progress_bar) std::printf("saved checkpoint %s\n", dir.c_str());
-      }
-      world.barrier()->wait();  // nobody runs ahead of a checkpoint being committed
-    }
   }
   if (talk) {
     std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(c.train.steps - start_step + 1),
                 seconds_since(run_start));
   }
+  if (zero) zero->gather_all_parameters();  // stage 3: the parameters are read below
   if (sampling) {
     {
       torch::NoGradGuard no_grad;

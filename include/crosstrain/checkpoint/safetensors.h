@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <fstream>
 #include <map>
 #include <string>
 #include <vector>
@@ -22,6 +23,29 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
 struct SafetensorsFile {
   std::map<std::string, at::Tensor> tensors;
   std::map<std::string, std::string> metadata;
+};
+
+// Reads the header (validated: dtypes, shapes, offsets inside the file) and then only the tensors asked for.
+// Throws UsageError naming the file and the problem when it is missing, truncated or malformed.
+class SafetensorsReader {
+ public:
+  explicit SafetensorsReader(const std::string& path);
+  std::vector<std::string> names() const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  at::Tensor read(const std::string& name);
+
+ private:
+  struct Entry {
+    at::ScalarType dtype = at::kFloat;
+    std::vector<int64_t> shape;
+    int64_t offset = 0, bytes = 0;
+  };
+  std::string path_;
+  std::ifstream in_;
+  int64_t data_start_ = 0;
+  std::map<std::string, Entry> entries_;
+  std::map<std::string, std::string> metadata_;
 };
 
 // Reads and validates (header, dtypes, shapes, offsets inside the file). Throws UsageError naming the file

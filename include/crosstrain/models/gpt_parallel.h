@@ -17,6 +17,7 @@
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/models/gpt.h"
 #include "crosstrain/parallel/tp_layers.h"
+#include "crosstrain/parallel/zero.h"
 
 namespace crosstrain::models {
 
@@ -70,9 +71,17 @@ class GPTStageImpl : public torch::nn::Module {
   // Whether a parameter is replicated over the tensor-parallel group (count it once in a gradient norm).
   bool is_replicated(const std::string& name) const;
 
+  // The stage's parameters grouped the way ZeRO-3 gathers them, in forward order: the embedding, each block,
+  // the head (plain names).
+  std::vector<std::vector<std::string>> unit_names() const;
+  // Called around each unit's forward (null: none). Not owned.
+  void set_unit_hooks(parallel::UnitHooks* hooks) { hooks_ = hooks; }
+
  private:
   torch::Tensor attention(int64_t layer, const torch::Tensor& x);
   torch::Tensor mlp(int64_t layer, const torch::Tensor& x);
+  // Final LayerNorm, head and loss.
+  torch::Tensor head(const torch::Tensor& hidden, const torch::Tensor& targets);
   torch::Tensor& p(const std::string& name);
 
   GPTConfig config_;
@@ -80,6 +89,7 @@ class GPTStageImpl : public torch::nn::Module {
   TensorParallelContext tp_;
   std::map<std::string, torch::Tensor> params_;
   torch::Tensor causal_mask_;  // [block_size, block_size], true above the diagonal; built once
+  parallel::UnitHooks* hooks_ = nullptr;
 };
 TORCH_MODULE(GPTStage);
 

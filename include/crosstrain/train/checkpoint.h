@@ -1,18 +1,25 @@
-// Checkpoints: RUN_DIR/checkpoints/step_NNNNNNNN/ holding, for every model-parallel shard (pipeline stage x
-// tensor-parallel rank), model-ppP-tpT.safetensors (plain parameter names, per-tensor checksums in the
-// metadata) and optimizer-ppP-tpT.pt, plus state.json (step, data position, layout, config).
-// Writers put their files into step_N.tmp/; after a barrier rank 0 writes state.json, syncs and renames the
-// directory: a checkpoint is complete or absent. Loading needs the same pp x tp layout (resharding comes with
-// the distributed-checkpoint work).
+// The trainer's side of distributed checkpoints (checkpoint/distributed.h has the format): which pieces of the
+// parameters and optimizer state a rank saves, how a rank of any layout loads its part back, and a writer that
+// can write on a background thread while training continues.
+//
+// Who writes what: a parameter replicated over the tensor-parallel group is written by tp rank 0 only; each
+// data-parallel rank writes 1/dp of every tensor (plain data parallel: an even split of each tensor; ZeRO:
+// exactly the slices it owns), so all ranks write in parallel and nothing is written twice.
 #pragma once
 
 #include <torch/torch.h>
 
+#include <exception>
 #include <map>
-#include <optional>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <vector>
 
+#include "crosstrain/checkpoint/distributed.h"
+#include "crosstrain/comm/communicator.h"
 #include "crosstrain/data/sampler.h"
+#include "crosstrain/parallel/zero.h"
 
 namespace crosstrain::train {
 
@@ -20,23 +27,59 @@ struct CheckpointState {
   int64_t step = 0;  // last completed step
   data::SamplerState sampler;
   std::string config_toml;
-  int pp = 1, tp = 1;
+  int dp = 1, pp = 1, tp = 1, zero = 0;
 };
 
-std::string shard_name(int pp_index, int tp_index);
+nlohmann::json state_to_info(const CheckpointState& state);
+// Throws UsageError naming the manifest when fields are missing.
+CheckpointState state_from_info(const checkpoint::CheckpointReader& reader);
 
-// Phase 1, on every shard writer (data-parallel index 0): writes into the temporary directory.
-void write_checkpoint_shard(const std::string& run_dir, int64_t step, const std::string& shard,
-                            const std::map<std::string, torch::Tensor>& parameters, torch::optim::Optimizer& optimizer);
-// Phase 2, on one rank after every shard is written: state.json, sync, rename. Returns the final directory.
-std::string commit_checkpoint(const std::string& run_dir, const CheckpointState& state);
-// The newest complete checkpoint of a run, if any.
-std::optional<std::string> latest_checkpoint(const std::string& run_dir);
-// Reads state.json and checks the layout. Throws UsageError naming the file.
-CheckpointState read_checkpoint_state(const std::string& dir, int pp, int tp);
-// Loads one shard into `parameters` and `optimizer`. Throws UsageError naming the file when it is missing,
-// truncated, corrupt or from another model.
-void load_checkpoint_shard(const std::string& dir, const std::string& shard,
-                           const std::map<std::string, torch::Tensor>& parameters, torch::optim::Optimizer& optimizer);
+// One rank's model state, as checkpoints see it (nothing owned).
+struct ModelStateRefs {
+  const std::map<std::string, torch::Tensor>* parameters = nullptr;  // this rank's (tensor-parallel) shards by name
+  std::map<std::string, std::vector<int64_t>> global_shapes;         // every parameter of the model, unsplit
+  torch::optim::AdamW* adamw = nullptr;                              // plain data parallel
+  parallel::ZeroOptimizer* zero = nullptr;                           // or ZeRO
+  checkpoint::SplitFn split;
+  int tp_rank = 0, tp_size = 1, dp_rank = 0, dp_size = 1;
+};
+
+// A copy of the pieces this rank writes (parameters, "#exp_avg", "#exp_avg_sq") and the optimizer step count.
+std::vector<checkpoint::Piece> snapshot_pieces(const ModelStateRefs& state, int64_t* optimizer_step);
+
+// Checks that the checkpoint holds every tensor this rank needs with the right global shape (otherwise a
+// UsageError saying it is from another model), then loads parameters and optimizer state. Nothing is
+// modified unless every check passes.
+void load_model_state(checkpoint::CheckpointReader& reader, const ModelStateRefs& state, int64_t optimizer_step);
+
+// Saves collectively: every rank hands over its pieces; with `async` they are written by a background thread
+// while training continues and committed (manifest + rename, by rank 0) at the next commit() call.
+class CheckpointWriter {
+ public:
+  CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async, double timeout_s);
+  ~CheckpointWriter();
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  // Collective. Commits a pending save first.
+  void save(int64_t step, std::vector<checkpoint::Piece> pieces, nlohmann::json info);
+  bool pending() const { return pending_; }
+  // Collective: waits for this rank's files, gathers every rank's piece records, rank 0 writes the manifest
+  // and renames; then a barrier. Returns the committed directory. No-op without a pending save.
+  std::string commit();
+
+ private:
+  comm::Communicator& world_;
+  std::string run_dir_;
+  int keep_last_;
+  bool async_;
+  double timeout_s_;
+  bool pending_ = false;
+  int64_t step_ = 0;
+  nlohmann::json info_;
+  std::thread thread_;
+  std::vector<checkpoint::PieceRecord> records_;
+  std::exception_ptr error_;
+};
 
 }  // namespace crosstrain::train

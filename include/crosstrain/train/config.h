@@ -35,6 +35,8 @@ struct TrainConfig {
   int64_t eval_every = 50;        // 0 disables validation
   int64_t eval_batches = 4;
   int64_t checkpoint_every = 0;   // 0: only at the end
+  int64_t keep_checkpoints = 3;   // the newest K complete checkpoints are kept; 0 keeps all
+  bool async_checkpoint = false;  // write checkpoints on a background thread while training continues
   int64_t sample_tokens = 200;    // generated at the end by rank 0; 0 disables
   double peak_flops_per_rank = 0; // for MFU; 0 measures a single-thread matmul at start
   int64_t threads_per_rank = 1;
@@ -50,6 +52,7 @@ struct ParallelConfig {
   int64_t chunks = 0;             // model chunks per stage (interleaved); 0: 2 for interleaved, else 1
   std::string stage_layers;       // blocks per virtual stage, e.g. "3,3,2"; empty: balanced by cost
   double bucket_mb = 1.0;         // gradient all-reduce bucket size
+  int64_t zero = 0;               // ZeRO stage over the dp axis: 0 plain, 1 optimizer state, 2 + gradients, 3 + parameters
 };
 
 struct CommSectionConfig {

@@ -1,0 +1,327 @@
+#include "crosstrain/checkpoint/distributed.h"
+
+#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "crosstrain/checkpoint/safetensors.h"
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::checkpoint {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr int kFormatVersion = 3;
+constexpr const char* kManifest = "manifest.json";
+
+void fsync_path(const fs::path& p) {
+  int fd = open(p.c_str(), O_RDONLY);
+  if (fd >= 0) {
+    fsync(fd);
+    close(fd);
+  }
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    default: return c10::toString(t);
+  }
+}
+
+int64_t numel_of(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+}  // namespace
+
+std::string checksum_of(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  const auto* p = static_cast<const unsigned char*>(c.data_ptr());
+  uint64_t h = 1469598103934665603ULL;
+  for (int64_t i = 0, n = c.numel() * static_cast<int64_t>(c.element_size()); i < n; ++i) {
+    h ^= p[i];
+    h *= 1099511628211ULL;
+  }
+  std::ostringstream out;
+  out << std::hex << std::setw(16) << std::setfill('0') << h;
+  return out.str();
+}
+
+nlohmann::json records_to_json(const std::vector<PieceRecord>& records) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const auto& r : records)
+    out.push_back({{"file", r.file}, {"key", r.key}, {"tensor", r.tensor}, {"param", r.param}, {"dtype", r.dtype},
+                   {"checksum", r.checksum}, {"global_shape", r.global_shape}, {"shard_shape", r.shard_shape},
+                   {"tp_rank", r.tp_rank}, {"tp_size", r.tp_size}, {"offset", r.offset}, {"numel", r.numel}});
+  return out;
+}
+
+std::vector<PieceRecord> records_from_json(const nlohmann::json& j) {
+  std::vector<PieceRecord> out;
+  for (const auto& e : j) {
+    PieceRecord r;
+    r.file = e.at("file").get<std::string>();
+    r.key = e.at("key").get<std::string>();
+    r.tensor = e.at("tensor").get<std::string>();
+    r.param = e.at("param").get<std::string>();
+    r.dtype = e.at("dtype").get<std::string>();
+    r.checksum = e.at("checksum").get<std::string>();
+    r.global_shape = e.at("global_shape").get<std::vector<int64_t>>();
+    r.shard_shape = e.at("shard_shape").get<std::vector<int64_t>>();
+    r.tp_rank = e.at("tp_rank").get<int>();
+    r.tp_size = e.at("tp_size").get<int>();
+    r.offset = e.at("offset").get<int64_t>();
+    r.numel = e.at("numel").get<int64_t>();
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::string step_dir_name(int64_t step) {
+  std::ostringstream out;
+  out << "step_" << std::setw(8) << std::setfill('0') << step;
+  return out.str();
+}
+
+std::string temp_checkpoint_dir(const std::string& run_dir, int64_t step) {
+  return (fs::path(run_dir) / "checkpoints" / (step_dir_name(step) + ".tmp")).string();
+}
+
+std::string final_checkpoint_dir(const std::string& run_dir, int64_t step) {
+  return (fs::path(run_dir) / "checkpoints" / step_dir_name(step)).string();
+}
+
+std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces) {
+  std::vector<PieceRecord> records;
+  if (pieces.empty()) return records;
+  // Fault injection for the crash-during-save tests: a slow disk.
+  if (const char* delay = std::getenv("CROSSTRAIN_FAULT_SAVE_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+  std::ostringstream file;
+  file << "rank-" << std::setw(5) << std::setfill('0') << rank << ".safetensors";
+  std::vector<NamedTensor> tensors;
+  std::map<std::string, std::string> metadata{{"format", "crosstrain-pieces"}};
+  for (const auto& p : pieces) {
+    PieceRecord r;
+    r.file = file.str();
+    r.key = p.tensor + "@tp" + std::to_string(p.tp_rank) + "@" + std::to_string(p.offset);
+    r.tensor = p.tensor;
+    r.param = p.param;
+    r.dtype = dtype_name(p.data.scalar_type());
+    r.checksum = checksum_of(p.data);
+    r.global_shape = p.global_shape;
+    r.shard_shape = p.shard_shape;
+    r.tp_rank = p.tp_rank;
+    r.tp_size = p.tp_size;
+    r.offset = p.offset;
+    r.numel = p.data.numel();
+    metadata["checksum." + r.key] = r.checksum;
+    tensors.push_back({r.key, p.data.reshape(-1)});
+    records.push_back(std::move(r));
+  }
+  fs::create_directories(tmp_dir);
+  const fs::path path = fs::path(tmp_dir) / file.str();
+  write_safetensors(path.string(), tensors, metadata);
+  fsync_path(path);
+  return records;
+}
+
+std::string commit_checkpoint(const std::string& run_dir, int64_t step, const std::vector<PieceRecord>& records,
+                              const nlohmann::json& info, int keep_last) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  const fs::path tmp = temp_checkpoint_dir(run_dir, step);
+  const fs::path final_dir = final_checkpoint_dir(run_dir, step);
+  fs::create_directories(tmp);
+  // Files of an earlier, interrupted attempt at this step (another layout) are not part of this checkpoint.
+  std::set<std::string> used;
+  for (const auto& r : records) used.insert(r.file);
+  for (const auto& entry : fs::directory_iterator(tmp))
+    if (!used.count(entry.path().filename().string())) fs::remove_all(entry.path());
+  nlohmann::json manifest = {{"format", "crosstrain-distributed-checkpoint"},
+                             {"format_version", kFormatVersion},
+                             {"step", step},
+                             {"info", info},
+                             {"pieces", records_to_json(records)}};
+  {
+    std::ofstream out(tmp / kManifest);
+    out << manifest.dump(1) << "\n";
+    out.flush();
+    if (!out) throw Error("cannot write the checkpoint manifest in '" + tmp.string() + "'");
+  }
+  fsync_path(tmp / kManifest);
+  fsync_path(tmp);
+  // The rename is the commit point: before it the checkpoint is invisible, after it complete.
+  fs::remove_all(final_dir);
+  fs::rename(tmp, final_dir);
+  fsync_path(root);
+  if (keep_last > 0) {
+    std::vector<fs::path> complete;
+    for (const auto& entry : fs::directory_iterator(root)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos)
+        complete.push_back(entry.path());
+    }
+    std::sort(complete.begin(), complete.end());
+    for (size_t i = 0; i + keep_last < complete.size(); ++i) fs::remove_all(complete[i]);
+  }
+  return final_dir.string();
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::error_code ec;
+  if (!fs::is_directory(root, ec)) return std::nullopt;
+  std::optional<std::string> best;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (!entry.is_directory() || name.rfind("step_", 0) != 0 || name.find('.') != std::string::npos) continue;
+    if (!best || name > fs::path(*best).filename().string()) best = entry.path().string();
+  }
+  return best;
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / kManifest, ec)) return path;
+  if (auto latest = latest_checkpoint(path)) return *latest;
+  if (!fs::exists(path, ec)) throw UsageError("checkpoint '" + path + "' does not exist");
+  throw UsageError("'" + path + "' is neither a checkpoint (no " + kManifest + ") nor a run directory with checkpoints");
+}
+
+struct CheckpointReader::Reader {
+  explicit Reader(const std::string& path) : file(path) {}
+  SafetensorsReader file;
+};
+
+CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
+  const fs::path file = fs::path(dir) / kManifest;
+  std::error_code ec;
+  if (!fs::exists(file, ec)) {
+    if (fs::exists(fs::path(dir) / "state.json", ec))
+      throw UsageError("checkpoint '" + dir + "' has the older per-shard format (state.json); this build reads "
+                       "distributed checkpoints (manifest.json) only");
+    throw UsageError("checkpoint '" + dir + "' is incomplete: " + file.string() + " is missing");
+  }
+  try {
+    std::ifstream in(file);
+    nlohmann::json m = nlohmann::json::parse(in);
+    if (m.value("format", "") != "crosstrain-distributed-checkpoint")
+      throw UsageError("'" + file.string() + "' is not a crosstrain checkpoint manifest");
+    if (m.value("format_version", 0) != kFormatVersion)
+      throw UsageError("checkpoint manifest '" + file.string() + "' has format version " +
+                       std::to_string(m.value("format_version", 0)) + ", this build reads " + std::to_string(kFormatVersion));
+    step_ = m.at("step").get<int64_t>();
+    info_ = m.at("info");
+    for (auto& r : records_from_json(m.at("pieces"))) tensors_[r.tensor].push_back(std::move(r));
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError("checkpoint manifest '" + file.string() + "' is corrupt: " + e.what());
+  }
+  for (const auto& f : files())
+    if (!fs::exists(fs::path(dir) / f, ec))
+      throw UsageError("checkpoint '" + dir + "' is incomplete: " + (fs::path(dir) / f).string() + " is missing");
+}
+
+CheckpointReader::~CheckpointReader() = default;
+
+std::vector<std::string> CheckpointReader::tensors() const {
+  std::vector<std::string> out;
+  for (const auto& [name, pieces] : tensors_) out.push_back(name);
+  return out;
+}
+
+std::vector<int64_t> CheckpointReader::global_shape(const std::string& tensor) const {
+  return tensors_.at(tensor).front().global_shape;
+}
+
+std::string CheckpointReader::dtype(const std::string& tensor) const { return tensors_.at(tensor).front().dtype; }
+
+std::string CheckpointReader::describe(const std::string& tensor) const {
+  const auto& pieces = tensors_.at(tensor);
+  return "tp=" + std::to_string(pieces.front().tp_size) + ", " + std::to_string(pieces.size()) + " piece" +
+         (pieces.size() == 1 ? "" : "s");
+}
+
+std::vector<std::string> CheckpointReader::files() const {
+  std::set<std::string> names;
+  for (const auto& [t, pieces] : tensors_)
+    for (const auto& p : pieces) names.insert(p.file);
+  return {names.begin(), names.end()};
+}
+
+int64_t CheckpointReader::stored_bytes() const {
+  int64_t bytes = 0;
+  std::error_code ec;
+  for (const auto& f : files()) bytes += static_cast<int64_t>(fs::file_size(fs::path(dir_) / f, ec));
+  return bytes;
+}
+
+at::Tensor CheckpointReader::read_full(const std::string& tensor, const SplitFn& split) {
+  auto it = tensors_.find(tensor);
+  if (it == tensors_.end()) throw UsageError("checkpoint '" + dir_ + "' has no tensor '" + tensor + "'");
+  const auto& pieces = it->second;
+  const PieceRecord& first = pieces.front();
+  const int tp_size = first.tp_size;
+  const int64_t shard_numel = numel_of(first.shard_shape);
+  const fs::path manifest = fs::path(dir_) / kManifest;
+  // Each tensor-parallel shard, flat, from its pieces; every element exactly once.
+  std::vector<at::Tensor> shards(tp_size);
+  std::vector<int64_t> covered(tp_size, 0);
+  for (const auto& p : pieces) {
+    if (p.tp_size != tp_size || p.tp_rank < 0 || p.tp_rank >= tp_size || p.offset < 0 || p.offset + p.numel > shard_numel)
+      throw UsageError("checkpoint manifest '" + manifest.string() + "': a piece of '" + tensor + "' is out of range");
+    auto& reader = open_[p.file];
+    if (!reader) reader = std::make_unique<Reader>((fs::path(dir_) / p.file).string());
+    if (!reader->file.has(p.key))
+      throw UsageError("checkpoint file '" + (fs::path(dir_) / p.file).string() + "' lacks '" + p.key +
+                       "' listed in the manifest (from another checkpoint?)");
+    at::Tensor data = reader->file.read(p.key).reshape(-1);
+    if (data.numel() != p.numel || checksum_of(data) != p.checksum)
+      throw UsageError("checkpoint file '" + (fs::path(dir_) / p.file).string() + "': '" + p.key +
+                       "' does not match its checksum in the manifest (corrupt)");
+    at::Tensor& shard = shards[p.tp_rank];
+    if (!shard.defined()) shard = at::empty({shard_numel}, data.options());
+    shard.narrow(0, p.offset, p.numel).copy_(data);
+    covered[p.tp_rank] += p.numel;
+  }
+  for (int t = 0; t < tp_size; ++t)
+    if (covered[t] != shard_numel)
+      throw UsageError("checkpoint '" + dir_ + "' is incomplete: tensor-parallel shard " + std::to_string(t) + " of '" +
+                       tensor + "' has " + std::to_string(covered[t]) + " of " + std::to_string(shard_numel) + " elements");
+  if (tp_size == 1) return shards[0].view(first.global_shape);
+  // Invert the split: where each shard's elements sit in the full tensor.
+  at::Tensor index = at::arange(numel_of(first.global_shape), at::kLong).view(first.global_shape);
+  at::Tensor full = at::empty({numel_of(first.global_shape)}, shards[0].options());
+  for (int t = 0; t < tp_size; ++t) {
+    at::Tensor where = split(first.param, index, t, tp_size).reshape(-1);
+    if (where.numel() != shard_numel)
+      throw UsageError("checkpoint '" + dir_ + "': '" + tensor + "' was split into shards of " + shape_text(first.shard_shape) +
+                       ", which does not match this model's split (another model?)");
+    full.index_copy_(0, where, shards[t]);
+  }
+  return full.view(first.global_shape);
+}
+
+}  // namespace crosstrain::checkpoint

@@ -7,6 +7,7 @@
 
 #include "bench_comm.h"
 #include "bench_pipeline.h"
+#include "ckpt_cmd.h"
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
@@ -82,13 +83,25 @@ int main(int argc, char** argv) {
   auto* demo = app.add_subcommand("demo", "a short tour of the collectives on local ranks");
   demo->add_option("--nproc", demo_nproc, "ranks to start")->check(CLI::PositiveNumber);
 
+  std::string ckpt_path, ckpt_out;
+  bool ckpt_tensors = false, ckpt_optimizer = false;
+  auto* ckpt = app.add_subcommand("ckpt", "inspect and export distributed checkpoints");
+  ckpt->require_subcommand(1);
+  auto* ckpt_info = ckpt->add_subcommand("info", "summary of a checkpoint (or of a run directory's newest)");
+  ckpt_info->add_option("path", ckpt_path, "checkpoint or run directory")->required();
+  ckpt_info->add_flag("--tensors", ckpt_tensors, "list every tensor with its shape and how it is stored");
+  auto* ckpt_export = ckpt->add_subcommand("export", "write one consolidated safetensors file with plain names");
+  ckpt_export->add_option("path", ckpt_path, "checkpoint or run directory")->required();
+  ckpt_export->add_option("output", ckpt_out, "output .safetensors file")->required();
+  ckpt_export->add_flag("--optimizer", ckpt_optimizer, "also export the Adam moments");
+
   auto is_command = [&](const std::string& name) {
     for (const auto* sub : app.get_subcommands({}))
       if (sub->check_name(name)) return true;
     return false;
   };
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(args[0])) {
-    std::cerr << "crosstrain: unknown command '" << args[0] << "'; the commands are train, run, bench, demo"
+    std::cerr << "crosstrain: unknown command '" << args[0] << "'; the commands are train, run, bench, ckpt, demo"
               << " (crosstrain --help)" << std::endl;
     return 2;
   }
@@ -128,6 +141,8 @@ int main(int argc, char** argv) {
       return apps::bench_pipeline(pipe, args);
     }
     if (*train_cmd) return apps::train_command(train, args);
+    if (*ckpt_info) return apps::ckpt_info(ckpt_path, ckpt_tensors);
+    if (*ckpt_export) return apps::ckpt_export(ckpt_path, ckpt_out, ckpt_optimizer);
   } catch (const UsageError& e) {
     std::cerr << "crosstrain: " << e.what() << std::endl;
     return 2;

@@ -186,8 +186,25 @@ void apply_override(Config& config, const std::string& assignment) {
   set_key(all, section, key, *parsed.get("v"), "--set " + assignment);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+namespace {
+
+Config config_from_table(const toml::table& table, const std::string& origin) {
   Config config;
+  auto all = fields(config);
+  for (const auto& [section, node] : table) {
+    const std::string name(section.str());
+    if (!node.is_table()) {
+      throw UsageError("'" + name + "' in " + origin + " must be a section [" + name + "]; the sections are " +
+                       join(sections(all)));
+    }
+    for (const auto& [key, value] : *node.as_table()) set_key(all, name, std::string(key.str()), value, origin);
+  }
+  return config;
+}
+
+}  // namespace
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   toml::table table;
   try {
     table = toml::parse_file(path);
@@ -198,17 +215,20 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw UsageError("config file '" + path + "' line " + std::to_string(where.line) + ": " +
                      std::string(e.description()));
   }
-  auto all = fields(config);
-  for (const auto& [section, node] : table) {
-    const std::string name(section.str());
-    if (!node.is_table()) {
-      throw UsageError("'" + name + "' in " + path + " must be a section [" + name + "]; the sections are " +
-                       join(sections(all)));
-    }
-    for (const auto& [key, value] : *node.as_table()) set_key(all, name, std::string(key.str()), value, path);
-  }
+  Config config = config_from_table(table, path);
   for (const auto& o : overrides) apply_override(config, o);
   return config;
+}
+
+Config parse_config(const std::string& text, const std::string& origin) {
+  toml::table table;
+  try {
+    table = toml::parse(text, origin);
+  } catch (const toml::parse_error& e) {
+    throw UsageError("config in " + origin + " line " + std::to_string(e.source().begin.line) + ": " +
+                     std::string(e.description()));
+  }
+  return config_from_table(table, origin);
 }
 
 std::string to_toml(const Config& const_config) {

@@ -61,7 +61,7 @@ TEST(TrainCli, RecipeOnTwoRanksWritesMetrics) {
   EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>());
   EXPECT_GT(rows.back()["comm_time_s"].get<double>(), 0.0);
   EXPECT_TRUE(fs::exists(fs::path(dir) / "config.toml"));
-  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000030" / "model-pp0-tp0.safetensors"));
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000030" / "manifest.json"));
   EXPECT_TRUE(contains(res.output, "--- sample")) << res.output;
 }
 
@@ -75,8 +75,9 @@ TEST(TrainCli, PipelineAndTensorParallelOnFourProcesses) {
   auto rows = read_metrics(dir);
   ASSERT_EQ(rows.size(), 20u);
   EXPECT_LT(rows.back()["loss"].get<double>(), rows.front()["loss"].get<double>() - 0.5);
-  for (const char* shard : {"pp0-tp0", "pp0-tp1", "pp1-tp0", "pp1-tp1"})
-    EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000020" / (std::string("model-") + shard + ".safetensors")));
+  for (const char* file : {"manifest.json", "rank-00000.safetensors", "rank-00001.safetensors", "rank-00002.safetensors",
+                           "rank-00003.safetensors"})
+    EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000020" / file)) << file;
 }
 
 TEST(TrainCli, GlooRanksMatchOneProcess) {
@@ -149,7 +150,7 @@ TEST(TrainCli, BadInputGetsOneClearLine) {
   auto args = tiny_args(dir, 1, 2);
   auto ok = run_process(args, {}, milliseconds(60000));
   ASSERT_EQ(ok.exit_code(), 0) << ok.output;
-  auto weights = fs::path(dir) / "checkpoints" / "step_00000002" / "model-pp0-tp0.safetensors";
+  auto weights = fs::path(dir) / "checkpoints" / "step_00000002" / "rank-00000.safetensors";
   {
     std::fstream f(weights, std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(static_cast<std::streamoff>(fs::file_size(weights) - 64));

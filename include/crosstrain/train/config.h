@@ -74,6 +74,8 @@ struct Config {
 // Reads `path` (TOML), then applies overrides "section.key=value" (value in TOML syntax; bare words are
 // strings). Throws UsageError naming the file, key and expected type.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from TOML text (e.g. the config saved in a checkpoint); `origin` names it in messages.
+Config parse_config(const std::string& text, const std::string& origin);
 // Applies one override to an existing config.
 void apply_override(Config& config, const std::string& assignment);
 // The complete resolved config as TOML (every key, defaults included).

@@ -1,0 +1,96 @@
+#include "ckpt_cmd.h"
+
+#include <cstdio>
+#include <filesystem>
+
+#include "crosstrain/checkpoint/distributed.h"
+#include "crosstrain/checkpoint/safetensors.h"
+#include "crosstrain/core/error.h"
+#include "crosstrain/models/gpt_parallel.h"
+#include "crosstrain/train/config.h"
+
+namespace crosstrain::apps {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool is_parameter(const std::string& tensor) { return tensor.find('#') == std::string::npos; }
+
+// The model config saved with the checkpoint gives the tensor-parallel split of each parameter.
+checkpoint::SplitFn split_for(const checkpoint::CheckpointReader& reader) {
+  const std::string text = reader.info().value("config", "");
+  if (text.empty()) throw UsageError("checkpoint '" + reader.dir() + "' does not record its config (manifest.json)");
+  models::GPTConfig model = train::parse_config(text, reader.dir() + "/manifest.json").model;
+  return [model](const std::string& name, const at::Tensor& full, int rank, int size) {
+    return models::shard_of(name, full, model, rank, size);
+  };
+}
+
+}  // namespace
+
+int ckpt_info(const std::string& path, bool list_tensors) {
+  checkpoint::CheckpointReader reader(checkpoint::resolve_checkpoint(path));
+  const auto& info = reader.info();
+  int64_t params = 0, tensors = 0;
+  for (const auto& t : reader.tensors()) {
+    ++tensors;
+    if (!is_parameter(t)) continue;
+    int64_t n = 1;
+    for (auto d : reader.global_shape(t)) n *= d;
+    params += n;
+  }
+  std::printf("checkpoint %s\n", reader.dir().c_str());
+  std::printf("  step            %lld (optimizer step %lld)\n", static_cast<long long>(reader.step()),
+              static_cast<long long>(info.value("optimizer_step", reader.step())));
+  if (info.contains("layout")) {
+    const auto& l = info["layout"];
+    std::printf("  saved by        dp=%d pp=%d tp=%d zero=%d\n", l.value("dp", 1), l.value("pp", 1), l.value("tp", 1),
+                l.value("zero", 0));
+  }
+  if (info.contains("sampler"))
+    std::printf("  data position   next step %lld (sampler seed %llu)\n",
+                static_cast<long long>(info["sampler"].value("next_step", 0LL)),
+                static_cast<unsigned long long>(info["sampler"].value("seed", 0ULL)));
+  std::printf("  parameters      %lld in %lld tensors (+ optimizer state: %lld tensors)\n", static_cast<long long>(params),
+              static_cast<long long>(std::count_if(reader.tensors().begin(), reader.tensors().end(),
+                                                   [](const std::string& t) { return is_parameter(t); })),
+              static_cast<long long>(tensors - std::count_if(reader.tensors().begin(), reader.tensors().end(),
+                                                             [](const std::string& t) { return is_parameter(t); })));
+  std::printf("  files           %zu shard files + manifest.json, %.2f MiB\n", reader.files().size(),
+              static_cast<double>(reader.stored_bytes()) / (1 << 20));
+  if (list_tensors) {
+    std::printf("  %-34s %-16s %-5s %s\n", "tensor", "shape", "dtype", "stored as");
+    for (const auto& t : reader.tensors())
+      std::printf("  %-34s %-16s %-5s %s\n", t.c_str(), shape_text(reader.global_shape(t)).c_str(),
+                  reader.dtype(t).c_str(), reader.describe(t).c_str());
+  }
+  return 0;
+}
+
+int ckpt_export(const std::string& path, const std::string& output, bool optimizer) {
+  checkpoint::CheckpointReader reader(checkpoint::resolve_checkpoint(path));
+  auto split = split_for(reader);
+  std::vector<checkpoint::NamedTensor> tensors;
+  int64_t params = 0;
+  for (const auto& t : reader.tensors()) {
+    if (!optimizer && !is_parameter(t)) continue;
+    at::Tensor full = reader.read_full(t, split);
+    if (is_parameter(t)) params += full.numel();
+    tensors.push_back({t, full});
+  }
+  const std::string tmp = output + ".tmp";
+  checkpoint::write_safetensors(tmp, tensors,
+                                {{"format", "pt"}, {"step", std::to_string(reader.step())}, {"source", reader.dir()}});
+  fs::rename(tmp, output);
+  std::printf("wrote %s: %zu tensors, %lld parameters, step %lld\n", output.c_str(), tensors.size(),
+              static_cast<long long>(params), static_cast<long long>(reader.step()));
+  return 0;
+}
+
+}  // namespace crosstrain::apps

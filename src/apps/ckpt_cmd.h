@@ -1,0 +1,14 @@
+// `crosstrain ckpt info|export`: look into a distributed checkpoint and turn it into one safetensors file.
+#pragma once
+
+#include <string>
+
+namespace crosstrain::apps {
+
+// Prints a summary of the checkpoint (a checkpoint directory, or a run directory: its newest one).
+int ckpt_info(const std::string& path, bool list_tensors);
+// Writes every parameter, whole and under its plain name, into one safetensors file (atomically: a temporary
+// name, then a rename). With `optimizer`, also the Adam moments as "NAME#exp_avg" and "NAME#exp_avg_sq".
+int ckpt_export(const std::string& path, const std::string& output, bool optimizer);
+
+}  // namespace crosstrain::apps

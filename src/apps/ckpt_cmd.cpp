@@ -37,10 +37,13 @@ checkpoint::SplitFn split_for(const checkpoint::CheckpointReader& reader) {
 int ckpt_info(const std::string& path, bool list_tensors) {
   checkpoint::CheckpointReader reader(checkpoint::resolve_checkpoint(path));
   const auto& info = reader.info();
-  int64_t params = 0, tensors = 0;
+  int64_t params = 0, param_tensors = 0, state_tensors = 0;
   for (const auto& t : reader.tensors()) {
-    ++tensors;
-    if (!is_parameter(t)) continue;
+    if (!is_parameter(t)) {
+      ++state_tensors;
+      continue;
+    }
+    ++param_tensors;
     int64_t n = 1;
     for (auto d : reader.global_shape(t)) n *= d;
     params += n;
@@ -58,10 +61,7 @@ int ckpt_info(const std::string& path, bool list_tensors) {
                 static_cast<long long>(info["sampler"].value("next_step", 0LL)),
                 static_cast<unsigned long long>(info["sampler"].value("seed", 0ULL)));
   std::printf("  parameters      %lld in %lld tensors (+ optimizer state: %lld tensors)\n", static_cast<long long>(params),
-              static_cast<long long>(std::count_if(reader.tensors().begin(), reader.tensors().end(),
-                                                   [](const std::string& t) { return is_parameter(t); })),
-              static_cast<long long>(tensors - std::count_if(reader.tensors().begin(), reader.tensors().end(),
-                                                             [](const std::string& t) { return is_parameter(t); })));
+              static_cast<long long>(param_tensors), static_cast<long long>(state_tensors));
   std::printf("  files           %zu shard files + manifest.json, %.2f MiB\n", reader.files().size(),
               static_cast<double>(reader.stored_bytes()) / (1 << 20));
   if (list_tensors) {

@@ -117,9 +117,6 @@ std::string final_checkpoint_dir(const std::string& run_dir, int64_t step) {
 std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces) {
   std::vector<PieceRecord> records;
   if (pieces.empty()) return records;
-  // Fault injection for the crash-during-save tests: a slow disk.
-  if (const char* delay = std::getenv("CROSSTRAIN_FAULT_SAVE_DELAY_MS"))
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
   std::ostringstream file;
   file << "rank-" << std::setw(5) << std::setfill('0') << rank << ".safetensors";
   std::vector<NamedTensor> tensors;
@@ -146,6 +143,9 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
   const fs::path path = fs::path(tmp_dir) / file.str();
   write_safetensors(path.string(), tensors, metadata);
   fsync_path(path);
+  // Fault injection for the crash-during-save tests: a slow disk, with this rank's file already written.
+  if (const char* delay = std::getenv("CROSSTRAIN_FAULT_SAVE_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
   return records;
 }
 

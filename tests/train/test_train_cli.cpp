@@ -6,44 +6,12 @@
 #include <filesystem>
 #include <fstream>
 
-#include "subprocess.h"
-#include "train_fixture.h"
+#include "cli_fixture.h"
 
 using namespace crosstrain::testing;
 namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
-namespace {
-
-const std::string kBin = CT_CROSSTRAIN_BIN;
-const std::string kRecipes = CT_SOURCE_DIR "/recipes";
-
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
-std::vector<nlohmann::json> read_metrics(const std::string& dir) {
-  std::vector<nlohmann::json> rows;
-  std::ifstream in(fs::path(dir) / "metrics.jsonl");
-  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
-  return rows;
-}
-
-std::string fresh_dir(const std::string& name) {
-  auto d = fs::path(::testing::TempDir()) / name;
-  fs::remove_all(d);
-  return d.string();
-}
-
-// The tiny test model on the generated corpus, as --set overrides of the gpt-tiny recipe.
-std::vector<std::string> tiny_args(const std::string& dir, int nproc, int steps) {
-  return {kBin, "train", kRecipes + "/gpt-tiny.toml", "--nproc", std::to_string(nproc),
-          "--set", "run.dir=" + dir, "--set", "train.steps=" + std::to_string(steps),
-          "--set", "model.n_layer=2", "--set", "model.n_embd=32", "--set", "model.block_size=32",
-          "--set", "model.n_head=2", "--set", "train.global_batch=8", "--set", "data.path=" + corpus_file(),
-          "--set", "train.sample_tokens=0", "--set", "train.eval_every=10", "--set", "parallel.bucket_mb=0.01",
-          "--set", "train.peak_flops_per_rank=1e9", "--set", "train.warmup_steps=5"};
-}
-
-}  // namespace
 
 TEST(TrainCli, RecipeOnTwoRanksWritesMetrics) {
   // The acceptance command: gpt-tiny as shipped, 30 steps, 2 ranks.

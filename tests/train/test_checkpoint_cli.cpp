@@ -1,0 +1,191 @@
+// Distributed checkpoints as a user meets them: asynchronous saves, keeping the newest K, a rank killed in the
+// middle of a save, bad checkpoints refused with the file named, and `crosstrain ckpt info|export`.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <cstring>
+#include <thread>
+
+#include "cli_fixture.h"
+
+using namespace crosstrain::testing;
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
+std::vector<std::string> step_dirs(const std::string& run_dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints")) out.push_back(e.path().filename().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// The ranks a launcher started: its child processes.
+std::vector<int> children_of(int pid) {
+  std::vector<int> out;
+  for (const auto& e : fs::directory_iterator("/proc")) {
+    const std::string name = e.path().filename().string();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(e.path() / "stat");
+    std::string stat;
+    std::getline(in, stat);
+    auto close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 2));
+    char state;
+    int ppid = 0;
+    rest >> state >> ppid;
+    if (ppid == pid) out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(Checkpoints, AsyncSavesKeepTheNewestAndResumeExactlyInAnotherLayout) {
+  auto full = fresh_dir("ckpt_async_full"), part = fresh_dir("ckpt_async_part");
+  auto r = run_process(with(tiny_args(full, 2, 12), {"--set", "parallel.zero=2", "--set", "train.checkpoint_every=3",
+                                                     "--set", "train.keep_checkpoints=2", "--set", "train.async_checkpoint=true"}),
+                       {}, milliseconds(180000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_EQ(step_dirs(full), (std::vector<std::string>{"step_00000009", "step_00000012"}));
+  auto rows = read_metrics(full);
+  ASSERT_EQ(rows.size(), 12u);
+  EXPECT_TRUE(rows[3].contains("checkpoint_s"));
+  // Resume the asynchronously written step-9 checkpoint on one plain rank.
+  fs::create_directories(fs::path(part) / "checkpoints");
+  fs::copy(fs::path(full) / "checkpoints" / "step_00000009", fs::path(part) / "checkpoints" / "step_00000009");
+  auto r2 = run_process(with(tiny_args(part, 1, 12), {"--resume"}), {}, milliseconds(180000));
+  ASSERT_EQ(r2.exit_code(), 0) << r2.output;
+  EXPECT_TRUE(contains(r2.output, "saved with dp=2 pp=1 tp=1 zero=2")) << r2.output;
+  auto resumed = read_metrics(part);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed[i]["step"], rows[9 + i]["step"]);
+    const double a = resumed[i]["loss"], b = rows[9 + i]["loss"];
+    EXPECT_NEAR(a, b, 1e-4 * std::abs(b)) << "step " << 10 + i;
+  }
+}
+
+TEST(Checkpoints, ARankKilledDuringASaveLeavesThePreviousCheckpointIntact) {
+  auto dir = fresh_dir("ckpt_crash");
+  // Every save takes 3 s after writing its file: time enough to kill a rank in the middle of the second one.
+  Process job(with(tiny_args(dir, 2, 10), {"--set", "train.checkpoint_every=5", "--set", "parallel.zero=1"}),
+              {{"CROSSTRAIN_FAULT_SAVE_DELAY_MS", "3000"}});
+  const auto tmp = fs::path(dir) / "checkpoints" / "step_00000010.tmp";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!fs::exists(tmp / "rank-00001.safetensors") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_TRUE(fs::exists(tmp)) << "the step-10 save never started";
+  auto ranks = children_of(job.pid());
+  ASSERT_FALSE(ranks.empty());
+  ::kill(ranks.back(), SIGKILL);
+  auto res = job.wait(milliseconds(60000));
+  EXPECT_NE(res.exit_code(), 0) << res.output;
+  EXPECT_FALSE(res.timed_out);
+  // Step 10 is not visible; step 5 is complete and loads.
+  EXPECT_FALSE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000010"));
+  ASSERT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / "step_00000005" / "manifest.json"));
+  auto info = run_process({kBin, "ckpt", "info", dir}, {}, milliseconds(60000));
+  ASSERT_EQ(info.exit_code(), 0) << info.output;
+  EXPECT_TRUE(contains(info.output, "step_00000005")) << info.output;
+  auto resumed = run_process(with(tiny_args(dir, 2, 10), {"--set", "train.checkpoint_every=5", "--resume"}), {},
+                             milliseconds(180000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from")) << resumed.output;
+  EXPECT_EQ(step_dirs(dir), (std::vector<std::string>{"step_00000005", "step_00000010"}));
+}
+
+TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndNothingTrains) {
+  auto dir = fresh_dir("ckpt_bad");
+  auto ok = run_process(tiny_args(dir, 1, 2), {}, milliseconds(60000));
+  ASSERT_EQ(ok.exit_code(), 0) << ok.output;
+  const auto ckpt = fs::path(dir) / "checkpoints" / "step_00000002";
+  auto refused = [&](const std::vector<std::string>& extra, const std::string& expect) {
+    auto res = run_process(with(tiny_args(dir, 1, 4), with({"--resume"}, extra)), {}, milliseconds(60000));
+    EXPECT_NE(res.exit_code(), 0) << res.output;
+    EXPECT_TRUE(contains(res.output, expect)) << "expected '" << expect << "' in:\n" << res.output;
+    EXPECT_FALSE(contains(res.output, "step 3/")) << res.output;
+    EXPECT_EQ(read_metrics(dir).size(), 2u);
+  };
+  // Another model configuration.
+  refused({"--set", "model.n_embd=64"}, "another model configuration");
+  refused({"--set", "model.n_layer=3"}, "has no tensor 'h.2.");
+  // A manifest that lists a file that is gone.
+  fs::copy(ckpt / "rank-00000.safetensors", fs::path(dir) / "saved.safetensors");
+  fs::remove(ckpt / "rank-00000.safetensors");
+  refused({}, (ckpt / "rank-00000.safetensors").string() + " is missing");
+  fs::copy(fs::path(dir) / "saved.safetensors", ckpt / "rank-00000.safetensors");
+  // A corrupt manifest.
+  fs::copy(ckpt / "manifest.json", fs::path(dir) / "manifest.saved");
+  fs::resize_file(ckpt / "manifest.json", 200);
+  refused({}, (ckpt / "manifest.json").string());
+  fs::copy(fs::path(dir) / "manifest.saved", ckpt / "manifest.json", fs::copy_options::overwrite_existing);
+  auto fine = run_process(with(tiny_args(dir, 1, 4), {"--resume"}), {}, milliseconds(60000));
+  EXPECT_EQ(fine.exit_code(), 0) << fine.output;
+}
+
+TEST(Checkpoints, ExportWritesOneSafetensorsFileByTheFormatSpecification) {
+  auto tp2 = fresh_dir("ckpt_export_tp2"), tp1 = fresh_dir("ckpt_export_tp1");
+  auto a = run_process(with(tiny_args(tp2, 2, 3), {"--set", "parallel.tp=2"}), {}, milliseconds(120000));
+  ASSERT_EQ(a.exit_code(), 0) << a.output;
+  auto b = run_process(tiny_args(tp1, 1, 3), {}, milliseconds(120000));
+  ASSERT_EQ(b.exit_code(), 0) << b.output;
+  auto info = run_process({kBin, "ckpt", "info", tp2, "--tensors"}, {}, milliseconds(60000));
+  ASSERT_EQ(info.exit_code(), 0) << info.output;
+  EXPECT_TRUE(contains(info.output, "dp=1 pp=1 tp=2 zero=0")) << info.output;
+  EXPECT_TRUE(contains(info.output, "h.1.mlp.c_fc.weight")) << info.output;
+
+  // Read the exported files with nothing but the specification: 8-byte little-endian header size, a JSON
+  // header of {name: {dtype, shape, data_offsets}} (+ __metadata__), then the data, offsets relative to it.
+  auto read = [&](const std::string& run_dir, const std::string& out) {
+    auto res = run_process({kBin, "ckpt", "export", run_dir, out}, {}, milliseconds(60000));
+    EXPECT_EQ(res.exit_code(), 0) << res.output;
+    std::ifstream in(out, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[i]);
+    auto header = nlohmann::json::parse(bytes.substr(8, n));
+    const size_t data = 8 + n;
+    std::map<std::string, std::vector<float>> tensors;
+    std::vector<std::pair<int64_t, int64_t>> spans;
+    for (auto& [name, e] : header.items()) {
+      if (name == "__metadata__") continue;
+      EXPECT_EQ(e["dtype"], "F32") << name;
+      int64_t numel = 1;
+      for (int64_t d : e["shape"].get<std::vector<int64_t>>()) numel *= d;
+      auto off = e["data_offsets"].get<std::vector<int64_t>>();
+      EXPECT_EQ(off[1] - off[0], numel * 4) << name;
+      spans.push_back({off[0], off[1]});
+      std::vector<float> v(numel);
+      std::memcpy(v.data(), bytes.data() + data + off[0], numel * 4);
+      tensors[name] = v;
+    }
+    // The data buffer is covered exactly, without gaps or overlaps.
+    std::sort(spans.begin(), spans.end());
+    int64_t end = 0;
+    for (auto [s, e] : spans) {
+      EXPECT_EQ(s, end);
+      end = e;
+    }
+    EXPECT_EQ(static_cast<size_t>(end), bytes.size() - data);
+    EXPECT_EQ(header["wte.weight"]["shape"], (std::vector<int64_t>{256, 32}));
+    EXPECT_EQ(header["h.0.attn.c_attn.weight"]["shape"], (std::vector<int64_t>{96, 32}));
+    return tensors;
+  };
+  auto split = read(tp2, tp2 + "/model.safetensors"), whole = read(tp1, tp1 + "/model.safetensors");
+  ASSERT_EQ(split.size(), whole.size());
+  // The tensor-parallel run's shards, put back together, are the single-rank run's parameters.
+  for (const auto& [name, v] : whole) {
+    ASSERT_EQ(split[name].size(), v.size()) << name;
+    double worst = 0;
+    for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(split[name][i] - v[i])));
+    EXPECT_LT(worst, 1e-4) << name;
+  }
+}

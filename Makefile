@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-comm-compare bench-compression install clean
+.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression install clean
 
 all: build
 
@@ -55,6 +55,14 @@ bench-pipeline: build
 # Rank 0's parameter bytes and peak memory for each 4-rank layout.
 bench-memory-layouts: build
 	@bench/memory_layouts.sh
+
+# ZeRO stages 0-3 at dp=2 and dp=4: measured model-state bytes per parameter next to the formula.
+bench-memory: build
+	@bench/memory.sh
+
+# Checkpoint cost per step: none, synchronous, asynchronous (background writer).
+bench-checkpoint: build
+	@bench/checkpoint_overhead.sh
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

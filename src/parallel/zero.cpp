@@ -61,7 +61,8 @@ ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Co
     u.params = std::move(params);
     for (auto& p : u.params) {
       if (p.tensor.scalar_type() != at::kFloat)
-        throw UsageError("ZeRO keeps fp32 parameters; got a " + std::string(c10::toString(p.tensor.scalar_type())) + " one");
+        throw UsageError("ZeRO takes fp32 parameters (it converts them for mixed precision); got a " +
+                         std::string(c10::toString(p.tensor.scalar_type())) + " one");
       u.sizes.push_back(p.tensor.numel());
       u.numel += p.tensor.numel();
     }
@@ -69,13 +70,24 @@ ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Co
     u.shard = u.padded / ranks_;
     const Range owned{rank_ * u.shard, (rank_ + 1) * u.shard};
     u.parts = owned_parts(u.sizes, owned);
-    u.full = at::zeros({u.padded}, at::kFloat);
+    // The master slice is taken from the fp32 values before the parameters are converted.
+    at::Tensor values = at::zeros({u.padded}, at::kFloat);
+    {
+      int64_t offset = 0;
+      for (size_t i = 0; i < u.params.size(); ++i) {
+        values.narrow(0, offset, u.sizes[i]).copy_(u.params[i].tensor.detach().reshape(-1));
+        offset += u.sizes[i];
+      }
+    }
+    u.full = at::zeros({u.padded}, at::TensorOptions().dtype(config_.dtype));
     rebind_parameters(u);
-    u.master = config_.stage == 3 ? u.full.narrow(0, owned.begin, u.shard).clone() : u.full.narrow(0, owned.begin, u.shard);
+    const bool fp32 = config_.dtype == at::kFloat;
+    u.master = fp32 && config_.stage < 3 ? u.full.narrow(0, owned.begin, u.shard) : values.narrow(0, owned.begin, u.shard).clone();
+    if (!fp32 && config_.stage == 3) u.low = u.master.to(config_.dtype);
     u.exp_avg = at::zeros({u.shard}, at::kFloat);
     u.exp_avg_sq = at::zeros({u.shard}, at::kFloat);
     if (config_.stage == 1) {
-      u.full_grads = at::zeros({u.padded}, at::kFloat);
+      u.full_grads = at::zeros({u.padded}, at::TensorOptions().dtype(config_.dtype));
       u.grad_shard = u.full_grads.narrow(0, owned.begin, u.shard);
       int64_t offset = 0;
       for (size_t i = 0; i < u.params.size(); ++i) {
@@ -83,7 +95,7 @@ ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Co
         offset += u.sizes[i];
       }
     } else {
-      u.grad_shard = at::zeros({u.shard}, at::kFloat);
+      u.grad_shard = at::zeros({u.shard}, at::TensorOptions().dtype(config_.dtype));
     }
     units_.push_back(std::move(u));
   }
@@ -115,14 +127,14 @@ void ZeroOptimizer::rebind_parameters(Unit& u) {
     at::Tensor& p = u.params[i].tensor;
     at::Tensor view = u.full.narrow(0, offset, u.sizes[i]).view(p.sizes());
     view.copy_(p.detach());
-    p.set_data(view);
+    p.set_data(view);  // also converts the parameter to the model's dtype
     offset += u.sizes[i];
   }
 }
 
 void ZeroOptimizer::allocate_full(Unit& u) {
   c10::StorageImpl* storage = u.full.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(u.padded) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(u.padded) * u.full.element_size();
   storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
   storage->set_nbytes(bytes);
 }
@@ -131,11 +143,12 @@ void ZeroOptimizer::start_gather(int unit) {
   Unit& u = units_[unit];
   if (u.gathered != Gather::Released) return;
   allocate_full(u);
+  const at::Tensor& source = u.low.defined() ? u.low : u.master;
   if (ranks_ > 1) {
-    u.gather_work = comm_->all_gather(u.master, u.full);
+    u.gather_work = comm_->all_gather(source, u.full);
     u.gathered = Gather::InFlight;
   } else {
-    u.full.narrow(0, 0, u.shard).copy_(u.master);
+    u.full.narrow(0, 0, u.shard).copy_(source);
     u.gathered = Gather::Ready;
   }
   gathered_peak_ = std::max(gathered_peak_, gathered_bytes());
@@ -164,7 +177,7 @@ void ZeroOptimizer::release(int unit) {
 int64_t ZeroOptimizer::gathered_bytes() const {
   int64_t bytes = 0;
   for (const auto& u : units_)
-    if (u.gathered != Gather::Released) bytes += u.padded * static_cast<int64_t>(sizeof(float));
+    if (u.gathered != Gather::Released) bytes += u.padded * static_cast<int64_t>(u.full.element_size());
   return bytes;
 }
 
@@ -262,7 +275,7 @@ void ZeroOptimizer::launch(Unit& u) {
     if (ranks_ > 1) u.work = comm_->all_reduce(u.full_grads, comm::ReduceOp::Avg);
   } else {
     // Gather the fresh gradients into one buffer, drop the full ones, reduce-scatter to the owners.
-    u.reduce_in = at::zeros({u.padded}, at::kFloat);
+    u.reduce_in = at::zeros({u.padded}, at::TensorOptions().dtype(config_.dtype));
     int64_t offset = 0;
     for (size_t i = 0; i < u.params.size(); ++i) {
       at::Tensor& p = u.params[i].tensor;
@@ -271,7 +284,7 @@ void ZeroOptimizer::launch(Unit& u) {
       offset += u.sizes[i];
     }
     if (ranks_ > 1) {
-      u.reduce_out = at::empty({u.shard}, at::kFloat);
+      u.reduce_out = at::empty({u.shard}, at::TensorOptions().dtype(config_.dtype));
       u.work = comm_->reduce_scatter(u.reduce_in, u.reduce_out, comm::ReduceOp::Avg);
     } else {
       u.reduce_out = u.reduce_in;
@@ -319,7 +332,7 @@ void ZeroOptimizer::finish() {
     const auto start = std::max(u.launched, covered);
     if (u.completed > start) busy += std::chrono::duration<double>(u.completed - start).count();
     covered = std::max(covered, u.completed);
-    const int64_t bytes = u.padded * static_cast<int64_t>(sizeof(float));
+    const int64_t bytes = u.padded * static_cast<int64_t>(u.full.element_size());
     stats_.bytes += bytes;
     // Per rank: an all-reduce sends 2(N-1)/N of the buffer, a reduce-scatter (N-1)/N.
     if (ranks_ > 1) stats_.bytes_sent += (config_.stage == 1 ? 2 : 1) * (ranks_ - 1) * bytes / ranks_;
@@ -384,13 +397,23 @@ void ZeroOptimizer::step(double lr) {
     if (h.weight_decay != 0)
       for (const auto& part : u.parts)
         if (u.params[part.param].decay) u.master.narrow(0, part.shard_offset, part.size).mul_(1 - h.lr * h.weight_decay);
-    adamw_update(u.master, u.grad_shard, u.exp_avg, u.exp_avg_sq, step_count_, no_decay, false);
+    adamw_update(u.master, u.grad_shard.scalar_type() == at::kFloat ? u.grad_shard : u.grad_shard.to(at::kFloat),
+                 u.exp_avg, u.exp_avg_sq, step_count_, no_decay, false);
+  }
+  master_weights_changed();
+}
+
+void ZeroOptimizer::master_weights_changed() {
+  const bool fp32 = config_.dtype == at::kFloat;
+  for (auto& u : units_) {
+    if (!fp32 && config_.stage < 3) u.full.narrow(0, rank_ * u.shard, u.shard).copy_(u.master);
+    if (u.low.defined()) u.low.copy_(u.master);
   }
   if (config_.stage == 3 || ranks_ == 1) return;
   std::vector<comm::WorkPtr> works;
   std::vector<at::Tensor> inputs;
   for (auto& u : units_) {
-    inputs.push_back(u.master.clone());  // the owned slice lives inside the output: send a copy
+    inputs.push_back(u.full.narrow(0, rank_ * u.shard, u.shard).clone());  // it lives inside the output: send a copy
     works.push_back(comm_->all_gather(inputs.back(), u.full));
   }
   comm::wait_all(works);
@@ -399,9 +422,10 @@ void ZeroOptimizer::step(double lr) {
 ModelStateBytes ZeroOptimizer::memory() const {
   ModelStateBytes m;
   for (const auto& u : units_) {
-    m.parameters += config_.stage == 3 ? nbytes(u.master) : nbytes(u.full);
+    const bool fp32 = config_.dtype == at::kFloat;
+    m.parameters += config_.stage < 3 ? nbytes(u.full) : fp32 ? nbytes(u.master) : nbytes(u.low);
     m.gradients += config_.stage == 1 ? nbytes(u.full_grads) : nbytes(u.grad_shard);
-    m.optimizer += nbytes(u.exp_avg) + nbytes(u.exp_avg_sq);
+    m.optimizer += nbytes(u.exp_avg) + nbytes(u.exp_avg_sq) + (fp32 ? 0 : nbytes(u.master));
   }
   m.gathered_peak = gathered_peak_;
   return m;

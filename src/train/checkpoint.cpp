@@ -167,7 +167,10 @@ void load_model_state(checkpoint::CheckpointReader& reader, const ModelStateRefs
       s.adamw->state()[key_of(t)] = std::move(st);
     }
   }
-  if (s.zero) s.zero->set_step_count(optimizer_step);
+  if (s.zero) {
+    s.zero->set_step_count(optimizer_step);
+    s.zero->master_weights_changed();
+  }
 }
 
 namespace {

@@ -116,6 +116,7 @@ std::vector<Field> fields(Config& c) {
       int_field("train", "sample_tokens", c.train.sample_tokens),
       double_field("train", "peak_flops_per_rank", c.train.peak_flops_per_rank),
       int_field("train", "threads_per_rank", c.train.threads_per_rank),
+      string_field("train", "precision", c.train.precision),
       int_field("parallel", "dp", c.parallel.dp),
       int_field("parallel", "pp", c.parallel.pp),
       int_field("parallel", "tp", c.parallel.tp),

@@ -132,6 +132,11 @@ void validate(const Config& c, int world) {
        "parallel.zero = " + std::to_string(c.parallel.zero) + ": use 0 (plain data parallel), 1, 2 or 3");
   need(c.parallel.zero < 3 || l.shape.pp == 1,
        "parallel.zero = 3 gathers parameters layer by layer and needs parallel.pp = 1; use parallel.zero = 1 or 2 with pipelines");
+  need(c.train.precision == "fp32" || c.train.precision == "bf16",
+       "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
+  need(c.train.precision == "fp32" || (c.parallel.zero >= 1 && l.shape.pp == 1),
+       "train.precision = \"bf16\" keeps fp32 master weights in ZeRO's sharded optimizer: set parallel.zero = 1, 2 or 3 "
+       "(and parallel.pp = 1)");
   need(c.parallel.zero == 0 || c.comm.compression == "none",
        "comm.compression applies to plain data parallel; set parallel.zero = 0 or comm.compression = \"none\"");
   const int64_t dp = l.shape.dp;
@@ -234,6 +239,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
     parallel::ZeroConfig zc;
     zc.stage = zero_stage;
     zc.adam = {c.train.lr, c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
+    zc.dtype = c.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
     zero = std::make_unique<parallel::ZeroOptimizer>(std::move(units), mesh.group(Axis::DP), zc);
     if (zero_stage == 3) chunks[0]->set_unit_hooks(zero.get());
   }
@@ -565,7 +571,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
   if (options.keep_parameters) {
     for (const auto& [name, t] : shards) {
       result.shards[name] = t.detach().clone();
-      auto flat = t.detach().reshape(-1).contiguous();
+      auto flat = t.detach().reshape(-1).to(at::kFloat).contiguous();
       result.parameters.insert(result.parameters.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
     }
   }

@@ -9,8 +9,10 @@
 //            gradients freed; only the owned gradient slice stays.                bytes/param: 4 + 12/N
 //   stage 3: parameters are sharded too: a unit is all-gathered just before its forward and its backward (the
 //            next one prefetched while the current one computes) and released after.   bytes/param: 16/N
-// (fp32 parameters and gradients with fp32 Adam moments; the ZeRO paper's mixed-precision accounting is
-// 2 + 2 + 12.) The same object is the gradient reducer the trainer drives and the optimizer it steps.
+// (fp32 parameters and gradients with fp32 Adam moments.) With bf16 mixed precision the model computes with
+// bf16 parameters and gradients while the optimizer keeps fp32 master weights and moments for its slices: the
+// ZeRO paper's 2 + 2 + 12 bytes (stage 1: 4 + 12/N, stage 2: 2 + 14/N, stage 3: 16/N). The same object is the
+// gradient reducer the trainer drives and the optimizer it steps.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -66,6 +68,7 @@ struct ZeroParam {
 struct ZeroConfig {
   int stage = 1;
   AdamWHyper adam;
+  at::ScalarType dtype = at::kFloat;  // of the model's parameters and gradients: kFloat, or kBFloat16 (mixed precision)
 };
 
 // What a rank holds, in bytes (persistent buffers; stage 3's temporarily gathered units are reported apart).
@@ -120,6 +123,8 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
   void step(double lr);
   int64_t step_count() const { return step_count_; }
   void set_step_count(int64_t n) { step_count_ = n; }
+  // After the fp32 master slices were written (a checkpoint loaded): refreshes the low-precision copies.
+  void master_weights_changed();
 
   // UnitHooks (stage 3; no-ops otherwise).
   void before_unit(int unit) override;
@@ -150,7 +155,8 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
     std::vector<int64_t> sizes;
     int64_t numel = 0, padded = 0, shard = 0;
     at::Tensor full;         // padded flat parameters (stage 3: storage allocated only while gathered)
-    at::Tensor master;       // owned parameter slice (a view of `full` in stages 1-2)
+    at::Tensor master;       // owned fp32 parameter slice (a view of `full` in fp32 stages 1-2)
+    at::Tensor low;          // bf16 stage 3: the owned slice in the model's dtype, the all-gather's input
     at::Tensor full_grads;   // stage 1: padded flat gradients, each .grad a view
     at::Tensor grad_shard;   // owned gradient slice (a view of full_grads in stage 1)
     at::Tensor exp_avg, exp_avg_sq;

@@ -40,6 +40,7 @@ struct TrainConfig {
   int64_t sample_tokens = 200;    // generated at the end by rank 0; 0 disables
   double peak_flops_per_rank = 0; // for MFU; 0 measures a single-thread matmul at start
   int64_t threads_per_rank = 1;
+  std::string precision = "fp32"; // fp32, or bf16: bf16 parameters and gradients, fp32 master weights (needs parallel.zero >= 1)
 };
 
 struct ParallelConfig {

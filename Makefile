@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression install clean
+.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan install clean
 
 all: build
 
@@ -63,6 +63,10 @@ bench-memory: build
 # Checkpoint cost per step: none, synchronous, asynchronous (background writer).
 bench-checkpoint: build
 	@bench/checkpoint_overhead.sh
+
+# Every sync.mode across emulated clusters (2 x 2 hosts, 100 Mbit/s, 25 ms; needs root): wan bytes, time, loss.
+bench-wan: build
+	@BUILD=$(BUILD) bench/wan.sh
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

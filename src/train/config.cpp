@@ -131,6 +131,20 @@ std::vector<Field> fields(Config& c) {
       double_field("comm", "timeout_s", c.comm.timeout_s),
       bool_field("comm", "shared_memory", c.comm.shared_memory),
       string_field("comm", "compression", c.comm.compression),
+      string_field("sync", "mode", c.sync.mode),
+      int_field("sync", "clusters", c.sync.clusters),
+      bool_field("sync", "hierarchical", c.sync.hierarchical),
+      int_field("sync", "inner_steps", c.sync.inner_steps),
+      double_field("sync", "outer_lr", c.sync.outer_lr),
+      double_field("sync", "outer_momentum", c.sync.outer_momentum),
+      bool_field("sync", "nesterov", c.sync.nesterov),
+      string_field("sync", "compression", c.sync.compression),
+      int_field("sync", "fragments", c.sync.fragments),
+      int_field("sync", "overlap_steps", c.sync.overlap_steps),
+      int_field("sync", "period", c.sync.period),
+      int_field("sync", "staleness", c.sync.staleness),
+      int_field("sync", "slow_rank", c.sync.slow_rank),
+      double_field("sync", "slow_ms", c.sync.slow_ms),
   };
 }
 

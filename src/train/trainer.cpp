@@ -27,6 +27,7 @@
 #include "crosstrain/parallel/zero.h"
 #include "crosstrain/train/checkpoint.h"
 #include "crosstrain/train/schedule.h"
+#include "crosstrain/train/sync_strategy.h"
 
 namespace crosstrain::train {
 namespace fs = std::filesystem;
@@ -132,6 +133,7 @@ void validate(const Config& c, int world) {
        "parallel.zero = " + std::to_string(c.parallel.zero) + ": use 0 (plain data parallel), 1, 2 or 3");
   need(c.parallel.zero < 3 || l.shape.pp == 1,
        "parallel.zero = 3 gathers parameters layer by layer and needs parallel.pp = 1; use parallel.zero = 1 or 2 with pipelines");
+  check_sync_config(c.sync, l.shape.dp, l.shape.pp, l.shape.tp, c.parallel.zero);  // [sync]
   need(c.train.precision == "fp32" || c.train.precision == "bf16",
        "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
   need(c.train.precision == "fp32" || (c.parallel.zero >= 1 && l.shape.pp == 1),
@@ -200,6 +202,20 @@ TrainResult Trainer::run(const TrainOptions& options) {
   std::map<std::string, std::vector<int64_t>> global_shapes;  // for checkpoints: every parameter, unsplit
   for (const auto& item : full->named_parameters()) global_shapes[item.key()] = item.value().sizes().vec();
   const bool sampling = leader && c.train.sample_tokens > 0 && pp == 1 && tp == 1;
+  // [sync] How replicas agree (sync.mode, docs/wan-training.md): builds the cluster groups; the gradient
+  // all-reduce below runs over the strategy's group (all replicas, or one cluster, or none).
+  SyncSetup sync_setup;
+  sync_setup.config = c.sync;
+  sync_setup.dp = mesh.group(Axis::DP);
+  sync_setup.dp_index = dp_index;
+  sync_setup.dp_size = dp;
+  sync_setup.world_rank = world.rank();
+  for (const auto& [name, t] : shards) sync_setup.parameters.push_back(t);
+  sync_setup.steps = c.train.steps;
+  sync_setup.cluster_hint = cluster_from_environment();
+  sync_setup.timeout = world.timeout();
+  std::unique_ptr<SyncStrategy> sync_strategy = make_sync_strategy(std::move(sync_setup));
+  double sync_blocked_s = 0, compute_s = 0;  // [sync] for utilization
   if (!sampling) full = models::GPT(nullptr);
 
   // The optimizer: torch's AdamW over whole replicas (plain data parallel, with the bucketed all-reduce), or
@@ -227,7 +243,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
     parallel::BucketConfig buckets;
     buckets.bucket_bytes = static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20));
     buckets.compression = c.comm.compression;
-    bucketed = std::make_unique<parallel::BucketedAllReduce>(all_params, mesh.group(Axis::DP), buckets);
+    bucketed = std::make_unique<parallel::BucketedAllReduce>(all_params, sync_strategy->gradient_group(), buckets);
   } else {
     std::vector<std::vector<parallel::ZeroParam>> units;
     for (auto& chunk : chunks)
@@ -386,6 +402,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
     std::printf("  %lld steps x %lld sequences x %lld tokens; %s; run dir %s\n", static_cast<long long>(c.train.steps),
                 static_cast<long long>(c.train.global_batch), static_cast<long long>(c.model.block_size), sync.c_str(),
                 c.run.dir.c_str());
+    std::printf("  sync: %s\n", sync_strategy->describe().c_str());  // [sync]
     std::fflush(stdout);
   }
 
@@ -415,9 +432,11 @@ TrainResult Trainer::run(const TrainOptions& options) {
     // Dropout masks depend on (seed, rank, step) only, so a resumed run draws the same ones.
     torch::manual_seed(c.run.seed * 1000003ULL + static_cast<uint64_t>(world.rank()) * 7919ULL + static_cast<uint64_t>(step));
 
+    sync_strategy->before_step(step);  // [sync] ssp: wait for the slowest within the bound
     load_batches(splits.train, [&](int64_t m) { return sampler.local_offsets(step, static_cast<int>(m)); });
-    const double loss = run_pipeline_or_loop(true);
+    double loss = run_pipeline_or_loop(true);
     if (pipeline) reducer.synchronize();
+    loss = sync_strategy->after_backward(step, loss);  // [sync] hierarchical: the cross-cluster gradient average
     if (zero && !partial_grads.empty()) {
       zero->all_reduce_owned_gradients(
           [&](int u, size_t i) { return chunks[0]->is_replicated(unit_params[u][i]); }, *mesh.group(Axis::TP));
@@ -457,6 +476,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
       adamw->step();
     reducer.zero_grad();
     sampler.mark_done(step);
+    sync_strategy->after_step(step, step == c.train.steps);  // [sync] outer step, gossip round, push/pull
 
     StepRecord rec;
     rec.step = step;
@@ -511,6 +531,21 @@ TrainResult Trainer::run(const TrainOptions& options) {
                             {"comm_bytes_uncompressed", reducer.stats().bytes_uncompressed},
                             {"time_s", seconds_since(run_start)}};
       if (val_loss >= 0) row["val_loss"] = val_loss;
+      {  // [sync] wide-area bytes and compute utilization (compute: step time not spent waiting on communication)
+        const SyncStats ss = sync_strategy->stats();
+        compute_s += std::max(0.0, rec.step_time_s - rec.exposed_comm_time_s - (ss.blocked_s - sync_blocked_s));
+        sync_blocked_s = ss.blocked_s;
+        row["sync_mode"] = c.sync.mode;
+        row["wan_bytes"] = c.sync.mode == "sync" && !c.sync.hierarchical ? reducer.stats().bytes_sent * step : ss.wan_bytes;
+        row["sync_blocked_s"] = ss.blocked_s;
+        row["sync_exchanges"] = ss.exchanges;
+        row["compute_time_s"] = compute_s;
+        row["utilization"] = compute_s / std::max(1e-9, seconds_since(run_start));
+        if (c.sync.mode == "async" || c.sync.mode == "ssp") {
+          row["staleness_mean"] = ss.staleness_mean;
+          row["staleness_max"] = ss.staleness_max;
+        }
+      }
       const parallel::ModelStateBytes bytes = model_state_bytes();
       row["param_bytes"] = bytes.parameters;
       row["grad_bytes"] = bytes.gradients;

@@ -63,6 +63,24 @@ struct CommSectionConfig {
   std::string compression = "none";  // gradients: none, bf16, fp16, int8, int4, topk:F, powersgd:R
 };
 
+// Synchronization across data-parallel replicas and clusters (docs/wan-training.md).
+struct SyncConfig {
+  std::string mode = "sync";      // sync, diloco, ssp, async, gossip
+  int64_t clusters = 0;           // 0: from CROSSTRAIN_CLUSTER (or the testbed's CT_CLUSTER) per node, else 1
+  bool hierarchical = false;      // sync: gradients all-reduced inside each cluster, then across clusters
+  int64_t inner_steps = 50;       // diloco: H, inner steps between outer steps
+  double outer_lr = 0.7;          // diloco: outer SGD learning rate
+  double outer_momentum = 0.9;    // diloco: outer momentum
+  bool nesterov = true;           // diloco: Nesterov momentum
+  std::string compression = "none";  // diloco outer gradients, async/ssp pushes: none, bf16, fp16, int8, int4, ...
+  int64_t fragments = 1;          // diloco: > 1 streams parameter fragments on a staggered schedule
+  int64_t overlap_steps = 1;      // streaming diloco: inner steps a fragment's exchange overlaps with
+  int64_t period = 1;             // gossip, async, ssp: steps between exchanges
+  int64_t staleness = 4;          // ssp: a rank runs at most this many steps ahead of the slowest
+  int64_t slow_rank = -1;         // experiments: this rank sleeps slow_ms per step (a slower device)
+  double slow_ms = 0;
+};
+
 struct Config {
   RunConfig run;
   models::GPTConfig model;
@@ -70,6 +88,7 @@ struct Config {
   TrainConfig train;
   ParallelConfig parallel;
   CommSectionConfig comm;
+  SyncConfig sync;
 };
 
 // Reads `path` (TOML), then applies overrides "section.key=value" (value in TOML syntax; bare words are

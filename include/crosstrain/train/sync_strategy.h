@@ -1,0 +1,97 @@
+// How data-parallel replicas stay in agreement, across clusters joined by slow links (`sync.mode`):
+//
+//   sync     every step: the gradient all-reduce over all replicas (the data-parallel reducer); hierarchical:
+//            the reducer runs inside each cluster and one cross-cluster average of the gradients follows
+//   diloco   the reducer runs inside each cluster; every H inner steps the pseudo-gradient (parameters at the last
+//            outer step minus now) is averaged across clusters (optionally compressed, with error feedback) and
+//            an outer SGD step with Nesterov momentum moves every replica to the same new parameters. Streaming
+//            (fragments > 1): parameter fragments sync on a staggered schedule, each exchange overlapping
+//            `overlap_steps` inner steps
+//   ssp      no per-step all-reduce: every rank is a worker of the sharded parameter server and may run at most
+//            `staleness` steps ahead of the slowest worker
+//   async    the same parameter server without a bound: push, pull, never wait for the others
+//   gossip   no per-step all-reduce: every `period` steps each rank averages its parameters with one neighbour
+//            (pairs change each round); no global barrier
+//
+// The cluster of each rank comes from `sync.clusters` (consecutive blocks of data-parallel ranks) or from the
+// environment of its node (CROSSTRAIN_CLUSTER, or CT_CLUSTER as set by scripts/testbed). Only the strategy's own
+// exchanges cross clusters; heavy per-step traffic stays in the cluster.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "crosstrain/comm/communicator.h"
+#include "crosstrain/train/config.h"
+
+namespace crosstrain::train {
+
+struct SyncStats {
+  int64_t wan_bytes = 0;      // bytes this rank sent to other clusters for synchronization (cumulative)
+  double blocked_s = 0;       // time the training loop waited inside the strategy (cumulative)
+  int64_t exchanges = 0;      // outer steps, fragment syncs, gossip rounds or pushes
+  double staleness_mean = 0;  // async, ssp: updates of other workers applied between a pull and the next push
+  int64_t staleness_max = 0;
+};
+
+class SyncStrategy {
+ public:
+  virtual ~SyncStrategy() = default;
+  virtual std::string describe() const = 0;
+  // The group of the per-step gradient all-reduce (null: none; every rank steps alone).
+  virtual comm::Communicator* gradient_group() const = 0;
+  // Before the step's compute (ssp waits here for the slowest rank; the experiment's slowdown sleeps here).
+  virtual void before_step(int64_t step) {}
+  // After the gradients of `step` are in place and before clipping: returns the loss to report.
+  virtual double after_backward(int64_t step, double loss) { return loss; }
+  // After the optimizer step of `step`; on the last step every replica ends with the same parameters.
+  virtual void after_step(int64_t step, bool last) {}
+  virtual SyncStats stats() const = 0;
+};
+
+struct SyncSetup {
+  SyncConfig config;
+  comm::Communicator* dp = nullptr;  // the data-parallel group (null when there is one replica)
+  int dp_index = 0, dp_size = 1;
+  int world_rank = 0;
+  std::vector<at::Tensor> parameters;  // this rank's parameters, the same order on every replica
+  int64_t steps = 0;                   // the last step of the run
+  int cluster_hint = -1;               // this node's cluster from the environment; -1: none
+  comm::Millis timeout{30000};
+};
+
+// Checks [sync] (mode, periods, codec) for a layout; throws UsageError with one clear line.
+void check_sync_config(const SyncConfig& config, int dp, int pp, int tp, int64_t zero);
+// The node's cluster from CROSSTRAIN_CLUSTER or CT_CLUSTER; -1 when neither is set.
+int cluster_from_environment();
+// Collective over setup.dp: builds the cluster groups and the strategy.
+std::unique_ptr<SyncStrategy> make_sync_strategy(SyncSetup setup);
+
+// ---- pure parts (unit-tested) -------------------------------------------------------------------------------
+
+// Cluster of each data-parallel rank -> groups. Clusters are renumbered in order of first appearance.
+struct ClusterLayout {
+  int clusters = 1;
+  std::vector<int> cluster_of;               // per data-parallel rank
+  std::vector<std::vector<int>> local;        // per cluster: its data-parallel ranks, ascending
+  std::vector<std::vector<int>> cross;        // per local index: the rank of that index in each cluster
+  bool balanced = true;                       // every cluster has the same number of ranks
+};
+ClusterLayout cluster_layout(const std::vector<int>& cluster_ids);
+// `clusters` consecutive blocks of `dp` ranks (dp divisible by clusters).
+std::vector<int> block_clusters(int dp, int clusters);
+
+// One outer step: momentum = mu * momentum + delta; anchor -= lr * (nesterov ? delta + mu * momentum : momentum).
+void outer_nesterov_step(at::Tensor& anchor, at::Tensor& momentum, const at::Tensor& delta, double lr, double mu,
+                         bool nesterov);
+// Gossip: the neighbour of rank `i` of `n` in round `round` (i itself: sits this round out). Hypercube pairs
+// when n is a power of two, else the matching i <-> (2 round + 1 - i) mod n.
+int gossip_partner(int i, int n, int64_t round);
+// Streaming DiLoCo: fragment f of F syncs at the steps s with (s - offset(f)) % H == 0, offset = (f + 1) H / F.
+int64_t fragment_offset(int64_t f, int64_t fragments, int64_t inner_steps);
+
+}  // namespace crosstrain::train

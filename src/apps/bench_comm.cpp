@@ -60,48 +60,47 @@ struct Case {
   int64_t count = 0;       // elements in the full buffer (nccl-tests "count")
 };
 
-// Replaces a case's run with one of our algorithms (synchronous; returns a completed handle).
+// Replaces a case's run with one of our algorithms: one object per case, its scratch reserved for the case's
+// size, so the timed calls allocate nothing (synchronous; returns a completed handle).
 void use_algorithm(Case& k, Communicator& c, const std::string& op, comm::algo::Algorithm a, ReduceOp redop, int root,
                    comm::algo::Hierarchy* h) {
   using comm::algo::Algorithm;
   namespace algo = comm::algo;
   auto done = [] { return comm::completed_work(); };
-  auto unsupported = [&] {
-    throw UsageError("--algo " + std::string(algo::to_string(a)) + " does not implement " + op +
-                     "; allreduce: ring, tree, hd, hierarchical; reducescatter and allgather: ring; broadcast: ring, "
-                     "tree; alltoall: ring (pairwise)");
-  };
+  std::shared_ptr<algo::CollectiveAlgorithm> obj;
+  if (a == Algorithm::Hierarchical) obj = std::make_shared<algo::HierarchicalAlgorithm>(c, *h);
+  else obj = algo::make_algorithm(a, c);
+  const at::Tensor& sized = op == "allgather" ? k.output : k.input;
+  if (sized.defined()) obj->reserve(sized.numel(), sized.scalar_type());
   if (op == "allreduce") {
-    k.run = [&c, t = k.input, a, redop, h, done]() mutable {
-      if (a == Algorithm::Ring) algo::ring_all_reduce(c, t, redop);
-      else if (a == Algorithm::Tree) algo::tree_all_reduce(c, t, redop);
-      else if (a == Algorithm::HalvingDoubling) algo::halving_doubling_all_reduce(c, t, redop);
-      else algo::hierarchical_all_reduce(c, *h, t, redop);
+    k.run = [obj, t = k.input, redop, done]() mutable {
+      obj->all_reduce(t, redop);
       return done();
     };
-  } else if (op == "reducescatter" && a == Algorithm::Ring) {
-    k.run = [&c, in = k.input, out = k.output, redop, done]() mutable {
-      algo::ring_reduce_scatter(c, in, out, redop);
+  } else if (op == "reducescatter") {
+    k.run = [obj, in = k.input, out = k.output, redop, done]() mutable {
+      obj->reduce_scatter(in, out, redop);
       return done();
     };
-  } else if (op == "allgather" && a == Algorithm::Ring) {
-    k.run = [&c, in = k.input, out = k.output, done]() mutable {
-      algo::ring_all_gather(c, in, out);
+  } else if (op == "allgather") {
+    k.run = [obj, in = k.input, out = k.output, done]() mutable {
+      obj->all_gather(in, out);
       return done();
     };
-  } else if (op == "broadcast" && (a == Algorithm::Ring || a == Algorithm::Tree)) {
-    k.run = [&c, t = k.input, a, root, done]() mutable {
-      if (a == Algorithm::Ring) algo::ring_broadcast(c, t, root);
-      else algo::tree_broadcast(c, t, root);
+  } else if (op == "broadcast") {
+    k.run = [obj, t = k.input, root, done]() mutable {
+      obj->broadcast(t, root);
       return done();
     };
-  } else if (op == "alltoall" && a == Algorithm::Ring) {
-    k.run = [&c, in = k.input, out = k.output, done]() mutable {
-      algo::pairwise_all_to_all(c, in, out);
+  } else if (op == "alltoall") {
+    k.run = [obj, in = k.input, out = k.output, done]() mutable {
+      obj->all_to_all(in, out);
       return done();
     };
   } else {
-    unsupported();
+    throw UsageError("--algo " + std::string(algo::to_string(a)) + " does not implement " + op +
+                     "; our algorithms (ring, tree, hd, hierarchical) implement allreduce, reducescatter, allgather, "
+                     "broadcast and alltoall (pairwise)");
   }
 }
 
@@ -282,11 +281,17 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
       Case k = make_case(c, op, bytes, dtype, redop, o.root);
       comm::algo::Algorithm chosen = algorithm;
       if (o.algo == "auto") {
-        // The cost model picks per size (for the local host: loopback figures measured here).
-        chosen = comm::choose_all_reduce(static_cast<double>(bytes),
-                                         comm::local_topology(c.size(), comm::Link{150e-6, 1.5e9}));
-        if (leader && op == "allreduce") std::printf("# auto: %lld bytes -> %s\n", static_cast<long long>(bytes),
-                                                     comm::algo::to_string(chosen));
+        // The cost model picks per operation and size, for this host with its default (loopback) link; the
+        // operations it does not model stay with the back end.
+        const std::vector<std::pair<std::string, comm::Collective>> modeled{
+            {"allreduce", comm::Collective::AllReduce}, {"reducescatter", comm::Collective::ReduceScatter},
+            {"allgather", comm::Collective::AllGather}, {"broadcast", comm::Collective::Broadcast}};
+        auto it = std::find_if(modeled.begin(), modeled.end(), [&](const auto& m) { return m.first == op; });
+        chosen = comm::algo::Algorithm::Builtin;
+        if (it != modeled.end())
+          chosen = comm::choose_algorithm(it->second, static_cast<double>(bytes), comm::detect_local_topology(c.size()));
+        if (leader && it != modeled.end())
+          std::printf("# auto: %lld bytes -> %s\n", static_cast<long long>(bytes), comm::algo::to_string(chosen));
       }
       if (chosen != comm::algo::Algorithm::Builtin) use_algorithm(k, c, op, chosen, redop, o.root, &hierarchy);
       int64_t codec_bytes = -1;
@@ -374,69 +379,46 @@ int bench_cost_model(const BenchCommOptions& o, const std::vector<std::string>& 
   Communicator& c = *world;
   const int n = c.size(), r = c.rank();
   if (n < 2) throw UsageError("bench cost-model needs at least 2 ranks");
-  // Ping-pong between ranks 0 and 1: alpha from a tiny message, beta from a large one (one-way times).
-  auto one_way = [&](int64_t numel, int rounds) {
-    at::Tensor t = at::zeros({numel});
-    c.barrier()->wait();
-    auto t0 = Clock::now();
-    for (int i = 0; i < rounds && r < 2; ++i) {
-      if (r == 0) {
-        c.send(t, 1, 1)->wait();
-        c.recv(t, 1, 2)->wait();
-      } else {
-        c.recv(t, 0, 1)->wait();
-        c.send(t, 0, 2)->wait();
-      }
-    }
-    double s = std::chrono::duration<double>(Clock::now() - t0).count() / (2.0 * rounds);
-    at::Tensor v = at::full({1}, r == 0 ? s : 0.0, at::kDouble);
-    c.all_reduce(v, ReduceOp::Max)->wait();
-    return v.item<double>();
-  };
-  // Exchange: every rank sends to its right and receives from its left at once, as a ring step does.
-  auto exchange = [&](int64_t numel, int rounds) {
-    at::Tensor out = at::zeros({numel}), in = at::zeros({numel});
-    c.barrier()->wait();
-    auto t0 = Clock::now();
-    for (int i = 0; i < rounds; ++i) {
-      auto s = c.send(out, (r + 1) % n, 3);
-      c.recv(in, (r + n - 1) % n, 3)->wait();
-      s->wait();
-    }
-    return max_over_ranks(c, std::chrono::duration<double>(Clock::now() - t0).count() / rounds);
-  };
-  one_way(1, 20);  // warm up
-  const double alpha = one_way(1, 200);
-  const int64_t big = 4 << 20;  // floats: 16 MiB
-  const double big_time = one_way(big, 10);
-  comm::Link link{alpha, static_cast<double>(big * 4) / std::max(big_time - alpha, 1e-9)};
-  exchange(1, 20);
-  link.exchange_latency_s = exchange(1, 200);
-  link.exchange_bandwidth_Bps = static_cast<double>(big * 4) / std::max(exchange(big, 10) - link.exchange_latency_s, 1e-9);
-  if (r == 0)
-    std::printf("# calibrated link: exchange alpha = %.1f us, %.2f GB/s\n", link.exchange_latency_s * 1e6,
-                link.exchange_bandwidth_Bps / 1e9);
-  if (r == 0)
+  // No topology file: this host, its link calibrated with a quick ping-pong (one-way and ring-style exchanges at
+  // several sizes, alpha and beta fitted to the medians) and the local reduction rate.
+  const comm::Topology topo = comm::detect_local_topology(c, /*calibrate=*/true);
+  const comm::Link& link = topo.bottleneck();
+  if (r == 0) {
+    for (const auto& h : topo.hosts)
+      std::printf("# host %s: %d ranks, %d cores\n", h.name.c_str(), h.ranks, h.cores);
     std::printf("# calibrated link: alpha = %.1f us, bandwidth = %.2f GB/s (send/recv ping-pong, %d ranks)\n"
-                "#%13s %10s %14s %14s %8s\n",
-                alpha * 1e6, link.bandwidth_Bps / 1e9, n, "size(B)", "algo", "predicted(us)", "measured(us)", "ratio");
+                "# calibrated link: exchange alpha = %.1f us, %.2f GB/s; reduce %.2f GB/s\n"
+                "# (straight-line fits; the predictions read the measured curves of %zu sizes)\n"
+                "#%13s %10s %14s %14s %8s %14s\n",
+                link.latency_s * 1e6, link.bandwidth_Bps / 1e9, n, link.exchange_latency_s * 1e6,
+                link.exchange_bandwidth_Bps / 1e9, link.reduce_Bps / 1e9, link.exchange_curve.size(), "size(B)",
+                "algo", "predicted(us)",
+                "measured(us)", "ratio", "mean(us)");
+  }
   for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
     for (auto a : {comm::algo::Algorithm::Ring, comm::algo::Algorithm::Tree}) {
-      at::Tensor t = at::ones({bytes / 4});
-      auto run = [&] {
-        if (a == comm::algo::Algorithm::Ring) comm::algo::ring_all_reduce(c, t, ReduceOp::Sum);
-        else comm::algo::tree_all_reduce(c, t, ReduceOp::Sum);
-      };
-      run();
+      at::Tensor t = at::zeros({bytes / 4});
+      auto algorithm = comm::algo::make_algorithm(a, c);
+      algorithm->reserve(t.numel(), t.scalar_type());
+      algorithm->all_reduce(t, ReduceOp::Sum);
       c.barrier()->wait();
-      const int iters = bytes >= (4 << 20) ? 5 : 20;
-      auto t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) run();
-      double s = max_over_ranks(c, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
+      const int iters = bytes >= (4 << 20) ? 9 : 25;
+      // Median of the iterations (as the calibration): this machine is shared and noisy.
+      std::vector<double> times;
+      for (int i = 0; i < iters; ++i) {
+        auto t0 = Clock::now();
+        algorithm->all_reduce(t, ReduceOp::Sum);
+        times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      double mean = 0;
+      for (double x : times) mean += x / iters;
+      std::nth_element(times.begin(), times.begin() + iters / 2, times.end());
+      const double s = max_over_ranks(c, times[iters / 2]);
+      mean = max_over_ranks(c, mean);
       const double predicted = comm::predict_all_reduce(a, static_cast<double>(bytes), n, link);
       if (r == 0) {
-        std::printf("%14lld %10s %14.1f %14.1f %8.2f\n", static_cast<long long>(bytes), comm::algo::to_string(a),
-                    predicted * 1e6, s * 1e6, predicted / s);
+        std::printf("%14lld %10s %14.1f %14.1f %8.2f %14.1f\n", static_cast<long long>(bytes),
+                    comm::algo::to_string(a), predicted * 1e6, s * 1e6, predicted / s, mean * 1e6);
         std::fflush(stdout);
       }
     }

@@ -13,6 +13,15 @@
 
 namespace crosstrain::comm {
 
+// One measured point: a message of `bytes` took `seconds` (a median).
+struct Sample {
+  double bytes = 0, seconds = 0;
+};
+
+// Seconds at `bytes` on a measured curve (points by ascending bytes): linear between points, the first point's
+// time below it, the last segment's slope beyond the last point. Pure.
+double interpolate(const std::vector<Sample>& curve, double bytes);
+
 struct Link {
   double latency_s = 50e-6;        // alpha: per message
   double bandwidth_Bps = 1e9;      // 1/beta: bytes per second
@@ -22,12 +31,23 @@ struct Link {
   double exchange_bandwidth_Bps = 0;
   // gamma: bytes per second a rank combines (adds) received data into its buffer; 0 means free.
   double reduce_Bps = 0;
-  double seconds(double bytes) const { return latency_s + bytes / bandwidth_Bps; }
+  // Measured curves (calibrate_link fills them): when present they replace the straight lines above, since on a
+  // host the rate depends on the message size (messages that stay in cache move several times faster).
+  std::vector<Sample> one_way_curve, exchange_curve, reduce_curve;
+
+  double seconds(double bytes) const {
+    return one_way_curve.empty() ? latency_s + bytes / bandwidth_Bps : interpolate(one_way_curve, bytes);
+  }
   double exchange_seconds(double bytes) const {
+    if (!exchange_curve.empty()) return interpolate(exchange_curve, bytes);
+    if (exchange_latency_s <= 0 && exchange_bandwidth_Bps <= 0) return seconds(bytes);
     return (exchange_latency_s > 0 ? exchange_latency_s : latency_s) +
            bytes / (exchange_bandwidth_Bps > 0 ? exchange_bandwidth_Bps : bandwidth_Bps);
   }
-  double reduce_seconds(double bytes) const { return reduce_Bps > 0 ? bytes / reduce_Bps : 0.0; }
+  double reduce_seconds(double bytes) const {
+    if (!reduce_curve.empty()) return interpolate(reduce_curve, bytes);
+    return reduce_Bps > 0 ? bytes / reduce_Bps : 0.0;
+  }
 };
 
 // Hosts grouped in clusters; three kinds of links. Read from TOML:
@@ -73,20 +93,24 @@ Topology describe_local_host(const std::string& name, int cores, int ranks, cons
 Topology detect_local_topology(int ranks);
 
 struct CalibrationOptions {
-  std::vector<int64_t> sizes{4, 64 << 10, 1 << 20, 8 << 20};  // message bytes, smallest first
-  int rounds = 30;          // per size; fewer for large sizes (at least 5)
+  // Message bytes, smallest first: a geometric grid (x4) from 4 B to 24 MiB.
+  std::vector<int64_t> sizes{4, 12 << 10, 48 << 10, 192 << 10, 768 << 10, 3 << 20, 12 << 20, 24 << 20};
+  int rounds = 50;          // per size; a quarter for 1 MiB and more (at least 5)
   bool exchange = true;     // also measure ring-style exchanges (every rank sends and receives at once)
   bool reduce = true;       // also measure the local reduction rate (gamma)
-};
-// One measured point: a message of `bytes` took `seconds` (a median).
-struct Sample {
-  double bytes = 0, seconds = 0;
+  // Keep the measured points as curves (Link::*_curve) that the predictions read: the rate depends on the
+  // message size (what fits in cache moves faster). Off: straight alpha-beta lines fitted to the points.
+  bool curves = true;
+  // Rotate through 8 MiB of buffers so that messages start cold (as gradients do) instead of reusing the same
+  // bytes every round. Reused buffers make mid-size messages look 2-3x faster than inside a collective.
+  bool cold = true;
 };
 // Pure: alpha and beta (latency_s, bandwidth_Bps) fitted to samples by least squares on relative error, so small
 // and large messages weigh alike. Alpha is at least 0; throws UsageError for fewer than two distinct sizes.
 Link fit_link(const std::vector<Sample>& samples);
-// Collective over `c` (at least 2 ranks): ping-pong between ranks 0 and 1 (one-way alpha and beta), ring
-// exchanges over all ranks, and the reduction rate; medians of `rounds` each. Every rank returns the same link.
+// Collective over `c` (at least 2 ranks): ping-pong between ranks 0 and 1 (one-way), ring exchanges over all
+// ranks, and the local reduction (a += b), each at every size, medians of `rounds`: the curves, and alpha, beta
+// and gamma fitted to them (for display and topology files). Every rank returns the same link.
 Link calibrate_link(Communicator& c, const CalibrationOptions& options = {});
 // Collective over `c`: every rank's host name and core count (ranks with the same host name form a host, in
 // order of first appearance), the default links, and with `calibrate` the measured link between ranks 0 and 1

@@ -24,6 +24,8 @@ declare -A SETS=(
   [sync]="sync.mode=sync"
   [sync-hier]="sync.mode=sync sync.hierarchical=true"
   [diloco-h50]="sync.mode=diloco sync.inner_steps=50"
+  [diloco-h100]="sync.mode=diloco sync.inner_steps=100"
+  [diloco-h100-int8]="sync.mode=diloco sync.inner_steps=100 sync.compression=int8"
   [diloco-h150]="sync.mode=diloco sync.inner_steps=150"
   [diloco-h150-int8]="sync.mode=diloco sync.inner_steps=150 sync.compression=int8"
   [diloco-stream]="sync.mode=diloco sync.inner_steps=150 sync.fragments=3 sync.overlap_steps=10"

@@ -424,7 +424,10 @@ TrainResult Trainer::run(const TrainOptions& options) {
   TrainResult result;
   auto run_start = Clock::now();
   for (int64_t step = start_step; step <= c.train.steps; ++step) {
+    // Errors of any collective name the step: the world and every mesh group know it.
     world.set_step(step);
+    for (Axis axis : {Axis::DP, Axis::PP, Axis::TP})
+      if (comm::Communicator* group = mesh.group(axis)) group->set_step(step);
     const auto t0 = Clock::now();
     const double lr = learning_rate(step, c.train.warmup_steps, c.train.steps, c.train.lr, c.train.min_lr);
     if (adamw)

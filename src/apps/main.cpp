@@ -30,6 +30,9 @@ int main(int argc, char** argv) {
   run->add_option("--node-rank", launch.node_rank, "this node's index (0 hosts the rendezvous store)");
   run->add_option("--master", master, "HOST:PORT of the rendezvous store on node 0 (default: a free local port)");
   run->add_option("--timeout", timeout_s, "seconds to wait for the rendezvous");
+  int run_cluster = -1;
+  run->add_option("--cluster", run_cluster, "this node's cluster (exported as CROSSTRAIN_CLUSTER: sync.mode)")
+      ->check(CLI::NonNegativeNumber);
   run->add_option("command", launch.command, "program and its arguments (after --)")->required();
 
   apps::BenchCommOptions bench;
@@ -115,6 +118,7 @@ int main(int argc, char** argv) {
     if (*run) {
       if (!master.empty()) apps::parse_master(master, launch.master_addr, launch.master_port);
       launch.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+      if (run_cluster >= 0) launch.extra_env["CROSSTRAIN_CLUSTER"] = std::to_string(run_cluster);
       return apps::launch(launch);
     }
     if (*bench_model) return apps::bench_cost_model(bench, args);

@@ -133,6 +133,7 @@ std::vector<Field> fields(Config& c) {
       string_field("comm", "compression", c.comm.compression),
       string_field("sync", "mode", c.sync.mode),
       int_field("sync", "clusters", c.sync.clusters),
+      string_field("sync", "topology", c.sync.topology),
       bool_field("sync", "hierarchical", c.sync.hierarchical),
       int_field("sync", "inner_steps", c.sync.inner_steps),
       double_field("sync", "outer_lr", c.sync.outer_lr),

@@ -9,6 +9,8 @@
 #include <map>
 #include <thread>
 
+#include <unistd.h>
+
 #include "crosstrain/comm/compression.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/train/sync_param_server.h"
@@ -530,6 +532,26 @@ int cluster_from_environment() {
     }
   }
   return -1;
+}
+
+int cluster_of_host(const comm::Topology& topology, const std::string& host, const std::string& origin) {
+  std::vector<std::string> clusters;
+  for (const auto& h : topology.hosts)
+    if (std::find(clusters.begin(), clusters.end(), h.cluster) == clusters.end()) clusters.push_back(h.cluster);
+  for (const auto& h : topology.hosts)
+    if (h.name == host)
+      return static_cast<int>(std::find(clusters.begin(), clusters.end(), h.cluster) - clusters.begin());
+  std::string names;
+  for (const auto& h : topology.hosts) names += (names.empty() ? "" : ", ") + h.name;
+  throw UsageError("this host '" + host + "' is not listed in the topology " + origin + " (hosts: " + names +
+                   "); add it, or set CROSSTRAIN_CLUSTER instead of sync.topology");
+}
+
+int cluster_of_this_node(const std::string& topology_path) {
+  if (topology_path.empty()) return cluster_from_environment();
+  char name[256] = {0};
+  gethostname(name, sizeof name - 1);
+  return cluster_of_host(comm::load_topology(topology_path), name, "'" + topology_path + "' (sync.topology)");
 }
 
 void check_sync_config(const SyncConfig& c, int dp, int pp, int tp, int64_t zero) {

@@ -212,7 +212,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
   sync_setup.world_rank = world.rank();
   for (const auto& [name, t] : shards) sync_setup.parameters.push_back(t);
   sync_setup.steps = c.train.steps;
-  sync_setup.cluster_hint = cluster_from_environment();
+  sync_setup.cluster_hint = cluster_of_this_node(c.sync.topology);
   sync_setup.timeout = world.timeout();
   std::unique_ptr<SyncStrategy> sync_strategy = make_sync_strategy(std::move(sync_setup));
   double sync_blocked_s = 0, compute_s = 0;  // [sync] for utilization

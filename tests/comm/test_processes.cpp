@@ -94,6 +94,12 @@ TEST(Launcher, FailedRankStopsTheOthers) {
   EXPECT_LT(res.seconds, 10.0);
 }
 
+TEST(Launcher, ExportsTheNodesCluster) {
+  auto res = run_process({kBin, "run", "--nproc", "2", "--cluster", "3", "--", "sh", "-c", "test \"$CROSSTRAIN_CLUSTER\" = 3"},
+                         {}, milliseconds(30000));
+  EXPECT_EQ(res.exit_code(), 0) << res.output;
+}
+
 TEST(Launcher, RankKilledBySignalIsNamed) {
   auto res = run_process({kBin, "run", "--nproc", "2", "--", "sh", "-c", "test $RANK = 0 && kill -9 $$; sleep 60"},
                          {}, milliseconds(30000));

@@ -89,6 +89,20 @@ TEST(SyncLogic, ClusterLayoutGroupsAndCounterparts) {
   EXPECT_THROW(train::block_clusters(4, 3), UsageError);
 }
 
+TEST(SyncLogic, ClusterOfAHostFromTheTopology) {
+  comm::Topology t;
+  t.hosts = {{"a0", "east", 1, 0}, {"a1", "east", 1, 0}, {"b0", "west", 1, 0}, {"c0", "north", 1, 0}};
+  EXPECT_EQ(train::cluster_of_host(t, "a1", "t.toml"), 0);
+  EXPECT_EQ(train::cluster_of_host(t, "b0", "t.toml"), 1);
+  EXPECT_EQ(train::cluster_of_host(t, "c0", "t.toml"), 2);
+  try {
+    train::cluster_of_host(t, "zz", "t.toml");
+    FAIL() << "an unlisted host must be refused";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'zz' is not listed in the topology t.toml"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SyncLogic, GossipPartnersArePairings) {
   for (int n : {2, 3, 4, 6, 8}) {
     for (int64_t round = 0; round < 6; ++round) {

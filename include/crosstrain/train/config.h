@@ -66,7 +66,8 @@ struct CommSectionConfig {
 // Synchronization across data-parallel replicas and clusters (docs/wan-training.md).
 struct SyncConfig {
   std::string mode = "sync";      // sync, diloco, ssp, async, gossip
-  int64_t clusters = 0;           // 0: from CROSSTRAIN_CLUSTER (or the testbed's CT_CLUSTER) per node, else 1
+  int64_t clusters = 0;           // 0: from sync.topology, else CROSSTRAIN_CLUSTER (or the testbed's CT_CLUSTER) per node, else 1
+  std::string topology;           // a topology TOML (hosts and their clusters): each rank finds its host's cluster
   bool hierarchical = false;      // sync: gradients all-reduced inside each cluster, then across clusters
   int64_t inner_steps = 50;       // diloco: H, inner steps between outer steps
   double outer_lr = 0.7;          // diloco: outer SGD learning rate

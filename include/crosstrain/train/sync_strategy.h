@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/comm/cost_model.h"
 #include "crosstrain/train/config.h"
 
 namespace crosstrain::train {
@@ -68,6 +69,11 @@ struct SyncSetup {
 void check_sync_config(const SyncConfig& config, int dp, int pp, int tp, int64_t zero);
 // The node's cluster from CROSSTRAIN_CLUSTER or CT_CLUSTER; -1 when neither is set.
 int cluster_from_environment();
+// Pure: the cluster index of `host` in a topology (clusters numbered in order of first appearance). Throws
+// UsageError naming the file when the host is not listed.
+int cluster_of_host(const comm::Topology& topology, const std::string& host, const std::string& origin);
+// This node's cluster: from the topology file when given (by this machine's host name), else the environment.
+int cluster_of_this_node(const std::string& topology_path);
 // Collective over setup.dp: builds the cluster groups and the strategy.
 std::unique_ptr<SyncStrategy> make_sync_strategy(SyncSetup setup);
 

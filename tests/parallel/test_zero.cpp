@@ -24,20 +24,21 @@ struct TrainedRun {
 };
 
 TrainedRun train_with(int dp, int tp, int zero, bool sequence_parallel, const std::string& tag, int64_t micro_batches = 1,
-                      const std::string& precision = "fp32") {
+                      const std::string& precision = "fp32", int pp = 1) {
   auto c = crosstrain::testing::tiny_config(tag);
   c.model.n_layer = 3;
   c.model.n_head = 2;
   c.parallel.dp = dp;
   c.parallel.tp = tp;
+  c.parallel.pp = pp;
   c.parallel.zero = zero;
   c.parallel.sequence_parallel = sequence_parallel;
   c.train.micro_batches = micro_batches;
   c.train.precision = precision;
   TrainedRun run;
-  run.shards.resize(dp * tp);
+  run.shards.resize(dp * tp * pp);
   std::mutex m;
-  comm::FakeWorld::run(dp * tp, [&](comm::Communicator& comm) {
+  comm::FakeWorld::run(dp * tp * pp, [&](comm::Communicator& comm) {
     train::Trainer trainer(c, comm);
     train::TrainOptions o;
     o.quiet = true;
@@ -91,6 +92,13 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ZeroParity,
 TEST(Zero, GradientAccumulationMatchesPlain) {
   TrainedRun plain = train_with(2, 1, 0, false, "zero_accum_plain", 2);
   for (int stage : {1, 3}) expect_same_training(plain, train_with(2, 1, stage, false, "zero_accum_" + std::to_string(stage), 2), "accumulating");
+}
+
+TEST(Zero, StagesOneAndTwoWorkUnderPipelineStages) {
+  TrainedRun plain = train_with(2, 1, 0, false, "zero_pp_plain", 1, "fp32", 2);
+  for (int stage : {1, 2})
+    expect_same_training(plain, train_with(2, 1, stage, false, "zero_pp_" + std::to_string(stage), 1, "fp32", 2),
+                         "pp=2, ZeRO-" + std::to_string(stage));
 }
 
 TEST(Zero, Bf16MixedPrecisionTrainsWithThePapersByteCounts) {

@@ -14,12 +14,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 bool is_parameter(const std::string& tensor) { return tensor.find('#') == std::string::npos; }
 
 // The model config saved with the checkpoint gives the tensor-parallel split of each parameter.
@@ -67,7 +61,7 @@ int ckpt_info(const std::string& path, bool list_tensors) {
   if (list_tensors) {
     std::printf("  %-34s %-16s %-5s %s\n", "tensor", "shape", "dtype", "stored as");
     for (const auto& t : reader.tensors())
-      std::printf("  %-34s %-16s %-5s %s\n", t.c_str(), shape_text(reader.global_shape(t)).c_str(),
+      std::printf("  %-34s %-16s %-5s %s\n", t.c_str(), c10::str(c10::IntArrayRef(reader.global_shape(t))).c_str(),
                   reader.dtype(t).c_str(), reader.describe(t).c_str());
   }
   return 0;

@@ -49,12 +49,6 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
-}
-
 }  // namespace
 
 std::string checksum_of(const at::Tensor& t) {
@@ -317,7 +311,7 @@ at::Tensor CheckpointReader::read_full(const std::string& tensor, const SplitFn&
   for (int t = 0; t < tp_size; ++t) {
     at::Tensor where = split(first.param, index, t, tp_size).reshape(-1);
     if (where.numel() != shard_numel)
-      throw UsageError("checkpoint '" + dir_ + "': '" + tensor + "' was split into shards of " + shape_text(first.shard_shape) +
+      throw UsageError("checkpoint '" + dir_ + "': '" + tensor + "' was split into shards of " + c10::str(c10::IntArrayRef(first.shard_shape)) +
                        ", which does not match this model's split (another model?)");
     full.index_copy_(0, where, shards[t]);
   }

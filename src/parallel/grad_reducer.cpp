@@ -13,6 +13,18 @@
 
 namespace crosstrain::parallel {
 
+double busy_seconds(const std::vector<std::pair<std::chrono::steady_clock::time_point,
+                                                std::chrono::steady_clock::time_point>>& intervals) {
+  double busy = 0;
+  std::chrono::steady_clock::time_point covered{};
+  for (const auto& [launched, completed] : intervals) {
+    const auto start = std::max(launched, covered);
+    if (completed > start) busy += std::chrono::duration<double>(completed - start).count();
+    covered = std::max(covered, completed);
+  }
+  return busy;
+}
+
 BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::Communicator* comm,
                                      BucketConfig config)
     : comm_(comm) {
@@ -203,16 +215,10 @@ void BucketedAllReduce::finish() {
     b.done = true;
     b.completed = Clock::now();
   }
-  // Union of the in-flight intervals (buckets run one after another on the back end).
-  double busy = 0;
-  Clock::time_point covered{};
-  for (auto& b : buckets_) {
-    auto start = std::max(b.launched, covered);
-    if (b.completed > start) busy += std::chrono::duration<double>(b.completed - start).count();
-    covered = std::max(covered, b.completed);
-  }
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals;
+  for (const auto& b : buckets_) intervals.emplace_back(b.launched, b.completed);
   const auto end = Clock::now();
-  stats_.comm_time_s = busy;
+  stats_.comm_time_s = busy_seconds(intervals);
   stats_.exposed_comm_time_s = std::chrono::duration<double>(end - backward_done_).count();
   if (!comm_ || comm_->size() == 1) stats_.exposed_comm_time_s = 0;
   reset_pass();

@@ -324,14 +324,11 @@ void ZeroOptimizer::finish() {
     }
   }
   if (ranks_ > 1 && sync_) comm_->all_reduce(side_, comm::ReduceOp::Avg)->wait();
-  double busy = 0;
-  Clock::time_point covered{};
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals;  // in launch order: the last unit first
   stats_.bytes = stats_.bytes_sent = 0;
   for (int i = unit_count() - 1; i >= 0; --i) {
     const Unit& u = units_[i];
-    const auto start = std::max(u.launched, covered);
-    if (u.completed > start) busy += std::chrono::duration<double>(u.completed - start).count();
-    covered = std::max(covered, u.completed);
+    intervals.emplace_back(u.launched, u.completed);
     const int64_t bytes = u.padded * static_cast<int64_t>(u.full.element_size());
     stats_.bytes += bytes;
     // Per rank: an all-reduce sends 2(N-1)/N of the buffer, a reduce-scatter (N-1)/N.
@@ -339,7 +336,7 @@ void ZeroOptimizer::finish() {
   }
   stats_.bytes_uncompressed = stats_.bytes_sent;
   stats_.buckets = unit_count();
-  stats_.comm_time_s = busy;
+  stats_.comm_time_s = busy_seconds(intervals);
   stats_.exposed_comm_time_s = ranks_ > 1 ? std::chrono::duration<double>(Clock::now() - backward_done_).count() : 0;
   reset_pass();
 }

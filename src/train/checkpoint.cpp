@@ -8,8 +8,6 @@ namespace crosstrain::train {
 
 namespace {
 
-std::string shape_text(c10::IntArrayRef shape) { return c10::str(shape); }
-
 // A parameter is split over the tensor-parallel group when its shard is smaller than the whole.
 bool is_split(const std::vector<int64_t>& global, const at::Tensor& shard, int tp_size) {
   return tp_size > 1 && shard.sizes().vec() != global;
@@ -122,15 +120,15 @@ void load_model_state(checkpoint::CheckpointReader& reader, const ModelStateRefs
     const auto& global = global_shape_of(s, name);
     if (reader.global_shape(name) != global)
       throw UsageError("checkpoint '" + reader.dir() + "': parameter '" + name + "' has shape " +
-                       shape_text(reader.global_shape(name)) + " in " + manifest + " but this model's is " +
-                       shape_text(global) + ": it was written for another model configuration");
+                       c10::str(c10::IntArrayRef(reader.global_shape(name))) + " in " + manifest + " but this model's is " +
+                       c10::str(c10::IntArrayRef(global)) + ": it was written for another model configuration");
   }
   std::map<std::string, std::vector<parallel::ZeroOptimizer::OwnedSlice>> slices;
-  if (s.zero)
-    for (auto& slice : s.zero->owned_slices()) {
-      for (const auto& [name, t] : *s.parameters)
-        if (t.unsafeGetTensorImpl() == slice.tensor.unsafeGetTensorImpl()) slices[name].push_back(slice);
-    }
+  if (s.zero) {
+    std::map<const c10::TensorImpl*, std::string> names;
+    for (const auto& [name, t] : *s.parameters) names[t.unsafeGetTensorImpl()] = name;
+    for (auto& slice : s.zero->owned_slices()) slices[names.at(slice.tensor.unsafeGetTensorImpl())].push_back(slice);
+  }
   // Read every tensor first (this validates pieces and checksums), then copy.
   struct Loaded {
     at::Tensor value, exp_avg, exp_avg_sq;
@@ -143,7 +141,7 @@ void load_model_state(checkpoint::CheckpointReader& reader, const ModelStateRefs
     Loaded l{shard(name), shard(name + "#exp_avg"), shard(name + "#exp_avg_sq")};
     if (l.value.sizes() != t.sizes())
       throw UsageError("checkpoint '" + reader.dir() + "': parameter '" + name + "' splits into " +
-                       shape_text(l.value.sizes()) + " but this rank holds " + shape_text(t.sizes()));
+                       c10::str(l.value.sizes()) + " but this rank holds " + c10::str(t.sizes()));
     loaded[name] = l;
   }
   torch::NoGradGuard no_grad;

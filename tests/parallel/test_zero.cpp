@@ -116,6 +116,17 @@ TEST(Zero, Bf16MixedPrecisionTrainsWithThePapersByteCounts) {
   }
 }
 
+TEST(ReducerLogic, BusySecondsIsTheUnionOfTheIntervals) {
+  using std::chrono::milliseconds;
+  const auto t0 = std::chrono::steady_clock::now();
+  // [0, 10) and [5, 20) overlap: 20 ms; [30, 40) adds 10; [32, 35) inside it adds nothing.
+  std::vector<std::pair<std::chrono::steady_clock::time_point, std::chrono::steady_clock::time_point>> intervals{
+      {t0, t0 + milliseconds(10)}, {t0 + milliseconds(5), t0 + milliseconds(20)},
+      {t0 + milliseconds(30), t0 + milliseconds(40)}, {t0 + milliseconds(32), t0 + milliseconds(35)}};
+  EXPECT_NEAR(parallel::busy_seconds(intervals), 0.030, 1e-9);
+  EXPECT_EQ(parallel::busy_seconds({}), 0.0);
+}
+
 TEST(ZeroLogic, OwnedPartsCoverEachParameterOnce) {
   const std::vector<int64_t> sizes{5, 3, 9};  // 17 elements, padded to 18 over 3 ranks: slices of 6
   EXPECT_EQ(parallel::zero_padded_size(17, 3), 18);

@@ -6,6 +6,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <chrono>
+#include <utility>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -51,6 +52,11 @@ class GradReducer {
   virtual void set_side_value(int index, double value) = 0;
   virtual double side_value(int index) const = 0;
 };
+
+// Wall time during which at least one of the intervals [launched, completed) was running, for intervals given
+// in launch order (a back end runs them one after another): the reducers' comm_time_s. Pure.
+double busy_seconds(const std::vector<std::pair<std::chrono::steady_clock::time_point,
+                                                std::chrono::steady_clock::time_point>>& intervals);
 
 struct BucketConfig {
   int64_t bucket_bytes = 1 << 20;  // all-reduce granularity; small enough to start during backward

@@ -234,7 +234,7 @@ void parse_sizes(const std::string& text, int64_t& min_bytes, int64_t& max_bytes
 
 int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaunch_args) {
   if (o.step_factor < 2) throw UsageError("--step-factor must be at least 2");
-  if (o.iters < 1 || o.warmup < 0) throw UsageError("--iters must be at least 1 and --warmup at least 0");
+  if (o.iters < 0 || o.warmup < 0) throw UsageError("--iters must be at least 1 (or 0: automatic) and --warmup at least 0");
   std::vector<std::string> ops = o.op == "all" ? bench_ops() : std::vector<std::string>{o.op};
   for (const auto& op : ops)
     if (std::find(bench_ops().begin(), bench_ops().end(), op) == bench_ops().end())
@@ -270,8 +270,9 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
 
   for (const auto& op : ops) {
     if (leader) {
-      std::printf("# crosstrain bench comm: op %s, backend %s, algo %s, %d ranks, dtype %s, iters %d, warmup %d\n",
-                  op.c_str(), c.backend().c_str(), o.algo.c_str(), c.size(), o.dtype.c_str(), o.iters, o.warmup);
+      std::printf("# crosstrain bench comm: op %s, backend %s, algo %s, %d ranks, dtype %s, iters %s, warmup %d\n",
+                  op.c_str(), c.backend().c_str(), o.algo.c_str(), c.size(), o.dtype.c_str(),
+                  o.iters > 0 ? std::to_string(o.iters).c_str() : "auto (~0.3 s per size)", o.warmup);
       std::printf("#%13s %12s %9s %7s %5s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "root",
                   "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
     }
@@ -318,10 +319,13 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
       auto t0 = Clock::now();
       for (int i = 0; i < o.warmup; ++i) k.run()->wait();
       double warm = o.warmup > 0 ? std::chrono::duration<double>(Clock::now() - t0).count() / o.warmup : 0.0;
-      // Large sizes get fewer iterations (at least 3) so a sweep stays around a second per size.
+      // Iterations fill a time budget (large sizes get fewer, at least 3): small sizes need thousands, or the
+      // skew of leaving the barrier (tens of microseconds) dominates a time of a few microseconds.
       warm = max_over_ranks(c, warm);
-      int iters = o.iters;
-      if (warm > 0) iters = static_cast<int>(std::max(3.0, std::min<double>(o.iters, 1.0 / warm)));
+      const int most = o.iters > 0 ? o.iters : 10000;
+      const double budget_s = o.iters > 0 ? 1.0 : 0.3;
+      int iters = o.iters > 0 ? o.iters : 20;
+      if (warm > 0) iters = static_cast<int>(std::max(3.0, std::min<double>(most, budget_s / warm)));
       c.barrier()->wait();
       t0 = Clock::now();
       for (int i = 0; i < iters; ++i) k.run()->wait();

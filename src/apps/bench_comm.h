@@ -17,7 +17,7 @@ struct BenchCommOptions {
   int64_t min_bytes = 4;
   int64_t max_bytes = 64LL << 20;
   int step_factor = 2;
-  int iters = 20;
+  int iters = 0;   // 0: as many as fit in about 0.3 s per size (at least 3, at most 10000)
   int warmup = 5;
   std::string dtype = "float";
   std::string redop = "sum";

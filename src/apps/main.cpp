@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
   bench_comm->add_option("--sizes", sizes, "MIN:MAX bytes, e.g. 4:256M (default 4:64M)");
   bench_comm->add_option("--step-factor", bench.step_factor, "multiply the size by this each row");
-  bench_comm->add_option("--iters", bench.iters, "timed iterations per size (fewer for large sizes)");
+  bench_comm->add_option("--iters", bench.iters, "timed iterations per size, fewer for large sizes (default: about 0.3 s per size, 3 to 10000)");
   bench_comm->add_option("--warmup", bench.warmup, "untimed iterations per size");
   bench_comm->add_option("--dtype", bench.dtype, "float, double, half, bfloat16, int8, uint8, int32, int64");
   bench_comm->add_option("--redop", bench.redop, "sum, avg, min, max, prod");

@@ -31,6 +31,9 @@ using Clock = std::chrono::steady_clock;
 struct alignas(64) RankState {
   std::atomic<uint32_t> arrived;
   std::atomic<uint32_t> consumed;
+  // Ranks asleep on a futex on either counter: a store wakes them only when there are any, so the latency-bound
+  // path (peers spinning) makes no system call.
+  std::atomic<uint32_t> sleepers;
 };
 
 // A process that exited: gone, or a zombie its parent has not reaped yet.
@@ -53,6 +56,15 @@ bool alive(pid_t pid) {
 
 void futex_wake(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+}
+
+// Publishes `value` and wakes sleepers, if any. With the sleeper's fetch_add (both sequentially consistent),
+// either this sees the sleeper or the sleeper sees the value before it sleeps; a missed wake-up would cost at most
+// the sleeper's 1 ms timeout anyway.
+void publish(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t value) {
+  word.store(value, std::memory_order_release);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (sleepers.load(std::memory_order_relaxed) > 0) futex_wake(&word);
 }
 
 void futex_wait(std::atomic<uint32_t>* word, uint32_t seen, std::chrono::microseconds at_most) {
@@ -159,7 +171,8 @@ class ShmCommunicator : public Communicator {
       }
       lock.lock();
       busy_ = false;
-      cv_.notify_all();
+      // Only the worker waits on cv_, and only for queued work: waking it for nothing costs a context switch.
+      if (!queue_.empty()) cv_.notify_all();
       return work;
     }
     queue_.push_back([this, t, op, work]() mutable {
@@ -215,8 +228,8 @@ class ShmCommunicator : public Communicator {
 
   // Waits until `word` reaches `target` (counters only grow, modulo wrap-around). A peer that died is noticed
   // within ~100 ms (same host: its process id is known), one that hangs at the timeout.
-  void await(std::atomic<uint32_t>& word, uint32_t target, int peer, const char* what, const std::string& op,
-             Clock::time_point deadline) {
+  void await(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t target, int peer,
+             const char* what, const std::string& op, Clock::time_point deadline) {
     auto next_check = Clock::now() + std::chrono::milliseconds(100);
     for (int spin = 0;; ++spin) {
       uint32_t seen = word.load(std::memory_order_acquire);
@@ -237,7 +250,10 @@ class ShmCommunicator : public Communicator {
         c.timeout = timeout();
         throw CommError(c, "rank " + std::to_string(peer) + " did not " + what + " (shared-memory all-reduce)", true);
       }
-      futex_wait(&word, seen, std::chrono::microseconds(1000));
+      sleepers.fetch_add(1, std::memory_order_seq_cst);
+      seen = word.load(std::memory_order_seq_cst);
+      if (static_cast<int32_t>(seen - target) < 0) futex_wait(&word, seen, std::chrono::microseconds(1000));
+      sleepers.fetch_sub(1, std::memory_order_relaxed);
     }
   }
 
@@ -251,11 +267,11 @@ class ShmCommunicator : public Communicator {
       const int64_t count = std::min(per_round, t.numel() - offset);
       const uint32_t round = ++round_;
       // My slot is free once everyone has read the previous round.
-      for (int q = 0; q < n; ++q) await(segment_->state(q).consumed, round - 1, q, "finish the previous round", name, deadline);
+      for (int q = 0; q < n; ++q) await(segment_->state(q).consumed, segment_->state(q).sleepers, round - 1, q, "finish the previous round", name, deadline);
       std::memcpy(segment_->slot(me), data + offset * element, static_cast<size_t>(count * element));
-      segment_->state(me).arrived.store(round, std::memory_order_release);
-      futex_wake(&segment_->state(me).arrived);
-      for (int q = 0; q < n; ++q) await(segment_->state(q).arrived, round, q, "arrive", name, deadline);
+      publish(segment_->state(me).arrived, segment_->state(me).sleepers, round);
+      for (int q = 0; q < n; ++q)
+        await(segment_->state(q).arrived, segment_->state(q).sleepers, round, q, "arrive", name, deadline);
       // Sum in rank order: the same bits on every rank. A plain loop: no dispatch cost on small buffers, and
       // the compiler vectorizes it.
       if (count * element <= kInlineBytes) {
@@ -267,8 +283,7 @@ class ShmCommunicator : public Communicator {
         for (int q = 1; q < n; ++q) out.add_(at::from_blob(segment_->slot(q), {count}, t.options()));
         if (op == ReduceOp::Avg) out.div_(n);
       }
-      segment_->state(me).consumed.store(round, std::memory_order_release);
-      futex_wake(&segment_->state(me).consumed);
+      publish(segment_->state(me).consumed, segment_->state(me).sleepers, round);
     }
   }
 

@@ -63,13 +63,15 @@ struct Case {
 // Replaces a case's run with one of our algorithms: one object per case, its scratch reserved for the case's
 // size, so the timed calls allocate nothing (synchronous; returns a completed handle).
 void use_algorithm(Case& k, Communicator& c, const std::string& op, comm::algo::Algorithm a, ReduceOp redop, int root,
-                   comm::algo::Hierarchy* h) {
+                   comm::algo::Hierarchy* h, int64_t piece_bytes) {
   using comm::algo::Algorithm;
   namespace algo = comm::algo;
   auto done = [] { return comm::completed_work(); };
   std::shared_ptr<algo::CollectiveAlgorithm> obj;
-  if (a == Algorithm::Hierarchical) obj = std::make_shared<algo::HierarchicalAlgorithm>(c, *h);
-  else obj = algo::make_algorithm(a, c);
+  algo::AlgorithmOptions options;
+  if (piece_bytes >= 0) options.piece_bytes = piece_bytes;
+  if (a == Algorithm::Hierarchical) obj = std::make_shared<algo::HierarchicalAlgorithm>(c, *h, options);
+  else obj = algo::make_algorithm(a, c, options);
   const at::Tensor& sized = op == "allgather" ? k.output : k.input;
   if (sized.defined()) obj->reserve(sized.numel(), sized.scalar_type());
   if (op == "allreduce") {
@@ -294,7 +296,7 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
         if (leader && it != modeled.end())
           std::printf("# auto: %lld bytes -> %s\n", static_cast<long long>(bytes), comm::algo::to_string(chosen));
       }
-      if (chosen != comm::algo::Algorithm::Builtin) use_algorithm(k, c, op, chosen, redop, o.root, &hierarchy);
+      if (chosen != comm::algo::Algorithm::Builtin) use_algorithm(k, c, op, chosen, redop, o.root, &hierarchy, o.piece_bytes);
       int64_t codec_bytes = -1;
       if (codec) {
         if (op != "allreduce" || dtype != at::kFloat || redop != ReduceOp::Avg)
@@ -367,65 +369,6 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
   if (total_wrong != 0) {
     if (leader) std::fprintf(stderr, "bench comm: %lld wrong elements\n", static_cast<long long>(total_wrong));
     return 1;
-  }
-  return 0;
-}
-
-int bench_cost_model(const BenchCommOptions& o, const std::vector<std::string>& relaunch_args) {
-  LaunchEnv env = detect_launch_env(current_environment());
-  if (env.source == LaunchSource::Single && o.nproc > 1)
-    return launch_self(o.nproc, relaunch_args, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
-  limit_compute_threads(1);
-  comm::CommConfig config;
-  config.shared_memory = false;  // the model describes the point-to-point link our algorithms use
-  config.timeout = comm::Millis(static_cast<int64_t>(o.timeout_s * 1000));
-  auto world = comm::init_world(env, config);
-  Communicator& c = *world;
-  const int n = c.size(), r = c.rank();
-  if (n < 2) throw UsageError("bench cost-model needs at least 2 ranks");
-  // No topology file: this host, its link calibrated with a quick ping-pong (one-way and ring-style exchanges at
-  // several sizes, alpha and beta fitted to the medians) and the local reduction rate.
-  const comm::Topology topo = comm::detect_local_topology(c, /*calibrate=*/true);
-  const comm::Link& link = topo.bottleneck();
-  if (r == 0) {
-    for (const auto& h : topo.hosts)
-      std::printf("# host %s: %d ranks, %d cores\n", h.name.c_str(), h.ranks, h.cores);
-    std::printf("# calibrated link: alpha = %.1f us, bandwidth = %.2f GB/s (send/recv ping-pong, %d ranks)\n"
-                "# calibrated link: exchange alpha = %.1f us, %.2f GB/s; reduce %.2f GB/s\n"
-                "# (straight-line fits; the predictions read the measured curves of %zu sizes)\n"
-                "#%13s %10s %14s %14s %8s %14s\n",
-                link.latency_s * 1e6, link.bandwidth_Bps / 1e9, n, link.exchange_latency_s * 1e6,
-                link.exchange_bandwidth_Bps / 1e9, link.reduce_Bps / 1e9, link.exchange_curve.size(), "size(B)",
-                "algo", "predicted(us)",
-                "measured(us)", "ratio", "mean(us)");
-  }
-  for (int64_t bytes : {int64_t{64} << 10, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
-    for (auto a : {comm::algo::Algorithm::Ring, comm::algo::Algorithm::Tree}) {
-      at::Tensor t = at::zeros({bytes / 4});
-      auto algorithm = comm::algo::make_algorithm(a, c);
-      algorithm->reserve(t.numel(), t.scalar_type());
-      algorithm->all_reduce(t, ReduceOp::Sum);
-      c.barrier()->wait();
-      const int iters = bytes >= (4 << 20) ? 9 : 25;
-      // Median of the iterations (as the calibration): this machine is shared and noisy.
-      std::vector<double> times;
-      for (int i = 0; i < iters; ++i) {
-        auto t0 = Clock::now();
-        algorithm->all_reduce(t, ReduceOp::Sum);
-        times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
-      }
-      double mean = 0;
-      for (double x : times) mean += x / iters;
-      std::nth_element(times.begin(), times.begin() + iters / 2, times.end());
-      const double s = max_over_ranks(c, times[iters / 2]);
-      mean = max_over_ranks(c, mean);
-      const double predicted = comm::predict_all_reduce(a, static_cast<double>(bytes), n, link);
-      if (r == 0) {
-        std::printf("%14lld %10s %14.1f %14.1f %8.2f %14.1f\n", static_cast<long long>(bytes),
-                    comm::algo::to_string(a), predicted * 1e6, s * 1e6, predicted / s, mean * 1e6);
-        std::fflush(stdout);
-      }
-    }
   }
   return 0;
 }

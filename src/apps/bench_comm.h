@@ -23,6 +23,7 @@ struct BenchCommOptions {
   std::string redop = "sum";
   int root = 0;
   double timeout_s = 30;
+  int64_t piece_bytes = -1;        // ring all-reduce pieces (AlgorithmOptions::piece_bytes); -1: the default
   std::string json;               // rows as JSON, written by rank 0
 };
 
@@ -34,10 +35,6 @@ const std::vector<std::string>& bench_ops();
 
 // Bus bandwidth factor of nccl-tests for an op on n ranks.
 double busbw_factor(const std::string& op, int n);
-
-// `crosstrain bench cost-model`: calibrates latency and bandwidth with send/recv, then prints the cost model's
-// prediction next to the measured time of our ring and tree all-reduce at several sizes.
-int bench_cost_model(const BenchCommOptions& options, const std::vector<std::string>& relaunch_args);
 
 // Runs in every rank (launches the ranks itself when started alone). Returns the exit code.
 int bench_comm(const BenchCommOptions& options, const std::vector<std::string>& relaunch_args);

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "bench_comm.h"
+#include "bench_cost_model.h"
 #include "bench_pipeline.h"
 #include "ckpt_cmd.h"
 #include "crosstrain/core/error.h"
@@ -50,14 +51,24 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--step-factor", bench.step_factor, "multiply the size by this each row");
   bench_comm->add_option("--iters", bench.iters, "timed iterations per size, fewer for large sizes (default: about 0.3 s per size, 3 to 10000)");
   bench_comm->add_option("--warmup", bench.warmup, "untimed iterations per size");
+  bench_comm->add_option("--piece-bytes", bench.piece_bytes,
+                         "ring all-reduce: bytes per pipelined piece (default 1 MiB; 0: whole chunks)")
+      ->check(CLI::NonNegativeNumber);
   bench_comm->add_option("--dtype", bench.dtype, "float, double, half, bfloat16, int8, uint8, int32, int64");
   bench_comm->add_option("--redop", bench.redop, "sum, avg, min, max, prod");
   bench_comm->add_option("--root", bench.root, "root rank of rooted collectives");
   bench_comm->add_option("--timeout", bench.timeout_s, "seconds before a collective counts as failed");
   bench_comm->add_option("--json", bench.json, "also write the rows as JSON to this file");
   bench_comm->add_option("--algo", bench.algo, "builtin (the back end's), ring, tree, hd, hierarchical, auto (cost model)");
-  auto* bench_model = bench_cmd->add_subcommand("cost-model", "cost model's prediction next to measured ring and tree all-reduce");
-  bench_model->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
+  apps::BenchCostModelOptions model;
+  auto* bench_model = bench_cmd->add_subcommand(
+      "cost-model", "cost model's predicted all-reduce time next to the measured one (ring, tree, hd)");
+  bench_model->add_option("--nproc", model.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
+  bench_model->add_option("--topology", model.topology, "links from this topology file instead of calibrating them")
+      ->check(CLI::ExistingFile);
+  bench_model->add_option("--repeat", model.repeat, "calibrate-and-measure repetitions (the table shows medians)")
+      ->check(CLI::PositiveNumber);
+  bench_model->add_option("--timeout", model.timeout_s, "seconds before a collective counts as failed");
   bench_comm->add_option("--group-size", bench.group_size, "ranks per group for --algo hierarchical");
   bench_comm->add_option("--compression", bench.compression,
                          "all-reduce through a codec: none, bf16, fp16, int8, int4, topk:F, powersgd:R");
@@ -121,7 +132,7 @@ int main(int argc, char** argv) {
       if (run_cluster >= 0) launch.extra_env["CROSSTRAIN_CLUSTER"] = std::to_string(run_cluster);
       return apps::launch(launch);
     }
-    if (*bench_model) return apps::bench_cost_model(bench, args);
+    if (*bench_model) return apps::bench_cost_model(model, args);
     if (*bench_comm) {
       if (!sizes.empty()) apps::parse_sizes(sizes, bench.min_bytes, bench.max_bytes);
       return apps::bench_comm(bench, args);

@@ -65,6 +65,14 @@ std::vector<int64_t> slice_offsets(int64_t per, int parts) {
   return offs;
 }
 
+// Pieces per ring chunk of `chunk_bytes`: at most `piece_bytes` each (0: one piece), at most 16 and at most one
+// per element.
+int ring_pieces(int64_t chunk_bytes, int64_t piece_bytes, int64_t chunk_numel) {
+  if (piece_bytes <= 0 || chunk_numel <= 1) return 1;
+  const int64_t k = (chunk_bytes + piece_bytes - 1) / piece_bytes;
+  return static_cast<int>(std::clamp<int64_t>(k, 1, std::min<int64_t>(16, chunk_numel)));
+}
+
 int ceil_pow2(int n) {
   int top = 1;
   while (top < n) top <<= 1;
@@ -97,6 +105,7 @@ class Links {
   void wait_all(const std::vector<WorkPtr>& ws) {
     for (const auto& w : ws) wait(w);
   }
+  WorkPtr post_recv(at::Tensor t, int from, int tag) { return t.numel() > 0 ? c_.recv(t, from, tag) : nullptr; }
   void send(const at::Tensor& t, int to, int tag) { wait(post_send(t, to, tag)); }
   void recv(at::Tensor t, int from, int tag) {
     if (t.numel() > 0) c_.recv(t, from, tag)->wait(timeout_);
@@ -347,20 +356,61 @@ void RingAlgorithm::all_reduce(at::Tensor& t, ReduceOp op) {
   Links l(comm_, timeout());
   at::Tensor flat = t.view({-1});
   const int right = (r + 1) % n, left = (r + n - 1) % n;
-  auto chunk = [&](int i) {
-    auto [b, e] = segment(flat.numel(), n, ((i % n) + n) % n);
-    return flat.slice(0, b, e);
+  const int64_t chunk_numel = segment(flat.numel(), n, 0).second;  // the largest chunk
+  const int pieces = ring_pieces(chunk_numel * t.element_size(), options_.piece_bytes, chunk_numel);
+  // Piece j of chunk i, as a range within the chunk (chunks and pieces cut as evenly as the elements allow).
+  auto chunk_at = [&](int i) { return segment(flat.numel(), n, ((i % n) + n) % n); };
+  auto piece = [&](int i, int j) {
+    auto [b, e] = chunk_at(i);
+    auto [pb, pe] = segment(e - b, pieces, j);
+    return flat.slice(0, b + pb, b + pe);
   };
-  // Reduce-scatter: after n-1 steps rank r holds the reduced chunk r+1.
-  at::Tensor scratch = scratch_.take(chunk(0).numel(), t.scalar_type());
-  for (int s = 0; s < n - 1; ++s) {
-    at::Tensor target = chunk(r - s - 1);
-    at::Tensor in = scratch.slice(0, 0, target.numel());
-    l.exchange(chunk(r - s), right, in, left, tag());
-    combine(target, in, op);
+  at::Tensor scratch = scratch_.take(chunk_numel, t.scalar_type());
+  // Where piece j of chunk i lands before it is combined: at piece j's place in the largest chunk, so that it never
+  // overlaps another piece still in flight (a smaller chunk's pieces are no longer).
+  auto scratch_piece = [&](int i, int j) {
+    auto [b, e] = chunk_at(i);
+    auto [pb, pe] = segment(e - b, pieces, j);
+    const int64_t at = segment(chunk_numel, pieces, j).first;
+    return scratch.slice(0, at, at + (pe - pb));
+  };
+  // Reduce-scatter: at step s rank r sends chunk r-s and receives chunk r-s-1, adds it to its own and sends that
+  // chunk on at step s+1. After n-1 steps rank r holds the reduced chunk r+1. Messages between two ranks on one
+  // tag arrive in the order sent, so every piece of every step can be in flight at once.
+  std::vector<WorkPtr> sends, recvs(pieces);
+  for (int j = 0; j < pieces; ++j) {
+    sends.push_back(l.post_send(piece(r, j), right, tag()));
+    recvs[j] = l.post_recv(scratch_piece(r - 1, j), left, tag());
   }
-  // All-gather the reduced chunks around the ring, straight into place.
-  for (int s = 0; s < n - 1; ++s) l.exchange(chunk(r + 1 - s), right, chunk(r - s), left, tag() + 1);
+  for (int s = 0; s < n - 1; ++s) {
+    for (int j = 0; j < pieces; ++j) {
+      l.wait(recvs[j]);
+      at::Tensor target = piece(r - s - 1, j);
+      combine(target, scratch_piece(r - s - 1, j), op);
+      if (s + 1 < n - 1) {
+        sends.push_back(l.post_send(target, right, tag()));
+        recvs[j] = l.post_recv(scratch_piece(r - s - 2, j), left, tag());
+      }
+    }
+  }
+  // The all-gather receives into chunks sent above: those sends must be done.
+  l.wait_all(sends);
+  sends.clear();
+  // All-gather: at step s rank r sends chunk r+1-s and receives chunk r-s in place, which it forwards at step s+1.
+  for (int j = 0; j < pieces; ++j) {
+    sends.push_back(l.post_send(piece(r + 1, j), right, tag() + 1));
+    recvs[j] = l.post_recv(piece(r, j), left, tag() + 1);
+  }
+  for (int s = 0; s < n - 1; ++s) {
+    for (int j = 0; j < pieces; ++j) {
+      l.wait(recvs[j]);
+      if (s + 1 < n - 1) {
+        sends.push_back(l.post_send(piece(r - s, j), right, tag() + 1));
+        recvs[j] = l.post_recv(piece(r - s - 1, j), left, tag() + 1);
+      }
+    }
+  }
+  l.wait_all(sends);
   finish_avg(t, op, n);
 }
 

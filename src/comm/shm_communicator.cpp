@@ -278,9 +278,10 @@ class ShmCommunicator : public Communicator {
         if (t.scalar_type() == at::kFloat) sum_slots<float>(data + offset * element, count, op == ReduceOp::Avg);
         else sum_slots<double>(data + offset * element, count, op == ReduceOp::Avg);
       } else {
+        auto slot = [&](int q) { return at::from_blob(segment_->slot(q), {count}, t.options()); };
         at::Tensor out = at::from_blob(data + offset * element, {count}, t.options());
-        out.copy_(at::from_blob(segment_->slot(0), {count}, t.options()));
-        for (int q = 1; q < n; ++q) out.add_(at::from_blob(segment_->slot(q), {count}, t.options()));
+        at::add_out(out, slot(0), slot(1));  // one pass over the first two slots instead of a copy and an add
+        for (int q = 2; q < n; ++q) out.add_(slot(q));
         if (op == ReduceOp::Avg) out.div_(n);
       }
       publish(segment_->state(me).consumed, segment_->state(me).sleepers, round);

@@ -15,10 +15,12 @@ using comm::ReduceOp;
 std::string AlgorithmVariant::name() const {
   std::string s = algo::to_string(algorithm);
   if (algorithm == algo::Algorithm::Hierarchical) s += "(groups of " + std::to_string(group_size) + ")";
+  if (piece_bytes >= 0) s += "(pieces of " + std::to_string(piece_bytes) + " bytes)";
   return s;
 }
 
 std::vector<AlgorithmVariant> algorithm_variants(algo::Algorithm a, int n) {
+  if (a == algo::Algorithm::Ring) return {{a, 0}, {a, 0, 64}};
   if (a != algo::Algorithm::Hierarchical) return {{a, 0}};
   std::vector<AlgorithmVariant> out;
   for (int g = 1; g <= n; ++g)
@@ -48,6 +50,7 @@ std::vector<std::string> check_algorithm(comm::Communicator& c, const AlgorithmV
   const int n = c.size(), me = c.rank();
   algo::AlgorithmOptions options;
   options.group_size = v.group_size;
+  if (v.piece_bytes >= 0) options.piece_bytes = v.piece_bytes;
   auto obj = algo::make_algorithm(v.algorithm, c, options);
   Report report{c, v.name() + " on " + std::to_string(n) + " ranks", {}};
 

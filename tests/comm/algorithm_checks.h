@@ -22,10 +22,12 @@ struct AlgorithmCheckOptions {
 struct AlgorithmVariant {
   comm::algo::Algorithm algorithm;
   int group_size = 0;  // hierarchical only
+  int64_t piece_bytes = -1;  // ring: AlgorithmOptions::piece_bytes; -1: the default
   std::string name() const;
 };
 
-// The variants of `a` for a world of n ranks: one, or for Hierarchical one per group size that divides n.
+// The variants of `a` for a world of n ranks: one; for Ring also one cut into pieces of 64 bytes (pipelined over
+// up to 16 pieces, uneven ones included); for Hierarchical one per group size that divides n.
 std::vector<AlgorithmVariant> algorithm_variants(comm::algo::Algorithm a, int n);
 
 // Runs every check on this rank with one object of the variant (its scratch reserved once up front, and checked

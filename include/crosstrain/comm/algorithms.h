@@ -49,6 +49,9 @@ struct AlgorithmOptions {
   int tag = kDefaultTag;
   Millis timeout{0};        // per send and receive; 0: the communicator's timeout
   int segments = 8;         // ring broadcast: pieces of the pipelined chain
+  // Ring all-reduce: each step's chunk travels in pieces of at most this many bytes (at most 16 pieces), so that
+  // combining or forwarding one piece overlaps receiving the next; 0: whole chunks.
+  int64_t piece_bytes = 1 << 20;
   int group_size = 0;       // hierarchical: ranks per group (consecutive ranks); required for Hierarchical
   Algorithm across = Algorithm::Ring;  // hierarchical: the algorithm among the group leaders
   int64_t reserve_numel = 0;           // when > 0, the constructor calls reserve(reserve_numel, reserve_dtype)
@@ -136,6 +139,8 @@ class BuiltinAlgorithm : public CollectiveAlgorithm {
 class RingAlgorithm : public CollectiveAlgorithm {
  public:
   RingAlgorithm(Communicator& comm, const AlgorithmOptions& options = {});
+  // Reduce-scatter then all-gather, 2(n-1) steps; pipelined: a piece is combined and sent on to the next rank
+  // while the following pieces are still arriving (options.piece_bytes).
   void all_reduce(at::Tensor& tensor, ReduceOp op) override;
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
   void all_gather(const at::Tensor& input, at::Tensor& output) override;

@@ -93,8 +93,10 @@ Topology describe_local_host(const std::string& name, int cores, int ranks, cons
 Topology detect_local_topology(int ranks);
 
 struct CalibrationOptions {
-  // Message bytes, smallest first: a geometric grid (x4) from 4 B to 24 MiB.
-  std::vector<int64_t> sizes{4, 12 << 10, 48 << 10, 192 << 10, 768 << 10, 3 << 20, 12 << 20, 24 << 20};
+  // Message bytes, smallest first: a geometric grid (x2) from 8 KiB to 24 MiB, and 4 B (the latency). Between
+  // points the curves are straight lines; a coarser grid overstates mid sizes, where the curve bends.
+  std::vector<int64_t> sizes{4,         8 << 10,   16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10,
+                             1 << 20,   2 << 20,   4 << 20,  8 << 20,  16 << 20, 24 << 20};
   int rounds = 50;          // per size; a quarter for 1 MiB and more (at least 5)
   bool exchange = true;     // also measure ring-style exchanges (every rank sends and receives at once)
   bool reduce = true;       // also measure the local reduction rate (gamma)

@@ -32,6 +32,8 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   comm_config.backend = config.comm.backend;
   comm_config.timeout = comm::Millis(static_cast<int64_t>(config.comm.timeout_s * 1000));
   comm_config.shared_memory = config.comm.shared_memory;
+  comm_config.algo = config.comm.algo;
+  comm_config.topology = config.comm.topology;
   auto world = comm::init_world(env, comm_config);
   train::Trainer trainer(config, *world);
   train::TrainOptions options;

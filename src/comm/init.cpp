@@ -1,15 +1,18 @@
 #include "crosstrain/comm/init.h"
 
+#include "crosstrain/comm/algorithm_communicator.h"
 #include "crosstrain/comm/mpi.h"
 #include "crosstrain/comm/shm.h"
 
 namespace crosstrain::comm {
 
 std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config) {
+  const AlgorithmConfig algorithms{config.algo, config.topology};
+  validate(algorithms);
   if (config.backend == "mpi") {
     if (env.source != LaunchSource::Mpi)
       throw UsageError("the mpi back end needs a job started by mpirun (e.g. mpirun -np 2 crosstrain ...)");
-    return make_mpi_world(config.timeout);
+    return with_algorithms(make_mpi_world(config.timeout), algorithms);
   }
   if (config.backend != "gloo")
     throw UsageError("unknown communication back end '" + config.backend + "'; use gloo or mpi");
@@ -23,7 +26,8 @@ std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig&
     rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, config.timeout);
   }
   auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, config.timeout, "world");
-  return config.shared_memory ? with_shared_memory(std::move(world)) : std::move(world);
+  if (config.shared_memory) world = with_shared_memory(std::move(world));
+  return with_algorithms(std::move(world), algorithms);
 }
 
 }  // namespace crosstrain::comm

@@ -10,16 +10,14 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdio>
 #include <cstring>
-#include <deque>
 #include <functional>
-#include <mutex>
 #include <random>
 #include <thread>
 
 #include "crosstrain/comm/shm.h"
+#include "serial_worker.h"
 
 namespace crosstrain::comm {
 namespace {
@@ -99,91 +97,26 @@ class Segment {
   void* base_;
 };
 
-class ShmWork : public Work {
- public:
-  explicit ShmWork(Millis timeout) : Work(timeout) {}
-  void wait(Millis timeout) override {
-    std::unique_lock<std::mutex> lock(mutex_);
-    // A little grace: the worker's own error (which names the missing peer) is the better message.
-    if (!cv_.wait_for(lock, timeout + Millis(1000), [&] { return done_; })) {
-      CommContext c = context_;
-      c.timeout = timeout;
-      throw CommError(c, "the shared-memory all-reduce did not complete", true);
-    }
-    if (error_) std::rethrow_exception(error_);
-  }
-  bool is_completed() override {
-    std::lock_guard<std::mutex> lock(mutex_);
-    return done_;
-  }
-  void complete(std::exception_ptr error) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    done_ = true;
-    error_ = error;
-    cv_.notify_all();
-  }
-  CommContext context_;
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::exception_ptr error_;
-};
-
 class ShmCommunicator : public Communicator {
  public:
   ShmCommunicator(std::unique_ptr<Communicator> inner, std::unique_ptr<Segment> segment, std::vector<int64_t> pids)
       : Communicator(inner->backend() + "+shm", inner->name(), inner->rank(), inner->size(), inner->timeout()),
-        inner_(std::move(inner)), segment_(std::move(segment)), pids_(std::move(pids)), worker_([this] { loop(); }) {}
-
-  ~ShmCommunicator() override {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
-      cv_.notify_all();
-    }
-    worker_.join();
-  }
+        inner_(std::move(inner)), segment_(std::move(segment)), pids_(std::move(pids)) {}
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
     const auto dtype = tensor.scalar_type();
     if ((dtype != at::kFloat && dtype != at::kDouble) || (op != ReduceOp::Sum && op != ReduceOp::Avg) ||
         !tensor.is_contiguous() || !tensor.device().is_cpu())
       return inner_->all_reduce(tensor, op);
-    auto work = std::make_shared<ShmWork>(timeout());
-    work->context_ = context(std::string("allreduce(") + to_string(op) + ")");
+    auto work = std::make_shared<DeferredWork>(timeout(), context(std::string("allreduce(") + to_string(op) + ")"));
     if (tensor.numel() == 0) {
       work->complete(nullptr);
       return work;
     }
-    at::Tensor t = tensor;
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (queue_.empty() && !busy_ && tensor.numel() * tensor.element_size() <= kInlineBytes) {
-      // Small and nothing queued: do it in this thread, saving two thread hand-offs (latency bound sizes).
-      busy_ = true;
-      lock.unlock();
-      try {
-        reduce(t, op, work->context_.op);
-        work->complete(nullptr);
-      } catch (...) {
-        work->complete(std::current_exception());
-      }
-      lock.lock();
-      busy_ = false;
-      // Only the worker waits on cv_, and only for queued work: waking it for nothing costs a context switch.
-      if (!queue_.empty()) cv_.notify_all();
-      return work;
-    }
-    queue_.push_back([this, t, op, work]() mutable {
-      try {
-        reduce(t, op, work->context_.op);
-        work->complete(nullptr);
-      } catch (...) {
-        work->complete(std::current_exception());
-      }
-    });
-    cv_.notify_all();
+    auto job = [this, t = tensor, op, work]() mutable { work->run([&] { reduce(t, op, work->context().op); }); };
+    // Small: in this thread when nothing is queued (latency-bound sizes); else in order on the worker.
+    if (tensor.numel() * tensor.element_size() > kInlineBytes || !worker_.run_inline_if_idle(job))
+      worker_.submit(std::move(job));
     return work;
   }
 
@@ -206,26 +139,6 @@ class ShmCommunicator : public Communicator {
   }
 
  private:
-  void loop() {
-    for (;;) {
-      std::function<void()> job;
-      {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-      }
-      job();
-      {
-        std::lock_guard<std::mutex> lock(mutex_);
-        busy_ = false;
-        cv_.notify_all();
-      }
-    }
-  }
-
   // Waits until `word` reaches `target` (counters only grow, modulo wrap-around). A peer that died is noticed
   // within ~100 ms (same host: its process id is known), one that hangs at the timeout.
   void await(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t target, int peer,
@@ -306,14 +219,9 @@ class ShmCommunicator : public Communicator {
   std::unique_ptr<Communicator> inner_;
   std::unique_ptr<Segment> segment_;
   std::vector<int64_t> pids_;
-  uint32_t round_ = 0;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  bool busy_ = false;  // a round is running (on the worker or inline): keeps operations in order
+  uint32_t round_ = 0;  // touched only by the job running (inline or on the worker): one at a time
   static constexpr int64_t kInlineBytes = 64 << 10;
-  std::thread worker_;
+  SerialWorker worker_;  // last: destroyed (and drained) first
 };
 
 }  // namespace

@@ -131,6 +131,8 @@ std::vector<Field> fields(Config& c) {
       double_field("comm", "timeout_s", c.comm.timeout_s),
       bool_field("comm", "shared_memory", c.comm.shared_memory),
       string_field("comm", "compression", c.comm.compression),
+      string_field("comm", "algo", c.comm.algo),
+      string_field("comm", "topology", c.comm.topology),
       string_field("sync", "mode", c.sync.mode),
       int_field("sync", "clusters", c.sync.clusters),
       string_field("sync", "topology", c.sync.topology),

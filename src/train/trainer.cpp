@@ -11,6 +11,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "crosstrain/comm/algorithm_communicator.h"
 #include "crosstrain/comm/compression.h"
 #include "crosstrain/core/allocator.h"
 #include "crosstrain/core/error.h"
@@ -127,6 +128,7 @@ void validate(const Config& c, int world) {
   need(c.train.threads_per_rank >= 1, "train.threads_per_rank must be at least 1");
   need(c.run.log_every >= 1, "run.log_every must be at least 1");
   if (c.comm.compression != "none") comm::make_codec(c.comm.compression);  // throws on a bad spec
+  comm::validate(comm::AlgorithmConfig{c.comm.algo, c.comm.topology});
   need(c.train.keep_checkpoints >= 0, "train.keep_checkpoints must be 0 (keep all) or more");
   Layout l = resolve_layout(c, world);
   need(c.parallel.zero >= 0 && c.parallel.zero <= 3,

@@ -49,17 +49,25 @@ TEST(TrainCli, PipelineAndTensorParallelOnFourProcesses) {
 }
 
 TEST(TrainCli, GlooRanksMatchOneProcess) {
-  auto one = fresh_dir("gloo_parity_1"), two = fresh_dir("gloo_parity_2");
+  auto one = fresh_dir("gloo_parity_1"), two = fresh_dir("gloo_parity_2"), ours = fresh_dir("gloo_parity_ring");
   auto r1 = run_process(tiny_args(one, 1, 20), {}, milliseconds(120000));
   ASSERT_EQ(r1.exit_code(), 0) << r1.output;
   auto r2 = run_process(tiny_args(two, 2, 20), {}, milliseconds(120000));
   ASSERT_EQ(r2.exit_code(), 0) << r2.output;
-  auto a = read_metrics(one), b = read_metrics(two);
+  // Our ring instead of the back end's collectives (comm.algo), under ZeRO-2: reduce-scatter, all-gather,
+  // all-reduce and broadcast all go through it.
+  auto ring_args = tiny_args(ours, 2, 20);
+  ring_args.insert(ring_args.end(), {"--set", "comm.algo=ring", "--set", "parallel.zero=2"});
+  auto r3 = run_process(ring_args, {}, milliseconds(120000));
+  ASSERT_EQ(r3.exit_code(), 0) << r3.output;
+  auto a = read_metrics(one), b = read_metrics(two), c = read_metrics(ours);
   ASSERT_EQ(a.size(), 20u);
   ASSERT_EQ(b.size(), 20u);
+  ASSERT_EQ(c.size(), 20u);
   for (size_t i = 0; i < a.size(); ++i) {
-    double x = a[i]["loss"], y = b[i]["loss"];
+    double x = a[i]["loss"], y = b[i]["loss"], z = c[i]["loss"];
     EXPECT_NEAR(y, x, 1e-5 * std::abs(x)) << "step " << i + 1;
+    EXPECT_NEAR(z, x, 1e-5 * std::abs(x)) << "comm.algo=ring, step " << i + 1;
   }
 }
 
@@ -113,6 +121,7 @@ TEST(TrainCli, BadInputGetsOneClearLine) {
   bad({"--nproc", "8", "--set", "parallel.pp=8"}, "only 4 layers");
   bad({"--set", "model.block_size=100000000", "--set", "train.global_batch=1"}, "error");
   bad({"--resume"}, "no checkpoint");
+  bad({"--set", "comm.algo=fastest"}, "comm.algo = \"fastest\" is not an algorithm; use builtin, ring");
 
   // A corrupt checkpoint: flip bytes inside a tensor of a real one.
   auto args = tiny_args(dir, 1, 2);

@@ -14,6 +14,10 @@ struct CommConfig {
   std::string backend = "gloo";  // gloo (default); "fake" only exists inside one process
   Millis timeout{30000};         // every wait, the rendezvous and group creation
   bool shared_memory = true;     // same-host float all-reduces through shared memory (comm/shm.h)
+  // Collectives through our algorithms (comm/algorithm_communicator.h): builtin, ring, tree, hd, hierarchical,
+  // auto; `topology` is the file whose links auto uses.
+  std::string algo = "builtin";
+  std::string topology;
 };
 
 // The Gloo back end (c10d's ProcessGroupGloo) for one group over a rendezvous store.

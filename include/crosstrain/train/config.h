@@ -61,6 +61,8 @@ struct CommSectionConfig {
   double timeout_s = 30;
   bool shared_memory = true;      // same-host float all-reduces through shared memory
   std::string compression = "none";  // gradients: none, bf16, fp16, int8, int4, topk:F, powersgd:R
+  std::string algo = "builtin";   // collectives: builtin (the back end's), ring, tree, hd, hierarchical, auto
+  std::string topology;           // for algo = auto: a topology TOML whose links the cost model uses
 };
 
 // Synchronization across data-parallel replicas and clusters (docs/wan-training.md).

@@ -1,0 +1,159 @@
+#include "crosstrain/comm/algorithm_communicator.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <array>
+#include <functional>
+
+#include "crosstrain/comm/algorithms.h"
+#include "crosstrain/comm/cost_model.h"
+#include "serial_worker.h"
+
+namespace crosstrain::comm {
+namespace {
+
+using algo::Algorithm;
+
+// Tags of the objects: above the algorithms' default range, a range of kTagsPerCall per algorithm.
+constexpr int kTagBase = algo::kDefaultTag + 4096;
+
+// What our algorithms take: dense CPU buffers of a real or integer dtype.
+bool takes(const at::Tensor& t) {
+  return t.defined() && t.is_contiguous() && t.device().is_cpu() && t.scalar_type() != at::kBool &&
+         !at::isComplexType(t.scalar_type());
+}
+
+// The links of `file` over the hosts of this group (each host's cluster from the file when it lists the host).
+Topology with_links_from(Topology detected, const std::string& file) {
+  if (file.empty()) return detected;
+  const Topology f = load_topology(file);
+  detected.host = f.host;
+  detected.cluster = f.cluster;
+  detected.wan = f.wan;
+  for (auto& h : detected.hosts)
+    for (const auto& g : f.hosts)
+      if (g.name == h.name) h.cluster = g.cluster;
+  return detected;
+}
+
+std::string describe_hosts(const Topology& t) {
+  std::string s;
+  for (const auto& h : t.hosts) s += (s.empty() ? "" : ", ") + h.name + "=" + std::to_string(h.ranks);
+  return s;
+}
+
+class AlgorithmCommunicator : public Communicator {
+ public:
+  AlgorithmCommunicator(std::unique_ptr<Communicator> inner, AlgorithmConfig config, Topology topology)
+      : Communicator(inner->backend() + "+" + config.algo, inner->name(), inner->rank(), inner->size(),
+                     inner->timeout()),
+        inner_(std::move(inner)), config_(std::move(config)), topology_(std::move(topology)) {
+    fixed_ = config_.algo == "auto" ? Algorithm::Builtin : algo::parse_algorithm(config_.algo);
+    // Hierarchical groups are split now, collectively, not later inside one call.
+    const int per_host = topology_.uniform_ranks_per_host();
+    if (fixed_ == Algorithm::Hierarchical && per_host == 0)
+      throw UsageError("comm.algo = \"hierarchical\" needs the same number of ranks on every host (hosts: " +
+                       describe_hosts(topology_) + "); use ring, tree, hd or auto");
+    if (fixed_ == Algorithm::Hierarchical || (fixed_ == Algorithm::Builtin && topology_.hosts.size() > 1 && per_host > 0))
+      hierarchy_ = algo::make_hierarchy(*inner_, per_host);
+  }
+
+  WorkPtr all_reduce(at::Tensor& t, ReduceOp op) override {
+    // Same-host float sums and averages: the shared-memory path beats every point-to-point algorithm here.
+    const bool shm = inner_->backend().find("+shm") != std::string::npos &&
+                     (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) &&
+                     (op == ReduceOp::Sum || op == ReduceOp::Avg);
+    if (!takes(t) || (fixed_ == Algorithm::Builtin && shm)) return inner_->all_reduce(t, op);
+    return start(std::string("allreduce(") + to_string(op) + ")", Collective::AllReduce, t.nbytes(),
+                 [t, op](algo::CollectiveAlgorithm& a) mutable { a.all_reduce(t, op); });
+  }
+  WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) override {
+    if (!takes(in) || !takes(out)) return inner_->reduce_scatter(in, out, op);
+    return start(std::string("reducescatter(") + to_string(op) + ")", Collective::ReduceScatter, in.nbytes(),
+                 [in, out, op](algo::CollectiveAlgorithm& a) mutable { a.reduce_scatter(in, out, op); });
+  }
+  WorkPtr all_gather(const at::Tensor& in, at::Tensor& out) override {
+    if (!takes(in) || !takes(out)) return inner_->all_gather(in, out);
+    return start("allgather", Collective::AllGather, out.nbytes(),
+                 [in, out](algo::CollectiveAlgorithm& a) mutable { a.all_gather(in, out); });
+  }
+  WorkPtr broadcast(at::Tensor& t, int root) override {
+    if (!takes(t)) return inner_->broadcast(t, root);
+    return start("broadcast", Collective::Broadcast, t.nbytes(),
+                 [t, root](algo::CollectiveAlgorithm& a) mutable { a.broadcast(t, root); });
+  }
+
+  // Everything else: the wrapped communicator.
+  WorkPtr reduce(at::Tensor& t, int root, ReduceOp op) override { return inner_->reduce(t, root, op); }
+  WorkPtr gather(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->gather(in, out, root); }
+  WorkPtr scatter(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->scatter(in, out, root); }
+  WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out) override { return inner_->all_to_all(in, out); }
+  WorkPtr barrier() override { return inner_->barrier(); }
+  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
+  WorkPtr recv(at::Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
+  std::unique_ptr<Communicator> split(const std::vector<int>& ranks) override {
+    auto sub = inner_->split(ranks);
+    return sub ? with_algorithms(std::move(sub), config_) : nullptr;
+  }
+
+  // The algorithm a call of `op` on `bytes` uses.
+  Algorithm choose(Collective op, double bytes) const {
+    return fixed_ != Algorithm::Builtin ? fixed_ : choose_algorithm(op, bytes, topology_);
+  }
+
+ private:
+  WorkPtr start(const std::string& name, Collective op, int64_t bytes,
+                std::function<void(algo::CollectiveAlgorithm&)> call) {
+    auto work = std::make_shared<DeferredWork>(timeout(), context(name));
+    const Algorithm a = choose(op, static_cast<double>(bytes));
+    auto job = [this, a, work, call = std::move(call)] { work->run([&] { call(object(a)); }); };
+    if (bytes > kInlineBytes || !worker_.run_inline_if_idle(job)) worker_.submit(std::move(job));
+    return work;
+  }
+
+  // One object per algorithm, made on first use (by the job running: one at a time). Their scratch grows to the
+  // largest buffer seen and is reused.
+  algo::CollectiveAlgorithm& object(Algorithm a) {
+    auto& slot = objects_[static_cast<size_t>(a)];
+    if (!slot) {
+      algo::AlgorithmOptions o;
+      o.tag = kTagBase + static_cast<int>(a) * algo::kTagsPerCall;
+      if (a == Algorithm::Hierarchical) slot = std::make_unique<algo::HierarchicalAlgorithm>(*inner_, hierarchy_, o);
+      else slot = algo::make_algorithm(a, *inner_, o);
+    }
+    return *slot;
+  }
+
+  std::unique_ptr<Communicator> inner_;
+  AlgorithmConfig config_;
+  Topology topology_;
+  Algorithm fixed_;  // Builtin: auto
+  algo::Hierarchy hierarchy_;
+  std::array<std::unique_ptr<algo::CollectiveAlgorithm>, 5> objects_;
+  static constexpr int64_t kInlineBytes = 64 << 10;
+  SerialWorker worker_;  // last: destroyed (and drained) first
+};
+
+}  // namespace
+
+void validate(const AlgorithmConfig& config) {
+  if (config.algo != "builtin" && config.algo != "auto") {
+    try {
+      algo::parse_algorithm(config.algo);
+    } catch (const UsageError&) {
+      throw UsageError("comm.algo = \"" + config.algo + "\" is not an algorithm; use builtin, ring, tree, hd, " +
+                       "hierarchical or auto");
+    }
+  }
+  if (!config.topology.empty()) load_topology(config.topology);  // names the file and the key that is wrong
+}
+
+std::unique_ptr<Communicator> with_algorithms(std::unique_ptr<Communicator> inner, const AlgorithmConfig& config) {
+  validate(config);
+  if (!inner || config.algo == "builtin" || inner->size() < 2) return inner;
+  Topology topology = with_links_from(detect_local_topology(*inner, /*calibrate=*/false), config.topology);
+  return std::make_unique<AlgorithmCommunicator>(std::move(inner), config, std::move(topology));
+}
+
+}  // namespace crosstrain::comm

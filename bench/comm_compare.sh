@@ -14,11 +14,16 @@ for p in "${paths[@]}"; do
   "$BIN" bench comm --op allreduce --backend "$backend" --algo "$algo" --nproc "$NPROC" --sizes "$SIZES" \
     --step-factor "$FACTOR" --json "$tmp/$backend-$algo.json" > "$tmp/$backend-$algo.log"
 done
-# OpenMPI's MPI_Allreduce in the same run, through our MPI back end.
-if command -v mpirun > /dev/null && mpirun --allow-run-as-root --oversubscribe -np "$NPROC" "$BIN" bench comm --op allreduce \
-     --backend mpi --nproc "$NPROC" --sizes "$SIZES" --step-factor "$FACTOR" --json "$tmp/mpi-builtin.json" \
-     > "$tmp/mpi.log" 2>&1; then
-  paths+=("mpi builtin")
+# OpenMPI's MPI_Allreduce in the same run, through our MPI back end; then our algorithms on MPI's point-to-point
+# messages (OpenMPI moves them through shared memory on one host).
+if command -v mpirun > /dev/null; then
+  for algo in builtin ring tree hd; do
+    if mpirun --allow-run-as-root --oversubscribe -np "$NPROC" "$BIN" bench comm --op allreduce --backend mpi \
+         --algo "$algo" --nproc "$NPROC" --sizes "$SIZES" --step-factor "$FACTOR" --json "$tmp/mpi-$algo.json" \
+         > "$tmp/mpi-$algo.log" 2>&1; then
+      paths+=("mpi $algo")
+    fi
+  done
 fi
 /usr/bin/python3 - "$tmp" "${paths[@]}" <<'PY'
 import json, sys, os
@@ -28,9 +33,9 @@ sizes = sorted(next(iter(tables.values())).keys())
 print("# all-reduce busbw (GB/s), float sum, %d ranks; #wrong summed over all paths: %d" % (
     next(iter(next(iter(tables.values())).values()))["nranks"],
     sum(r["wrong"] for t in tables.values() for r in t.values())))
-print("%12s " % "size(B)" + " ".join("%18s" % p for p in paths))
+print("%12s " % "size(B)" + " ".join("%17s" % p for p in paths))
 for s in sizes:
-    print("%12d " % s + " ".join("%18.3f" % tables[p][s]["busbw"] for p in paths))
+    print("%12d " % s + " ".join("%17.3f" % tables[p][s]["busbw"] for p in paths))
 big = max(sizes)
 best = max(paths, key=lambda p: tables[p][big]["busbw"])
 print("best path at %d bytes: %s" % (big, best))

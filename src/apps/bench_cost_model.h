@@ -1,5 +1,5 @@
-// `crosstrain bench cost-model`: the cost model's predicted all-reduce time next to the measured one, for our
-// ring, tree and halving-doubling algorithms at several sizes.
+// `crosstrain bench cost-model`: the cost model's predicted time next to the measured one, for our ring, tree and
+// halving-doubling all-reduce (or reduce-scatter, all-gather, broadcast) at several sizes.
 #pragma once
 
 #include <cstdint>
@@ -10,6 +10,8 @@ namespace crosstrain::apps {
 
 struct BenchCostModelOptions {
   int nproc = 2;
+  std::string backend = "gloo";   // whose point-to-point messages our algorithms use: gloo, or mpi under mpirun
+  std::string op = "allreduce";   // allreduce, reducescatter, allgather, broadcast, or all
   // Links from this topology file (comm/cost_model.h) instead of calibrating this host's link.
   std::string topology;
   // Each repetition calibrates again (unless a file gives the links) and measures again; the table shows medians

@@ -62,13 +62,17 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--algo", bench.algo, "builtin (the back end's), ring, tree, hd, hierarchical, auto (cost model)");
   apps::BenchCostModelOptions model;
   auto* bench_model = bench_cmd->add_subcommand(
-      "cost-model", "cost model's predicted all-reduce time next to the measured one (ring, tree, hd)");
+      "cost-model", "cost model's predicted time next to the measured one (ring, tree, hd; all-reduce by default)");
   bench_model->add_option("--nproc", model.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
   bench_model->add_option("--topology", model.topology, "links from this topology file instead of calibrating them")
       ->check(CLI::ExistingFile);
   bench_model->add_option("--repeat", model.repeat, "calibrate-and-measure repetitions (the table shows medians)")
       ->check(CLI::PositiveNumber);
   bench_model->add_option("--timeout", model.timeout_s, "seconds before a collective counts as failed");
+  bench_model->add_option("--op", model.op, "allreduce, reducescatter, allgather, broadcast, or all")
+      ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast", "all"}));
+  bench_model->add_option("--backend", model.backend, "gloo, or mpi (under mpirun)")
+      ->check(CLI::IsMember({"gloo", "mpi"}));
   bench_comm->add_option("--group-size", bench.group_size, "ranks per group for --algo hierarchical");
   bench_comm->add_option("--compression", bench.compression,
                          "all-reduce through a codec: none, bf16, fp16, int8, int4, topk:F, powersgd:R");

@@ -147,20 +147,29 @@ void binomial_broadcast(Links& l, at::Tensor buf, int m, int v, const RankOf& ra
   l.wait_all(sends);
 }
 
-// Reduces into `buf` on member 0; `tmp` receives (same numel).
-void binomial_reduce(Links& l, at::Tensor buf, at::Tensor tmp, int m, int v, const RankOf& rank, ReduceOp op,
-                     int tag) {
-  if (m == 1 || buf.numel() == 0) return;
+// Reduces into `buf` on member 0; `tmp` receives (same numel). With `src` defined, the data starts in `src`,
+// which is only read: the first combine writes src op received into `buf` (a leaf sends `src` itself), so no
+// member copies its input first. Returns whether `buf` holds this member's partial result (else `src` does).
+bool binomial_reduce(Links& l, at::Tensor buf, at::Tensor tmp, int m, int v, const RankOf& rank, ReduceOp op,
+                     int tag, const at::Tensor& src = {}) {
+  bool in_buf = !src.defined();
+  if (m == 1 || buf.numel() == 0) return in_buf;
   for (int k = 1; k < m; k <<= 1) {
     if (v & k) {
-      l.send(buf, rank(v - k), tag);
-      return;
+      l.send(in_buf ? buf : src, rank(v - k), tag);
+      return in_buf;
     }
     if (v + k < m) {
       l.recv(tmp, rank(v + k), tag);
-      combine(buf, tmp, op);
+      if (in_buf) {
+        combine(buf, tmp, op);
+      } else {
+        combine_out(buf, src, tmp, op);
+        in_buf = true;
+      }
     }
   }
+  return in_buf;
 }
 
 // Gathers every member's piece into `buf` on member 0 (member v starts with its own piece in place).
@@ -189,18 +198,21 @@ void binomial_scatter(Links& l, const Pieces& piece, int m, int v, const RankOf&
 
 // --- recursive halving and doubling over p = 2^k members ------------------------------------------------------
 
-// Member v ends with piece v reduced over all members. `tmp` holds at least the larger half of the buffer.
+// Member v ends with piece v reduced over all members. `tmp` holds at least the larger half of the buffer. With
+// `source`, the data starts there and is only read: the first step sends from it and writes source op received
+// into the kept half of `piece`, so nobody copies the whole input first.
 void recursive_halving(Links& l, const Pieces& piece, at::Tensor tmp, int p, int v, const RankOf& rank, ReduceOp op,
-                       int tag) {
+                       int tag, const Pieces* source = nullptr) {
   int lo = 0;
   for (int mask = p / 2; mask > 0; mask >>= 1) {
     const int partner = v ^ mask, mid = lo + mask, hi = lo + 2 * mask;
     const bool low = (v & mask) == 0;
+    const Pieces& from = source && mask == p / 2 ? *source : piece;
     at::Tensor keep = low ? piece(lo, mid) : piece(mid, hi);
-    at::Tensor give = low ? piece(mid, hi) : piece(lo, mid);
+    at::Tensor give = low ? from(mid, hi) : from(lo, mid);
     at::Tensor in = tmp.slice(0, 0, keep.numel());
     l.exchange(give, rank(partner), in, rank(partner), tag);
-    combine(keep, in, op);
+    combine_out(keep, low ? from(lo, mid) : from(mid, hi), in, op);
     if (!low) lo = mid;
   }
 }
@@ -231,6 +243,11 @@ struct Fold {
 }  // namespace
 
 // --- names -----------------------------------------------------------------------------------------------------
+
+int ring_broadcast_segments(int64_t bytes, int n, int most) {
+  if (n <= 2 || most <= 1) return 1;
+  return static_cast<int>(std::clamp<int64_t>(bytes / kMinBroadcastSegment, 1, most));
+}
 
 Algorithm parse_algorithm(const std::string& name) {
   if (name == "builtin") return Algorithm::Builtin;
@@ -467,7 +484,8 @@ void RingAlgorithm::broadcast(at::Tensor& t, int root) {
   const int vr = (r - root + n) % n;
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
   at::Tensor flat = t.view({-1});
-  const int segments = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(options_.segments, flat.numel())));
+  const int segments = static_cast<int>(std::min<int64_t>(
+      ring_broadcast_segments(flat.numel() * t.element_size(), n, options_.segments), flat.numel()));
   std::vector<WorkPtr> sends;
   for (int i = 0; i < segments; ++i) {
     auto [b, e] = segment(flat.numel(), segments, i);
@@ -592,8 +610,7 @@ void TreeAlgorithm::reduce_scatter(const at::Tensor& in, at::Tensor& out, Reduce
   Links l(comm_, timeout());
   auto self = [](int v) { return v; };
   at::Tensor work = scratch_.take(in.numel(), in.scalar_type());
-  work.copy_(in.view({-1}));
-  binomial_reduce(l, work, scratch_.take(in.numel(), in.scalar_type()), n, r, self, op, tag());
+  binomial_reduce(l, work, scratch_.take(in.numel(), in.scalar_type()), n, r, self, op, tag(), in.view({-1}));
   auto offs = slice_offsets(per, n);
   Pieces piece{work, offs};
   binomial_scatter(l, piece, n, r, self, tag() + 1);
@@ -677,20 +694,19 @@ void HalvingDoublingAlgorithm::reduce_scatter(const at::Tensor& in, at::Tensor& 
     return finish_avg(out, op, n);
   }
   at::Tensor work = scratch_.take(numel, in.scalar_type());
-  if (f.hosts_extra(r)) {
+  const bool folded = f.hosts_extra(r);  // then `work` holds its own input combined with its neighbour's
+  if (folded) {
     l.recv(work, r + 1, tag());
     combine(work, src, op);
-  } else {
-    work.copy_(src);
   }
   // Members own the slices of the ranks they stand for: member v < extra two (its own and its odd neighbour's).
   std::vector<int64_t> offs(f.p + 1);
   for (int v = 0; v < f.p; ++v) offs[v] = per * f.first(v);
   offs[f.p] = numel;
   const int64_t half = std::max(offs[f.p / 2], numel - offs[f.p / 2]);
-  Pieces piece{work, offs};
+  Pieces piece{work, offs}, input{src, offs};
   recursive_halving(l, piece, scratch_.take(half, in.scalar_type()), f.p, f.member(r), [&](int m) { return f.first(m); },
-                    op, tag() + 1);
+                    op, tag() + 1, folded ? nullptr : &input);
   if (f.hosts_extra(r)) l.send(work.slice(0, (r + 1) * per, (r + 2) * per), r + 1, tag() + 3);
   dst.copy_(work.slice(0, r * per, (r + 1) * per));
   finish_avg(out, op, n);

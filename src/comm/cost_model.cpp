@@ -366,6 +366,9 @@ double predict(Collective op, algo::Algorithm a, double S, int n, const Link& l)
   const double L = log2_ceil(n);
   const int p = floor_pow2(n);
   const bool folds = p != n;
+  // The all-gather copies the rank's own slice into the output, and the tree and halving-doubling reduce-scatter
+  // copy the result slice out of scratch: a copy into a cold buffer streams about as much memory as an add.
+  const double own_slice = l.reduce_seconds(S / n);
   switch (a) {
     case algo::Algorithm::Ring:
       switch (op) {
@@ -373,10 +376,11 @@ double predict(Collective op, algo::Algorithm a, double S, int n, const Link& l)
         // slice into the buffer.
         case Collective::AllReduce: return 2.0 * (n - 1) * l.exchange_seconds(S / n) + (n - 1) * l.reduce_seconds(S / n);
         case Collective::ReduceScatter: return (n - 1) * (l.exchange_seconds(S / n) + l.reduce_seconds(S / n));
-        case Collective::AllGather: return (n - 1) * l.exchange_seconds(S / n);
+        case Collective::AllGather: return own_slice + (n - 1) * l.exchange_seconds(S / n);
         case Collective::Broadcast: {
-          // Pipelined chain of 8 pieces: n - 2 + 8 one-way messages of S/8 on the critical path.
-          const double k = 8;
+          // Pipelined chain of k pieces (as the algorithm cuts them): n - 2 + k one-way messages of S/k on the
+          // critical path.
+          const double k = algo::ring_broadcast_segments(static_cast<int64_t>(S), n, 8);
           return (n - 2 + k) * l.seconds(S / k);
         }
       }
@@ -384,8 +388,9 @@ double predict(Collective op, algo::Algorithm a, double S, int n, const Link& l)
     case algo::Algorithm::Tree:
       switch (op) {
         case Collective::AllReduce: return 2.0 * L * l.seconds(S) + L * l.reduce_seconds(S);
-        case Collective::ReduceScatter: return L * (l.seconds(S) + l.reduce_seconds(S)) + binomial_scatter(S, n, l);
-        case Collective::AllGather: return binomial_scatter(S, n, l) + L * l.seconds(S);
+        case Collective::ReduceScatter:
+          return L * (l.seconds(S) + l.reduce_seconds(S)) + binomial_scatter(S, n, l) + own_slice;
+        case Collective::AllGather: return own_slice + binomial_scatter(S, n, l) + L * l.seconds(S);
         case Collective::Broadcast: return L * l.seconds(S);
       }
       break;
@@ -397,8 +402,8 @@ double predict(Collective op, algo::Algorithm a, double S, int n, const Link& l)
         case Collective::AllReduce:
           return (folds ? 2.0 * l.seconds(S) + l.reduce_seconds(S) : 0.0) + 2.0 * phase + reduce;
         case Collective::ReduceScatter:
-          return (folds ? l.seconds(S) + l.reduce_seconds(S) + l.seconds(S / n) : 0.0) + phase + reduce;
-        case Collective::AllGather: return (folds ? l.seconds(S / n) + l.seconds(S) : 0.0) + phase;
+          return (folds ? l.seconds(S) + l.reduce_seconds(S) + l.seconds(S / n) : 0.0) + phase + reduce + own_slice;
+        case Collective::AllGather: return own_slice + (folds ? l.seconds(S / n) + l.seconds(S) : 0.0) + phase;
         case Collective::Broadcast: return binomial_scatter(S, p, l) + phase + (folds ? l.seconds(S) : 0.0);
       }
       break;

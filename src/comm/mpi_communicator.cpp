@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cstdio>
 #include <thread>
 
 #ifdef CROSSTRAIN_WITH_MPI
@@ -313,6 +314,10 @@ std::unique_ptr<Communicator> make_mpi_world(Millis timeout) {
   if (!initialized) {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
+    // Our algorithms (comm.algo) send from a worker thread while the caller's thread may use MPI too.
+    if (provided < MPI_THREAD_MULTIPLE)
+      std::fprintf(stderr, "crosstrain: this MPI library does not provide MPI_THREAD_MULTIPLE; keep comm.algo = "
+                           "\"builtin\" with the mpi back end\n");
     // Errors come back as codes (turned into CommError) instead of aborting the job.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }

@@ -256,18 +256,21 @@ TEST(BenchComm, CompressionAlgorithmsAndCostModel) {
   EXPECT_TRUE(contains(model.output, "predicted(us)")) << model.output;
   EXPECT_TRUE(contains(model.output, "medians over 2 repetitions")) << model.output;
   for (const char* a : {"ring", "tree", "hd"})
-    EXPECT_TRUE(contains(model.output, std::string("cost_model_within_25pct_") + a + "=")) << model.output;
+    EXPECT_TRUE(contains(model.output, std::string("cost_model_within_25pct_allreduce_") + a + "=")) << model.output;
   // Links from a topology file instead of a calibration: its figures are the ones printed.
   const std::string topology = ::testing::TempDir() + "/bench_topology.toml";
   std::ofstream(topology) << "[links.host]\nlatency_us = 40\nbandwidth_gbps = 32\n"
                              "[links.cluster]\nlatency_us = 50\nbandwidth_gbps = 10\n"
                              "[links.wan]\nlatency_us = 25000\nbandwidth_gbps = 0.1\n"
                              "[[hosts]]\nname = \"here\"\nranks = 2\n";
-  auto from_file = run_process({kBin, "bench", "cost-model", "--nproc", "2", "--repeat", "1", "--topology", topology},
+  auto from_file = run_process({kBin, "bench", "cost-model", "--nproc", "2", "--repeat", "1", "--topology", topology,
+                                "--op", "all"},
                                {}, milliseconds(120000));
   ASSERT_EQ(from_file.exit_code(), 0) << from_file.output;
   EXPECT_TRUE(contains(from_file.output, "links from " + topology)) << from_file.output;
   EXPECT_TRUE(contains(from_file.output, "alpha = 40.0 us, bandwidth = 4.00 GB/s")) << from_file.output;
+  for (const char* op : {"allreduce", "reducescatter", "allgather", "broadcast"})
+    EXPECT_TRUE(contains(from_file.output, std::string("cost_model_within_25pct_") + op + "_hd=")) << from_file.output;
   std::ofstream(topology) << "[links.host]\nlatency_us = 40\n";
   auto bad_file = run_process({kBin, "bench", "cost-model", "--nproc", "2", "--topology", topology}, {},
                               milliseconds(60000));

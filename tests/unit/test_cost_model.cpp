@@ -80,12 +80,19 @@ TEST(CostModel, EveryCollectiveHasAPrediction) {
   for (auto op : {C::AllReduce, C::ReduceScatter, C::AllGather, C::Broadcast})
     EXPECT_GT(comm::predict(op, Algorithm::HalvingDoubling, S, 5, l),
               comm::predict(op, Algorithm::HalvingDoubling, S, 4, l)) << comm::to_string(op);
-  // The reduction rate adds (n-1) combines of S/n to the ring; nothing to data movement.
+  // The reduction rate adds (n-1) combines of S/n to the ring all-reduce, and to the all-gather only the copy of
+  // the rank's own slice (a copy costs what an add does).
   comm::Link g = l;
   g.reduce_Bps = 4e9;
   EXPECT_NEAR(comm::predict(C::AllReduce, Algorithm::Ring, S, 4, g) - comm::predict(C::AllReduce, Algorithm::Ring, S, 4, l),
               3 * 2e6 / 4e9, 1e-12);
-  EXPECT_EQ(comm::predict(C::AllGather, Algorithm::Ring, S, 4, g), comm::predict(C::AllGather, Algorithm::Ring, S, 4, l));
+  EXPECT_NEAR(comm::predict(C::AllGather, Algorithm::Ring, S, 4, g) - comm::predict(C::AllGather, Algorithm::Ring, S, 4, l),
+              2e6 / 4e9, 1e-12);
+  // Two ranks: the ring broadcast is one message (nothing to pipeline through); four ranks cut 8 MB into 8 pieces.
+  EXPECT_NEAR(comm::predict(C::Broadcast, Algorithm::Ring, S, 2, l), 10e-6 + 8e6 / 1e9, 1e-12);
+  EXPECT_EQ(comm::algo::ring_broadcast_segments(64 << 10, 4, 8), 1);
+  EXPECT_EQ(comm::algo::ring_broadcast_segments(256 << 10, 4, 8), 4);
+  EXPECT_EQ(comm::algo::ring_broadcast_segments(64 << 20, 2, 8), 1);
   EXPECT_TRUE(std::isinf(comm::predict(C::AllReduce, Algorithm::Builtin, S, 4, l)));
   for (auto op : {C::AllReduce, C::ReduceScatter, C::AllGather, C::Broadcast})
     for (auto a : {Algorithm::Ring, Algorithm::Tree, Algorithm::HalvingDoubling})

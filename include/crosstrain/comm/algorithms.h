@@ -45,10 +45,16 @@ constexpr int kDefaultTag = 1 << 20;
 // on every rank may share tags (messages of one pair and tag arrive in order); distinct ranges keep them apart.
 constexpr int kTagsPerCall = 8;
 
+// Pieces of the ring broadcast's pipelined chain for a buffer of `bytes` on n ranks: at most `most`, each at least
+// kMinBroadcastSegment bytes (a smaller piece costs more in per-message latency than the pipeline saves), and one
+// on 2 ranks, where there is no one to forward to. Pure; the cost model counts the same pieces.
+constexpr int64_t kMinBroadcastSegment = 64 << 10;
+int ring_broadcast_segments(int64_t bytes, int n, int most);
+
 struct AlgorithmOptions {
   int tag = kDefaultTag;
   Millis timeout{0};        // per send and receive; 0: the communicator's timeout
-  int segments = 8;         // ring broadcast: pieces of the pipelined chain
+  int segments = 8;         // ring broadcast: most pieces of the pipelined chain (ring_broadcast_segments)
   // Ring all-reduce: each step's chunk travels in pieces of at most this many bytes (at most 16 pieces), so that
   // combining or forwarding one piece overlaps receiving the next; 0: whole chunks.
   int64_t piece_bytes = 1 << 20;

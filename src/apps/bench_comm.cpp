@@ -24,6 +24,7 @@ namespace crosstrain::apps {
 namespace {
 
 using comm::Communicator;
+using comm::max_over_ranks;
 using comm::ReduceOp;
 using Clock = std::chrono::steady_clock;
 
@@ -188,14 +189,6 @@ int64_t count_wrong(const Case& k) {
   return (k.output.reshape(-1).to(at::kDouble) != k.expected.reshape(-1).to(at::kDouble)).sum().item<int64_t>();
 }
 
-double max_over_ranks(Communicator& c, double value) {
-  at::Tensor t = at::full({1}, value, at::kDouble);
-  c.all_reduce(t, ReduceOp::Max)->wait();
-  return t.item<double>();
-}
-
-std::string human(int64_t bytes) { return std::to_string(bytes); }
-
 }  // namespace
 
 const std::vector<std::string>& bench_ops() {
@@ -343,7 +336,7 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
       const std::string redop_name = reduces(op) ? comm::to_string(redop) : "none";
       const int root = rooted(op) ? o.root : -1;
       if (leader) {
-        std::printf("%14s %12lld %9s %7s %5d %12.1f %12.3f %12.3f %8lld\n", human(size_bytes).c_str(),
+        std::printf("%14s %12lld %9s %7s %5d %12.1f %12.3f %12.3f %8lld\n", std::to_string(size_bytes).c_str(),
                     static_cast<long long>(k.count), o.dtype.c_str(), redop_name.c_str(), root, seconds * 1e6, algbw,
                     busbw, static_cast<long long>(wrong));
         if (codec && codec_bytes >= 0)

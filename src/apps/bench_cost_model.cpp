@@ -20,21 +20,11 @@ namespace crosstrain::apps {
 namespace {
 
 using comm::Communicator;
+using comm::max_over_ranks;
+using comm::median;
 using comm::ReduceOp;
 using comm::algo::Algorithm;
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
-double max_over_ranks(Communicator& c, double value) {
-  at::Tensor t = at::full({1}, value, at::kDouble);
-  c.all_reduce(t, ReduceOp::Max)->wait();
-  return t.item<double>();
-}
 
 // Median seconds of `op` with `a` on a buffer of `bytes` (the all-reduce and broadcast buffer, the reduce-scatter
 // input, the all-gather output: as comm::predict counts them), the slowest rank's median. Iterations rotate
@@ -93,6 +83,8 @@ int bench_cost_model(const BenchCostModelOptions& o, const std::vector<std::stri
   comm::Topology file;
   if (!o.topology.empty()) file = comm::load_topology(o.topology);  // bad files fail before any rank starts
   LaunchEnv env = detect_launch_env(current_environment());
+  if (o.backend == "mpi" && env.source != LaunchSource::Mpi)
+    throw UsageError("--backend mpi needs a job started by mpirun: mpirun -np 2 crosstrain bench cost-model --backend mpi");
   if (env.source == LaunchSource::Single && o.nproc > 1)
     return launch_self(o.nproc, relaunch_args, std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000)));
   limit_compute_threads(1);
@@ -128,7 +120,8 @@ int bench_cost_model(const BenchCostModelOptions& o, const std::vector<std::stri
       for (int64_t bytes : o.sizes) {
         for (Algorithm a : algorithms) {
           const double measured = measure(c, a, op, bytes);
-          const double predicted = comm::predict(op, a, static_cast<double>(bytes), n, link);
+          const double moved = static_cast<double>(std::max<int64_t>(1, bytes / 4 / n) * n * 4);  // as measured
+          const double predicted = comm::predict(op, a, moved, n, link);
           Row& row = rows[{op, bytes, a}];
           row.predicted.push_back(predicted);
           row.measured.push_back(measured);

@@ -8,6 +8,7 @@
 
 #include "crosstrain/comm/algorithms.h"
 #include "crosstrain/comm/cost_model.h"
+#include "crosstrain/comm/mpi.h"
 #include "serial_worker.h"
 
 namespace crosstrain::comm {
@@ -18,10 +19,12 @@ using algo::Algorithm;
 // Tags of the objects: above the algorithms' default range, a range of kTagsPerCall per algorithm.
 constexpr int kTagBase = algo::kDefaultTag + 4096;
 
-// What our algorithms take: dense CPU buffers of a real or integer dtype.
+// What our algorithms take: dense CPU buffers of float, double or an integer type. Half and bfloat16 stay with the
+// back end, which sums them in float (our algorithms would round at every hop); bool and complex too.
 bool takes(const at::Tensor& t) {
-  return t.defined() && t.is_contiguous() && t.device().is_cpu() && t.scalar_type() != at::kBool &&
-         !at::isComplexType(t.scalar_type());
+  const auto d = t.scalar_type();
+  return t.defined() && t.is_contiguous() && t.device().is_cpu() && d != at::kBool && d != at::kHalf &&
+         d != at::kBFloat16 && !at::isComplexType(d);
 }
 
 // The links of `file` over the hosts of this group (each host's cluster from the file when it lists the host).
@@ -50,13 +53,21 @@ class AlgorithmCommunicator : public Communicator {
                      inner->timeout()),
         inner_(std::move(inner)), config_(std::move(config)), topology_(std::move(topology)) {
     fixed_ = config_.algo == "auto" ? Algorithm::Builtin : algo::parse_algorithm(config_.algo);
-    // Hierarchical groups are split now, collectively, not later inside one call.
-    const int per_host = topology_.uniform_ranks_per_host();
+    // Hierarchical groups are consecutive ranks: each host's ranks must be, in equal numbers. They are split now,
+    // collectively, not later inside one call.
+    const int per_host = topology_.consecutive_ranks_per_host();
     if (fixed_ == Algorithm::Hierarchical && per_host == 0)
-      throw UsageError("comm.algo = \"hierarchical\" needs the same number of ranks on every host (hosts: " +
-                       describe_hosts(topology_) + "); use ring, tree, hd or auto");
-    if (fixed_ == Algorithm::Hierarchical || (fixed_ == Algorithm::Builtin && topology_.hosts.size() > 1 && per_host > 0))
+      throw UsageError("comm.algo = \"hierarchical\" needs the same number of ranks on every host, each host's "
+                       "ranks consecutive (as crosstrain run and mpirun --map-by slot place them); hosts: " +
+                       describe_hosts(topology_) + ". Use ring, tree, hd or auto");
+    hierarchical_ = per_host > 0 && topology_.hosts.size() > 1;
+    if (fixed_ == Algorithm::Hierarchical || (fixed_ == Algorithm::Builtin && hierarchical_))
       hierarchy_ = algo::make_hierarchy(*inner_, per_host);
+  }
+
+  void set_step(int64_t step) override {
+    Communicator::set_step(step);
+    inner_->set_step(step);
   }
 
   WorkPtr all_reduce(at::Tensor& t, ReduceOp op) override {
@@ -99,7 +110,7 @@ class AlgorithmCommunicator : public Communicator {
 
   // The algorithm a call of `op` on `bytes` uses.
   Algorithm choose(Collective op, double bytes) const {
-    return fixed_ != Algorithm::Builtin ? fixed_ : choose_algorithm(op, bytes, topology_);
+    return fixed_ != Algorithm::Builtin ? fixed_ : choose_algorithm(op, bytes, topology_, hierarchical_);
   }
 
  private:
@@ -107,8 +118,9 @@ class AlgorithmCommunicator : public Communicator {
                 std::function<void(algo::CollectiveAlgorithm&)> call) {
     auto work = std::make_shared<DeferredWork>(timeout(), context(name));
     const Algorithm a = choose(op, static_cast<double>(bytes));
-    auto job = [this, a, work, call = std::move(call)] { work->run([&] { call(object(a)); }); };
-    if (bytes > kInlineBytes || !worker_.run_inline_if_idle(job)) worker_.submit(std::move(job));
+    // Always on the worker, never inline: a collective may wait for peers that first wait for this rank's
+    // later sends, and the caller must get its Work back at once.
+    worker_.submit([this, a, work, call = std::move(call)] { work->run([&] { call(object(a)); }); });
     return work;
   }
 
@@ -128,10 +140,10 @@ class AlgorithmCommunicator : public Communicator {
   std::unique_ptr<Communicator> inner_;
   AlgorithmConfig config_;
   Topology topology_;
-  Algorithm fixed_;  // Builtin: auto
+  Algorithm fixed_;            // Builtin: auto
+  bool hierarchical_ = false;  // auto may choose hierarchical (several hosts, equal and consecutive ranks)
   algo::Hierarchy hierarchy_;
   std::array<std::unique_ptr<algo::CollectiveAlgorithm>, 5> objects_;
-  static constexpr int64_t kInlineBytes = 64 << 10;
   SerialWorker worker_;  // last: destroyed (and drained) first
 };
 
@@ -150,9 +162,35 @@ void validate(const AlgorithmConfig& config) {
 }
 
 std::unique_ptr<Communicator> with_algorithms(std::unique_ptr<Communicator> inner, const AlgorithmConfig& config) {
-  validate(config);
   if (!inner || config.algo == "builtin" || inner->size() < 2) return inner;
-  Topology topology = with_links_from(detect_local_topology(*inner, /*calibrate=*/false), config.topology);
+  if (inner->backend().rfind("mpi", 0) == 0 && !mpi_thread_multiple())
+    throw UsageError("comm.algo = \"" + config.algo + "\" needs an MPI library with MPI_THREAD_MULTIPLE (our " +
+                     "algorithms send from a worker thread); use comm.algo = \"builtin\" with this MPI");
+  const Topology detected = detect_local_topology(*inner, /*calibrate=*/false);
+  // Every rank must choose the same algorithm for each call: check that all read the same topology. A rank that
+  // cannot read the file says why; the others name it.
+  Topology topology = detected;
+  std::string error;
+  try {
+    validate(config);
+    topology = with_links_from(detected, config.topology);
+  } catch (const UsageError& e) {
+    error = e.what();
+  }
+  const int64_t digest =
+      error.empty() ? static_cast<int64_t>(std::hash<std::string>{}(to_toml(topology)) & 0x7fffffffffffffffLL) : -1;
+  at::Tensor all = at::empty({inner->size()}, at::kLong);
+  inner->all_gather(at::full({1}, digest, at::kLong), all)->wait();
+  for (int q = 0; q < inner->size(); ++q) {
+    const int64_t theirs = all[q].item<int64_t>();
+    if (theirs == -1 && !error.empty()) throw UsageError(error);
+    if (theirs == -1)
+      throw UsageError("rank " + std::to_string(q) + " could not read comm.topology '" + config.topology +
+                       "' (its own error names the cause)");
+    if (theirs != digest)
+      throw UsageError("comm.topology '" + config.topology + "' reads differently on rank " + std::to_string(q) +
+                       " than on rank " + std::to_string(inner->rank()) + ": give every host the same file");
+  }
   return std::make_unique<AlgorithmCommunicator>(std::move(inner), config, std::move(topology));
 }
 

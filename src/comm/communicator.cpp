@@ -46,6 +46,12 @@ void wait_all(const std::vector<WorkPtr>& works) {
     if (w) w->wait();
 }
 
+double max_over_ranks(Communicator& c, double value) {
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  c.all_reduce(t, ReduceOp::Max)->wait();
+  return t.item<double>();
+}
+
 CommContext Communicator::context(const std::string& op, int peer) const {
   CommContext c;
   c.rank = rank_;

@@ -46,19 +46,6 @@ double halving_phase(double bytes, int p, const Link& l) {
   return s;
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return 0.0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : 0.5 * (v[m - 1] + v[m]);
-}
-
-double max_over_ranks(Communicator& c, double value) {
-  at::Tensor t = at::full({1}, value, at::kDouble);
-  c.all_reduce(t, ReduceOp::Max)->wait();
-  return t.item<double>();
-}
-
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 Link straight_line(double latency_s, double bandwidth_Bps) {
@@ -71,6 +58,13 @@ Link straight_line(double latency_s, double bandwidth_Bps) {
 int rounds_for(int64_t bytes, int rounds) { return bytes >= (1 << 20) ? std::max(5, rounds / 4) : std::max(5, rounds); }
 
 }  // namespace
+
+double median(std::vector<double> values) {
+  if (values.empty()) return 0.0;
+  std::sort(values.begin(), values.end());
+  const size_t m = values.size() / 2;
+  return values.size() % 2 ? values[m] : 0.5 * (values[m - 1] + values[m]);
+}
 
 double interpolate(const std::vector<Sample>& curve, double bytes) {
   if (curve.empty()) return 0.0;
@@ -102,6 +96,13 @@ int Topology::uniform_ranks_per_host() const {
   for (const auto& h : hosts)
     if (h.ranks != hosts.front().ranks) return 0;
   return hosts.front().ranks;
+}
+
+int Topology::consecutive_ranks_per_host() const {
+  const int g = uniform_ranks_per_host();
+  for (size_t q = 0; g > 0 && q < rank_host.size(); ++q)
+    if (rank_host[q] != static_cast<int>(q) / g) return 0;
+  return g;
 }
 
 Topology local_topology(int ranks, Link local) { return describe_local_host("localhost", 0, ranks, local); }
@@ -339,6 +340,7 @@ Topology detect_local_topology(Communicator& c, bool calibrate, const Calibratio
       host_of[q] = static_cast<int>(it - t.hosts.begin());
     }
   }
+  t.rank_host = host_of;
   t.host = default_host_link();
   t.cluster = t.wan = straight_line(100e-6, 1.25e9);  // 10 Gb/s Ethernet until measured or described in a file
   if (calibrate && n >= 2) {
@@ -442,7 +444,7 @@ double predict_hierarchical(double bytes, const Topology& t) {
   return predict_hierarchical(Collective::AllReduce, bytes, t);
 }
 
-algo::Algorithm choose_algorithm(Collective op, double bytes, const Topology& t) {
+algo::Algorithm choose_algorithm(Collective op, double bytes, const Topology& t, bool hierarchical) {
   const int n = t.world_size();
   algo::Algorithm best = algo::Algorithm::Ring;
   double best_time = kInf;
@@ -450,7 +452,8 @@ algo::Algorithm choose_algorithm(Collective op, double bytes, const Topology& t)
     const double s = predict(op, a, bytes, n, t.bottleneck());
     if (s < best_time) best = a, best_time = s;
   }
-  if (t.hosts.size() > 1 && predict_hierarchical(op, bytes, t) < best_time) best = algo::Algorithm::Hierarchical;
+  if (hierarchical && t.hosts.size() > 1 && predict_hierarchical(op, bytes, t) < best_time)
+    best = algo::Algorithm::Hierarchical;
   return best;
 }
 

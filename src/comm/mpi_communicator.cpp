@@ -3,7 +3,6 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
-#include <cstdio>
 #include <thread>
 
 #ifdef CROSSTRAIN_WITH_MPI
@@ -14,6 +13,7 @@ namespace crosstrain::comm {
 
 #ifndef CROSSTRAIN_WITH_MPI
 bool mpi_available() { return false; }
+bool mpi_thread_multiple() { return false; }
 std::unique_ptr<Communicator> make_mpi_world(Millis) {
   throw UsageError("this build of crosstrain has no MPI back end (install libopenmpi-dev and rebuild)");
 }
@@ -308,16 +308,18 @@ class MpiCommunicator : public Communicator {
 
 bool mpi_available() { return true; }
 
+bool mpi_thread_multiple() {
+  int initialized = 0, level = 0;
+  MPI_Initialized(&initialized);
+  return initialized && MPI_Query_thread(&level) == MPI_SUCCESS && level >= MPI_THREAD_MULTIPLE;
+}
+
 std::unique_ptr<Communicator> make_mpi_world(Millis timeout) {
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
     int provided = 0;
     MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided);
-    // Our algorithms (comm.algo) send from a worker thread while the caller's thread may use MPI too.
-    if (provided < MPI_THREAD_MULTIPLE)
-      std::fprintf(stderr, "crosstrain: this MPI library does not provide MPI_THREAD_MULTIPLE; keep comm.algo = "
-                           "\"builtin\" with the mpi back end\n");
     // Errors come back as codes (turned into CommError) instead of aborting the job.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }

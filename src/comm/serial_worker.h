@@ -2,6 +2,7 @@
 // asynchronous behind the Work interface (the shared-memory all-reduce, the algorithm communicator).
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -14,17 +15,26 @@
 
 namespace crosstrain::comm {
 
-// A Work that another thread completes. wait() gives the operation a second more than the timeout, so that the
-// operation's own error (which names the missing peer) is the one reported when both expire.
+// A Work that another thread completes. The operation bounds each of its own steps by the timeout and reports
+// the missing peer itself; wait() is the backstop: it counts the timeout (twice, plus a second, as an operation
+// has several steps) from when the operation started, not from when it was queued behind others, and gives up on
+// one that has not started after ten timeouts.
 class DeferredWork : public Work {
  public:
   DeferredWork(Millis timeout, CommContext context) : Work(timeout), context_(std::move(context)) {}
   void wait(Millis timeout) override {
+    using Clock = std::chrono::steady_clock;
+    const auto called = Clock::now();
     std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, timeout + Millis(1000), [&] { return done_; })) {
-      CommContext c = context_;
-      c.timeout = timeout;
-      throw CommError(c, "the operation did not complete", true);
+    for (;;) {
+      if (cv_.wait_for(lock, Millis(200), [&] { return done_; })) break;
+      const auto now = Clock::now();
+      const bool stuck = started_ ? now - started_at_ > 2 * timeout + Millis(1000) : now - called > 10 * timeout;
+      if (stuck) {
+        CommContext c = context_;
+        c.timeout = timeout;
+        throw CommError(c, started_ ? "the operation did not complete" : "the operation never started", true);
+      }
     }
     if (error_) std::rethrow_exception(error_);
   }
@@ -40,6 +50,11 @@ class DeferredWork : public Work {
   }
   // Runs `job` and completes with its exception, if any.
   void run(const std::function<void()>& job) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      started_ = true;
+      started_at_ = std::chrono::steady_clock::now();
+    }
     try {
       job();
       complete(nullptr);
@@ -53,7 +68,8 @@ class DeferredWork : public Work {
   CommContext context_;
   std::mutex mutex_;
   std::condition_variable cv_;
-  bool done_ = false;
+  bool done_ = false, started_ = false;
+  std::chrono::steady_clock::time_point started_at_;
   std::exception_ptr error_;
 };
 
@@ -115,7 +131,11 @@ class SerialWorker {
         queue_.pop_front();
         busy_ = true;
       }
-      job();
+      try {
+        job();
+      } catch (...) {
+        // Jobs report their errors through their Work; one that escapes must not end the process.
+      }
       std::lock_guard<std::mutex> lock(mutex_);
       busy_ = false;
     }

@@ -120,6 +120,11 @@ class ShmCommunicator : public Communicator {
     return work;
   }
 
+  void set_step(int64_t step) override {
+    Communicator::set_step(step);
+    inner_->set_step(step);
+  }
+
   // Everything else: the wrapped back end.
   WorkPtr broadcast(at::Tensor& t, int root) override { return inner_->broadcast(t, root); }
   WorkPtr reduce(at::Tensor& t, int root, ReduceOp op) override { return inner_->reduce(t, root, op); }

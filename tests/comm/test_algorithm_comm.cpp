@@ -139,7 +139,37 @@ TEST(AlgorithmComm, BadSettingsAreNamed) {
   });
 }
 
-// A rank that never joins: the others fail with a CommError naming the operation and the peer.
+// Ranks that read different topology files would choose different algorithms and hang: every rank stops with a
+// message instead. So does every rank when one cannot read the file.
+TEST(AlgorithmComm, RanksMustReadTheSameTopology) {
+  const std::string dir = ::testing::TempDir();
+  auto write = [&](const std::string& name, double gbps) {
+    std::ofstream(dir + name) << "[links.host]\nlatency_us = 5\nbandwidth_gbps = " << gbps << "\n"
+                              << "[links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n"
+                                 "[links.wan]\nlatency_us = 25000\nbandwidth_gbps = 0.1\n"
+                                 "[[hosts]]\nname = \"a\"\nranks = 2\n";
+    return dir + name;
+  };
+  const std::vector<std::string> differ{write("/topo_a.toml", 40), write("/topo_b.toml", 10)};
+  const std::vector<std::string> missing{differ[0], dir + "/no_such_topology.toml"};
+  for (const auto& files : {differ, missing}) {
+    FakeWorld world(2, Millis(10000));
+    std::vector<std::string> errors(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r)
+      threads.emplace_back([&, r] {
+        try {
+          comm::with_algorithms(world.communicator(r), {"auto", files[r]});
+        } catch (const UsageError& e) {
+          errors[r] = e.what();
+        }
+      });
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) EXPECT_NE(errors[r].find("topology"), std::string::npos) << "rank " << r << ": " << errors[r];
+  }
+}
+
+// A rank that never joins: the others fail with a CommError naming the operation, the peer and the step.
 TEST(AlgorithmComm, SilentPeerTimesOutNamingIt) {
   FakeWorld world(2, Millis(300));
   std::string error;
@@ -148,6 +178,7 @@ TEST(AlgorithmComm, SilentPeerTimesOutNamingIt) {
     threads.emplace_back([&, r] {
       auto c = comm::with_algorithms(world.communicator(r), {"ring", ""});
       if (r == 1) return;
+      c->set_step(7);  // passed on to the wrapped communicator, whose receive times out
       at::Tensor t = at::ones({100000});
       try {
         c->all_reduce(t, ReduceOp::Sum)->wait();
@@ -158,4 +189,5 @@ TEST(AlgorithmComm, SilentPeerTimesOutNamingIt) {
   for (auto& t : threads) t.join();
   EXPECT_NE(error.find("[rank 0]"), std::string::npos) << error;
   EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
+  EXPECT_NE(error.find("step 7"), std::string::npos) << error;
 }

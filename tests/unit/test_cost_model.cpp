@@ -200,3 +200,18 @@ TEST(CostModel, MeasuredCurvesReplaceTheStraightLines) {
   // The tree uses one-way messages: still the straight line until a one-way curve is set.
   EXPECT_NEAR(comm::predict_all_reduce(Algorithm::Tree, 2e6, 2, l), 2 * (10e-6 + 2e6 / 1e9) + 1e-3, 1e-12);
 }
+
+// The hierarchical algorithm's groups are consecutive ranks: hosts whose ranks interleave cannot use it.
+TEST(CostModel, HierarchicalNeedsEachHostsRanksConsecutive) {
+  comm::Topology t;
+  t.hosts = {{"a", "x", 2, 0}, {"b", "x", 2, 0}};
+  EXPECT_EQ(t.consecutive_ranks_per_host(), 2);  // no rank map (a file): counts only
+  t.rank_host = {0, 0, 1, 1};
+  EXPECT_EQ(t.consecutive_ranks_per_host(), 2);
+  t.rank_host = {0, 1, 0, 1};  // round-robin placement
+  EXPECT_EQ(t.consecutive_ranks_per_host(), 0);
+  t.wan = t.cluster = comm::Link{1e-3, 1e8};
+  t.host = comm::Link{1e-6, 1e10};
+  EXPECT_NE(comm::choose_algorithm(comm::Collective::AllReduce, 64e6, t, /*hierarchical=*/false),
+            Algorithm::Hierarchical);
+}

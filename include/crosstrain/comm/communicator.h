@@ -61,7 +61,8 @@ class Communicator {
   const std::string& backend() const { return backend_; }
   Millis timeout() const { return timeout_; }
   // Training step reported in error messages (set by the trainer at the start of a step).
-  void set_step(int64_t step) { step_ = step; }
+  // Wrappers (shared memory, algorithms) pass it on to the communicator they wrap.
+  virtual void set_step(int64_t step) { step_ = step; }
 
   // --- collectives ------------------------------------------------------------------------------------
   virtual WorkPtr broadcast(at::Tensor& tensor, int root) = 0;
@@ -117,5 +118,8 @@ class Communicator {
   std::optional<int64_t> step_;
   int splits_ = 0;
 };
+
+// Collective: the largest `value` any member passes (benchmarks report the slowest rank's time).
+double max_over_ranks(Communicator& c, double value);
 
 }  // namespace crosstrain::comm

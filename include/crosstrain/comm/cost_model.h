@@ -18,6 +18,9 @@ struct Sample {
   double bytes = 0, seconds = 0;
 };
 
+// The median of `values` (0 for none). Pure.
+double median(std::vector<double> values);
+
 // Seconds at `bytes` on a measured curve (points by ascending bytes): linear between points, the first point's
 // time below it, the last segment's slope beyond the last point. Pure.
 double interpolate(const std::vector<Sample>& curve, double bytes);
@@ -64,12 +67,17 @@ struct Topology {
   };
   std::vector<Host> hosts;
   Link host, cluster, wan;
+  // Index into `hosts` of each rank (detect_local_topology(comm) fills it; empty when read from a file).
+  std::vector<int> rank_host;
 
   int world_size() const;
   // The slowest link a collective over all ranks must cross.
   const Link& bottleneck() const;
   // Ranks per host when every host has the same count (for the hierarchical algorithm), else 0.
   int uniform_ranks_per_host() const;
+  // Ranks per host when every host has the same count and, where rank_host is known, each host's ranks are
+  // consecutive (the hierarchical algorithm's groups are consecutive ranks), else 0.
+  int consecutive_ranks_per_host() const;
 };
 
 // Parses a topology file; throws UsageError naming the file and the key.
@@ -132,9 +140,9 @@ double predict_all_reduce(algo::Algorithm a, double bytes, int n, const Link& li
 // Hierarchical over a topology: a binomial tree inside hosts, ring across host leaders.
 double predict_hierarchical(Collective op, double bytes, const Topology& t);
 double predict_hierarchical(double bytes, const Topology& t);  // all-reduce
-// The algorithm with the lowest predicted time (ring, tree, hd; hierarchical when the topology has several
-// hosts with the same rank count).
-algo::Algorithm choose_algorithm(Collective op, double bytes, const Topology& t);
+// The algorithm with the lowest predicted time (ring, tree, hd; hierarchical when `hierarchical` allows it and the
+// topology has several hosts with the same rank count).
+algo::Algorithm choose_algorithm(Collective op, double bytes, const Topology& t, bool hierarchical = true);
 algo::Algorithm choose_all_reduce(double bytes, const Topology& t);
 
 }  // namespace crosstrain::comm

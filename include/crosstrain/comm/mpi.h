@@ -11,6 +11,9 @@ namespace crosstrain::comm {
 
 // True when this build has the MPI back end.
 bool mpi_available();
+// True when MPI is initialized with MPI_THREAD_MULTIPLE (any thread may call it): our algorithms (comm.algo) send
+// from a worker thread while the caller's thread uses MPI too.
+bool mpi_thread_multiple();
 // The world of an mpirun job (initializes MPI with MPI_THREAD_MULTIPLE; finalizes it when destroyed).
 // Throws UsageError when the build has no MPI or the process was not started by mpirun.
 std::unique_ptr<Communicator> make_mpi_world(Millis timeout);

@@ -9,6 +9,7 @@
 #include "crosstrain/comm/algorithms.h"
 #include "crosstrain/comm/cost_model.h"
 #include "crosstrain/comm/mpi.h"
+#include "forwarding_communicator.h"
 #include "serial_worker.h"
 
 namespace crosstrain::comm {
@@ -46,12 +47,13 @@ std::string describe_hosts(const Topology& t) {
   return s;
 }
 
-class AlgorithmCommunicator : public Communicator {
+class AlgorithmCommunicator : public ForwardingCommunicator {
  public:
   AlgorithmCommunicator(std::unique_ptr<Communicator> inner, AlgorithmConfig config, Topology topology)
-      : Communicator(inner->backend() + "+" + config.algo, inner->name(), inner->rank(), inner->size(),
-                     inner->timeout()),
-        inner_(std::move(inner)), config_(std::move(config)), topology_(std::move(topology)) {
+      : ForwardingCommunicator(std::move(inner), config.algo), config_(std::move(config)),
+        topology_(std::move(topology)) {
+    // Same-host float sums and averages: the shared-memory path beats every point-to-point algorithm here.
+    shm_ = inner_->backend().find("+shm") != std::string::npos;
     fixed_ = config_.algo == "auto" ? Algorithm::Builtin : algo::parse_algorithm(config_.algo);
     // Hierarchical groups are consecutive ranks: each host's ranks must be, in equal numbers. They are split now,
     // collectively, not later inside one call.
@@ -65,15 +67,8 @@ class AlgorithmCommunicator : public Communicator {
       hierarchy_ = algo::make_hierarchy(*inner_, per_host);
   }
 
-  void set_step(int64_t step) override {
-    Communicator::set_step(step);
-    inner_->set_step(step);
-  }
-
   WorkPtr all_reduce(at::Tensor& t, ReduceOp op) override {
-    // Same-host float sums and averages: the shared-memory path beats every point-to-point algorithm here.
-    const bool shm = inner_->backend().find("+shm") != std::string::npos &&
-                     (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) &&
+    const bool shm = shm_ && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kDouble) &&
                      (op == ReduceOp::Sum || op == ReduceOp::Avg);
     if (!takes(t) || (fixed_ == Algorithm::Builtin && shm)) return inner_->all_reduce(t, op);
     return start(std::string("allreduce(") + to_string(op) + ")", Collective::AllReduce, t.nbytes(),
@@ -95,22 +90,16 @@ class AlgorithmCommunicator : public Communicator {
                  [t, root](algo::CollectiveAlgorithm& a) mutable { a.broadcast(t, root); });
   }
 
-  // Everything else: the wrapped communicator.
-  WorkPtr reduce(at::Tensor& t, int root, ReduceOp op) override { return inner_->reduce(t, root, op); }
-  WorkPtr gather(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->gather(in, out, root); }
-  WorkPtr scatter(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->scatter(in, out, root); }
-  WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out) override { return inner_->all_to_all(in, out); }
-  WorkPtr barrier() override { return inner_->barrier(); }
-  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
-  WorkPtr recv(at::Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
-  std::unique_ptr<Communicator> split(const std::vector<int>& ranks) override {
-    auto sub = inner_->split(ranks);
-    return sub ? with_algorithms(std::move(sub), config_) : nullptr;
-  }
+  // Everything else goes to the wrapped communicator (ForwardingCommunicator).
 
   // The algorithm a call of `op` on `bytes` uses.
   Algorithm choose(Collective op, double bytes) const {
     return fixed_ != Algorithm::Builtin ? fixed_ : choose_algorithm(op, bytes, topology_, hierarchical_);
+  }
+
+ protected:
+  std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> sub) override {
+    return with_algorithms(std::move(sub), config_);
   }
 
  private:
@@ -137,11 +126,11 @@ class AlgorithmCommunicator : public Communicator {
     return *slot;
   }
 
-  std::unique_ptr<Communicator> inner_;
   AlgorithmConfig config_;
   Topology topology_;
   Algorithm fixed_;            // Builtin: auto
   bool hierarchical_ = false;  // auto may choose hierarchical (several hosts, equal and consecutive ranks)
+  bool shm_ = false;           // the wrapped communicator has the shared-memory all-reduce
   algo::Hierarchy hierarchy_;
   std::array<std::unique_ptr<algo::CollectiveAlgorithm>, 5> objects_;
   SerialWorker worker_;  // last: destroyed (and drained) first

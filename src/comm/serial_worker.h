@@ -125,7 +125,7 @@ class SerialWorker {
       std::function<void()> job;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [&] { return (stop_ && queue_.empty() && !busy_) || (!queue_.empty() && !busy_); });
+        cv_.wait(lock, [&] { return !busy_ && (stop_ || !queue_.empty()); });  // idle until work (no peer wait)
         if (queue_.empty()) return;
         job = std::move(queue_.front());
         queue_.pop_front();

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "crosstrain/comm/shm.h"
+#include "forwarding_communicator.h"
 #include "serial_worker.h"
 
 namespace crosstrain::comm {
@@ -97,11 +98,10 @@ class Segment {
   void* base_;
 };
 
-class ShmCommunicator : public Communicator {
+class ShmCommunicator : public ForwardingCommunicator {
  public:
   ShmCommunicator(std::unique_ptr<Communicator> inner, std::unique_ptr<Segment> segment, std::vector<int64_t> pids)
-      : Communicator(inner->backend() + "+shm", inner->name(), inner->rank(), inner->size(), inner->timeout()),
-        inner_(std::move(inner)), segment_(std::move(segment)), pids_(std::move(pids)) {}
+      : ForwardingCommunicator(std::move(inner), "shm"), segment_(std::move(segment)), pids_(std::move(pids)) {}
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
     const auto dtype = tensor.scalar_type();
@@ -120,27 +120,11 @@ class ShmCommunicator : public Communicator {
     return work;
   }
 
-  void set_step(int64_t step) override {
-    Communicator::set_step(step);
-    inner_->set_step(step);
-  }
+  // Everything else goes to the wrapped back end (ForwardingCommunicator).
 
-  // Everything else: the wrapped back end.
-  WorkPtr broadcast(at::Tensor& t, int root) override { return inner_->broadcast(t, root); }
-  WorkPtr reduce(at::Tensor& t, int root, ReduceOp op) override { return inner_->reduce(t, root, op); }
-  WorkPtr gather(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->gather(in, out, root); }
-  WorkPtr all_gather(const at::Tensor& in, at::Tensor& out) override { return inner_->all_gather(in, out); }
-  WorkPtr scatter(const at::Tensor& in, at::Tensor& out, int root) override { return inner_->scatter(in, out, root); }
-  WorkPtr reduce_scatter(const at::Tensor& in, at::Tensor& out, ReduceOp op) override {
-    return inner_->reduce_scatter(in, out, op);
-  }
-  WorkPtr all_to_all(const at::Tensor& in, at::Tensor& out) override { return inner_->all_to_all(in, out); }
-  WorkPtr barrier() override { return inner_->barrier(); }
-  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
-  WorkPtr recv(at::Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
-  std::unique_ptr<Communicator> split(const std::vector<int>& ranks) override {
-    auto sub = inner_->split(ranks);
-    return sub ? with_shared_memory(std::move(sub), segment_->slot_bytes()) : nullptr;
+ protected:
+  std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> sub) override {
+    return with_shared_memory(std::move(sub), segment_->slot_bytes());
   }
 
  private:
@@ -221,7 +205,6 @@ class ShmCommunicator : public Communicator {
     }
   }
 
-  std::unique_ptr<Communicator> inner_;
   std::unique_ptr<Segment> segment_;
   std::vector<int64_t> pids_;
   uint32_t round_ = 0;  // touched only by the job running (inline or on the worker): one at a time

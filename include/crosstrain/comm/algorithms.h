@@ -150,7 +150,7 @@ class RingAlgorithm : public CollectiveAlgorithm {
   void all_reduce(at::Tensor& tensor, ReduceOp op) override;
   void reduce_scatter(const at::Tensor& input, at::Tensor& output, ReduceOp op) override;
   void all_gather(const at::Tensor& input, at::Tensor& output) override;
-  // Pipelined chain root -> root+1 -> ...: the buffer moves in `options.segments` pieces.
+  // Pipelined chain root -> root+1 -> ...: the buffer moves in ring_broadcast_segments() pieces.
   void broadcast(at::Tensor& tensor, int root) override;
 
  protected:

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,6 +19,9 @@ namespace crosstrain::apps {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// Ranks of one job, at most: far above any machine here, low enough that rank arithmetic never overflows an int.
+constexpr int kMaxWorld = 1 << 20;
 
 // Signal handlers only write the signal number here; the main loop reads it.
 int g_signal_pipe[2] = {-1, -1};
@@ -94,9 +98,14 @@ pid_t spawn(const std::vector<std::string>& command, const std::map<std::string,
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  const pid_t launcher = getpid();
   pid_t pid = fork();
   if (pid != 0) return pid;
-  // Child: its own process group, so that stopping a rank also stops what it started.
+  // Child: ends with the launcher, however the launcher ends (SIGKILL too: nothing can catch that one). The
+  // check after prctl covers a launcher that died before it.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != launcher) _exit(1);
+  // Its own process group, so that stopping a rank also stops what it started.
   setpgid(0, 0);
   signal(SIGINT, SIG_DFL);
   signal(SIGTERM, SIG_DFL);
@@ -111,8 +120,62 @@ pid_t spawn(const std::vector<std::string>& command, const std::map<std::string,
 }
 
 void signal_all(std::vector<Rank>& ranks, int sig) {
-  for (auto& r : ranks)
-    if (r.running && kill(-r.pid, sig) != 0) kill(r.pid, sig);
+  for (auto& r : ranks) {
+    if (!r.running) continue;
+    if (kill(-r.pid, sig) != 0) kill(r.pid, sig);
+    // A stopped rank (SIGSTOP, a debugger) acts on SIGTERM or SIGINT only once it runs again.
+    if (sig != SIGKILL && kill(-r.pid, SIGCONT) != 0) kill(r.pid, SIGCONT);
+  }
+}
+
+// Ends the ranks started so far (a later one could not be started) and reaps them: none is left behind.
+void stop_started(std::vector<Rank>& ranks) {
+  for (auto& r : ranks) {
+    if (r.pid <= 0) continue;
+    if (kill(-r.pid, SIGKILL) != 0) kill(r.pid, SIGKILL);
+    waitpid(r.pid, nullptr, 0);
+    r.running = false;
+    if (r.out.fd >= 0) close(r.out.fd);
+    if (r.err.fd >= 0) close(r.err.fd);
+    r.out.fd = r.err.fd = -1;
+  }
+}
+
+// Starts rank `r` with its torchrun variables; throws (with errno's text) when a pipe or the fork fails.
+void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o) {
+  int out[2], err[2];
+  if (pipe(out) != 0) throw Error(std::string("pipe: ") + strerror(errno));
+  if (pipe(err) != 0) {
+    const int saved = errno;
+    close(out[0]);
+    close(out[1]);
+    throw Error(std::string("pipe: ") + strerror(saved));
+  }
+  std::map<std::string, std::string> env = o.extra_env;
+  env["RANK"] = std::to_string(r.rank);
+  env["WORLD_SIZE"] = std::to_string(world);
+  env["LOCAL_RANK"] = std::to_string(local);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
+  env["GROUP_RANK"] = std::to_string(o.node_rank);
+  env["MASTER_ADDR"] = o.master_addr;
+  env["MASTER_PORT"] = std::to_string(port);
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  if (!getenv("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
+  r.pid = spawn(o.command, env, out[1], err[1]);
+  const int fork_errno = errno;
+  close(out[1]);
+  close(err[1]);
+  if (r.pid < 0) {
+    close(out[0]);
+    close(err[0]);
+    throw Error(std::string("fork: ") + strerror(fork_errno));
+  }
+  setpgid(r.pid, r.pid);  // also here, so a signal sent right away finds the group
+  r.out.fd = out[0];
+  r.err.fd = err[0];
+  fcntl(r.out.fd, F_SETFL, O_NONBLOCK);
+  fcntl(r.err.fd, F_SETFL, O_NONBLOCK);
+  r.running = true;
 }
 
 }  // namespace
@@ -144,6 +207,10 @@ int launch(const LaunchOptions& o) {
   if (o.nnodes > 1 && o.master_port == 0)
     throw UsageError("with several nodes every launcher needs the same --master HOST:PORT (port 0 is not allowed)");
 
+  check_ranks_fit(o.nproc, o.rank_needs, read_machine_room());
+  if (o.nproc > kMaxWorld / o.nnodes)
+    throw UsageError("--nproc " + std::to_string(o.nproc) + " x --nnodes " + std::to_string(o.nnodes) +
+                     " is more ranks than crosstrain supports (" + std::to_string(kMaxWorld) + ")");
   const int world = o.nproc * o.nnodes;
   std::shared_ptr<comm::Rendezvous> store;
   int port = o.master_port;
@@ -167,33 +234,27 @@ int launch(const LaunchOptions& o) {
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   signal(SIGPIPE, SIG_IGN);
+  auto restore_signals = [&] {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+    close(g_signal_pipe[0]);
+    close(g_signal_pipe[1]);
+  };
 
   std::vector<Rank> ranks(o.nproc);
   for (int local = 0; local < o.nproc; ++local) {
     Rank& r = ranks[local];
     r.rank = o.node_rank * o.nproc + local;
-    int out[2], err[2];
-    if (pipe(out) != 0 || pipe(err) != 0) throw Error("crosstrain run: pipe() failed: " + std::string(strerror(errno)));
-    std::map<std::string, std::string> env = o.extra_env;
-    env["RANK"] = std::to_string(r.rank);
-    env["WORLD_SIZE"] = std::to_string(world);
-    env["LOCAL_RANK"] = std::to_string(local);
-    env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
-    env["GROUP_RANK"] = std::to_string(o.node_rank);
-    env["MASTER_ADDR"] = o.master_addr;
-    env["MASTER_PORT"] = std::to_string(port);
-    env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
-    if (!getenv("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
-    r.pid = spawn(o.command, env, out[1], err[1]);
-    if (r.pid > 0) setpgid(r.pid, r.pid);  // also here, so a signal sent right away finds the group
-    close(out[1]);
-    close(err[1]);
-    r.out.fd = out[0];
-    r.err.fd = err[0];
-    fcntl(r.out.fd, F_SETFL, O_NONBLOCK);
-    fcntl(r.err.fd, F_SETFL, O_NONBLOCK);
-    if (r.pid < 0) throw Error("crosstrain run: fork() failed: " + std::string(strerror(errno)));
-    r.running = true;
+    try {
+      start_rank(r, local, world, port, o);
+    } catch (const Error& e) {
+      stop_started(ranks);
+      restore_signals();
+      throw Error("cannot start rank " + std::to_string(r.rank) + " (" + e.what() +
+                  "): a process or file limit was reached (ulimit -u, ulimit -n, or the container's pids limit); " +
+                  "stopped the " + std::to_string(local) + " rank" + (local == 1 ? "" : "s") +
+                  " already started. Use a smaller --nproc or raise the limit");
+    }
   }
 
   int result = 0;
@@ -261,14 +322,12 @@ int launch(const LaunchOptions& o) {
     if (r.out.fd >= 0) close(r.out.fd);
     if (r.err.fd >= 0) close(r.err.fd);
   }
-  sigaction(SIGINT, &old_int, nullptr);
-  sigaction(SIGTERM, &old_term, nullptr);
-  close(g_signal_pipe[0]);
-  close(g_signal_pipe[1]);
+  restore_signals();
   return result;
 }
 
-int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                int64_t extra_bytes_per_rank) {
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
@@ -277,6 +336,8 @@ int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::mi
   o.nproc = nproc;
   o.timeout = timeout;
   o.prefix_rank0_stdout = false;  // rank 0 prints the report
+  o.rank_needs = kCrosstrainRank;
+  o.rank_needs.bytes += extra_bytes_per_rank;
   o.command.push_back(exe);
   o.command.insert(o.command.end(), args.begin(), args.end());
   return launch(o);

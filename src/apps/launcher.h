@@ -2,9 +2,12 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <map>
 #include <string>
 #include <vector>
+
+#include "launch_limits.h"
 
 namespace crosstrain::apps {
 
@@ -20,6 +23,7 @@ struct LaunchOptions {
   std::map<std::string, std::string> extra_env;
   bool prefix_output = true;           // "[rank N] " before each line
   bool prefix_rank0_stdout = true;     // off when rank 0 prints a report (bench, train)
+  RankNeeds rank_needs;                // checked against the machine before anything starts
 };
 
 // Parses "HOST:PORT" (IPv6 as "[::1]:PORT"); throws UsageError.
@@ -29,8 +33,9 @@ void parse_master(const std::string& text, std::string& host, int& port);
 // and stops every rank when one fails. Returns the exit code for the launcher: 0, or the failed rank's.
 int launch(const LaunchOptions& options);
 
-// Runs this very binary with `args` as nproc local ranks.
+// Runs this very binary with `args` as nproc local ranks; `extra_bytes_per_rank` adds to a bare rank's memory
+// (the model state a training rank holds at the least).
 int launch_self(int nproc, const std::vector<std::string>& args,
-                std::chrono::milliseconds timeout = std::chrono::milliseconds(30000));
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(30000), int64_t extra_bytes_per_rank = 0);
 
 }  // namespace crosstrain::apps

@@ -3,12 +3,14 @@
 #include <c10/util/Exception.h>
 
 #include <iostream>
+#include <typeinfo>
 #include <sstream>
 
 #include "bench_comm.h"
 #include "bench_cost_model.h"
 #include "bench_pipeline.h"
 #include "ckpt_cmd.h"
+#include "error_line.h"
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
@@ -20,14 +22,25 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   CLI::App app{"crosstrain: train large neural networks across devices, machines and clusters"};
   app.require_subcommand(1);
+  // A count of ranks: CLI11's PositiveNumber would answer 0 with a 300-digit range.
+  const CLI::Validator at_least_one(
+      [](std::string& text) -> std::string {
+        try {
+          size_t used = 0;
+          if (std::stol(text, &used) >= 1 && used == text.size()) return {};
+        } catch (const std::exception&) {
+        }
+        return "must be a whole number of at least 1, got '" + text + "'";
+      },
+      "N>=1");
 
   // run: the launcher. Everything after `--` is the command.
   apps::LaunchOptions launch;
   std::string master;
   double timeout_s = 30;
   auto* run = app.add_subcommand("run", "start N local ranks of a program with torchrun's environment");
-  run->add_option("--nproc,--nproc-per-node", launch.nproc, "ranks on this node")->check(CLI::PositiveNumber);
-  run->add_option("--nnodes", launch.nnodes, "number of nodes")->check(CLI::PositiveNumber);
+  run->add_option("--nproc,--nproc-per-node", launch.nproc, "ranks on this node")->check(at_least_one);
+  run->add_option("--nnodes", launch.nnodes, "number of nodes")->check(at_least_one);
   run->add_option("--node-rank", launch.node_rank, "this node's index (0 hosts the rendezvous store)");
   run->add_option("--master", master, "HOST:PORT of the rendezvous store on node 0 (default: a free local port)");
   run->add_option("--timeout", timeout_s, "seconds to wait for the rendezvous");
@@ -46,7 +59,7 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--backend", bench.backend,
                           "gloo, gloo+shm (same-host float all-reduce in shared memory), or mpi (under mpirun)")
       ->check(CLI::IsMember({"gloo", "gloo+shm", "mpi"}));
-  bench_comm->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
+  bench_comm->add_option("--nproc", bench.nproc, "ranks to start when not already launched")->check(at_least_one);
   bench_comm->add_option("--sizes", sizes, "MIN:MAX bytes, e.g. 4:256M (default 4:64M)");
   bench_comm->add_option("--step-factor", bench.step_factor, "multiply the size by this each row");
   bench_comm->add_option("--iters", bench.iters, "timed iterations per size, fewer for large sizes (default: about 0.3 s per size, 3 to 10000)");
@@ -63,7 +76,7 @@ int main(int argc, char** argv) {
   apps::BenchCostModelOptions model;
   auto* bench_model = bench_cmd->add_subcommand(
       "cost-model", "cost model's predicted time next to the measured one (ring, tree, hd; all-reduce by default)");
-  bench_model->add_option("--nproc", model.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
+  bench_model->add_option("--nproc", model.nproc, "ranks to start when not already launched")->check(at_least_one);
   bench_model->add_option("--topology", model.topology, "links from this topology file instead of calibrating them")
       ->check(CLI::ExistingFile);
   bench_model->add_option("--repeat", model.repeat, "calibrate-and-measure repetitions (the table shows medians)")
@@ -80,7 +93,7 @@ int main(int argc, char** argv) {
   apps::TrainCommand train;
   auto* train_cmd = app.add_subcommand("train", "train a model from a TOML recipe");
   train_cmd->add_option("config", train.config_path, "recipe, e.g. recipes/gpt-tiny.toml")->required();
-  train_cmd->add_option("--nproc", train.nproc, "ranks to start when not already launched")->check(CLI::PositiveNumber);
+  train_cmd->add_option("--nproc", train.nproc, "ranks to start when not already launched")->check(at_least_one);
   train_cmd->add_option("--set", train.sets, "override a key: --set train.steps=30 (repeatable)");
   train_cmd->add_flag("--resume", train.resume, "continue from the newest checkpoint in run.dir");
 
@@ -99,7 +112,7 @@ int main(int argc, char** argv) {
 
   int demo_nproc = 2;
   auto* demo = app.add_subcommand("demo", "a short tour of the collectives on local ranks");
-  demo->add_option("--nproc", demo_nproc, "ranks to start")->check(CLI::PositiveNumber);
+  demo->add_option("--nproc", demo_nproc, "ranks to start")->check(at_least_one);
 
   std::string ckpt_path, ckpt_out;
   bool ckpt_tensors = false, ckpt_optimizer = false;
@@ -126,7 +139,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    // One line, with the way to the help.
+    std::cerr << "crosstrain: " << apps::error_line(e.what(), e.get_name()) << " (crosstrain --help)" << std::endl;
+    return e.get_exit_code();
   }
 
   try {
@@ -163,15 +179,17 @@ int main(int argc, char** argv) {
     if (*ckpt_info) return apps::ckpt_info(ckpt_path, ckpt_tensors);
     if (*ckpt_export) return apps::ckpt_export(ckpt_path, ckpt_out, ckpt_optimizer);
   } catch (const UsageError& e) {
-    std::cerr << "crosstrain: " << e.what() << std::endl;
+    std::cerr << "crosstrain: " << apps::error_line(e.what(), "invalid input") << std::endl;
     return 2;
   } catch (const c10::Error& e) {
     // libtorch's messages carry a C++ backtrace: show the first line only.
-    std::string what = e.what_without_backtrace();
-    std::cerr << "crosstrain: error: " << what.substr(0, what.find('\n')) << std::endl;
+    std::cerr << "crosstrain: error: " << apps::error_line(e.what_without_backtrace(), "libtorch failed without a message")
+              << std::endl;
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "crosstrain: error: " << e.what() << std::endl;
+    std::cerr << "crosstrain: error: "
+              << apps::error_line(e.what(), std::string("unexpected failure without a message (") + typeid(e).name() + ")")
+              << std::endl;
     return 1;
   }
   return 0;

@@ -109,7 +109,7 @@ class AlgorithmCommunicator : public ForwardingCommunicator {
     const Algorithm a = choose(op, static_cast<double>(bytes));
     // Always on the worker, never inline: a collective may wait for peers that first wait for this rank's
     // later sends, and the caller must get its Work back at once.
-    worker_.submit([this, a, work, call = std::move(call)] { work->run([&] { call(object(a)); }); });
+    worker_.submit(work, [this, a, call = std::move(call)] { call(object(a)); });
     return work;
   }
 

@@ -2,7 +2,9 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #ifdef CROSSTRAIN_WITH_MPI
@@ -46,10 +48,15 @@ std::string mpi_error(int code) {
   return std::string(text, static_cast<size_t>(length));
 }
 
+// Set once any operation of the job failed or timed out (shared by the world and its sub-groups): the peers are
+// out of step, so later waits fail at once and the world must not call MPI_Finalize, which would wait forever for
+// the hung peer and keep the error from ever being printed.
+using BrokenFlag = std::shared_ptr<std::atomic<bool>>;
+
 class MpiWork : public Work {
  public:
-  MpiWork(Millis timeout, CommContext context, std::function<void()> finish)
-      : Work(timeout), context_(std::move(context)), finish_(std::move(finish)) {}
+  MpiWork(Millis timeout, CommContext context, std::function<void()> finish, BrokenFlag broken)
+      : Work(timeout), context_(std::move(context)), finish_(std::move(finish)), broken_(std::move(broken)) {}
   MPI_Request* request() { return &request_; }
   // Buffers MPI reads or writes until the operation completes.
   std::vector<at::Tensor> keep;
@@ -59,11 +66,13 @@ class MpiWork : public Work {
     for (int spin = 0;; ++spin) {
       int flag = 0;
       int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
-      if (rc != MPI_SUCCESS) throw CommError(context_, mpi_error(rc));
+      if (rc != MPI_SUCCESS) fail(mpi_error(rc), false);
       if (flag) break;
+      if (broken_->load()) fail("not completed: an earlier MPI operation of this job failed", false);
       if (Clock::now() > deadline) {
         CommContext c = context_;
         c.timeout = timeout;
+        broken_->store(true);
         throw CommError(c, "MPI operation did not complete", true);
       }
       if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -83,17 +92,27 @@ class MpiWork : public Work {
   }
 
  private:
+  [[noreturn]] void fail(const std::string& cause, bool timed_out) {
+    broken_->store(true);
+    throw CommError(context_, cause, timed_out);
+  }
+
   MPI_Request request_ = MPI_REQUEST_NULL;
   CommContext context_;
   std::function<void()> finish_;
+  BrokenFlag broken_;
   bool done_ = false;
 };
 
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, std::string name, bool owns_mpi, Millis timeout)
-      : Communicator("mpi", std::move(name), rank_of(comm), size_of(comm), timeout), comm_(comm), owns_mpi_(owns_mpi) {}
+  MpiCommunicator(MPI_Comm comm, std::string name, bool owns_mpi, Millis timeout, BrokenFlag broken)
+      : Communicator("mpi", std::move(name), rank_of(comm), size_of(comm), timeout), comm_(comm), owns_mpi_(owns_mpi),
+        broken_(std::move(broken)) {}
   ~MpiCommunicator() override {
+    // After a failure the process exits with the error; mpirun then ends the other ranks. Finalizing (or freeing
+    // a communicator with requests a hung peer never matched) would block instead.
+    if (broken_->load()) return;
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
   }
@@ -227,7 +246,7 @@ class MpiCommunicator : public Communicator {
     int rc = MPI_Comm_split(comm_, color, key, &out);
     if (rc != MPI_SUCCESS) fail("split", mpi_error(rc));
     if (out == MPI_COMM_NULL) return nullptr;
-    return std::make_unique<MpiCommunicator>(out, sub, false, timeout());
+    return std::make_unique<MpiCommunicator>(out, sub, false, timeout(), broken_);
   }
 
  private:
@@ -293,7 +312,7 @@ class MpiCommunicator : public Communicator {
   template <typename Launch>
   WorkPtr start(const std::string& op, int peer, std::function<void()> finish, Launch&& launch,
                 std::vector<at::Tensor> keep = {}) {
-    auto work = std::make_shared<MpiWork>(timeout(), context(op, peer), std::move(finish));
+    auto work = std::make_shared<MpiWork>(timeout(), context(op, peer), std::move(finish), broken_);
     work->keep = std::move(keep);
     int rc = launch(work->request());
     if (rc != MPI_SUCCESS) fail(op, mpi_error(rc), peer);
@@ -302,6 +321,7 @@ class MpiCommunicator : public Communicator {
 
   MPI_Comm comm_;
   bool owns_mpi_;
+  BrokenFlag broken_;
 };
 
 }  // namespace
@@ -323,7 +343,8 @@ std::unique_ptr<Communicator> make_mpi_world(Millis timeout) {
     // Errors come back as codes (turned into CommError) instead of aborting the job.
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }
-  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", !initialized, timeout);
+  return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", !initialized, timeout,
+                                           std::make_shared<std::atomic<bool>>(false));
 }
 #endif
 

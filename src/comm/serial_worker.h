@@ -7,6 +7,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -63,6 +64,20 @@ class DeferredWork : public Work {
     }
   }
   const CommContext& context() const { return context_; }
+  // What went wrong, as one line (the error's cause, or its message); empty when it succeeded or is running.
+  std::string failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!error_) return {};
+    try {
+      std::rethrow_exception(error_);
+    } catch (const CommError& e) {
+      return describe(e.context(), e.cause());
+    } catch (const std::exception& e) {
+      return e.what();
+    } catch (...) {
+      return "unknown error";
+    }
+  }
 
  private:
   CommContext context_;
@@ -73,10 +88,17 @@ class DeferredWork : public Work {
   std::exception_ptr error_;
 };
 
-// Jobs run one after another in the order they were submitted, on one thread (or, when nothing is queued or
-// running, in the caller's: see run_inline_if_idle). The destructor finishes the queued jobs first.
+// Operations run one after another in the order they were submitted, on one thread (or, when nothing is queued
+// or running, in the caller's: see run_inline_if_idle). The destructor finishes the queued operations first.
+//
+// The first operation that fails latches the worker as broken, like an aborted NCCL communicator: the peers of
+// a group that timed out or lost a rank are out of step, so every later operation fails at once, naming the
+// first failure, instead of waiting out its own timeout. Without this, a stopped peer behind N queued gradient
+// buckets was reported after N timeouts (each queued operation waited in turn, also while the process unwound).
 class SerialWorker {
  public:
+  using Job = std::function<void()>;
+
   SerialWorker() : thread_([this] { loop(); }) {}
   ~SerialWorker() {
     {
@@ -89,53 +111,68 @@ class SerialWorker {
   SerialWorker(const SerialWorker&) = delete;
   SerialWorker& operator=(const SerialWorker&) = delete;
 
-  void submit(std::function<void()> job) {
+  // Queues `job`, which completes `work` (with the job's exception, if any).
+  void submit(std::shared_ptr<DeferredWork> work, Job job) {
     std::lock_guard<std::mutex> lock(mutex_);
-    queue_.push_back(std::move(job));
+    queue_.push_back({std::move(work), std::move(job)});
     cv_.notify_all();
   }
 
   // Runs `job` now in this thread if no job is queued or running, keeping the order; returns false (and runs
   // nothing) otherwise. Saves two thread hand-offs on latency-bound operations.
-  bool run_inline_if_idle(const std::function<void()>& job) {
+  bool run_inline_if_idle(const std::shared_ptr<DeferredWork>& work, const Job& job) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!queue_.empty() || busy_) return false;
       busy_ = true;
     }
-    std::exception_ptr error;
-    try {
-      job();
-    } catch (...) {
-      error = std::current_exception();
-    }
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      busy_ = false;
-      // Only the worker waits on cv_, and only for queued jobs: waking it for nothing costs a context switch.
-      if (!queue_.empty()) cv_.notify_all();
-    }
-    if (error) std::rethrow_exception(error);
+    execute(*work, job);
+    std::lock_guard<std::mutex> lock(mutex_);
+    busy_ = false;
+    // Only the worker waits on cv_, and only for queued jobs: waking it for nothing costs a context switch.
+    if (!queue_.empty()) cv_.notify_all();
     return true;
   }
 
+  // The first failure's message; empty while every operation has succeeded.
+  std::string first_failure() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return first_failure_;
+  }
+
  private:
+  struct Entry {
+    std::shared_ptr<DeferredWork> work;
+    Job job;
+  };
+
+  // Runs one operation, or fails it at once when an earlier one failed; latches the first failure.
+  void execute(DeferredWork& work, const Job& job) {
+    const std::string earlier = first_failure();
+    if (!earlier.empty()) {
+      work.complete(std::make_exception_ptr(
+          CommError(work.context(), "not started: an earlier operation of this group failed (" + earlier + ")")));
+      return;
+    }
+    work.run(job);
+    const std::string failure = work.failure();
+    if (failure.empty()) return;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (first_failure_.empty()) first_failure_ = failure;
+  }
+
   void loop() {
     for (;;) {
-      std::function<void()> job;
+      Entry entry;
       {
         std::unique_lock<std::mutex> lock(mutex_);
         cv_.wait(lock, [&] { return !busy_ && (stop_ || !queue_.empty()); });  // idle until work (no peer wait)
         if (queue_.empty()) return;
-        job = std::move(queue_.front());
+        entry = std::move(queue_.front());
         queue_.pop_front();
         busy_ = true;
       }
-      try {
-        job();
-      } catch (...) {
-        // Jobs report their errors through their Work; one that escapes must not end the process.
-      }
+      execute(*entry.work, entry.job);
       std::lock_guard<std::mutex> lock(mutex_);
       busy_ = false;
     }
@@ -143,7 +180,8 @@ class SerialWorker {
 
   std::mutex mutex_;
   std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Entry> queue_;
+  std::string first_failure_;
   bool stop_ = false;
   bool busy_ = false;  // a job is running (on the worker or inline)
   std::thread thread_;  // last: starts after the members above exist

@@ -113,10 +113,11 @@ class ShmCommunicator : public ForwardingCommunicator {
       work->complete(nullptr);
       return work;
     }
-    auto job = [this, t = tensor, op, work]() mutable { work->run([&] { reduce(t, op, work->context().op); }); };
+    const std::string name = work->context().op;
+    auto job = [this, t = tensor, op, name]() mutable { reduce(t, op, name); };
     // Small: in this thread when nothing is queued (latency-bound sizes); else in order on the worker.
-    if (tensor.numel() * tensor.element_size() > kInlineBytes || !worker_.run_inline_if_idle(job))
-      worker_.submit(std::move(job));
+    if (tensor.numel() * tensor.element_size() > kInlineBytes || !worker_.run_inline_if_idle(work, job))
+      worker_.submit(work, std::move(job));
     return work;
   }
 

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include "../../src/apps/bench_comm.h"
+#include "../../src/apps/error_line.h"
 #include "../../src/apps/launcher.h"
 #include "crosstrain/comm/reference.h"
 #include "crosstrain/core/error.h"
@@ -62,4 +63,39 @@ TEST(ReduceReference, Semantics) {
   EXPECT_THROW(comm::parse_reduce_op("median"), UsageError);
   // The inputs are left alone.
   EXPECT_EQ(floats[0].item<float>(), 1.0f);
+}
+
+TEST(ErrorLine, FirstNonBlankLineNeverEmpty) {
+  EXPECT_EQ(apps::error_line("bad thing\nbacktrace...", "x"), "bad thing");
+  EXPECT_EQ(apps::error_line("\n  \n  gloo: timed out \nmore", "x"), "gloo: timed out");
+  EXPECT_EQ(apps::error_line("", "fallback"), "fallback");
+  EXPECT_EQ(apps::error_line("\n\n \t\n", "fallback"), "fallback");
+}
+
+TEST(RanksFit, RefusesWhatCannotFitWithTheFigures) {
+  apps::MachineRoom room;
+  room.available_bytes = 10LL << 30;
+  room.free_tasks = 100;
+  room.task_limit = "this user's process limit (ulimit -u)";
+  const apps::RankNeeds rank{1LL << 30, 8};
+  EXPECT_NO_THROW(apps::check_ranks_fit(10, rank, room));  // 10 GiB, 80 tasks: fits exactly
+  try {
+    apps::check_ranks_fit(11, rank, room);
+    FAIL() << "11 ranks of 1 GiB fit 10 GiB";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("11.0 GiB"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use at most --nproc 10"), std::string::npos) << e.what();
+  }
+  room.available_bytes = 100LL << 30;
+  try {
+    apps::check_ranks_fit(13, rank, room);
+    FAIL() << "13 ranks of 8 tasks fit 100 tasks";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("ulimit -u"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("use at most --nproc 12"), std::string::npos) << e.what();
+  }
+  room.available_bytes = room.free_tasks = -1;  // unknown: nothing to refuse
+  EXPECT_NO_THROW(apps::check_ranks_fit(1000, rank, room));
+  room.available_bytes = 1LL << 20;  // not even one rank
+  EXPECT_THROW(apps::check_ranks_fit(1, rank, room), UsageError);
 }

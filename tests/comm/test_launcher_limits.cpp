@@ -1,0 +1,147 @@
+// The launcher leaves nothing behind: its ranks die with it, a fork that fails part-way stops the ranks already
+// started, and a --nproc that cannot fit the machine is refused, in one line, before anything starts.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "subprocess.h"
+
+using namespace crosstrain::testing;
+using std::chrono::milliseconds;
+
+namespace {
+
+const std::string kBin = CT_CROSSTRAIN_BIN;
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::string slurp(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// A marker no other process carries: `sleep <marker>` ranks are found by it.
+std::string unique_seconds() { return "1000." + std::to_string(getpid()) + std::to_string(rand() % 100000); }
+
+// Live (not zombie) processes whose command line is exactly `sleep <seconds>`.
+std::vector<int> sleepers(const std::string& seconds) {
+  std::vector<int> pids;
+  const std::string wanted = std::string("sleep") + '\0' + seconds + '\0';
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    if (slurp(entry.path() / "cmdline") != wanted) continue;
+    const std::string stat = slurp(entry.path() / "stat");
+    const auto close = stat.rfind(')');
+    if (close != std::string::npos && close + 2 < stat.size() && stat[close + 2] == 'Z') continue;
+    pids.push_back(std::stoi(name));
+  }
+  return pids;
+}
+
+std::vector<int> wait_for_sleepers(const std::string& seconds, size_t count, milliseconds deadline) {
+  const auto until = std::chrono::steady_clock::now() + deadline;
+  std::vector<int> found;
+  while ((found = sleepers(seconds)).size() != count && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(50));
+  return found;
+}
+
+TEST(LauncherLimits, SigkilledLauncherLeavesNoRank) {
+  const std::string marker = unique_seconds();
+  Process launcher({kBin, "run", "--nproc", "3", "--", "sleep", marker});
+  ASSERT_EQ(wait_for_sleepers(marker, 3, milliseconds(20000)).size(), 3u);
+  launcher.signal(SIGKILL);
+  launcher.wait(milliseconds(5000));
+  const auto left = wait_for_sleepers(marker, 0, milliseconds(5000));
+  for (int pid : left) kill(pid, SIGKILL);
+  EXPECT_TRUE(left.empty()) << left.size() << " ranks outlived their SIGKILLed launcher";
+}
+
+// A pids cgroup (v1 or v2) in which at most `max` tasks may run; removed by the destructor.
+class PidsCgroup {
+ public:
+  explicit PidsCgroup(int max) {
+    for (const char* root : {"/sys/fs/cgroup/pids", "/sys/fs/cgroup/unified", "/sys/fs/cgroup"}) {
+      const std::filesystem::path dir = std::filesystem::path(root) / ("crosstrain-test-" + std::to_string(getpid()));
+      if (!std::filesystem::exists(std::filesystem::path(root) / "cgroup.procs") || mkdir(dir.c_str(), 0755) != 0)
+        continue;
+      if (std::ofstream(dir / "pids.max") << max) {
+        dir_ = dir;
+        return;
+      }
+      rmdir(dir.c_str());
+    }
+  }
+  ~PidsCgroup() {
+    if (dir_.empty()) return;
+    for (int i = 0; i < 50 && rmdir(dir_.c_str()) != 0; ++i) std::this_thread::sleep_for(milliseconds(100));
+  }
+  bool ok() const { return !dir_.empty(); }
+  std::string procs() const { return (dir_ / "cgroup.procs").string(); }
+  std::string current() const { return slurp(dir_ / "pids.current"); }
+
+ private:
+  std::filesystem::path dir_;
+};
+
+TEST(LauncherLimits, FailedForkStopsTheRanksAlreadyStarted) {
+  PidsCgroup cgroup(16);  // room for the launcher's threads and a few ranks, not for 40
+  if (!cgroup.ok()) GTEST_SKIP() << "no writable pids cgroup here (needs root)";
+  const std::string marker = unique_seconds();
+  const std::string script = "echo $$ > " + cgroup.procs() + " && exec " + kBin + " run --nproc 40 -- sleep " + marker;
+  const ProcessResult res = run_process({"sh", "-c", script}, {}, milliseconds(60000));
+  const auto left = wait_for_sleepers(marker, 0, milliseconds(3000));
+  for (int pid : left) kill(pid, SIGKILL);
+  EXPECT_NE(res.exit_code(), 0) << res.output;
+  EXPECT_TRUE(contains(res.output, "cannot start rank")) << res.output;
+  EXPECT_TRUE(contains(res.output, "Resource temporarily unavailable")) << res.output;
+  EXPECT_TRUE(left.empty()) << left.size() << " ranks were left running after the failed fork:\n" << res.output;
+}
+
+// The lines a command printed (its whole output).
+int lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+TEST(LauncherLimits, NprocZeroIsOneShortLine) {
+  for (std::vector<std::string> args : {std::vector<std::string>{kBin, "run", "--nproc", "0", "--", "true"},
+                                        {kBin, "bench", "comm", "--nproc", "0"},
+                                        {kBin, "run", "--nproc", "-3", "--", "true"},
+                                        {kBin, "run", "--nproc", "two", "--", "true"}}) {
+    const ProcessResult res = run_process(args, {}, milliseconds(20000));
+    EXPECT_EQ(res.exit_code() == 0, false) << res.output;
+    EXPECT_EQ(lines(res.output), 1) << res.output;
+    EXPECT_LT(res.output.size(), 200u) << res.output;
+    EXPECT_TRUE(contains(res.output, "--nproc")) << res.output;
+    EXPECT_TRUE(contains(res.output, "at least 1")) << res.output;
+  }
+}
+
+TEST(LauncherLimits, NprocBeyondTheMachineIsRefusedWithTheFigures) {
+  // 200000 ranks of a few MiB each: more memory and tasks than this machine has. Nothing may start.
+  const std::string marker = unique_seconds();
+  const ProcessResult run = run_process({kBin, "run", "--nproc", "200000", "--", "sleep", marker}, {}, milliseconds(20000));
+  EXPECT_EQ(run.exit_code(), 2) << run.output;
+  EXPECT_TRUE(contains(run.output, "--nproc 200000 needs at least")) << run.output;
+  EXPECT_TRUE(contains(run.output, "use at most --nproc")) << run.output;
+  EXPECT_TRUE(sleepers(marker).empty());
+  // A crosstrain rank (libtorch) needs far more than a bare process: 4000 of them do not fit 24 GiB.
+  const ProcessResult bench = run_process({kBin, "bench", "comm", "--nproc", "4000"}, {}, milliseconds(20000));
+  EXPECT_EQ(bench.exit_code(), 2) << bench.output;
+  EXPECT_TRUE(contains(bench.output, "of memory")) << bench.output;
+  EXPECT_TRUE(contains(bench.output, "MiB per rank")) << bench.output;
+}
+
+}  // namespace

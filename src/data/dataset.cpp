@@ -10,10 +10,10 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <sstream>
 
 #include "crosstrain/core/error.h"
-#include "crosstrain/data/tokenizer.h"
 
 namespace crosstrain::data {
 namespace fs = std::filesystem;
@@ -22,33 +22,100 @@ uint16_t TokenStream::max_token() const { return size_ ? *std::max_element(data_
 
 namespace {
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw UsageError("cannot read data file '" + path.string() + "': " + std::strerror(errno));
+// The files a text source is made of: the file itself, or a folder's regular text files in name order (index
+// files such as fortune's *.dat are skipped).
+std::vector<fs::path> text_files(const fs::path& path) {
+  std::vector<fs::path> files;
+  if (!fs::is_directory(path)) return {path};
+  for (const auto& entry : fs::directory_iterator(path)) {
+    if (!entry.is_regular_file() || entry.is_symlink()) continue;
+    auto ext = entry.path().extension().string();
+    if (ext == ".dat" || ext == ".gz" || ext == ".bin") continue;
+    files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// Bytes of memory the system can still hand out (MemAvailable), or 0 when it cannot be read.
+uint64_t available_memory() {
+  std::ifstream in("/proc/meminfo");
+  for (std::string key; in >> key;) {
+    uint64_t kib = 0;
+    in >> kib;
+    if (key == "MemAvailable:") return kib * 1024;
+    in.ignore(1 << 10, '\n');
+  }
+  return 0;
+}
+
+std::string gib(uint64_t bytes) {
   std::ostringstream out;
-  out << in.rdbuf();
+  out << std::fixed << std::setprecision(1) << static_cast<double>(bytes) / (1ULL << 30) << " GiB";
   return out.str();
 }
 
-TokenStream load_text(const fs::path& path, std::string& description) {
-  std::vector<fs::path> files;
-  if (fs::is_directory(path)) {
-    // A folder: its regular text files in name order (index files such as fortune's *.dat are skipped).
-    for (const auto& entry : fs::directory_iterator(path)) {
-      if (!entry.is_regular_file() || entry.is_symlink()) continue;
-      auto ext = entry.path().extension().string();
-      if (ext == ".dat" || ext == ".gz" || ext == ".bin") continue;
-      files.push_back(entry.path());
+// Counts bytes that text does not contain: control characters other than whitespace, and bytes outside a
+// valid UTF-8 sequence. Fed in pieces, so a sequence may straddle two reads.
+class TextCensus {
+ public:
+  void add(const unsigned char* p, size_t n) {
+    bytes_ += n;
+    for (size_t i = 0; i < n; ++i) {
+      const unsigned char b = p[i];
+      if (pending_ > 0) {
+        if ((b & 0xC0) == 0x80) {
+          --pending_;
+          continue;
+        }
+        pending_ = 0;
+        ++odd_;  // the lead byte whose sequence broke off
+      }
+      if (b < 0x80) odd_ += (b < 0x20 && (b < 0x09 || b > 0x0D)) || b == 0x7F;
+      else if (b >= 0xC2 && b <= 0xDF) pending_ = 1;
+      else if (b >= 0xE0 && b <= 0xEF) pending_ = 2;
+      else if (b >= 0xF0 && b <= 0xF4) pending_ = 3;
+      else ++odd_;
     }
-    std::sort(files.begin(), files.end());
-  } else {
-    files.push_back(path);
   }
-  std::string text;
-  for (const auto& f : files) text += read_file(f);
-  auto tokens = std::make_shared<std::vector<uint16_t>>(ByteTokenizer().encode(text));
-  description = std::to_string(text.size()) + " bytes of text from " + std::to_string(files.size()) +
+  double odd_fraction() const { return bytes_ ? static_cast<double>(odd_) / static_cast<double>(bytes_) : 0; }
+
+ private:
+  uint64_t bytes_ = 0, odd_ = 0;
+  int pending_ = 0;
+};
+
+// Reads the file in pieces straight into tokens: no copy of the whole text is ever held as a string.
+void append_tokens(const fs::path& path, std::vector<uint16_t>& tokens, TextCensus& census) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw UsageError("cannot read data file '" + path.string() + "': " + std::strerror(errno));
+  std::vector<char> buffer(1 << 20);
+  while (in) {
+    in.read(buffer.data(), static_cast<std::streamsize>(buffer.size()));
+    const auto n = static_cast<size_t>(in.gcount());
+    const auto* bytes = reinterpret_cast<const unsigned char*>(buffer.data());
+    tokens.insert(tokens.end(), bytes, bytes + n);
+    census.add(bytes, n);
+  }
+  if (in.bad()) throw UsageError("cannot read data file '" + path.string() + "': " + std::strerror(errno));
+}
+
+TokenStream load_text(const fs::path& path, std::string& description, std::string& warning) {
+  const std::vector<fs::path> files = text_files(path);
+  uint64_t total = 0;
+  for (const auto& f : files) total += fs::file_size(f);
+  auto tokens = std::make_shared<std::vector<uint16_t>>();
+  tokens->reserve(total);
+  TextCensus census;
+  for (const auto& f : files) append_tokens(f, *tokens, census);
+  description = std::to_string(tokens->size()) + " bytes of text from " + std::to_string(files.size()) +
                 (files.size() == 1 ? " file" : " files");
+  // Every byte becomes a token whatever it is, so binary data trains without complaint: say so.
+  if (census.odd_fraction() > 0.25)
+    warning = "data '" + path.string() + "' does not look like text: " +
+              std::to_string(static_cast<int>(100 * census.odd_fraction())) +
+              "% of its bytes are control characters or not UTF-8, and each byte becomes a token; if it holds "
+              "uint16 tokens, name it *.bin or set data.format = \"bin\"";
   return TokenStream(tokens, tokens->data(), tokens->size());
 }
 
@@ -77,22 +144,49 @@ TokenStream load_bin(const fs::path& path, std::string& description) {
 
 }  // namespace
 
-Splits load_dataset(const DatasetConfig& config, int64_t block_size) {
+namespace {
+
+std::string resolved_format(const DatasetConfig& config) {
+  if (config.format == "auto") return fs::path(config.path).extension() == ".bin" ? "bin" : "text";
+  if (config.format != "text" && config.format != "bin")
+    throw UsageError("data.format '" + config.format + "' is not one of auto, text, bin");
+  return config.format;
+}
+
+}  // namespace
+
+void check_source(const DatasetConfig& config) {
   const fs::path path(config.path);
   if (config.path.empty()) throw UsageError("data.path is not set; point it at a text file, a folder or a .bin file");
   std::error_code ec;
-  if (!fs::exists(path, ec))
+  const auto status = fs::status(path, ec);
+  if (!fs::exists(status))
     throw UsageError("data file '" + config.path + "' does not exist (data.path); for the demo corpus run "
                      "scripts/install-deps.sh, which installs Debian's fortunes package");
+  // A device, pipe or socket has no end to read to (/dev/zero) or cannot be read twice by several ranks.
+  if (!fs::is_regular_file(status) && !fs::is_directory(status))
+    throw UsageError("data.path '" + config.path + "' is not a regular file or a folder; point it at a text file, "
+                     "a folder of them or a .bin token file");
+  if (resolved_format(config) != "text") return;  // token files are mapped, not read into memory
+  uint64_t total = 0;
+  for (const auto& f : text_files(path)) total += fs::file_size(f, ec);
+  // Text is held as one uint16 token per byte in every rank.
+  const uint64_t need = 2 * total, available = available_memory();
+  if (available > 0 && need > available)
+    throw UsageError("data.path '" + config.path + "' holds " + gib(total) + " of text, which needs " + gib(need) +
+                     " of memory per rank as byte tokens, but " + gib(available) + " are available; use a part of "
+                     "it, or convert it to a uint16 .bin token file, which is mapped instead of read");
+}
+
+Splits load_dataset(const DatasetConfig& config, int64_t block_size) {
+  check_source(config);
   if (config.val_fraction < 0 || config.val_fraction >= 1)
     throw UsageError("data.val_fraction must be in [0, 1), got " + std::to_string(config.val_fraction));
-  std::string format = config.format;
-  if (format == "auto") format = path.extension() == ".bin" ? "bin" : "text";
+  const fs::path path(config.path);
   Splits s;
   TokenStream all;
-  if (format == "text") all = load_text(path, s.description);
-  else if (format == "bin") all = load_bin(path, s.description);
-  else throw UsageError("data.format '" + config.format + "' is not one of auto, text, bin");
+  if (resolved_format(config) == "text") all = load_text(path, s.description, s.warning);
+  else all = load_bin(path, s.description);
   const size_t val = static_cast<size_t>(static_cast<double>(all.size()) * config.val_fraction);
   s.train = all.slice(0, all.size() - val);
   s.val = all.slice(all.size() - val, all.size());

@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <cmath>
 #include <functional>
 #include <map>
 #include <sstream>
@@ -49,9 +50,14 @@ Field uint_field(const char* section, const char* key, uint64_t& ref) {
 Field double_field(const char* section, const char* key, double& ref) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
-            if (n.is_floating_point()) ref = n.as_floating_point()->get();
-            else if (n.is_integer()) ref = static_cast<double>(n.as_integer()->get());
+            double v = 0;
+            if (n.is_floating_point()) v = n.as_floating_point()->get();
+            else if (n.is_integer()) v = static_cast<double>(n.as_integer()->get());
             else wrong_type(where, "a number", n);
+            // TOML spells inf and nan; no setting means anything by them, and they would only surface later
+            // as a NaN loss or a wait that never ends.
+            if (!std::isfinite(v)) wrong_type(where, "a finite number", n);
+            ref = v;
           },
           [&ref] {
             std::ostringstream out;
@@ -235,7 +241,46 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   }
   Config config = config_from_table(table, path);
   for (const auto& o : overrides) apply_override(config, o);
+  check_ranges(config);
   return config;
+}
+
+void check_ranges(const Config& c) {
+  // Each value is judged after the overrides, so the message names the key, not where it was set.
+  auto need = [](bool ok, const std::string& key, double value, const std::string& rule) {
+    if (ok) return;
+    std::ostringstream v;
+    v << value;
+    throw UsageError(key + " = " + v.str() + " " + rule);
+  };
+  need(c.run.log_every >= 1, "run.log_every", c.run.log_every, "must be at least 1");
+  need(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");
+  need(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction", c.data.val_fraction,
+       "must be in [0, 1)");
+  need(c.train.steps >= 1, "train.steps", c.train.steps, "must be at least 1");
+  need(c.train.global_batch >= 1, "train.global_batch", c.train.global_batch,
+       "must be at least 1 (sequences per optimizer step, over all data-parallel ranks)");
+  need(c.train.micro_batches >= 1, "train.micro_batches", c.train.micro_batches, "must be at least 1");
+  need(c.train.lr > 0, "train.lr", c.train.lr, "must be positive");
+  need(c.train.min_lr >= 0, "train.min_lr", c.train.min_lr, "must be 0 or more");
+  need(c.train.warmup_steps >= 0, "train.warmup_steps", c.train.warmup_steps, "must be 0 (no warm-up) or more");
+  need(c.train.weight_decay >= 0, "train.weight_decay", c.train.weight_decay, "must be 0 or more");
+  need(c.train.beta1 >= 0 && c.train.beta1 < 1, "train.beta1", c.train.beta1, "must be in [0, 1)");
+  need(c.train.beta2 >= 0 && c.train.beta2 < 1, "train.beta2", c.train.beta2, "must be in [0, 1)");
+  need(c.train.eps > 0, "train.eps", c.train.eps, "must be positive");
+  need(c.train.grad_clip >= 0, "train.grad_clip", c.train.grad_clip, "must be 0 (no clipping) or more");
+  need(c.train.eval_every >= 0, "train.eval_every", c.train.eval_every, "must be 0 (no validation) or more");
+  need(c.train.eval_batches >= 1, "train.eval_batches", c.train.eval_batches, "must be at least 1");
+  need(c.train.checkpoint_every >= 0, "train.checkpoint_every", c.train.checkpoint_every,
+       "must be 0 (a checkpoint at the end only) or more");
+  need(c.train.keep_checkpoints >= 0, "train.keep_checkpoints", c.train.keep_checkpoints, "must be 0 (keep all) or more");
+  need(c.train.sample_tokens >= 0, "train.sample_tokens", c.train.sample_tokens, "must be 0 (no sample) or more");
+  need(c.train.peak_flops_per_rank >= 0, "train.peak_flops_per_rank", c.train.peak_flops_per_rank,
+       "must be 0 (measure it) or more");
+  need(c.train.threads_per_rank >= 1, "train.threads_per_rank", c.train.threads_per_rank, "must be at least 1");
+  need(c.parallel.bucket_mb > 0, "parallel.bucket_mb", c.parallel.bucket_mb, "must be positive");
+  need(c.comm.timeout_s > 0, "comm.timeout_s", c.comm.timeout_s,
+       "must be positive: the seconds a collective may wait for a peer before the run fails");
 }
 
 Config parse_config(const std::string& text, const std::string& origin) {

@@ -153,3 +153,39 @@ TEST(Safetensors, RoundTripAndTruncation) {
   EXPECT_NE(what.find("truncated"), std::string::npos) << what;
   EXPECT_NE(what.find(path), std::string::npos) << what;
 }
+
+TEST(Config, BadValuesAreRefusedAtLoadNamingTheKey) {
+  const auto path = temp_file("ranges.toml", "[train]\nsteps = 10\n");
+  EXPECT_EQ(error_of([&] { train::load_config(path); }), "no error");
+  // Each bad value, as an override and written in the file, is refused with its key (not a later symptom).
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"train.lr=nan", "train.lr"},
+      {"train.lr=inf", "train.lr"},
+      {"train.lr=-inf", "train.lr"},
+      {"train.warmup_steps=-1", "train.warmup_steps = -1"},
+      {"train.grad_clip=-0.5", "train.grad_clip = -0.5"},
+      {"train.checkpoint_every=-10", "train.checkpoint_every = -10"},
+      {"comm.timeout_s=0", "comm.timeout_s = 0"},
+      {"comm.timeout_s=-5", "comm.timeout_s = -5"},
+      {"comm.timeout_s=nan", "comm.timeout_s"},
+      {"train.global_batch=0", "train.global_batch = 0"},
+      {"train.global_batch=-8", "train.global_batch = -8"},
+  };
+  for (const auto& [assignment, key] : cases) {
+    auto what = error_of([&] { train::load_config(path, {assignment}); });
+    EXPECT_NE(what.find(key), std::string::npos) << assignment << ": " << what;
+    EXPECT_EQ(what.find('\n'), std::string::npos) << what;
+  }
+  auto what = error_of([&] { train::load_config(path, {"train.lr=inf"}); });
+  EXPECT_NE(what.find("finite"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("nan.toml", "[train]\nlr = nan\n")); });
+  EXPECT_NE(what.find("train.lr"), std::string::npos) << what;
+  EXPECT_NE(what.find("finite"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("timeout.toml", "[comm]\ntimeout_s = -1\n")); });
+  EXPECT_NE(what.find("comm.timeout_s = -1 must be positive"), std::string::npos) << what;
+  // Zero is a meaningful value where the comment says so.
+  EXPECT_EQ(error_of([&] {
+              train::load_config(path, {"train.warmup_steps=0", "train.grad_clip=0", "train.checkpoint_every=0"});
+            }),
+            "no error");
+}

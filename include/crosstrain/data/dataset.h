@@ -41,7 +41,12 @@ struct DatasetConfig {
 struct Splits {
   TokenStream train, val;
   std::string description;  // "2.4 MB of text from 42 files" etc.
+  std::string warning;      // non-empty when the source is suspect (text that looks binary)
 };
+
+// Checks what can be checked without reading the data: data.path is set and names a regular file or folder,
+// data.format is known, and text fits in memory. Throws UsageError naming data.path.
+void check_source(const DatasetConfig& config);
 
 // Loads and splits. Throws UsageError with the path on a missing, empty or malformed file.
 Splits load_dataset(const DatasetConfig& config, int64_t block_size);

@@ -103,5 +103,8 @@ Config parse_config(const std::string& text, const std::string& origin);
 void apply_override(Config& config, const std::string& assignment);
 // The complete resolved config as TOML (every key, defaults included).
 std::string to_toml(const Config& config);
+// Per-key checks that need no world size (ranges, signs); load_config runs them after the overrides. Throws
+// UsageError naming the key and its value. Checks across keys and ranks are in check_config (trainer.h).
+void check_ranges(const Config& config);
 
 }  // namespace crosstrain::train

@@ -18,12 +18,12 @@ std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig&
     throw UsageError("unknown communication back end '" + config.backend + "'; use gloo or mpi");
   std::shared_ptr<Rendezvous> rendezvous;
   if (env.rank == 0 && !env.store_hosted_by_launcher && env.source != LaunchSource::Single) {
-    rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, config.timeout);
+    rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, config.timeout, env.rank);
   } else if (env.source == LaunchSource::Single) {
     // Alone: host a private store on a free loopback port.
-    rendezvous = Rendezvous::host("127.0.0.1", 0, 1, config.timeout);
+    rendezvous = Rendezvous::host("127.0.0.1", 0, 1, config.timeout, 0);
   } else {
-    rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, config.timeout);
+    rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, env.world_size, config.timeout);
   }
   auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, config.timeout, "world");
   if (config.shared_memory) world = with_shared_memory(std::move(world));

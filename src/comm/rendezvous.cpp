@@ -1,10 +1,15 @@
 #include "crosstrain/comm/rendezvous.h"
 
-#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <system_error>
+
+#include "crosstrain/comm/local_store.h"
+#include "crosstrain/comm/store_client.h"
+#include "crosstrain/comm/store_server.h"
 
 namespace crosstrain::comm {
 
 struct Rendezvous::Impl {
+  std::unique_ptr<store::StoreServer> server;  // when this process hosts the store
   c10::intrusive_ptr<c10d::Store> store;
 };
 
@@ -14,9 +19,14 @@ std::string endpoint(const std::string& host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-std::string first_line(const std::string& text) {
-  auto end = text.find('\n');
-  return end == std::string::npos ? text : text.substr(0, end);
+std::string hosting_problem(const std::system_error& e, const std::string& host, int port) {
+  if (e.code() == std::errc::address_in_use)
+    return "port " + std::to_string(port) + " is already in use; choose another with --master HOST:PORT (or " +
+           "MASTER_PORT), or stop the process holding it";
+  if (e.code() == std::errc::address_not_available)
+    return "cannot host the rendezvous store on " + endpoint(host, port) + ": that address is not one of this " +
+           "machine's (--master / MASTER_ADDR must name node 0)";
+  return "cannot host the rendezvous store on " + endpoint(host, port) + ": " + e.what();
 }
 
 }  // namespace
@@ -28,50 +38,34 @@ Rendezvous::~Rendezvous() = default;
 
 c10::intrusive_ptr<c10d::Store> Rendezvous::store() const { return impl_->store; }
 
-std::shared_ptr<Rendezvous> Rendezvous::host(const std::string& host, int port, int world_size, Millis timeout) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(port);
-  options.isServer = true;
-  options.numWorkers = c10::nullopt;
-  options.waitWorkers = false;
-  options.timeout = timeout;
+std::shared_ptr<Rendezvous> Rendezvous::host(const std::string& host, int port, int world_size, Millis timeout,
+                                             int rank) {
+  store::ServerOptions options;
+  options.host = host;
+  options.port = port;
+  options.world_size = world_size;
   auto impl = std::make_unique<Impl>();
   try {
-    auto store = c10::make_intrusive<c10d::TCPStore>(host, options);
-    int bound = store->getPort();
-    impl->store = store;
-    return std::shared_ptr<Rendezvous>(new Rendezvous(std::move(impl), host, bound));
-  } catch (const std::exception& e) {
-    CommContext c;
-    c.op = "rendezvous";
-    std::string what = e.what();
-    std::string hint = what.find("in use") != std::string::npos || what.find("EADDRINUSE") != std::string::npos
-                           ? "port " + std::to_string(port) + " is already in use; choose another with " +
-                                 "--master HOST:PORT (or MASTER_PORT), or stop the process holding it"
-                           : "cannot host the rendezvous store on " + endpoint(host, port) + ": " + first_line(what);
-    throw CommError(c, hint);
-  }
-}
-
-std::shared_ptr<Rendezvous> Rendezvous::connect(const std::string& host, int port, int rank, Millis timeout) {
-  c10d::TCPStoreOptions options;
-  options.port = static_cast<uint16_t>(port);
-  options.isServer = false;
-  options.waitWorkers = false;
-  options.timeout = timeout;
-  auto impl = std::make_unique<Impl>();
-  try {
-    impl->store = c10::make_intrusive<c10d::TCPStore>(host, options);
-  } catch (const std::exception& e) {
+    impl->server = std::make_unique<store::StoreServer>(options);
+  } catch (const std::system_error& e) {
     CommContext c;
     c.rank = rank;
     c.op = "rendezvous";
-    c.timeout = timeout;
-    throw CommError(c,
-                    "cannot reach the rendezvous store at " + endpoint(host, port) + " (" + first_line(e.what()) +
-                        "); check MASTER_ADDR/MASTER_PORT and that rank 0 or the launcher of node 0 is running",
-                    true);
+    throw CommError(c, hosting_problem(e, host, port));
   }
+  const int bound = impl->server->port();
+  if (rank >= 0) impl->server->claim_rank(rank);
+  impl->store = c10::make_intrusive<store::LocalStore>(impl->server->table(), endpoint(host, bound), rank, timeout);
+  return std::shared_ptr<Rendezvous>(new Rendezvous(std::move(impl), host, bound));
+}
+
+std::shared_ptr<Rendezvous> Rendezvous::connect(const std::string& host, int port, int rank, int world_size,
+                                                Millis timeout) {
+  store::Hello hello;
+  hello.rank = rank;
+  hello.world_size = world_size;
+  auto impl = std::make_unique<Impl>();
+  impl->store = c10::make_intrusive<store::StoreClient>(host, port, hello, timeout);  // throws CommError
   return std::shared_ptr<Rendezvous>(new Rendezvous(std::move(impl), host, port));
 }
 

@@ -1,0 +1,54 @@
+// A c10d::Store that talks to crosstrain's rendezvous store server (store_server.h), so ProcessGroupGloo and
+// PrefixStore work on it unchanged.
+//
+// Nothing waits forever: connecting (with retries while nothing listens yet) and the handshake share one
+// `timeout`; every request waits at most the store's timeout (a wait: its own timeout, plus one second for the
+// reply to travel); c10d's kNoTimeout means the store's timeout here. After a timed-out request the connection
+// is closed, since a late reply would be read as the answer to the next request. Errors are CommErrors that
+// name the store's address, the rank and the operation.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <mutex>
+#include <string>
+
+#include "crosstrain/comm/store_protocol.h"
+
+namespace crosstrain::comm::store {
+
+class StoreClient : public c10d::Store {
+ public:
+  // Throws CommError when the store cannot be reached in time or refuses this rank (another job on the port,
+  // a different world size, a rank already present); the message says which.
+  StoreClient(std::string host, int port, Hello hello, std::chrono::milliseconds timeout);
+  ~StoreClient() override;
+
+  void set(const std::string& key, const std::vector<uint8_t>& value) override;
+  std::vector<uint8_t> compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                  const std::vector<uint8_t>& desired) override;
+  std::vector<uint8_t> get(const std::string& key) override;
+  int64_t add(const std::string& key, int64_t value) override;
+  bool deleteKey(const std::string& key) override;
+  bool check(const std::vector<std::string>& keys) override;
+  int64_t getNumKeys() override;
+  void wait(const std::vector<std::string>& keys) override;
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+
+  const std::string& address() const { return address_; }
+
+ private:
+  void connect_and_greet(const std::string& host, int port);
+  // Sends `request` and returns the reply (Ok or TimedOut); throws CommError on anything else.
+  Message call(const std::string& what, const Message& request, std::chrono::milliseconds reply_within);
+  [[noreturn]] void fail(const std::string& what, const std::string& cause, bool timed_out = false) const;
+  std::chrono::milliseconds effective(std::chrono::milliseconds timeout) const;
+
+  std::string address_;
+  Hello hello_;
+  int fd_ = -1;
+  std::mutex mu_;  // one request at a time on the connection
+};
+
+}  // namespace crosstrain::comm::store

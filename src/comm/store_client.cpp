@@ -1,0 +1,170 @@
+#include "crosstrain/comm/store_client.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "crosstrain/core/error.h"
+#include "store_socket.h"
+
+namespace crosstrain::comm::store {
+
+namespace {
+
+// Time for a reply to travel once the server has finished waiting.
+constexpr Millis kReplyMargin{1000};
+
+std::string text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::vector<uint8_t> bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+
+const char* io_problem(Io io) {
+  switch (io) {
+    case Io::Closed: return "the store closed the connection";
+    case Io::TimedOut: return "no reply within the timeout";
+    default: return "the connection failed";
+  }
+}
+
+}  // namespace
+
+StoreClient::StoreClient(std::string host, int port, Hello hello, Millis timeout)
+    : c10d::Store(timeout), address_(endpoint(host, port)), hello_(std::move(hello)) {
+  connect_and_greet(host, port);
+}
+
+StoreClient::~StoreClient() {
+  if (fd_ >= 0) close(fd_);
+}
+
+void StoreClient::fail(const std::string& what, const std::string& cause, bool timed_out) const {
+  CommContext c;
+  c.rank = hello_.rank;
+  c.op = "rendezvous";
+  c.timeout = timeout_;
+  throw CommError(c, what + " on the store at " + address_ + ": " + cause, timed_out);
+}
+
+Millis StoreClient::effective(Millis timeout) const { return timeout == kNoTimeout ? timeout_ : timeout; }
+
+void StoreClient::connect_and_greet(const std::string& host, int port) {
+  const auto deadline = Clock::now() + timeout_;
+  std::string error;
+  // Under mpirun/srun rank 0 may not be listening yet: retry, backing off, until the timeout.
+  for (Millis pause{50};; pause = std::min(pause * 2, Millis(1000))) {
+    fd_ = connect_to(host, port, deadline, error);
+    if (fd_ >= 0) break;
+    const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
+    if (left <= Millis(0))
+      fail("connect", "cannot reach it (" + error + "); check MASTER_ADDR/MASTER_PORT and that rank 0 or the " +
+                          "launcher of node 0 is running", true);
+    std::this_thread::sleep_for(std::min(pause, left));
+  }
+  Patience p;
+  p.at = deadline;
+  std::vector<uint8_t> out = encode_preamble();
+  std::vector<uint8_t> frame = encode_frame(encode_hello(hello_));
+  out.insert(out.end(), frame.begin(), frame.end());
+  Io io = write_all(fd_, out.data(), out.size(), p);
+  uint8_t prefix[kLengthBytes];
+  if (io == Io::Done) io = read_exact(fd_, prefix, sizeof prefix, p);
+  if (io != Io::Done)
+    fail("handshake", std::string(io_problem(io)) + " (is that address a crosstrain rendezvous store of the same " +
+                          "version, and not another program?)", io == Io::TimedOut);
+  Message reply;
+  try {
+    const uint32_t size = parse_length(prefix, kMaxFrameBytes);
+    std::vector<uint8_t> body(size);
+    io = read_exact(fd_, body.data(), size, p);
+    if (io != Io::Done) fail("handshake", io_problem(io), io == Io::TimedOut);
+    reply = decode_body(body.data(), size);
+  } catch (const ProtocolError& e) {
+    fail("handshake", std::string("unreadable reply (") + e.what() + "): is that address a crosstrain store?");
+  }
+  if (reply.code == Code::Refused)
+    fail("joining", "refused: " + (reply.fields.empty() ? std::string("no reason given") : reply.fields[0]));
+  if (reply.code != Code::Ok) fail("handshake", "unexpected reply");
+}
+
+Message StoreClient::call(const std::string& what, const Message& request, Millis reply_within) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (fd_ < 0) fail(what, "the connection was closed after an earlier failure");
+  std::vector<uint8_t> frame;
+  try {
+    frame = encode_frame(request);
+  } catch (const ProtocolError& e) {
+    fail(what, e.what());
+  }
+  Patience p;
+  p.at = Clock::now() + reply_within;
+  Io io = write_all(fd_, frame.data(), frame.size(), p);
+  uint8_t prefix[kLengthBytes];
+  if (io == Io::Done) io = read_exact(fd_, prefix, sizeof prefix, p);
+  Message reply;
+  std::string problem;
+  if (io == Io::Done) {
+    try {
+      const uint32_t size = parse_length(prefix, kMaxFrameBytes);
+      std::vector<uint8_t> body(size);
+      io = read_exact(fd_, body.data(), size, p);
+      if (io == Io::Done) reply = decode_body(body.data(), size);
+    } catch (const ProtocolError& e) {
+      problem = std::string("unreadable reply: ") + e.what();
+    }
+  }
+  if (io != Io::Done || !problem.empty()) {
+    close(fd_);  // a late reply would answer the next request
+    fd_ = -1;
+    fail(what, problem.empty() ? io_problem(io) : problem, io == Io::TimedOut);
+  }
+  if (reply.code == Code::Invalid)
+    fail(what, "rejected: " + (reply.fields.empty() ? std::string("no reason given") : reply.fields[0]));
+  if (reply.code != Code::Ok && reply.code != Code::TimedOut) fail(what, "unexpected reply");
+  return reply;
+}
+
+void StoreClient::set(const std::string& key, const std::vector<uint8_t>& value) {
+  call("set of key '" + key + "'", Message{Code::Set, {key, text(value)}}, timeout_);
+}
+
+std::vector<uint8_t> StoreClient::compareSet(const std::string& key, const std::vector<uint8_t>& expected,
+                                             const std::vector<uint8_t>& desired) {
+  auto reply = call("compareSet of key '" + key + "'", Message{Code::CompareSet, {key, text(expected), text(desired)}},
+                    timeout_);
+  return bytes(reply.fields.at(0));
+}
+
+std::vector<uint8_t> StoreClient::get(const std::string& key) {
+  const std::string what = "get of key '" + key + "'";
+  auto reply = call(what, Message{Code::Get, {key, std::to_string(timeout_.count())}}, timeout_ + kReplyMargin);
+  if (reply.code == Code::TimedOut) fail(what, "the key was not set in time (has every rank started?)", true);
+  return bytes(reply.fields.at(0));
+}
+
+int64_t StoreClient::add(const std::string& key, int64_t value) {
+  auto reply = call("add to key '" + key + "'", Message{Code::Add, {key, std::to_string(value)}}, timeout_);
+  return parse_int(reply.fields.at(0));
+}
+
+bool StoreClient::deleteKey(const std::string& key) {
+  return call("delete of key '" + key + "'", Message{Code::Delete, {key}}, timeout_).fields.at(0) == "1";
+}
+
+bool StoreClient::check(const std::vector<std::string>& keys) {
+  return call("check of " + describe_keys(keys), Message{Code::Check, keys}, timeout_).fields.at(0) == "1";
+}
+
+int64_t StoreClient::getNumKeys() { return parse_int(call("key count", Message{Code::NumKeys, {}}, timeout_).fields.at(0)); }
+
+void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
+
+void StoreClient::wait(const std::vector<std::string>& keys, const Millis& timeout) {
+  const Millis t = effective(timeout);
+  const std::string what = "wait for " + describe_keys(keys);
+  Message request{Code::Wait, {std::to_string(t.count())}};
+  request.fields.insert(request.fields.end(), keys.begin(), keys.end());
+  if (call(what, request, t + kReplyMargin).code == Code::TimedOut)
+    fail(what, "not set within " + std::to_string(t.count()) + " ms (has every rank started?)", true);
+}
+
+}  // namespace crosstrain::comm::store

@@ -1,0 +1,255 @@
+// The rendezvous store in one process: c10d semantics over TCP, and a server that hostile or broken clients
+// cannot freeze, inflate or impersonate a rank on.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <future>
+
+#include "crosstrain/comm/init.h"
+#include "crosstrain/comm/rendezvous.h"
+#include "crosstrain/comm/store_client.h"
+#include "crosstrain/comm/store_server.h"
+#include "crosstrain/core/error.h"
+#include "store_probes.h"
+
+using namespace crosstrain;
+using namespace crosstrain::comm::store;
+using namespace crosstrain::testing;
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+std::vector<uint8_t> bytes(const std::string& s) { return {s.begin(), s.end()}; }
+
+ServerOptions quick_server(int world_size) {
+  ServerOptions o;
+  o.world_size = world_size;
+  o.handshake_timeout = milliseconds(500);
+  o.stall_timeout = milliseconds(500);
+  return o;
+}
+
+c10::intrusive_ptr<StoreClient> client(const StoreServer& server, int rank, int world_size,
+                                       milliseconds timeout = milliseconds(5000)) {
+  Hello h;
+  h.rank = rank;
+  h.world_size = world_size;
+  return c10::make_intrusive<StoreClient>("127.0.0.1", server.port(), h, timeout);
+}
+
+// The CommError message a connection attempt fails with, and how long it took.
+std::pair<std::string, double> refusal(const std::string& host, int port, int rank, int world_size,
+                                       milliseconds timeout) {
+  const auto start = Clock::now();
+  std::string message = "(no error)";
+  try {
+    Hello h;
+    h.rank = rank;
+    h.world_size = world_size;
+    StoreClient c(host, port, h, timeout);
+  } catch (const CommError& e) {
+    message = e.what();
+  }
+  return {message, std::chrono::duration<double>(Clock::now() - start).count()};
+}
+
+double seconds_since(Clock::time_point start) { return std::chrono::duration<double>(Clock::now() - start).count(); }
+
+}  // namespace
+
+TEST(StoreClient, HasC10dSemantics) {
+  StoreServer server(quick_server(2));
+  auto a = client(server, 0, 2);
+  auto b = client(server, 1, 2);
+  a->set("k", bytes("v"));
+  EXPECT_EQ(b->get("k"), bytes("v"));
+  EXPECT_EQ(a->add("n", 2), 2);
+  EXPECT_EQ(b->add("n", 5), 7);
+  EXPECT_EQ(a->get("n"), bytes("7"));
+  // compareSet: absent + empty expected sets; a mismatch returns the current value.
+  EXPECT_EQ(a->compareSet("c", {}, bytes("x")), bytes("x"));
+  EXPECT_EQ(a->compareSet("c", bytes("y"), bytes("z")), bytes("x"));
+  EXPECT_EQ(a->compareSet("c", bytes("x"), bytes("z")), bytes("z"));
+  EXPECT_EQ(a->compareSet("absent", bytes("e"), bytes("z")), bytes("e"));
+  EXPECT_TRUE(a->check({"k", "n"}));
+  EXPECT_FALSE(a->check({"k", "nope"}));
+  EXPECT_EQ(a->getNumKeys(), 3);
+  EXPECT_TRUE(a->deleteKey("k"));
+  EXPECT_FALSE(a->deleteKey("k"));
+  // A wait returns once another client sets the key.
+  auto waiter = std::async(std::launch::async, [&] { b->wait({"late"}, milliseconds(5000)); });
+  std::this_thread::sleep_for(milliseconds(100));
+  a->set("late", bytes("1"));
+  waiter.get();
+}
+
+TEST(StoreClient, WaitsEndAtTheirTimeoutNamingKeyAndAddress) {
+  StoreServer server(quick_server(1));
+  auto c = client(server, 0, 1, milliseconds(700));
+  auto start = Clock::now();
+  try {
+    c->get("never");
+    FAIL() << "get of a missing key returned";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(e.timed_out());
+    EXPECT_TRUE(contains(e.what(), "'never'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "127.0.0.1:" + std::to_string(server.port()))) << e.what();
+    EXPECT_TRUE(contains(e.what(), "[rank 0]")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 1.5);
+  auto c2 = client(server, -1, 1, milliseconds(700));
+  start = Clock::now();
+  EXPECT_THROW(c2->wait({"never"}, milliseconds(300)), CommError);
+  EXPECT_LT(seconds_since(start), 1.0);
+}
+
+TEST(StoreClient, OversizedValuesAreRejectedAndTheConnectionStaysUsable) {
+  StoreServer server(quick_server(1));
+  auto c = client(server, 0, 1);
+  EXPECT_THROW(c->set(std::string(kMaxKeyBytes + 1, 'k'), bytes("v")), CommError);
+  c->set("k", bytes("still fine"));
+  EXPECT_EQ(c->get("k"), bytes("still fine"));
+}
+
+TEST(StoreServer, ListensOnlyOnTheAddressGiven) {
+  StoreServer server(quick_server(1));
+  EXPECT_EQ(server.bound_address(), "127.0.0.1:" + std::to_string(server.port()));
+  int local = raw_connect("127.0.0.1", server.port());
+  EXPECT_GE(local, 0);
+  close(local);
+  // 127.0.0.2 is this machine too (all of 127/8 is loopback), but not the address the store was given.
+  int other = raw_connect("127.0.0.2", server.port());
+  EXPECT_LT(other, 0) << "the store answered on 127.0.0.2";
+  if (other >= 0) close(other);
+}
+
+TEST(StoreServer, SurvivesHostileClientsAndKeepsServing) {
+  StoreServer server(quick_server(2));
+  const double rss_before = peak_rss_mib();
+  int gib = raw_connect("127.0.0.1", server.port());
+  raw_send(gib, gigabyte_prefix());
+  int noise = raw_connect("127.0.0.1", server.port());
+  raw_send(noise, garbage(4096));
+  int stalled = raw_connect("127.0.0.1", server.port());
+  raw_send(stalled, {'C', 'T', 'R'});  // part of a preamble, then silence
+  int silent = raw_connect("127.0.0.1", server.port());
+  auto member = client(server, 0, 2);
+  // The honest ranks are served while all of that is connected.
+  auto start = Clock::now();
+  auto other = client(server, 1, 2);
+  member->set("addr0", bytes("a"));
+  EXPECT_EQ(other->get("addr0"), bytes("a"));
+  EXPECT_LT(seconds_since(start), 0.3);
+  for (int fd : {gib, noise}) EXPECT_TRUE(closed_by_peer(fd, milliseconds(300)));
+  for (int fd : {stalled, silent}) EXPECT_TRUE(closed_by_peer(fd, milliseconds(2000)));  // handshake 0.5 s
+  EXPECT_LT(peak_rss_mib() - rss_before, 64.0) << "the server allocated for a stranger's length prefix";
+  for (int fd : {gib, noise, stalled, silent}) close(fd);
+  // A member that stalls mid-message is dropped; the others go on.
+  int half = raw_connect("127.0.0.1", server.port());
+  auto hello = encode_preamble();
+  auto frame = encode_frame(encode_hello(Hello{-1, 2, {}}));
+  hello.insert(hello.end(), frame.begin(), frame.end());
+  auto set = encode_frame(Message{Code::Set, {"k", std::string(1000, 'v')}});
+  hello.insert(hello.end(), set.begin(), set.begin() + 100);
+  raw_send(half, hello);
+  EXPECT_TRUE(closed_by_peer(half, milliseconds(2000)));
+  close(half);
+  // An admitted client that announces a 1 GiB message is dropped as soon as the length is read.
+  int big = raw_connect("127.0.0.1", server.port());
+  auto greet = encode_preamble();
+  greet.insert(greet.end(), frame.begin(), frame.end());
+  for (uint8_t b : {0x00, 0x00, 0x00, 0x40}) greet.push_back(b);
+  raw_send(big, greet);
+  EXPECT_TRUE(closed_by_peer(big, milliseconds(300)));
+  close(big);
+  EXPECT_EQ(other->add("alive", 1), 1);
+}
+
+TEST(StoreServer, RefusesStrangersAtOnceNamingWhatMismatched) {
+  StoreServer server(quick_server(2));
+  auto zero = client(server, 0, 2);
+  const std::string at = "127.0.0.1:" + std::to_string(server.port());
+  auto [other_job, t1] = refusal("127.0.0.1", server.port(), 1, 4, milliseconds(10000));
+  EXPECT_TRUE(contains(other_job, "[rank 1]")) << other_job;
+  EXPECT_TRUE(contains(other_job, at)) << other_job;
+  EXPECT_TRUE(contains(other_job, "job of 2 ranks")) << other_job;
+  EXPECT_TRUE(contains(other_job, "WORLD_SIZE=4")) << other_job;
+  auto [taken, t2] = refusal("127.0.0.1", server.port(), 0, 2, milliseconds(10000));
+  EXPECT_TRUE(contains(taken, "rank 0 is already connected")) << taken;
+  auto [outside, t3] = refusal("127.0.0.1", server.port(), 7, 2, milliseconds(10000));
+  EXPECT_TRUE(contains(outside, "outside 0..1")) << outside;
+  for (double t : {t1, t2, t3}) EXPECT_LT(t, 1.0);
+  // The rank is free again once its holder disconnects.
+  zero.reset();
+  std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_NO_THROW(client(server, 0, 2));
+}
+
+TEST(StoreClient, GivesUpWithinItsTimeoutOnAServerThatNeverAnswers) {
+  // A listener that accepts and then says nothing (some other program on the port).
+  int port = 0;
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t len = sizeof addr;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  port = ntohs(addr.sin_port);
+  auto [message, seconds] = refusal("127.0.0.1", port, 1, 2, milliseconds(1000));
+  EXPECT_TRUE(contains(message, "handshake")) << message;
+  EXPECT_TRUE(contains(message, "127.0.0.1:" + std::to_string(port))) << message;
+  EXPECT_GE(seconds, 0.9);
+  EXPECT_LT(seconds, 1.5);
+  close(listener);
+  // Nothing listening at all: retried until the timeout, then named.
+  auto [unreachable, t] = refusal("127.0.0.1", port, 1, 2, milliseconds(800));
+  EXPECT_TRUE(contains(unreachable, "cannot reach")) << unreachable;
+  EXPECT_LT(t, 1.5);
+}
+
+TEST(StoreServer, ShutsDownPromptlyWithClientsStillConnected) {
+  auto server = std::make_unique<StoreServer>(quick_server(2));
+  auto member = client(*server, 0, 2);
+  int stalled = raw_connect("127.0.0.1", server->port());
+  raw_send(stalled, {'C'});
+  auto waiter = std::async(std::launch::async, [&] {
+    try {
+      member->wait({"never"}, milliseconds(30000));
+    } catch (const CommError&) {
+    }
+  });
+  std::this_thread::sleep_for(milliseconds(100));
+  auto start = Clock::now();
+  server.reset();
+  EXPECT_LT(seconds_since(start), 1.0);
+  EXPECT_EQ(waiter.wait_for(std::chrono::seconds(2)), std::future_status::ready);
+  close(stalled);
+}
+
+TEST(Rendezvous, GlooGroupsFormOnTheStoreWhileStrangersPester) {
+  auto host = comm::Rendezvous::host("127.0.0.1", 0, 2, milliseconds(10000), 0);
+  const int port = host->port();
+  int gib = raw_connect("127.0.0.1", port);
+  raw_send(gib, gigabyte_prefix());
+  int stalled = raw_connect("127.0.0.1", port);
+  raw_send(stalled, {'C', 'T'});
+  auto rank1 = std::async(std::launch::async, [&] {
+    auto r = comm::Rendezvous::connect("127.0.0.1", port, 1, 2, milliseconds(10000));
+    auto world = comm::make_gloo_communicator(r, 1, 2, milliseconds(10000), "world");
+    at::Tensor t = at::ones({4});
+    world->all_reduce(t, comm::ReduceOp::Sum)->wait();
+    return t[0].item<double>();
+  });
+  auto world = comm::make_gloo_communicator(host, 0, 2, milliseconds(10000), "world");
+  at::Tensor t = at::ones({4});
+  world->all_reduce(t, comm::ReduceOp::Sum)->wait();
+  EXPECT_EQ(t[0].item<double>(), 2.0);
+  EXPECT_EQ(rank1.get(), 2.0);
+  close(gib);
+  close(stalled);
+}

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <optional>
 
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/checkpoint/safetensors.h"
@@ -28,8 +29,20 @@ checkpoint::SplitFn split_for(const checkpoint::CheckpointReader& reader) {
 
 }  // namespace
 
-int ckpt_info(const std::string& path, bool list_tensors) {
-  checkpoint::CheckpointReader reader(checkpoint::resolve_checkpoint(path));
+int ckpt_info(const std::string& path, bool list_tensors, bool verify) {
+  const std::string dir = checkpoint::resolve_checkpoint(path);
+  const bool run_dir = dir != path;
+  int64_t pieces = 0;
+  // Checked before anything is printed, so a broken checkpoint never shows a healthy-looking summary.
+  std::optional<checkpoint::CheckpointReader> opened;
+  try {
+    opened.emplace(dir);
+    pieces = opened->verify(verify);
+  } catch (const UsageError& e) {
+    if (!run_dir) throw;
+    throw UsageError(std::string(e.what()) + "; " + checkpoint::intact_checkpoint_hint(path, dir));
+  }
+  checkpoint::CheckpointReader& reader = *opened;
   const auto& info = reader.info();
   int64_t params = 0, param_tensors = 0, state_tensors = 0;
   for (const auto& t : reader.tensors()) {
@@ -58,6 +71,11 @@ int ckpt_info(const std::string& path, bool list_tensors) {
               static_cast<long long>(param_tensors), static_cast<long long>(state_tensors));
   std::printf("  files           %zu shard files + manifest.json, %.2f MiB\n", reader.files().size(),
               static_cast<double>(reader.stored_bytes()) / (1 << 20));
+  if (verify)
+    std::printf("  integrity       verified: sizes and checksums of %lld pieces\n", static_cast<long long>(pieces));
+  else
+    std::printf("  integrity       sizes of %lld pieces checked; checksums NOT verified (add --verify to read "
+                "and check every piece)\n", static_cast<long long>(pieces));
   if (list_tensors) {
     std::printf("  %-34s %-16s %-5s %s\n", "tensor", "shape", "dtype", "stored as");
     for (const auto& t : reader.tensors())

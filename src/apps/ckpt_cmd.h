@@ -5,8 +5,10 @@
 
 namespace crosstrain::apps {
 
-// Prints a summary of the checkpoint (a checkpoint directory, or a run directory: its newest one).
-int ckpt_info(const std::string& path, bool list_tensors);
+// Prints a summary of the checkpoint (a checkpoint directory, or a run directory: its newest one) after
+// checking its files' sizes against the manifest; with `verify`, also every piece's checksum (reads it all).
+// A broken checkpoint is a UsageError naming the file (and, for a run directory, its newest intact one).
+int ckpt_info(const std::string& path, bool list_tensors, bool verify);
 // Writes every parameter, whole and under its plain name, into one safetensors file (atomically: a temporary
 // name, then a rename). With `optimizer`, also the Adam moments as "NAME#exp_avg" and "NAME#exp_avg_sq".
 int ckpt_export(const std::string& path, const std::string& output, bool optimizer);

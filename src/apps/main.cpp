@@ -115,12 +115,13 @@ int main(int argc, char** argv) {
   demo->add_option("--nproc", demo_nproc, "ranks to start")->check(at_least_one);
 
   std::string ckpt_path, ckpt_out;
-  bool ckpt_tensors = false, ckpt_optimizer = false;
+  bool ckpt_tensors = false, ckpt_optimizer = false, ckpt_verify = false;
   auto* ckpt = app.add_subcommand("ckpt", "inspect and export distributed checkpoints");
   ckpt->require_subcommand(1);
   auto* ckpt_info = ckpt->add_subcommand("info", "summary of a checkpoint (or of a run directory's newest)");
   ckpt_info->add_option("path", ckpt_path, "checkpoint or run directory")->required();
   ckpt_info->add_flag("--tensors", ckpt_tensors, "list every tensor with its shape and how it is stored");
+  ckpt_info->add_flag("--verify", ckpt_verify, "also read every piece and check its checksum (sizes are always checked)");
   auto* ckpt_export = ckpt->add_subcommand("export", "write one consolidated safetensors file with plain names");
   ckpt_export->add_option("path", ckpt_path, "checkpoint or run directory")->required();
   ckpt_export->add_option("output", ckpt_out, "output .safetensors file")->required();
@@ -176,7 +177,7 @@ int main(int argc, char** argv) {
       return apps::bench_pipeline(pipe, args);
     }
     if (*train_cmd) return apps::train_command(train, args);
-    if (*ckpt_info) return apps::ckpt_info(ckpt_path, ckpt_tensors);
+    if (*ckpt_info) return apps::ckpt_info(ckpt_path, ckpt_tensors, ckpt_verify);
     if (*ckpt_export) return apps::ckpt_export(ckpt_path, ckpt_out, ckpt_optimizer);
   } catch (const UsageError& e) {
     std::cerr << "crosstrain: " << apps::error_line(e.what(), "invalid input") << std::endl;

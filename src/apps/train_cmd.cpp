@@ -2,16 +2,52 @@
 
 #include <unistd.h>
 
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/train/trainer.h"
 #include "launcher.h"
 
 namespace crosstrain::apps {
+namespace {
+
+// --resume, before any rank starts: the newest checkpoint is whole (sizes and checksums: a broken one names
+// the newest intact one instead) and not past train.steps. Reads the checkpoint once; the ranks read it again
+// from the page cache.
+void check_resume(const train::Config& config) {
+  auto latest = checkpoint::latest_checkpoint(config.run.dir);
+  if (!latest) throw UsageError("--resume: no checkpoint in '" + config.run.dir + "/checkpoints'");
+  int64_t step = 0;
+  try {
+    checkpoint::CheckpointReader reader(*latest);
+    reader.verify(true);
+    step = reader.step();
+  } catch (const UsageError& e) {
+    throw UsageError(std::string(e.what()) + "; " + checkpoint::intact_checkpoint_hint(config.run.dir, *latest));
+  }
+  train::check_resume_step(*latest, step, config.train.steps);
+}
+
+// The command line that continues this run, for the message after Ctrl-C.
+std::string resume_command(const std::vector<std::string>& args) {
+  std::string out = "crosstrain";
+  bool resume = false;
+  for (const auto& a : args) {
+    resume = resume || a == "--resume";
+    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                         "0123456789-_./=:,+@%") == std::string::npos;
+    out += " " + (plain ? a : "'" + a + "'");
+  }
+  return resume ? out : out + " --resume";
+}
+
+}  // namespace
 
 int train_command(const TrainCommand& cmd, const std::vector<std::string>& relaunch_args) {
   // Read the config before starting any rank: a typo is reported once, not once per rank.
@@ -22,6 +58,11 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   if (!cmd.resume && checkpoint::latest_checkpoint(config.run.dir))
     throw UsageError("run.dir '" + config.run.dir + "' already holds checkpoints of an earlier run; continue it with " +
                      "--resume, or choose another run.dir (nothing was changed)");
+  // Once, by the process the user started (launched ranks are not); the Trainer still checks the step.
+  if (cmd.resume && env.source == LaunchSource::Single) check_resume(config);
+  // Ctrl-C stops lockstep training between steps (the launcher forwards it to every rank); in other sync
+  // modes, and in the launcher itself, it keeps its usual meaning.
+  const bool stoppable = config.sync.mode == "sync";
   if (launching) {
     // Ranks write into pipes; tell rank 0 whether a person is watching.
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);
@@ -40,8 +81,25 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   options.resume = cmd.resume;
   const char* tty = std::getenv("CROSSTRAIN_TTY");
   options.progress_bar = (tty && std::string(tty) == "1") || (env.source == LaunchSource::Single && isatty(STDOUT_FILENO));
-  trainer.run(options);
-  return 0;
+  if (stoppable) {
+    catch_interrupt();
+    options.stop_requested = interrupt_requested;
+  }
+  const train::TrainResult result = trainer.run(options);
+  if (result.stopped_after < 0) return 0;
+  if (world->rank() == 0) {
+    auto latest = checkpoint::latest_checkpoint(config.run.dir);
+    std::fprintf(stderr, "crosstrain: interrupted after step %lld of %lld; no checkpoint was left half-written. ",
+                 static_cast<long long>(result.stopped_after), static_cast<long long>(config.train.steps));
+    if (latest)
+      std::fprintf(stderr, "The newest checkpoint is %s; continue with: %s\n", latest->c_str(),
+                   resume_command(relaunch_args).c_str());
+    else
+      std::fprintf(stderr, "No checkpoint was written yet (train.checkpoint_every = %lld), so the run starts over "
+                   "next time; a smaller train.checkpoint_every saves on the way\n",
+                   static_cast<long long>(config.train.checkpoint_every));
+  }
+  return 128 + SIGINT;
 }
 
 }  // namespace crosstrain::apps

@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iomanip>
@@ -31,6 +33,34 @@ void fsync_path(const fs::path& p) {
     fsync(fd);
     close(fd);
   }
+}
+
+// Writes and syncs a whole file; a failure (ENOSPC may only show at fsync or close) names the errno.
+void write_synced(const fs::path& path, const std::string& text) {
+  auto fail = [&](const char* what) {
+    return Error("cannot " + std::string(what) + " the checkpoint manifest '" + path.string() + "': " +
+                 std::strerror(errno));
+  };
+  int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw fail("create");
+  for (size_t done = 0; done < text.size();) {
+    ssize_t n = write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int saved = errno;
+      close(fd);
+      errno = n == 0 ? EIO : saved;
+      throw fail("write");
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    const int saved = errno;
+    close(fd);
+    errno = saved;
+    throw fail("sync");
+  }
+  if (close(fd) != 0) throw fail("close");
 }
 
 std::string dtype_name(at::ScalarType t) {
@@ -159,17 +189,18 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step, const st
                              {"step", step},
                              {"info", info},
                              {"pieces", records_to_json(records)}};
-  {
-    std::ofstream out(tmp / kManifest);
-    out << manifest.dump(1) << "\n";
-    out.flush();
-    if (!out) throw Error("cannot write the checkpoint manifest in '" + tmp.string() + "'");
+  try {
+    write_synced(tmp / kManifest, manifest.dump(1) + "\n");
+    fsync_path(tmp);
+    // The rename is the commit point: before it the checkpoint is invisible, after it complete.
+    fs::remove_all(final_dir);
+    fs::rename(tmp, final_dir);
+  } catch (const std::exception&) {
+    // Uncommitted, the directory is no checkpoint, only used space (which may be what ran out).
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    throw;
   }
-  fsync_path(tmp / kManifest);
-  fsync_path(tmp);
-  // The rename is the commit point: before it the checkpoint is invisible, after it complete.
-  fs::remove_all(final_dir);
-  fs::rename(tmp, final_dir);
   fsync_path(root);
   if (keep_last > 0) {
     std::vector<fs::path> complete;
@@ -195,6 +226,33 @@ std::optional<std::string> latest_checkpoint(const std::string& run_dir) {
     if (!best || name > fs::path(*best).filename().string()) best = entry.path().string();
   }
   return best;
+}
+
+std::string intact_checkpoint_hint(const std::string& run_dir, const std::string& broken) {
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  std::vector<std::string> older;  // complete checkpoints older than the broken one, newest first
+  std::error_code ec;
+  if (fs::is_directory(root, ec))
+    for (const auto& entry : fs::directory_iterator(root)) {
+      const std::string name = entry.path().filename().string();
+      if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
+          name < fs::path(broken).filename().string())
+        older.push_back(entry.path().string());
+    }
+  std::sort(older.rbegin(), older.rend());
+  // A name with a dot is not a checkpoint to latest_checkpoint: moving the broken ones aside keeps them.
+  std::string moves = "mv " + broken + " " + broken + ".broken";
+  for (const auto& dir : older) {
+    try {
+      CheckpointReader reader(dir);
+      reader.verify(true);
+      return "the newest intact checkpoint is " + dir + " (step " + std::to_string(reader.step()) +
+             "); to resume from it, move the broken one aside (" + moves + ") and run again with --resume";
+    } catch (const UsageError&) {
+      moves += "; mv " + dir + " " + dir + ".broken";
+    }
+  }
+  return "no intact checkpoint is left in " + root.string() + "; start afresh with another run.dir";
 }
 
 std::string resolve_checkpoint(const std::string& path) {
@@ -270,6 +328,26 @@ int64_t CheckpointReader::stored_bytes() const {
   std::error_code ec;
   for (const auto& f : files()) bytes += static_cast<int64_t>(fs::file_size(fs::path(dir_) / f, ec));
   return bytes;
+}
+
+int64_t CheckpointReader::verify(bool checksums) {
+  int64_t pieces = 0;
+  for (const auto& [tensor, records] : tensors_)
+    for (const auto& p : records) {
+      const std::string path = (fs::path(dir_) / p.file).string();
+      auto& reader = open_[p.file];
+      if (!reader) reader = std::make_unique<Reader>(path);  // checks the header against the file's size
+      if (!reader->file.has(p.key))
+        throw UsageError("checkpoint file '" + path + "' lacks '" + p.key + "' listed in the manifest (from another checkpoint?)");
+      if (reader->file.numel(p.key) != p.numel)
+        throw UsageError("checkpoint file '" + path + "': '" + p.key + "' has " + std::to_string(reader->file.numel(p.key)) +
+                         " elements but the manifest records " + std::to_string(p.numel) + " (corrupt)");
+      if (checksums && checksum_of(reader->file.read(p.key)) != p.checksum)
+        throw UsageError("checkpoint file '" + path + "': '" + p.key +
+                         "' does not match its checksum in the manifest (corrupt)");
+      ++pieces;
+    }
+  return pieces;
 }
 
 at::Tensor CheckpointReader::read_full(const std::string& tensor, const SplitFn& split) {

@@ -113,6 +113,12 @@ std::vector<std::string> SafetensorsReader::names() const {
   return out;
 }
 
+int64_t SafetensorsReader::numel(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw UsageError("'" + path_ + "' has no tensor '" + name + "'");
+  return it->second.bytes / static_cast<int64_t>(c10::elementSize(it->second.dtype));
+}
+
 at::Tensor SafetensorsReader::read(const std::string& name) {
   auto it = entries_.find(name);
   if (it == entries_.end()) throw UsageError("'" + path_ + "' has no tensor '" + name + "'");

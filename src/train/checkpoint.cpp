@@ -1,6 +1,7 @@
 #include "crosstrain/train/checkpoint.h"
 
 #include <algorithm>
+#include <filesystem>
 
 #include "crosstrain/core/error.h"
 
@@ -233,14 +234,41 @@ std::string CheckpointWriter::commit() {
   int failed = error_ ? 1 : 0;
   at::Tensor flag = at::full({1}, failed, at::kInt);
   world_.all_reduce(flag, comm::ReduceOp::Max)->wait();
-  if (error_) std::rethrow_exception(error_);
-  if (flag.item<int>() != 0)
-    throw Error("checkpoint of step " + std::to_string(step_) + " failed on another rank; the previous checkpoint is kept");
+  const std::string step = "checkpoint of step " + std::to_string(step_);
+  const std::string kept = "; its partial files were removed and the previous checkpoint is kept";
+  if (flag.item<int>() != 0) {
+    // Every rank's writer has finished (the exchange above waits for them): the partial directory goes, so
+    // a full disk is not left fuller.
+    if (world_.rank() == 0) {
+      std::error_code ec;
+      std::filesystem::remove_all(checkpoint::temp_checkpoint_dir(run_dir_, step_), ec);
+    }
+    // Nobody fails (and has the launcher stop the others) before the directory is gone.
+    world_.barrier()->wait();
+    if (error_) {
+      try {
+        std::rethrow_exception(error_);
+      } catch (const std::exception& e) {
+        throw Error(step + " failed: " + e.what() + kept);
+      }
+    }
+    throw Error(step + " failed on another rank" + kept);
+  }
   auto records = gather_records(world_, records_);
-  std::string dir;
-  if (world_.rank() == 0) dir = checkpoint::commit_checkpoint(run_dir_, step_, records, info_, keep_last_);
-  // Nobody runs ahead of a checkpoint being committed.
-  world_.barrier()->wait(comm::Millis(static_cast<int64_t>(std::max(600.0, timeout_s_) * 1000)));
+  std::string dir, failure;
+  if (world_.rank() == 0) {
+    try {
+      dir = checkpoint::commit_checkpoint(run_dir_, step_, records, info_, keep_last_);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  // Rank 0 tells everyone whether the commit held; nobody runs ahead of a checkpoint being committed.
+  at::Tensor committed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
+  world_.all_reduce(committed, comm::ReduceOp::Max)
+      ->wait(comm::Millis(static_cast<int64_t>(std::max(600.0, timeout_s_) * 1000)));
+  if (!failure.empty()) throw Error(step + " failed: " + failure + "; the previous checkpoint is kept");
+  if (committed.item<int>() != 0) throw Error(step + " failed on rank 0" + kept);
   return world_.rank() == 0 ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);
 }
 

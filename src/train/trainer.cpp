@@ -154,12 +154,16 @@ void validate(const Config& c, int world) {
 
 }  // namespace
 
+void check_resume_step(const std::string& checkpoint, int64_t checkpoint_step, int64_t steps) {
+  if (checkpoint_step > steps)
+    throw UsageError("--resume: checkpoint " + checkpoint + " is at step " + std::to_string(checkpoint_step) +
+                     " but train.steps = " + std::to_string(steps) + "; set train.steps to " +
+                     std::to_string(checkpoint_step) + " or more to continue this run (nothing was changed)");
+}
+
 void check_config(const Config& config, int world) {
   validate(config, world);
-  std::error_code ec;
-  if (!config.data.path.empty() && !fs::exists(config.data.path, ec))
-    throw UsageError("data file '" + config.data.path + "' does not exist (data.path); for the demo corpus run "
-                     "scripts/install-deps.sh, which installs Debian's fortunes package");
+  if (!config.data.path.empty()) data::check_source(config.data);
 }
 
 struct Trainer::State {
@@ -280,6 +284,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
     for (auto& p : chunk->partial_gradient_parameters()) partial_grads.push_back(p);
 
   data::Splits splits = data::load_dataset(c.data, c.model.block_size);
+  if (talk && !splits.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits.warning.c_str());
   if (static_cast<int64_t>(splits.train.max_token()) >= c.model.vocab_size)
     throw UsageError("data '" + c.data.path + "' holds token " + std::to_string(splits.train.max_token()) +
                      " but model.vocab_size is " + std::to_string(c.model.vocab_size));
@@ -365,6 +370,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
     // Any layout loads any checkpoint: each rank rebuilds the tensors it needs and takes its part.
     checkpoint::CheckpointReader reader(*latest);
     CheckpointState st = state_from_info(reader);
+    check_resume_step(*latest, st.step, c.train.steps);
     load_model_state(reader, state_refs, reader.info().value("optimizer_step", st.step));
     sampler.restore(st.sampler);
     start_step = st.step + 1;
@@ -424,8 +430,25 @@ TrainResult Trainer::run(const TrainOptions& options) {
   };
 
   TrainResult result;
+  // Stopping early (Ctrl-C). Each step every rank posts its flag and reads the maximum a step later: all ranks
+  // get the same answer at the same step, and the exchange has a whole step to finish, so it never holds one
+  // up. Other sync modes let ranks drift apart by design, where a per-step exchange would tie them together.
+  const bool stoppable = options.stop_requested && c.sync.mode == "sync";
+  at::Tensor stop_flag = at::zeros({1}, at::kInt);
+  comm::WorkPtr stop_exchange;
   auto run_start = Clock::now();
   for (int64_t step = start_step; step <= c.train.steps; ++step) {
+    if (stoppable) {
+      if (stop_exchange) {
+        stop_exchange->wait();
+        if (stop_flag.item<int>() != 0) {
+          result.stopped_after = step - 1;
+          break;
+        }
+      }
+      stop_flag.fill_(options.stop_requested() ? 1 : 0);
+      stop_exchange = world.all_reduce(stop_flag, comm::ReduceOp::Max);
+    }
     // Errors of any collective name the step: the world and every mesh group know it.
     world.set_step(step);
     for (Axis axis : {Axis::DP, Axis::PP, Axis::TP})
@@ -586,6 +609,17 @@ TrainResult Trainer::run(const TrainOptions& options) {
         std::fflush(stdout);
       }
     }
+  }
+  if (stop_exchange) stop_exchange->wait();  // it refers to the communicator; a flag raised now is too late
+  if (result.stopped_after >= 0) {
+    // Stopped between steps: an asynchronous save already written is committed; nothing new is started.
+    if (checkpoints.pending()) {
+      const std::string saved = checkpoints.commit();
+      if (talk && !options.progress_bar) std::printf("saved checkpoint %s\n", saved.c_str());
+    }
+    if (talk && options.progress_bar) std::printf("\n");
+    std::fflush(stdout);
+    return result;
   }
   if (talk) {
     std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(c.train.steps - start_step + 1),

@@ -1,12 +1,17 @@
 // Distributed checkpoints as a user meets them: asynchronous saves, keeping the newest K, a rank killed in the
 // middle of a save, bad checkpoints refused with the file named, and `crosstrain ckpt info|export`.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/mount.h>
 
+#include <cerrno>
 #include <cstring>
+#include <regex>
 #include <thread>
 
 #include "cli_fixture.h"
+#include "crosstrain/checkpoint/distributed.h"
 
 using namespace crosstrain::testing;
 namespace fs = std::filesystem;
@@ -188,4 +193,175 @@ TEST(Checkpoints, ExportWritesOneSafetensorsFileByTheFormatSpecification) {
     for (size_t i = 0; i < v.size(); ++i) worst = std::max(worst, static_cast<double>(std::abs(split[name][i] - v[i])));
     EXPECT_LT(worst, 1e-4) << name;
   }
+}
+
+namespace {
+
+// Flips bytes inside the last tensor of a shard file: the file still parses, only its checksum tells.
+void corrupt(const fs::path& file) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  f.seekp(static_cast<std::streamoff>(fs::file_size(file) - 64));
+  f.write("garbage!garbage!", 16);
+}
+
+std::vector<std::string> leftovers(const std::string& run_dir) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::recursive_directory_iterator(run_dir, ec))
+    if (e.path().string().find(".tmp") != std::string::npos) out.push_back(e.path().string());
+  return out;
+}
+
+// A tmpfs of `size` at a fresh folder, unmounted and removed when the test ends however it ends.
+struct SmallDisk {
+  fs::path dir;
+  bool mounted = false;
+  SmallDisk(const std::string& name, const std::string& size) : dir(fresh_dir(name)) {
+    fs::create_directories(dir);
+    mounted = ::mount("tmpfs", dir.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
+  }
+  ~SmallDisk() {
+    if (mounted) ::umount2(dir.c_str(), MNT_DETACH);
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+}  // namespace
+
+TEST(Checkpoints, InfoChecksSizesAndWithVerifyChecksumsAndFailsOnABrokenShard) {
+  auto dir = fresh_dir("ckpt_info_verify");
+  auto ok = run_process(with(tiny_args(dir, 1, 2), {"--set", "train.checkpoint_every=1"}), {}, milliseconds(60000));
+  ASSERT_EQ(ok.exit_code(), 0) << ok.output;
+  const auto newest = fs::path(dir) / "checkpoints" / "step_00000002";
+  const auto shard = newest / "rank-00000.safetensors";
+  auto info = run_process({kBin, "ckpt", "info", dir}, {}, milliseconds(60000));
+  ASSERT_EQ(info.exit_code(), 0) << info.output;
+  EXPECT_TRUE(contains(info.output, "checksums NOT verified (add --verify")) << info.output;
+  info = run_process({kBin, "ckpt", "info", dir, "--verify"}, {}, milliseconds(60000));
+  ASSERT_EQ(info.exit_code(), 0) << info.output;
+  EXPECT_TRUE(contains(info.output, "verified: sizes and checksums of")) << info.output;
+
+  // Corrupted: only reading the pieces can tell, and --verify does.
+  fs::copy(shard, fs::path(dir) / "saved.safetensors");
+  corrupt(shard);
+  info = run_process({kBin, "ckpt", "info", newest.string(), "--verify"}, {}, milliseconds(60000));
+  EXPECT_NE(info.exit_code(), 0) << info.output;
+  EXPECT_TRUE(contains(info.output, shard.string() + "'")) << info.output;
+  EXPECT_TRUE(contains(info.output, "checksum")) << info.output;
+  EXPECT_FALSE(contains(info.output, "parameters")) << "no summary for a broken checkpoint:\n" << info.output;
+  // Given the run directory, the error also names the newest intact checkpoint.
+  info = run_process({kBin, "ckpt", "info", dir, "--verify"}, {}, milliseconds(60000));
+  EXPECT_NE(info.exit_code(), 0) << info.output;
+  EXPECT_TRUE(contains(info.output, "the newest intact checkpoint is " + dir + "/checkpoints/step_00000001"))
+      << info.output;
+
+  // Truncated: the sizes, checked always, tell.
+  fs::copy(fs::path(dir) / "saved.safetensors", shard, fs::copy_options::overwrite_existing);
+  fs::resize_file(shard, fs::file_size(shard) - 1000);
+  info = run_process({kBin, "ckpt", "info", newest.string()}, {}, milliseconds(60000));
+  EXPECT_NE(info.exit_code(), 0) << info.output;
+  EXPECT_TRUE(contains(info.output, shard.string())) << info.output;
+  EXPECT_TRUE(contains(info.output, "truncated")) << info.output;
+  fs::copy(fs::path(dir) / "saved.safetensors", shard, fs::copy_options::overwrite_existing);
+  info = run_process({kBin, "ckpt", "info", newest.string()}, {}, milliseconds(60000));
+  EXPECT_EQ(info.exit_code(), 0) << info.output;
+}
+
+TEST(Checkpoints, ABrokenNewestCheckpointNamesTheNewestIntactOneAndHowToResumeFromIt) {
+  auto dir = fresh_dir("ckpt_newest_broken");
+  auto args = with(tiny_args(dir, 1, 3), {"--set", "train.checkpoint_every=1"});
+  auto ok = run_process(args, {}, milliseconds(60000));
+  ASSERT_EQ(ok.exit_code(), 0) << ok.output;
+  const auto root = fs::path(dir) / "checkpoints";
+  corrupt(root / "step_00000003" / "rank-00000.safetensors");
+  fs::resize_file(root / "step_00000002" / "rank-00000.safetensors", 100);
+  auto refused = run_process(with(args, {"--resume", "--set", "train.steps=5"}), {}, milliseconds(60000));
+  EXPECT_NE(refused.exit_code(), 0) << refused.output;
+  EXPECT_EQ(std::count(refused.output.begin(), refused.output.end(), '\n'), 1) << refused.output;
+  EXPECT_TRUE(contains(refused.output, "the newest intact checkpoint is " + (root / "step_00000001").string() +
+                                           " (step 1)"))
+      << refused.output;
+  const std::string mv3 = "mv " + (root / "step_00000003").string() + " " + (root / "step_00000003").string() + ".broken";
+  const std::string mv2 = "mv " + (root / "step_00000002").string() + " " + (root / "step_00000002").string() + ".broken";
+  EXPECT_TRUE(contains(refused.output, mv3 + "; " + mv2)) << refused.output;
+  EXPECT_EQ(read_metrics(dir).size(), 3u);  // nothing trained, nothing destroyed
+  EXPECT_TRUE(fs::exists(root / "step_00000003"));
+  // Doing what it says works.
+  fs::rename(root / "step_00000003", root / "step_00000003.broken");
+  fs::rename(root / "step_00000002", root / "step_00000002.broken");
+  auto resumed = run_process(with(args, {"--resume", "--set", "train.steps=5"}), {}, milliseconds(60000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + (root / "step_00000001").string())) << resumed.output;
+}
+
+TEST(Checkpoints, AFullDiskLeavesNoPartialDirectoryAndNamesTheErrno) {
+  // Two ranks write about 270 KB each: on a 400 KiB disk the second file does not fit.
+  SmallDisk disk("ckpt_full_disk", "400k");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << std::strerror(errno);
+  const std::string dir = (disk.dir / "run").string();
+  auto res = run_process(with(tiny_args(dir, 2, 4), {"--set", "train.checkpoint_every=2"}), {}, milliseconds(60000));
+  EXPECT_NE(res.exit_code(), 0) << res.output;
+  EXPECT_TRUE(contains(res.output, "checkpoint of step 2 failed")) << res.output;
+  EXPECT_TRUE(contains(res.output, std::strerror(ENOSPC))) << res.output;
+  EXPECT_TRUE(contains(res.output, ".safetensors")) << res.output;
+  EXPECT_TRUE(leftovers(dir).empty()) << leftovers(dir).front();
+  EXPECT_FALSE(crosstrain::checkpoint::latest_checkpoint(dir).has_value());
+}
+
+TEST(Checkpoints, AFullDiskWhileWritingTheManifestLeavesNoPartialDirectory) {
+  SmallDisk disk("ckpt_full_manifest", "256k");
+  if (!disk.mounted) GTEST_SKIP() << "cannot mount a tmpfs here (needs root): " << std::strerror(errno);
+  const std::string run = (disk.dir / "run").string();
+  crosstrain::checkpoint::Piece p;
+  p.tensor = p.param = "w";
+  p.global_shape = p.shard_shape = {1000};
+  p.data = at::arange(1000, at::kFloat);
+  auto records = crosstrain::checkpoint::write_pieces(crosstrain::checkpoint::temp_checkpoint_dir(run, 7), 0, {p});
+  {
+    // Fill the disk to the last byte: the shard is written, the manifest cannot be.
+    std::ofstream filler(disk.dir / "filler", std::ios::binary);
+    const std::string block(4096, 'x');
+    while (filler.write(block.data(), block.size())) {
+    }
+  }
+  std::string what;
+  try {
+    crosstrain::checkpoint::commit_checkpoint(run, 7, records, {{"step", 7}}, 0);
+  } catch (const std::exception& e) {
+    what = e.what();
+  }
+  EXPECT_TRUE(contains(what, "manifest.json")) << what;
+  EXPECT_TRUE(contains(what, std::strerror(ENOSPC))) << what;
+  EXPECT_FALSE(fs::exists(crosstrain::checkpoint::temp_checkpoint_dir(run, 7)));
+  EXPECT_FALSE(fs::exists(crosstrain::checkpoint::final_checkpoint_dir(run, 7)));
+}
+
+TEST(Checkpoints, CtrlCStopsEveryRankBetweenStepsAndSaysHowToResume) {
+  auto dir = fresh_dir("ckpt_sigint");
+  // Saves take an extra second after their files are written: the interrupt lands in the middle of one.
+  auto args = with(tiny_args(dir, 2, 2000), {"--set", "train.checkpoint_every=5"});
+  Process job(args, {{"CROSSTRAIN_FAULT_SAVE_DELAY_MS", "1000"}});
+  const auto tmp = fs::path(dir) / "checkpoints" / "step_00000010.tmp";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!fs::exists(tmp / "rank-00001.safetensors") && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(fs::exists(tmp)) << "the step-10 save never started";
+  job.signal(SIGINT);
+  auto res = job.wait(milliseconds(60000));
+  EXPECT_FALSE(res.timed_out);
+  EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
+  // Stopped within two steps of the signal, which came during step 10's save.
+  EXPECT_TRUE(std::regex_search(res.output, std::regex("interrupted after step 1[0-2] of 2000"))) << res.output;
+  EXPECT_TRUE(contains(res.output, "The newest checkpoint is " + dir + "/checkpoints/step_00000010")) << res.output;
+  EXPECT_TRUE(contains(res.output, "--resume")) << res.output;
+  EXPECT_FALSE(contains(res.output, "Traceback")) << res.output;
+  // The save under way was finished, nothing else was started, nothing is half-written.
+  EXPECT_TRUE(leftovers(dir).empty()) << leftovers(dir).front();
+  EXPECT_EQ(step_dirs(dir), (std::vector<std::string>{"step_00000005", "step_00000010"}));
+  auto info = run_process({kBin, "ckpt", "info", dir, "--verify"}, {}, milliseconds(60000));
+  EXPECT_EQ(info.exit_code(), 0) << info.output;
+  auto resumed = run_process(with(args, {"--resume", "--set", "train.steps=12"}), {}, milliseconds(60000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/checkpoints/step_00000010")) << resumed.output;
 }

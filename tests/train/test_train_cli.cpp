@@ -144,3 +144,48 @@ TEST(TrainCli, BadInputGetsOneClearLine) {
   EXPECT_NE(res.exit_code(), 0) << res.output;
   EXPECT_TRUE(contains(res.output, "truncated")) << res.output;
 }
+
+TEST(TrainCli, BadValuesAndResumingPastTheEndAreRefusedBeforeAnyRankStarts) {
+  auto dir = fresh_dir("bad_values");
+  auto refused = [&](std::vector<std::string> extra, const std::string& expect) {
+    auto args = tiny_args(dir, 2, 4);
+    args.insert(args.end(), extra.begin(), extra.end());
+    auto res = run_process(args, {}, milliseconds(60000));
+    EXPECT_EQ(res.exit_code(), 2) << res.output;
+    EXPECT_TRUE(contains(res.output, expect)) << "expected '" << expect << "' in:\n" << res.output;
+    // One line from the launching process: no rank was started to repeat it.
+    EXPECT_EQ(std::count(res.output.begin(), res.output.end(), '\n'), 1) << res.output;
+    EXPECT_FALSE(contains(res.output, "[rank")) << res.output;
+  };
+  refused({"--set", "train.lr=inf"}, "train.lr");
+  refused({"--set", "train.warmup_steps=-1"}, "train.warmup_steps = -1");
+  refused({"--set", "train.grad_clip=-1"}, "train.grad_clip = -1");
+  refused({"--set", "train.checkpoint_every=-1"}, "train.checkpoint_every = -1");
+  refused({"--set", "comm.timeout_s=0"}, "comm.timeout_s = 0");
+  refused({"--set", "train.global_batch=0"}, "train.global_batch = 0");
+  refused({"--set", "data.path=/dev/zero"}, "data.path '/dev/zero' is not a regular file or a folder");
+
+  // Resuming a 4-step run with train.steps = 2 would train -2 steps: refused, and nothing changes.
+  auto ok = run_process(tiny_args(dir, 2, 4), {}, milliseconds(60000));
+  ASSERT_EQ(ok.exit_code(), 0) << ok.output;
+  refused({"--resume", "--set", "train.steps=2"}, "is at step 4 but train.steps = 2; set train.steps to 4 or more");
+  EXPECT_EQ(read_metrics(dir).size(), 4u);
+}
+
+TEST(TrainCli, TextThatLooksBinaryIsTrainedOnWithAWarning) {
+  auto dir = fresh_dir("binary_text");
+  const auto data = fs::path(::testing::TempDir()) / "looks_binary.txt";
+  {
+    std::ofstream out(data, std::ios::binary);
+    uint64_t x = 88172645463325252ULL;
+    for (int i = 0; i < 20000; ++i) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      out.put(static_cast<char>(x & 0xFF));
+    }
+  }
+  auto args = tiny_args(dir, 1, 2);
+  args.insert(args.end(), {"--set", "data.path=" + data.string()});
+  auto res = run_process(args, {}, milliseconds(60000));
+  EXPECT_EQ(res.exit_code(), 0) << res.output;
+  EXPECT_TRUE(contains(res.output, "warning: data '" + data.string() + "' does not look like text")) << res.output;
+}

@@ -61,12 +61,17 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
 
 // Phase 2, on one rank once every rank's file is on disk: writes manifest.json with the records and `info`,
 // removes files of earlier attempts, syncs, renames the directory; then deletes all but the newest
-// `keep_last` checkpoints (0 keeps all). Returns the final directory.
+// `keep_last` checkpoints (0 keeps all). Returns the final directory. A failure before the rename (a full
+// disk) removes the temporary directory and throws Error naming the file and the errno.
 std::string commit_checkpoint(const std::string& run_dir, int64_t step, const std::vector<PieceRecord>& records,
                               const nlohmann::json& info, int keep_last);
 
 // The newest complete checkpoint of a run (a step_N directory with a manifest), if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);
+// For an error about the broken checkpoint `broken` of `run_dir`: the newest older checkpoint that verifies
+// (sizes and checksums), and the commands that make --resume take it, moving rather than deleting; or that
+// none is left.
+std::string intact_checkpoint_hint(const std::string& run_dir, const std::string& broken);
 // A checkpoint directory given directly, or a run directory: its newest checkpoint. Throws UsageError.
 std::string resolve_checkpoint(const std::string& path);
 
@@ -87,6 +92,11 @@ class CheckpointReader {
   std::string describe(const std::string& tensor) const;
   std::vector<std::string> files() const;
   int64_t stored_bytes() const;
+  // Checks the files against the manifest without loading the model: every file opens and is as long as its
+  // header says, and holds every listed piece with its recorded size; with `checksums`, every piece is also
+  // read and compared with its checksum (reads the whole checkpoint). Throws UsageError naming the file.
+  // Returns the number of pieces checked.
+  int64_t verify(bool checksums);
   // The whole tensor, rebuilt from its pieces (only the files holding them are read).
   at::Tensor read_full(const std::string& tensor, const SplitFn& split);
 

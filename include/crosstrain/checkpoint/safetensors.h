@@ -33,6 +33,8 @@ class SafetensorsReader {
   std::vector<std::string> names() const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
+  // Elements of a tensor, from the header (the constructor checked that its bytes lie inside the file).
+  int64_t numel(const std::string& name) const;
   at::Tensor read(const std::string& name);
 
  private:

@@ -4,6 +4,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +33,7 @@ struct TrainResult {
   std::map<std::string, at::Tensor> shards;     // this rank's parameters by plain name, after the last step
   std::map<std::string, at::Tensor> gradients;  // their gradients in the last step (after clipping)
   std::string sample;              // generated text (rank 0, when sample_tokens > 0)
+  int64_t stopped_after = -1;      // stop_requested ended the run early after this step (-1: it ran to the end)
 };
 
 struct TrainOptions {
@@ -39,11 +41,17 @@ struct TrainOptions {
   bool progress_bar = false;       // redraw one line (a terminal); otherwise plain lines every log_every
   bool quiet = false;              // no progress output at all (tests)
   bool keep_parameters = false;    // fill TrainResult::parameters
+  // Polled at every step (sync.mode = "sync" only): once it returns true on any rank, all ranks stop together
+  // after the next whole step, committing a pending asynchronous checkpoint and starting no new one.
+  std::function<bool()> stop_requested;
 };
 
 // Checks a config for a job of `world` ranks without building anything (layout, batch divisibility, model
 // shape, the data path exists). Throws UsageError with one clear line. The Trainer runs it too.
 void check_config(const Config& config, int world);
+// --resume from `checkpoint`, saved after `checkpoint_step`, with train.steps = `steps`: a checkpoint past the
+// end of the run is refused (UsageError) rather than training a negative number of steps.
+void check_resume_step(const std::string& checkpoint, int64_t checkpoint_step, int64_t steps);
 
 class Trainer {
  public:

@@ -1,5 +1,6 @@
 #include "crosstrain/comm/rendezvous.h"
 
+#include <algorithm>
 #include <system_error>
 
 #include "crosstrain/comm/local_store.h"
@@ -44,6 +45,8 @@ std::shared_ptr<Rendezvous> Rendezvous::host(const std::string& host, int port, 
   options.host = host;
   options.port = port;
   options.world_size = world_size;
+  // One connection per rank, with room for probes: a large job must never be turned away.
+  options.max_connections = std::max<size_t>(options.max_connections, 2 * static_cast<size_t>(world_size) + 64);
   auto impl = std::make_unique<Impl>();
   try {
     impl->server = std::make_unique<store::StoreServer>(options);

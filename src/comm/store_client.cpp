@@ -30,7 +30,12 @@ const char* io_problem(Io io) {
 
 StoreClient::StoreClient(std::string host, int port, Hello hello, Millis timeout)
     : c10d::Store(timeout), address_(endpoint(host, port)), hello_(std::move(hello)) {
-  connect_and_greet(host, port);
+  try {
+    connect_and_greet(host, port);
+  } catch (...) {
+    if (fd_ >= 0) close(fd_);  // the destructor does not run for a constructor that throws
+    throw;
+  }
 }
 
 StoreClient::~StoreClient() {
@@ -49,17 +54,23 @@ Millis StoreClient::effective(Millis timeout) const { return timeout == kNoTimeo
 
 void StoreClient::connect_and_greet(const std::string& host, int port) {
   const auto deadline = Clock::now() + timeout_;
-  std::string error;
-  // Under mpirun/srun rank 0 may not be listening yet: retry, backing off, until the timeout.
+  // Under mpirun/srun rank 0 may not be listening yet, and a store at its connection limit hangs up at once:
+  // retry, backing off, until the timeout.
   for (Millis pause{50};; pause = std::min(pause * 2, Millis(1000))) {
-    fd_ = connect_to(host, port, deadline, error);
-    if (fd_ >= 0) break;
+    const std::string problem = greet(host, port, deadline);
+    if (problem.empty()) return;
     const auto left = std::chrono::duration_cast<Millis>(deadline - Clock::now());
-    if (left <= Millis(0))
-      fail("connect", "cannot reach it (" + error + "); check MASTER_ADDR/MASTER_PORT and that rank 0 or the " +
-                          "launcher of node 0 is running", true);
+    if (left <= Millis(0)) fail("connect", problem, true);
     std::this_thread::sleep_for(std::min(pause, left));
   }
+}
+
+std::string StoreClient::greet(const std::string& host, int port, Clock::time_point deadline) {
+  std::string error;
+  fd_ = connect_to(host, port, deadline, error);
+  if (fd_ < 0)
+    return "cannot reach it (" + error + "); check MASTER_ADDR/MASTER_PORT and that rank 0 or the launcher of " +
+           "node 0 is running";
   Patience p;
   p.at = deadline;
   std::vector<uint8_t> out = encode_preamble();
@@ -68,9 +79,14 @@ void StoreClient::connect_and_greet(const std::string& host, int port) {
   Io io = write_all(fd_, out.data(), out.size(), p);
   uint8_t prefix[kLengthBytes];
   if (io == Io::Done) io = read_exact(fd_, prefix, sizeof prefix, p);
-  if (io != Io::Done)
-    fail("handshake", std::string(io_problem(io)) + " (is that address a crosstrain rendezvous store of the same " +
-                          "version, and not another program?)", io == Io::TimedOut);
+  const std::string not_ours = " during the handshake (is that address a crosstrain rendezvous store of the same "
+                               "version, and not another program?)";
+  if (io == Io::TimedOut) fail("handshake", "no reply within the timeout" + not_ours, true);
+  if (io != Io::Done) {
+    close(fd_);
+    fd_ = -1;
+    return std::string(io_problem(io)) + not_ours;
+  }
   Message reply;
   try {
     const uint32_t size = parse_length(prefix, kMaxFrameBytes);
@@ -84,6 +100,7 @@ void StoreClient::connect_and_greet(const std::string& host, int port) {
   if (reply.code == Code::Refused)
     fail("joining", "refused: " + (reply.fields.empty() ? std::string("no reason given") : reply.fields[0]));
   if (reply.code != Code::Ok) fail("handshake", "unexpected reply");
+  return "";
 }
 
 Message StoreClient::call(const std::string& what, const Message& request, Millis reply_within) {

@@ -40,6 +40,8 @@ class StoreClient : public c10d::Store {
 
  private:
   void connect_and_greet(const std::string& host, int port);
+  // One attempt: "" once admitted, else why it should be retried; throws CommError when retrying cannot help.
+  std::string greet(const std::string& host, int port, std::chrono::steady_clock::time_point deadline);
   // Sends `request` and returns the reply (Ok or TimedOut); throws CommError on anything else.
   Message call(const std::string& what, const Message& request, std::chrono::milliseconds reply_within);
   [[noreturn]] void fail(const std::string& what, const std::string& cause, bool timed_out = false) const;

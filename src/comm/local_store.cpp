@@ -21,7 +21,7 @@ void LocalStore::fail(const std::string& what, const std::string& cause, bool ti
   CommContext c;
   c.rank = rank_;
   c.op = "rendezvous";
-  c.timeout = timeout_;
+  if (timed_out) c.timeout = timeout_;  // a refusal is not a timeout: no "(timeout N s)" after it
   throw CommError(c, what + " on the store at " + address_ + " (hosted here): " + cause, timed_out);
 }
 

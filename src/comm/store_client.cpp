@@ -46,7 +46,7 @@ void StoreClient::fail(const std::string& what, const std::string& cause, bool t
   CommContext c;
   c.rank = hello_.rank;
   c.op = "rendezvous";
-  c.timeout = timeout_;
+  if (timed_out) c.timeout = timeout_;  // a refusal is not a timeout: no "(timeout N s)" after it
   throw CommError(c, what + " on the store at " + address_ + ": " + cause, timed_out);
 }
 

@@ -96,6 +96,7 @@ TEST(StoreProcesses, SecondJobOnTheSamePortGetsOneClearLine) {
                            ": refused: this store belongs to a job of 2 ranks, but rank 2 was started with WORLD_SIZE=4";
   EXPECT_TRUE(contains(second.output, line)) << second.output;
   EXPECT_FALSE(contains(second.output, "INTERNAL ASSERT")) << second.output;
+  EXPECT_FALSE(contains(second.output, "--nnodes?) (timeout")) << "a refusal is not a timeout:\n" << second.output;
   EXPECT_FALSE(contains(second.output, "address")  && contains(second.output, "size")) << second.output;
 }
 

@@ -235,7 +235,7 @@ std::string CheckpointWriter::commit() {
   at::Tensor flag = at::full({1}, failed, at::kInt);
   world_.all_reduce(flag, comm::ReduceOp::Max)->wait();
   const std::string step = "checkpoint of step " + std::to_string(step_);
-  const std::string kept = "; its partial files were removed and the previous checkpoint is kept";
+  const std::string kept = "; its partial files were removed and any earlier checkpoint is kept";
   if (flag.item<int>() != 0) {
     // Every rank's writer has finished (the exchange above waits for them): the partial directory goes, so
     // a full disk is not left fuller.
@@ -267,7 +267,7 @@ std::string CheckpointWriter::commit() {
   at::Tensor committed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
   world_.all_reduce(committed, comm::ReduceOp::Max)
       ->wait(comm::Millis(static_cast<int64_t>(std::max(600.0, timeout_s_) * 1000)));
-  if (!failure.empty()) throw Error(step + " failed: " + failure + "; the previous checkpoint is kept");
+  if (!failure.empty()) throw Error(step + " failed: " + failure + "; any earlier checkpoint is kept");
   if (committed.item<int>() != 0) throw Error(step + " failed on rank 0" + kept);
   return world_.rank() == 0 ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);
 }

@@ -73,6 +73,11 @@ class GlooCommunicator : public Communicator {
     options->threads = 1;
     try {
       pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, options);
+    } catch (const CommError& e) {
+      // The store's own error already names the address, the key and the cause: pass its cause on once.
+      CommContext c = context("init");
+      if (e.timed_out()) c.timeout = timeout;
+      throw CommError(c, e.cause(), e.timed_out());
     } catch (const std::exception& e) {
       CommContext c = context("init");
       c.timeout = timeout;

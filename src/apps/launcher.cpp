@@ -260,6 +260,7 @@ int launch(const LaunchOptions& o) {
   int result = 0;
   bool stopping = false;
   bool killed = false;
+  bool interrupted = false;  // a SIGINT or SIGTERM was forwarded
   Clock::time_point kill_at{};
   Clock::time_point all_exited_at{};
   bool all_exited = false;
@@ -281,12 +282,21 @@ int launch(const LaunchOptions& o) {
     if (fds[0].revents & POLLIN) {
       unsigned char sig = 0;
       while (read(g_signal_pipe[0], &sig, 1) == 1) {
+        if (interrupted && !killed) {
+          // A second Ctrl-C: the person does not want to wait for the ranks to finish their step.
+          std::cerr << "crosstrain run: got " << strsignal(sig) << " again, killing every rank" << std::endl;
+          signal_all(ranks, SIGKILL);
+          killed = true;
+          continue;
+        }
         std::cerr << "crosstrain run: got " << strsignal(sig) << ", forwarding it to every rank" << std::endl;
         signal_all(ranks, sig);
+        interrupted = true;
         if (!stopping) {
           stopping = true;
           result = 128 + sig;
-          kill_at = Clock::now() + o.stop_grace;
+          // Ranks that handle the signal finish their step (and a checkpoint being written): give them time.
+          kill_at = Clock::now() + std::max(o.stop_grace, o.signal_grace);
         }
       }
     }

@@ -19,6 +19,7 @@ struct LaunchOptions {
   int master_port = 0;                 // 0: a free port (single node only); 29500 when several nodes
   std::vector<std::string> command;    // program and arguments run once per rank
   std::chrono::milliseconds stop_grace{3000};   // SIGTERM, then SIGKILL after this long
+  std::chrono::milliseconds signal_grace{30000};  // after a forwarded SIGINT/SIGTERM (a second one kills at once)
   std::chrono::milliseconds timeout{30000};     // rendezvous store
   std::map<std::string, std::string> extra_env;
   bool prefix_output = true;           // "[rank N] " before each line

@@ -66,8 +66,11 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   if (launching) {
     // Ranks write into pipes; tell rank 0 whether a person is watching.
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);
+    // At the least, each rank holds its share of the model state (fp32 weights, gradients and two Adam moments:
+    // 16 bytes a parameter) even when every layout shards it as far as it goes.
+    const int64_t state_per_rank = 16 * config.model.parameter_count() / cmd.nproc;
     return launch_self(cmd.nproc, relaunch_args,
-                       std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeout_s * 1000)));
+                       std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeout_s * 1000)), state_per_rank);
   }
   comm::CommConfig comm_config;
   comm_config.backend = config.comm.backend;

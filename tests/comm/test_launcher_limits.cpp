@@ -142,6 +142,36 @@ TEST(LauncherLimits, NprocBeyondTheMachineIsRefusedWithTheFigures) {
   EXPECT_EQ(bench.exit_code(), 2) << bench.output;
   EXPECT_TRUE(contains(bench.output, "of memory")) << bench.output;
   EXPECT_TRUE(contains(bench.output, "MiB per rank")) << bench.output;
+  // A training rank also holds its share of the model state: 400 layers of width 4096 (80 billion parameters,
+  // 1.2 TB of fp32 state) cannot fit 2 ranks here, whatever the layout. Refused before any rank or file exists.
+  const std::string dir = ::testing::TempDir() + "/too-big-to-train";
+  const ProcessResult train = run_process({kBin, "train", CT_SOURCE_DIR "/recipes/gpt-tiny.toml", "--nproc", "2",
+                                           "--set", "model.n_layer=400", "--set", "model.n_embd=4096", "--set",
+                                           "model.n_head=32", "--set", "run.dir=" + dir},
+                                          {}, milliseconds(20000));
+  EXPECT_EQ(train.exit_code(), 2) << train.output;
+  EXPECT_TRUE(contains(train.output, "--nproc 2 needs at least")) << train.output;
+  EXPECT_FALSE(std::filesystem::exists(dir));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(LauncherLimits, SecondInterruptKillsRanksThatIgnoreTheFirst) {
+  // Ranks that ignore SIGINT: the first Ctrl-C leaves them the signal grace (30 s) to finish; the second ends them.
+  Process launcher({kBin, "run", "--nproc", "2", "--", "sh", "-c", "trap '' INT; echo ready; sleep 100"});
+  ASSERT_TRUE(launcher.wait_for_output("[rank 1] ready", milliseconds(20000)));
+  ASSERT_TRUE(launcher.wait_for_output("[rank 0] ready", milliseconds(20000)));
+  launcher.signal(SIGINT);
+  ASSERT_TRUE(launcher.wait_for_output("forwarding it to every rank", milliseconds(5000)));
+  const auto second = std::chrono::steady_clock::now();
+  launcher.signal(SIGINT);
+  const ProcessResult res = launcher.wait(milliseconds(20000));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - second).count();
+  EXPECT_LT(seconds, 3.0) << res.output;
+  EXPECT_TRUE(contains(res.output, "killing every rank")) << res.output;
+  EXPECT_EQ(res.exit_code(), 130) << res.output;
 }
 
 }  // namespace

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <vector>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -33,14 +35,49 @@ int64_t mem_available() {
   return -1;
 }
 
-// Headroom of this process's memory cgroup (v2 or v1), -1 when unlimited or unknown.
+// The folders of this process's cgroup for `controller`, from its own up to the root: cgroup v1's hierarchy of
+// that controller if it has one, else the unified (v2) one. Every level's limit applies.
+std::vector<std::filesystem::path> cgroup_chain(const std::string& controller) {
+  std::ifstream in("/proc/self/cgroup");
+  std::string v1_path, v2_path;
+  for (std::string line; std::getline(in, line);) {  // "ID:controller,controller:/path"
+    const auto a = line.find(':'), b = line.find(':', a + 1);
+    if (a == std::string::npos || b == std::string::npos) continue;
+    const std::string controllers = "," + line.substr(a + 1, b - a - 1) + ",";
+    if (controllers.find("," + controller + ",") != std::string::npos) v1_path = line.substr(b + 1);
+    if (line.compare(0, a, "0") == 0 && b == a + 1) v2_path = line.substr(b + 1);
+  }
+  std::filesystem::path base = "/sys/fs/cgroup/" + controller;
+  std::string path = v1_path;
+  if (v1_path.empty()) {
+    path = v2_path;
+    base = std::filesystem::exists("/sys/fs/cgroup/unified/cgroup.controllers") ? "/sys/fs/cgroup/unified"
+                                                                               : "/sys/fs/cgroup";
+  }
+  std::vector<std::filesystem::path> chain;
+  if (path.empty()) return chain;
+  for (std::filesystem::path p = path;; p = p.parent_path()) {
+    chain.push_back(base / p.relative_path());
+    if (!p.has_relative_path()) break;
+  }
+  return chain;
+}
+
+// The least room left at any level of the chain (limit minus usage); -1 when no level sets a limit.
+int64_t cgroup_room(const std::string& controller, const char* limit_file, const char* usage_file) {
+  int64_t room = -1;
+  for (const auto& dir : cgroup_chain(controller)) {
+    const int64_t limit = read_number((dir / limit_file).c_str()), used = read_number((dir / usage_file).c_str());
+    if (limit <= 0 || limit >= (int64_t{1} << 60) || used < 0) continue;  // "max", or v1's "unlimited"
+    const int64_t left = std::max<int64_t>(0, limit - used);
+    if (room < 0 || left < room) room = left;
+  }
+  return room;
+}
+
 int64_t cgroup_memory_room() {
-  const int64_t v2_max = read_number("/sys/fs/cgroup/memory.max"), v2_used = read_number("/sys/fs/cgroup/memory.current");
-  if (v2_max > 0 && v2_used >= 0) return std::max<int64_t>(0, v2_max - v2_used);
-  const int64_t v1_max = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes");
-  const int64_t v1_used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes");
-  if (v1_max > 0 && v1_max < (int64_t{1} << 60) && v1_used >= 0) return std::max<int64_t>(0, v1_max - v1_used);
-  return -1;
+  const int64_t v1 = cgroup_room("memory", "memory.limit_in_bytes", "memory.usage_in_bytes");
+  return v1 >= 0 ? v1 : cgroup_room("memory", "memory.max", "memory.current");
 }
 
 // Tasks (threads) of the whole machine, and of the processes whose real uid is `uid`.
@@ -94,6 +131,12 @@ MachineRoom read_machine_room() {
     room.free_tasks = std::max<int64_t>(0, system - all);
     room.task_limit = "the system's process limit (kernel.threads-max, kernel.pid_max)";
   }
+  // A pids cgroup (containers set one) limits root too.
+  const int64_t pids = cgroup_room("pids", "pids.max", "pids.current");
+  if (pids >= 0 && (room.free_tasks < 0 || pids < room.free_tasks)) {
+    room.free_tasks = pids;
+    room.task_limit = "the pids limit of this cgroup (a container's process limit)";
+  }
   // RLIMIT_NPROC counts this user's tasks; the kernel does not apply it to root.
   rlimit nproc{};
   if (getuid() != 0 && getrlimit(RLIMIT_NPROC, &nproc) == 0 && nproc.rlim_cur != RLIM_INFINITY) {
@@ -106,13 +149,19 @@ MachineRoom read_machine_room() {
   return room;
 }
 
-void check_ranks_fit(int nproc, const RankNeeds& needs, const MachineRoom& room) {
+void check_ranks_fit(int nproc, const RankNeeds& needs, const MachineRoom& room, int launcher_tasks) {
   const std::string n = std::to_string(nproc);
-  if (room.free_tasks >= 0 && static_cast<int64_t>(nproc) * needs.tasks > room.free_tasks)
-    throw UsageError("--nproc " + n + " needs at least " + std::to_string(int64_t{nproc} * needs.tasks) +
-                     " processes and threads (" + std::to_string(needs.tasks) + " per rank), but " +
-                     room.task_limit + " leaves room for " + std::to_string(room.free_tasks) +
-                     "; " + advice(room.free_tasks / needs.tasks, "end other processes or raise the limit"));
+  const int64_t tasks = int64_t{nproc} * needs.tasks + launcher_tasks;
+  if (room.free_tasks >= 0 && tasks > room.free_tasks) {
+    const std::string launcher =
+        launcher_tasks > 0 ? " with the launcher's rendezvous store threads, and " + std::to_string(launcher_tasks) +
+                                 " more for the launcher"
+                           : "";
+    throw UsageError("--nproc " + n + " needs at least " + std::to_string(tasks) + " processes and threads (" +
+                     std::to_string(needs.tasks) + " per rank" + launcher + "), but " + room.task_limit +
+                     " leaves room for " + std::to_string(room.free_tasks) + "; " +
+                     advice((room.free_tasks - launcher_tasks) / needs.tasks, "end other processes or raise the limit"));
+  }
   if (room.available_bytes >= 0 && static_cast<int64_t>(nproc) * needs.bytes > room.available_bytes)
     throw UsageError("--nproc " + n + " needs at least " + gib(int64_t{nproc} * needs.bytes) + " of memory (" +
                      mib(needs.bytes) + " per rank), but " + gib(room.available_bytes) +

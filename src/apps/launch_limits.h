@@ -21,8 +21,9 @@ struct MachineRoom {
 
 MachineRoom read_machine_room();
 
-// Throws UsageError naming the figures when `nproc` ranks of `needs` cannot fit `room`.
-void check_ranks_fit(int nproc, const RankNeeds& needs, const MachineRoom& room);
+// Throws UsageError naming the figures when `nproc` ranks of `needs`, and `launcher_tasks` threads the launcher
+// adds itself, cannot fit `room`.
+void check_ranks_fit(int nproc, const RankNeeds& needs, const MachineRoom& room, int launcher_tasks = 0);
 
 // A crosstrain rank: libtorch and its thread pools, before any model (measured: 270 MB and 8 threads for gpt-tiny).
 constexpr RankNeeds kCrosstrainRank{150LL << 20, 6};

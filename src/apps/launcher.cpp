@@ -207,11 +207,14 @@ int launch(const LaunchOptions& o) {
   if (o.nnodes > 1 && o.master_port == 0)
     throw UsageError("with several nodes every launcher needs the same --master HOST:PORT (port 0 is not allowed)");
 
-  check_ranks_fit(o.nproc, o.rank_needs, read_machine_room());
   if (o.nproc > kMaxWorld / o.nnodes)
     throw UsageError("--nproc " + std::to_string(o.nproc) + " x --nnodes " + std::to_string(o.nnodes) +
                      " is more ranks than crosstrain supports (" + std::to_string(kMaxWorld) + ")");
   const int world = o.nproc * o.nnodes;
+  // Node 0's store serves each rank of the job on a thread of its own (nnodes per local rank), plus one that accepts.
+  RankNeeds needs = o.rank_needs;
+  if (o.node_rank == 0) needs.tasks += o.nnodes;
+  check_ranks_fit(o.nproc, needs, read_machine_room(), o.node_rank == 0 ? 1 : 0);
   std::shared_ptr<comm::Rendezvous> store;
   int port = o.master_port;
   if (o.node_rank == 0) {

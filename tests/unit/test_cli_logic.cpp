@@ -94,6 +94,9 @@ TEST(RanksFit, RefusesWhatCannotFitWithTheFigures) {
     EXPECT_NE(std::string(e.what()).find("ulimit -u"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("use at most --nproc 12"), std::string::npos) << e.what();
   }
+  // The launcher's own store threads count too: 12 ranks (96 tasks) fit 100, not with 5 more.
+  EXPECT_NO_THROW(apps::check_ranks_fit(12, rank, room, 4));
+  EXPECT_THROW(apps::check_ranks_fit(12, rank, room, 5), UsageError);
   room.available_bytes = room.free_tasks = -1;  // unknown: nothing to refuse
   EXPECT_NO_THROW(apps::check_ranks_fit(1000, rank, room));
   room.available_bytes = 1LL << 20;  // not even one rank

@@ -2,27 +2,16 @@
 
 #include <stdexcept>
 
-#include "crosstrain/core/error.h"
+#include "store_common.h"
 
 namespace crosstrain::comm::store {
-
-namespace {
-
-std::string text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
-
-}  // namespace
 
 LocalStore::LocalStore(std::shared_ptr<StoreTable> table, std::string address, int rank,
                        std::chrono::milliseconds timeout)
     : c10d::Store(timeout), table_(std::move(table)), address_(std::move(address)), rank_(rank) {}
 
 void LocalStore::fail(const std::string& what, const std::string& cause, bool timed_out) const {
-  CommContext c;
-  c.rank = rank_;
-  c.op = "rendezvous";
-  if (timed_out) c.timeout = timeout_;  // a refusal is not a timeout: no "(timeout N s)" after it
-  throw CommError(c, what + " on the store at " + address_ + " (hosted here): " + cause, timed_out);
+  fail_store_op(rank_, timeout_, what, address_ + " (hosted here)", cause, timed_out);
 }
 
 void LocalStore::set(const std::string& key, const std::vector<uint8_t>& value) {

@@ -6,6 +6,7 @@
 #include "crosstrain/comm/local_store.h"
 #include "crosstrain/comm/store_client.h"
 #include "crosstrain/comm/store_server.h"
+#include "store_socket.h"
 
 namespace crosstrain::comm {
 
@@ -16,9 +17,7 @@ struct Rendezvous::Impl {
 
 namespace {
 
-std::string endpoint(const std::string& host, int port) {
-  return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
-}
+using store::endpoint;
 
 std::string hosting_problem(const std::system_error& e, const std::string& host, int port) {
   if (e.code() == std::errc::address_in_use)
@@ -45,6 +44,7 @@ std::shared_ptr<Rendezvous> Rendezvous::host(const std::string& host, int port, 
   options.host = host;
   options.port = port;
   options.world_size = world_size;
+  options.max_wait = timeout;  // no get or wait on the server outlasts the job's own timeout
   // One connection per rank, with room for probes: a large job must never be turned away.
   options.max_connections = std::max<size_t>(options.max_connections, 2 * static_cast<size_t>(world_size) + 64);
   auto impl = std::make_unique<Impl>();

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "crosstrain/core/error.h"
+#include "store_common.h"
 #include "store_socket.h"
 
 namespace crosstrain::comm::store {
@@ -14,9 +14,6 @@ namespace {
 
 // Time for a reply to travel once the server has finished waiting.
 constexpr Millis kReplyMargin{1000};
-
-std::string text(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
 const char* io_problem(Io io) {
   switch (io) {
@@ -43,11 +40,7 @@ StoreClient::~StoreClient() {
 }
 
 void StoreClient::fail(const std::string& what, const std::string& cause, bool timed_out) const {
-  CommContext c;
-  c.rank = hello_.rank;
-  c.op = "rendezvous";
-  if (timed_out) c.timeout = timeout_;  // a refusal is not a timeout: no "(timeout N s)" after it
-  throw CommError(c, what + " on the store at " + address_ + ": " + cause, timed_out);
+  fail_store_op(hello_.rank, timeout_, what, address_, cause, timed_out);
 }
 
 Millis StoreClient::effective(Millis timeout) const { return timeout == kNoTimeout ? timeout_ : timeout; }

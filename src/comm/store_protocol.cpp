@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 
 namespace crosstrain::comm::store {
 
@@ -27,6 +28,15 @@ size_t body_size(const Message& m) {
 
 std::string too_long(const char* what, size_t size, size_t limit) {
   return std::string(what) + " of " + std::to_string(size) + " bytes is over the limit of " + std::to_string(limit);
+}
+
+// A Hello's integer, range-checked before it narrows to int: a rank of 2^32 must not be admitted as rank 0.
+int parse_int_in(const std::string& text, const char* what, int lowest) {
+  const int64_t v = parse_int(text);
+  if (v < lowest || v > std::numeric_limits<int>::max())
+    throw ProtocolError(std::string("a hello's ") + what + " of " + text + " is outside " + std::to_string(lowest) +
+                        ".." + std::to_string(std::numeric_limits<int>::max()));
+  return static_cast<int>(v);
 }
 
 }  // namespace
@@ -142,9 +152,9 @@ Hello decode_hello(const Message& m) {
     const std::string& key = m.fields[i];
     const std::string& value = m.fields[i + 1];
     if (key == "rank") {
-      h.rank = static_cast<int>(parse_int(value));
+      h.rank = parse_int_in(value, "rank", -1);
     } else if (key == "world_size") {
-      h.world_size = static_cast<int>(parse_int(value));
+      h.world_size = parse_int_in(value, "world_size", 1);
       has_world = true;
     } else {
       h.extra[key] = value;

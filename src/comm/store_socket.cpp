@@ -15,6 +15,8 @@
 #include <memory>
 #include <system_error>
 
+#include "crosstrain/comm/store_address.h"
+
 namespace crosstrain::comm::store {
 
 namespace {
@@ -73,26 +75,75 @@ std::string local_address(int fd) {
   return endpoint(host, std::atoi(serv));
 }
 
-int listen_on(const std::string& host, int& port) {
+namespace {
+
+// The numeric addresses `host` resolves to, in resolution order (the empty name: the wildcard addresses).
+std::vector<std::string> numeric_addresses(const std::string& host, int port) {
   AddrList list = resolve(host, port, host.empty());
-  int last_errno = EADDRNOTAVAIL;
+  std::vector<std::string> out;
   for (addrinfo* a = list.get(); a; a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0) { last_errno = errno; continue; }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 512) == 0) {
-      sockaddr_storage ss{};
-      socklen_t len = sizeof ss;
-      getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
-      port = ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
-                                            : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
-      return fd;
-    }
-    last_errno = errno;
-    close(fd);
+    char name[NI_MAXHOST];
+    if (getnameinfo(a->ai_addr, a->ai_addrlen, name, sizeof name, nullptr, 0, NI_NUMERICHOST) == 0)
+      out.push_back(name);
   }
-  throw std::system_error(last_errno, std::generic_category(), "cannot listen on " + endpoint(host, port));
+  return out;
+}
+
+// A listening socket on numeric:port, or -1 with errno set.
+int listen_one(const std::string& numeric, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_PASSIVE;
+  addrinfo* a = nullptr;
+  if (getaddrinfo(numeric.c_str(), std::to_string(port).c_str(), &hints, &a) != 0) {
+    errno = EADDRNOTAVAIL;
+    return -1;
+  }
+  AddrList owned(a, &freeaddrinfo);
+  int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+  if (fd < 0) return -1;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  // Each address gets its own socket: "::" must not also claim IPv4, or binding "0.0.0.0" next would fail.
+  if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+  if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 512) == 0) return fd;
+  const int saved = errno;
+  close(fd);
+  errno = saved;
+  return -1;
+}
+
+int bound_port(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  return ntohs(ss.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+}
+
+}  // namespace
+
+Listeners listen_on(const std::string& host, int& port) {
+  ListenPlan plan = plan_listen(host, numeric_addresses(host, port));
+  Listeners out;
+  out.note = plan.note;
+  int last_errno = EADDRNOTAVAIL;
+  for (const auto& address : plan.addresses) {
+    int fd = listen_one(address, port);
+    if (fd < 0) {
+      last_errno = errno;
+      if (last_errno == EADDRINUSE) break;  // the port is taken: the caller says so, whatever else bound
+      continue;                             // e.g. a stale /etc/hosts entry that is not this machine's
+    }
+    if (port == 0) port = bound_port(fd);  // the other addresses get the same port
+    out.fds.push_back(fd);
+  }
+  if (last_errno == EADDRINUSE || out.fds.empty()) {
+    for (int fd : out.fds) close(fd);
+    throw std::system_error(last_errno, std::generic_category(), "cannot listen on " + endpoint(host, port));
+  }
+  return out;
 }
 
 int connect_to(const std::string& host, int port, Clock::time_point deadline, std::string& error) {

@@ -1,10 +1,11 @@
-// Socket plumbing of the rendezvous store: listen on one address, connect with a deadline, and reads/writes
+// Socket plumbing of the rendezvous store: listen on the addresses of a name, connect with a deadline, and reads/writes
 // that never wait longer than told. Internal to src/comm.
 #pragma once
 
 #include <chrono>
 #include <cstddef>
 #include <string>
+#include <vector>
 
 namespace crosstrain::comm::store {
 
@@ -19,9 +20,16 @@ struct Patience {
   Millis stall = Millis::max();
 };
 
-// Binds host:port (port 0: any free one) on exactly the addresses `host` resolves to, not on every interface.
-// Returns the listening socket; sets `port` to the port bound. Throws std::system_error (EADDRINUSE ...).
-int listen_on(const std::string& host, int& port);
+struct Listeners {
+  std::vector<int> fds;  // one listening socket per address
+  std::string note;      // plan_listen's log line, when it widened the addresses; else ""
+};
+// Binds host:port (port 0: any free one, the same on every address) on the addresses plan_listen chooses from
+// what `host` resolves to: every one of them, an IP literal exactly, and the wildcard for a machine name that
+// resolves only to loopback. Sets `port` to the port bound. Addresses that are not this machine's are skipped
+// while another binds; throws std::system_error when the port is taken on any of them (EADDRINUSE) or
+// nothing could be bound.
+Listeners listen_on(const std::string& host, int& port);
 // One connection attempt to every address of host:port in turn, each bounded by `deadline`.
 // Returns the socket, or -1 with `error` set.
 int connect_to(const std::string& host, int port, Clock::time_point deadline, std::string& error);

@@ -32,7 +32,12 @@ std::optional<std::string> StoreTable::get(const std::string& key) const {
 int64_t StoreTable::add(const std::string& key, int64_t delta) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = data_.find(key);
-  const int64_t sum = (it == data_.end() ? 0 : parse_int(it->second)) + delta;
+  const int64_t now = it == data_.end() ? 0 : parse_int(it->second);
+  int64_t sum = 0;
+  // Signed overflow is undefined behaviour, and a peer chooses the delta: refuse rather than wrap.
+  if (__builtin_add_overflow(now, delta, &sum))
+    throw std::overflow_error("adding " + std::to_string(delta) + " to key '" + key.substr(0, 200) + "' (now " +
+                              std::to_string(now) + ") would overflow a 64-bit integer; the key is unchanged");
   store(key, std::to_string(sum));
   return sum;
 }

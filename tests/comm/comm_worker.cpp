@@ -47,6 +47,9 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (mode == "die" || mode == "hang") {
+      // Tests wait for this line instead of guessing how long joining takes on a loaded machine.
+      std::printf("rank %d joined\n", c.rank());
+      std::fflush(stdout);
       at::Tensor t = at::ones({1 << 16});
       for (int step = 0; step < 1000; ++step) {
         c.set_step(step);

@@ -9,10 +9,13 @@
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "crosstrain/comm/store_protocol.h"
 
 namespace crosstrain::testing {
 
@@ -64,6 +67,43 @@ inline bool closed_by_peer(int fd, std::chrono::milliseconds deadline) {
     ssize_t n = recv(fd, buf, sizeof buf, 0);
     if (n <= 0) return true;
   }
+}
+
+// A raw connection admitted by the store as `rank` of `world` (its Ok reply read), or -1 when refused or closed.
+inline int raw_member(int port, int rank, int world) {
+  using namespace crosstrain::comm::store;
+  int fd = raw_connect("127.0.0.1", port);
+  if (fd < 0) return -1;
+  auto out = encode_preamble();
+  auto hello = encode_frame(encode_hello(Hello{rank, world, {}}));
+  out.insert(out.end(), hello.begin(), hello.end());
+  raw_send(fd, out);
+  uint8_t reply[5];
+  size_t got = 0;
+  while (got < sizeof reply) {
+    pollfd p{fd, POLLIN, 0};
+    ssize_t n = poll(&p, 1, 5000) > 0 ? recv(fd, reply + got, sizeof reply - got, 0) : 0;
+    if (n <= 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got < sizeof reply || reply[4] != static_cast<uint8_t>(Code::Ok)) {
+    close(fd);
+    return -1;
+  }
+  // The rest of the Ok reply (its fields) stays unread: the server does not wait for it to be read.
+  return fd;
+}
+
+// A little-endian u32, as the store's length prefixes are.
+inline std::vector<uint8_t> le32(uint32_t v) {
+  return {uint8_t(v), uint8_t(v >> 8), uint8_t(v >> 16), uint8_t(v >> 24)};
+}
+
+// Descriptors this process has open.
+inline size_t open_descriptors() {
+  size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) n += entry.exists() ? 1 : 0;
+  return n;
 }
 
 // Peak resident memory of a process in MiB (VmHWM), or -1.

@@ -91,7 +91,7 @@ TEST(StoreProcesses, SecondJobOnTheSamePortGetsOneClearLine) {
   stop(*first);
   EXPECT_FALSE(second.timed_out) << second.output;
   EXPECT_NE(second.exit_code(), 0) << second.output;
-  EXPECT_LT(second.seconds, 5.0) << second.output;
+  EXPECT_LT(second.seconds, 7.0) << second.output;  // at once: the launcher and a rank start, well under 10 s
   const std::string line = "[rank 2] rendezvous: joining on the store at 127.0.0.1:" + std::to_string(port) +
                            ": refused: this store belongs to a job of 2 ranks, but rank 2 was started with WORLD_SIZE=4";
   EXPECT_TRUE(contains(second.output, line)) << second.output;
@@ -104,7 +104,9 @@ TEST(StoreProcesses, StrangerGivesUpAtOnceOrWithinItsTimeout) {
   const int port = free_port();
   // A job of two real ranks that stay connected (rank 1 stops at step 5; rank 0 waits 30 s for it).
   auto job = start_job(port, 2, {kWorker, "hang"}, {{"CT_TIMEOUT_MS", "30000"}});
-  std::this_thread::sleep_for(milliseconds(3000));  // both ranks have joined
+  // Both ranks hold their connections once they have printed this (after init_world), however loaded the machine.
+  ASSERT_TRUE(job->wait_for_output("rank 0 joined", milliseconds(30000))) << "rank 0 never joined";
+  ASSERT_TRUE(job->wait_for_output("rank 1 joined", milliseconds(30000))) << "rank 1 never joined";
   const std::string at = "127.0.0.1:" + std::to_string(port);
   auto taken = run_process({kWorker, "env"}, rank_env(1, 2, port, 10000), milliseconds(30000));
   EXPECT_EQ(taken.exit_code(), 3) << taken.output;
@@ -129,8 +131,9 @@ TEST(StoreProcesses, StrangerGivesUpAtOnceOrWithinItsTimeout) {
   close(listener);
   EXPECT_EQ(mute.exit_code(), 3) << mute.output;
   EXPECT_TRUE(contains(mute.output, "127.0.0.1:" + std::to_string(mute_port))) << mute.output;
-  EXPECT_LT(mute.seconds, 3.0 * 1.5) << mute.output;
+  EXPECT_LT(mute.seconds, 3.0 + 5.0) << mute.output;  // its timeout, plus a libtorch start-up on a loaded machine
   std::cout << "stranger with a taken rank gave up after " << taken.seconds << " s, with another world size after "
             << other_world.seconds << " s, at a mute port (3 s timeout) after " << mute.seconds << " s\n";
-  for (const auto* r : {&taken, &other_world}) EXPECT_LT(r->seconds, 3.0) << r->output;
+  // Refused at once: one process start-up, well under the 10 s timeout they were given.
+  for (const auto* r : {&taken, &other_world}) EXPECT_LT(r->seconds, 6.0) << r->output;
 }

@@ -91,6 +91,20 @@ TEST(StoreProtocol, HelloKeepsUnknownKeysForLaterVersions) {
   EXPECT_THROW(decode_hello(Message{Code::Set, {"k", "v"}}), ProtocolError);
 }
 
+TEST(StoreProtocol, HelloIntegersAreRangeCheckedBeforeNarrowing) {
+  // 2^32 used to be truncated to int: admitted as rank 0.
+  EXPECT_THROW(decode_hello(Message{Code::Hello, {"rank", "4294967296", "world_size", "2"}}), ProtocolError);
+  EXPECT_THROW(decode_hello(Message{Code::Hello, {"rank", "-2", "world_size", "2"}}), ProtocolError);
+  EXPECT_THROW(decode_hello(Message{Code::Hello, {"rank", "0", "world_size", "4294967298"}}), ProtocolError);
+  EXPECT_THROW(decode_hello(Message{Code::Hello, {"rank", "0", "world_size", "0"}}), ProtocolError);
+  try {
+    decode_hello(Message{Code::Hello, {"rank", "4294967296", "world_size", "2"}});
+  } catch (const ProtocolError& e) {
+    EXPECT_NE(std::string(e.what()).find("rank of 4294967296 is outside -1.."), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(decode_hello(Message{Code::Hello, {"rank", "-1", "world_size", "2"}}).rank, -1);
+}
+
 TEST(StoreProtocol, AdmissionNamesWhatMismatched) {
   Hello h;
   h.rank = 2;

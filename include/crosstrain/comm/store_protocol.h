@@ -8,7 +8,9 @@
 // with a readable reason. The frame layout itself never changes, so any version can read a refusal.
 //
 // Every size is bounded before anything is allocated: a peer that announces a 1 GiB frame is dropped after
-// reading 4 bytes. Before its Hello is accepted a connection may send at most kMaxHelloBytes.
+// reading 4 bytes. Before its Hello is accepted a connection may send at most kMaxHelloBytes; a tool or probe
+// (rank -1) at most kMaxProbeFrameBytes per message, a rank kMaxFrameBytes. The server grows its buffer as
+// bytes arrive, so an announced size costs nothing until it is actually sent.
 #pragma once
 
 #include <cstddef>
@@ -28,6 +30,7 @@ constexpr size_t kMaxKeyBytes = 4 * 1024;
 constexpr size_t kMaxValueBytes = size_t{64} << 20;    // one value; Gloo's addresses are tens of bytes
 constexpr size_t kMaxFields = 1024;                    // keys of one wait or check
 constexpr size_t kMaxHelloBytes = 4 * 1024;            // all a stranger may send before it is admitted
+constexpr size_t kMaxProbeFrameBytes = 64 * 1024;      // one message of a tool or probe (rank -1)
 constexpr size_t kMaxFrameBytes = 2 * kMaxValueBytes + kMaxFields * (kMaxKeyBytes + 4) + 64;  // compareSet
 constexpr size_t kMaxStoreBytes = size_t{512} << 20;   // all keys and values of one store together
 

@@ -26,7 +26,7 @@ class StoreTable {
   void set(const std::string& key, std::string value);
   std::optional<std::string> get(const std::string& key) const;
   // Adds to the decimal integer stored at key (absent: 0) and returns the sum; throws ProtocolError when the
-  // value there is not an integer.
+  // value there is not an integer, std::overflow_error when the sum does not fit in 64 bits.
   int64_t add(const std::string& key, int64_t delta);
   // c10d's compareSet: stores `desired` when the current value equals `expected` (absent counts as equal to an
   // empty `expected`) and returns it; otherwise returns the current value (or `expected` when absent).

@@ -281,6 +281,10 @@ void check_ranges(const Config& c) {
   need(c.parallel.bucket_mb > 0, "parallel.bucket_mb", c.parallel.bucket_mb, "must be positive");
   need(c.comm.timeout_s > 0, "comm.timeout_s", c.comm.timeout_s,
        "must be positive: the seconds a collective may wait for a peer before the run fails");
+  // Waits are timeout_s * 1000 milliseconds in an int64 added to now(): a bound keeps that arithmetic defined,
+  // and a week is longer than any step should wait.
+  need(c.comm.timeout_s <= 604800, "comm.timeout_s", c.comm.timeout_s,
+       "must be at most 604800 (7 days): the seconds a collective may wait for a peer before the run fails");
 }
 
 Config parse_config(const std::string& text, const std::string& origin) {

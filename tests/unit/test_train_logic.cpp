@@ -168,6 +168,8 @@ TEST(Config, BadValuesAreRefusedAtLoadNamingTheKey) {
       {"comm.timeout_s=0", "comm.timeout_s = 0"},
       {"comm.timeout_s=-5", "comm.timeout_s = -5"},
       {"comm.timeout_s=nan", "comm.timeout_s"},
+      {"comm.timeout_s=1e20", "comm.timeout_s = 1e+20 must be at most 604800"},
+      {"comm.timeout_s=604801", "comm.timeout_s = 604801 must be at most 604800"},
       {"train.global_batch=0", "train.global_batch = 0"},
       {"train.global_batch=-8", "train.global_batch = -8"},
   };
@@ -185,7 +187,8 @@ TEST(Config, BadValuesAreRefusedAtLoadNamingTheKey) {
   EXPECT_NE(what.find("comm.timeout_s = -1 must be positive"), std::string::npos) << what;
   // Zero is a meaningful value where the comment says so.
   EXPECT_EQ(error_of([&] {
-              train::load_config(path, {"train.warmup_steps=0", "train.grad_clip=0", "train.checkpoint_every=0"});
+              train::load_config(path, {"train.warmup_steps=0", "train.grad_clip=0", "train.checkpoint_every=0",
+                                        "comm.timeout_s=604800"});
             }),
             "no error");
 }

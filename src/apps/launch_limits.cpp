@@ -12,6 +12,7 @@
 #include <string>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/machine.h"
 
 namespace crosstrain::apps {
 namespace {
@@ -21,18 +22,6 @@ int64_t read_number(const char* path) {
   int64_t value = -1;
   if (!(in >> value)) return -1;
   return value;
-}
-
-// "MemAvailable:   24196348 kB" -> bytes.
-int64_t mem_available() {
-  std::ifstream in("/proc/meminfo");
-  for (std::string key; in >> key;) {
-    int64_t kib = 0;
-    std::string unit;
-    in >> kib >> unit;
-    if (key == "MemAvailable:") return kib * 1024;
-  }
-  return -1;
 }
 
 // The folders of this process's cgroup for `controller`, from its own up to the root: cgroup v1's hierarchy of
@@ -116,7 +105,7 @@ std::string advice(int64_t fits, const char* otherwise) {
 
 MachineRoom read_machine_room() {
   MachineRoom room;
-  room.available_bytes = mem_available();
+  room.available_bytes = available_memory_bytes();
   const int64_t cgroup = cgroup_memory_room();
   if (cgroup >= 0 && (room.available_bytes < 0 || cgroup < room.available_bytes)) room.available_bytes = cgroup;
 

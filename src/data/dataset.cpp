@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/machine.h"
 
 namespace crosstrain::data {
 namespace fs = std::filesystem;
@@ -35,18 +36,6 @@ std::vector<fs::path> text_files(const fs::path& path) {
   }
   std::sort(files.begin(), files.end());
   return files;
-}
-
-// Bytes of memory the system can still hand out (MemAvailable), or 0 when it cannot be read.
-uint64_t available_memory() {
-  std::ifstream in("/proc/meminfo");
-  for (std::string key; in >> key;) {
-    uint64_t kib = 0;
-    in >> kib;
-    if (key == "MemAvailable:") return kib * 1024;
-    in.ignore(1 << 10, '\n');
-  }
-  return 0;
 }
 
 std::string gib(uint64_t bytes) {
@@ -171,8 +160,9 @@ void check_source(const DatasetConfig& config) {
   uint64_t total = 0;
   for (const auto& f : text_files(path)) total += fs::file_size(f, ec);
   // Text is held as one uint16 token per byte in every rank.
-  const uint64_t need = 2 * total, available = available_memory();
-  if (available > 0 && need > available)
+  const uint64_t need = 2 * total;
+  const int64_t available = available_memory_bytes();  // -1: unknown, and then not checked
+  if (available >= 0 && need > static_cast<uint64_t>(available))
     throw UsageError("data.path '" + config.path + "' holds " + gib(total) + " of text, which needs " + gib(need) +
                      " of memory per rank as byte tokens, but " + gib(available) + " are available; use a part of "
                      "it, or convert it to a uint16 .bin token file, which is mapped instead of read");

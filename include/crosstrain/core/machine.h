@@ -1,0 +1,12 @@
+// Facts about the machine this process runs on, read where the kernel publishes them.
+#pragma once
+
+#include <cstdint>
+
+namespace crosstrain {
+
+// Bytes of memory the system can still hand out without swapping (MemAvailable in /proc/meminfo), or -1
+// when that cannot be read (not Linux, an old kernel): callers then skip their memory checks.
+int64_t available_memory_bytes();
+
+}  // namespace crosstrain

@@ -28,6 +28,7 @@
 #include "crosstrain/parallel/zero.h"
 #include "crosstrain/train/checkpoint.h"
 #include "crosstrain/train/schedule.h"
+#include "crosstrain/train/stop_vote.h"
 #include "crosstrain/train/sync_strategy.h"
 
 namespace crosstrain::train {
@@ -430,29 +431,19 @@ TrainResult Trainer::run(const TrainOptions& options) {
   };
 
   TrainResult result;
-  // Stopping early (Ctrl-C). Each step every rank posts its flag and reads the maximum a step later: all ranks
-  // get the same answer at the same step, and the exchange has a whole step to finish, so it never holds one
-  // up. Other sync modes let ranks drift apart by design, where a per-step exchange would tie them together.
-  const bool stoppable = options.stop_requested && c.sync.mode == "sync";
-  at::Tensor stop_flag = at::zeros({1}, at::kInt);
-  comm::WorkPtr stop_exchange;
+  // Ctrl-C stops lockstep training between steps (see stop_vote.h for why only sync.mode = "sync").
+  StopVote stop_vote(world, c.sync.mode == "sync" ? options.stop_requested : nullptr);
   auto run_start = Clock::now();
   for (int64_t step = start_step; step <= c.train.steps; ++step) {
-    if (stoppable) {
-      if (stop_exchange) {
-        stop_exchange->wait();
-        if (stop_flag.item<int>() != 0) {
-          result.stopped_after = step - 1;
-          break;
-        }
-      }
-      stop_flag.fill_(options.stop_requested() ? 1 : 0);
-      stop_exchange = world.all_reduce(stop_flag, comm::ReduceOp::Max);
-    }
     // Errors of any collective name the step: the world and every mesh group know it.
     world.set_step(step);
     for (Axis axis : {Axis::DP, Axis::PP, Axis::TP})
       if (comm::Communicator* group = mesh.group(axis)) group->set_step(step);
+    if (stop_vote.agreed()) {
+      result.stopped_after = step - 1;
+      break;
+    }
+    stop_vote.post();
     const auto t0 = Clock::now();
     const double lr = learning_rate(step, c.train.warmup_steps, c.train.steps, c.train.lr, c.train.min_lr);
     if (adamw)
@@ -610,7 +601,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
       }
     }
   }
-  if (stop_exchange) stop_exchange->wait();  // it refers to the communicator; a flag raised now is too late
+  stop_vote.finish();
   if (result.stopped_after >= 0) {
     // Stopped between steps: an asynchronous save already written is committed; nothing new is started.
     if (checkpoints.pending()) {

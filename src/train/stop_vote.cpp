@@ -1,0 +1,27 @@
+#include "crosstrain/train/stop_vote.h"
+
+namespace crosstrain::train {
+
+StopVote::StopVote(comm::Communicator& world, std::function<bool()> requested)
+    : world_(world), requested_(std::move(requested)), flag_(at::zeros({1}, at::kInt)) {}
+
+bool StopVote::agreed() {
+  if (!exchange_) return false;
+  exchange_->wait();
+  exchange_.reset();
+  return flag_.item<int>() != 0;
+}
+
+void StopVote::post() {
+  if (!requested_) return;
+  finish();  // one vote in flight at a time: the buffer is shared
+  flag_.fill_(requested_() ? 1 : 0);
+  exchange_ = world_.all_reduce(flag_, comm::ReduceOp::Max);
+}
+
+void StopVote::finish() {
+  if (exchange_) exchange_->wait();
+  exchange_.reset();
+}
+
+}  // namespace crosstrain::train

@@ -79,6 +79,70 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
+// Fault injection for the tests. A slow disk: each rank's file and the removal of a failed save take this
+// much longer.
+void slow_storage_fault() {
+  if (const char* delay = std::getenv("CROSSTRAIN_FAULT_SAVE_DELAY_MS"))
+    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+}
+
+// A commit whose final rename fails (as on a full or read-only file system), which no test can cause for root.
+void rename_into_place(const fs::path& tmp, const fs::path& final_dir) {
+  if (std::getenv("CROSSTRAIN_FAULT_COMMIT_RENAME"))
+    throw fs::filesystem_error("cannot rename", tmp, final_dir, std::make_error_code(std::errc::io_error));
+  fs::rename(tmp, final_dir);
+}
+
+fs::path aside_of(const fs::path& final_dir) { return final_dir.string() + ".old"; }
+
+// A checkpoint of this step already there (a run resumed from before it) is renamed aside rather than deleted
+// before the new one takes its name, so that a failed rename can put it back. Returns whether there was one.
+bool set_aside(const fs::path& final_dir) {
+  if (!fs::exists(final_dir)) return false;
+  fs::remove_all(aside_of(final_dir));  // left by a save interrupted between two renames; final_dir is newer
+  fs::rename(final_dir, aside_of(final_dir));
+  return true;
+}
+
+// The rename of `tmp` to `final_dir` is the commit point: before it the checkpoint is invisible, after it
+// complete. When it fails, the earlier checkpoint goes back and the new one, complete, stays in `tmp` for the
+// user to rename by hand: a failed save never costs an existing checkpoint.
+void publish(const fs::path& tmp, const fs::path& final_dir, bool replacing) {
+  const fs::path aside = aside_of(final_dir);
+  try {
+    rename_into_place(tmp, final_dir);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    if (replacing) fs::rename(aside, final_dir, ec);
+    const std::string earlier = !replacing ? ""
+                                : ec       ? "the earlier checkpoint is in " + aside.string() + ", "
+                                           : "the earlier checkpoint is kept, ";
+    throw Error(std::string(e.what()) + "; " + earlier + "the new one is complete in " + tmp.string());
+  }
+  std::error_code ec;
+  fs::remove_all(aside, ec);  // the new checkpoint is in place; a failure here leaves only used space
+}
+
+// Deletes all but the newest `keep_last` complete checkpoints (0 keeps all).
+void prune(const fs::path& root, int keep_last) {
+  if (keep_last <= 0) return;
+  std::vector<fs::path> complete;
+  for (const auto& entry : fs::directory_iterator(root)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos)
+      complete.push_back(entry.path());
+  }
+  std::sort(complete.begin(), complete.end());
+  for (size_t i = 0; i + keep_last < complete.size(); ++i) fs::remove_all(complete[i]);
+}
+
+// 'a path' for a command the user will paste into a shell: spaces, $ and quotes stay literal.
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
 }  // namespace
 
 std::string checksum_of(const at::Tensor& t) {
@@ -138,6 +202,12 @@ std::string final_checkpoint_dir(const std::string& run_dir, int64_t step) {
   return (fs::path(run_dir) / "checkpoints" / step_dir_name(step)).string();
 }
 
+void discard_checkpoint_attempt(const std::string& run_dir, int64_t step) {
+  slow_storage_fault();
+  std::error_code ec;
+  fs::remove_all(temp_checkpoint_dir(run_dir, step), ec);
+}
+
 std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces) {
   std::vector<PieceRecord> records;
   if (pieces.empty()) return records;
@@ -167,9 +237,7 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
   const fs::path path = fs::path(tmp_dir) / file.str();
   write_safetensors(path.string(), tensors, metadata);
   fsync_path(path);
-  // Fault injection for the crash-during-save tests: a slow disk, with this rank's file already written.
-  if (const char* delay = std::getenv("CROSSTRAIN_FAULT_SAVE_DELAY_MS"))
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+  slow_storage_fault();  // for the crash-during-save tests: this rank's file is written, the save not done
   return records;
 }
 
@@ -189,29 +257,19 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step, const st
                              {"step", step},
                              {"info", info},
                              {"pieces", records_to_json(records)}};
+  bool replacing = false;
   try {
     write_synced(tmp / kManifest, manifest.dump(1) + "\n");
     fsync_path(tmp);
-    // The rename is the commit point: before it the checkpoint is invisible, after it complete.
-    fs::remove_all(final_dir);
-    fs::rename(tmp, final_dir);
+    replacing = set_aside(final_dir);
   } catch (const std::exception&) {
     // Uncommitted, the directory is no checkpoint, only used space (which may be what ran out).
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
+    discard_checkpoint_attempt(run_dir, step);
     throw;
   }
+  publish(tmp, final_dir, replacing);
   fsync_path(root);
-  if (keep_last > 0) {
-    std::vector<fs::path> complete;
-    for (const auto& entry : fs::directory_iterator(root)) {
-      const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos)
-        complete.push_back(entry.path());
-    }
-    std::sort(complete.begin(), complete.end());
-    for (size_t i = 0; i + keep_last < complete.size(); ++i) fs::remove_all(complete[i]);
-  }
+  prune(root, keep_last);
   return final_dir.string();
 }
 
@@ -233,23 +291,28 @@ std::string intact_checkpoint_hint(const std::string& run_dir, const std::string
   std::vector<std::string> older;  // complete checkpoints older than the broken one, newest first
   std::error_code ec;
   if (fs::is_directory(root, ec))
-    for (const auto& entry : fs::directory_iterator(root)) {
+    for (const auto& entry : fs::directory_iterator(root, ec)) {
       const std::string name = entry.path().filename().string();
-      if (entry.is_directory() && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
+      if (entry.is_directory(ec) && name.rfind("step_", 0) == 0 && name.find('.') == std::string::npos &&
           name < fs::path(broken).filename().string())
         older.push_back(entry.path().string());
     }
   std::sort(older.rbegin(), older.rend());
   // A name with a dot is not a checkpoint to latest_checkpoint: moving the broken ones aside keeps them.
-  std::string moves = "mv " + broken + " " + broken + ".broken";
+  auto move_aside = [](const std::string& dir) {
+    return "mv " + shell_quote(dir) + " " + shell_quote(dir + ".broken");
+  };
+  std::string moves = move_aside(broken);
   for (const auto& dir : older) {
     try {
       CheckpointReader reader(dir);
       reader.verify(true);
       return "the newest intact checkpoint is " + dir + " (step " + std::to_string(reader.step()) +
              "); to resume from it, move the broken one aside (" + moves + ") and run again with --resume";
-    } catch (const UsageError&) {
-      moves += "; mv " + dir + " " + dir + ".broken";
+    } catch (const std::exception&) {
+      // Whatever broke it (a bad manifest, an unreadable file, a tensor libtorch refuses), it is no place to
+      // resume from; the hint must not replace the error it explains.
+      moves += "; " + move_aside(dir);
     }
   }
   return "no intact checkpoint is left in " + root.string() + "; start afresh with another run.dir";

@@ -1,7 +1,6 @@
 #include "crosstrain/train/checkpoint.h"
 
 #include <algorithm>
-#include <filesystem>
 
 #include "crosstrain/core/error.h"
 
@@ -35,6 +34,12 @@ checkpoint::Piece piece(const std::string& tensor, const std::string& param, con
 }
 
 std::string key_of(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
+
+// While rank 0 renames or removes a checkpoint directory the others wait on it: slow storage can take longer
+// than a collective should, so these waits get at least ten minutes.
+comm::Millis storage_wait(double timeout_s) {
+  return comm::Millis(static_cast<int64_t>(std::max(600.0, timeout_s) * 1000));
+}
 
 }  // namespace
 
@@ -239,12 +244,9 @@ std::string CheckpointWriter::commit() {
   if (flag.item<int>() != 0) {
     // Every rank's writer has finished (the exchange above waits for them): the partial directory goes, so
     // a full disk is not left fuller.
-    if (world_.rank() == 0) {
-      std::error_code ec;
-      std::filesystem::remove_all(checkpoint::temp_checkpoint_dir(run_dir_, step_), ec);
-    }
+    if (world_.rank() == 0) checkpoint::discard_checkpoint_attempt(run_dir_, step_);
     // Nobody fails (and has the launcher stop the others) before the directory is gone.
-    world_.barrier()->wait();
+    world_.barrier()->wait(storage_wait(timeout_s_));
     if (error_) {
       try {
         std::rethrow_exception(error_);
@@ -265,8 +267,7 @@ std::string CheckpointWriter::commit() {
   }
   // Rank 0 tells everyone whether the commit held; nobody runs ahead of a checkpoint being committed.
   at::Tensor committed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
-  world_.all_reduce(committed, comm::ReduceOp::Max)
-      ->wait(comm::Millis(static_cast<int64_t>(std::max(600.0, timeout_s_) * 1000)));
+  world_.all_reduce(committed, comm::ReduceOp::Max)->wait(storage_wait(timeout_s_));
   if (!failure.empty()) throw Error(step + " failed: " + failure + "; any earlier checkpoint is kept");
   if (committed.item<int>() != 0) throw Error(step + " failed on rank 0" + kept);
   return world_.rank() == 0 ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);

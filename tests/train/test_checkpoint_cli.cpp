@@ -6,12 +6,15 @@
 #include <sys/mount.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <regex>
 #include <thread>
 
 #include "cli_fixture.h"
 #include "crosstrain/checkpoint/distributed.h"
+#include "crosstrain/comm/fake.h"
+#include "crosstrain/train/checkpoint.h"
 
 using namespace crosstrain::testing;
 namespace fs = std::filesystem;
@@ -282,8 +285,8 @@ TEST(Checkpoints, ABrokenNewestCheckpointNamesTheNewestIntactOneAndHowToResumeFr
   EXPECT_TRUE(contains(refused.output, "the newest intact checkpoint is " + (root / "step_00000001").string() +
                                            " (step 1)"))
       << refused.output;
-  const std::string mv3 = "mv " + (root / "step_00000003").string() + " " + (root / "step_00000003").string() + ".broken";
-  const std::string mv2 = "mv " + (root / "step_00000002").string() + " " + (root / "step_00000002").string() + ".broken";
+  const std::string mv3 = "mv '" + (root / "step_00000003").string() + "' '" + (root / "step_00000003").string() + ".broken'";
+  const std::string mv2 = "mv '" + (root / "step_00000002").string() + "' '" + (root / "step_00000002").string() + ".broken'";
   EXPECT_TRUE(contains(refused.output, mv3 + "; " + mv2)) << refused.output;
   EXPECT_EQ(read_metrics(dir).size(), 3u);  // nothing trained, nothing destroyed
   EXPECT_TRUE(fs::exists(root / "step_00000003"));
@@ -335,6 +338,119 @@ TEST(Checkpoints, AFullDiskWhileWritingTheManifestLeavesNoPartialDirectory) {
   EXPECT_TRUE(contains(what, std::strerror(ENOSPC))) << what;
   EXPECT_FALSE(fs::exists(crosstrain::checkpoint::temp_checkpoint_dir(run, 7)));
   EXPECT_FALSE(fs::exists(crosstrain::checkpoint::final_checkpoint_dir(run, 7)));
+}
+
+namespace {
+
+// Sets an environment variable for one scope (a fault to inject in this process).
+struct ScopedEnv {
+  std::string name;
+  ScopedEnv(const std::string& n, const std::string& value) : name(n) { ::setenv(n.c_str(), value.c_str(), 1); }
+  ~ScopedEnv() { ::unsetenv(name.c_str()); }
+};
+
+// A one-piece checkpoint of `step` whose info carries `tag`, written and committed by this process.
+std::string save_tagged(const std::string& run, int64_t step, const std::string& tag) {
+  crosstrain::checkpoint::Piece p;
+  p.tensor = p.param = "w";
+  p.global_shape = p.shard_shape = {16};
+  p.data = at::arange(16, at::kFloat);
+  auto records = crosstrain::checkpoint::write_pieces(crosstrain::checkpoint::temp_checkpoint_dir(run, step), 0, {p});
+  return crosstrain::checkpoint::commit_checkpoint(run, step, records, {{"tag", tag}}, 0);
+}
+
+}  // namespace
+
+TEST(Checkpoints, AFailedCommitRenameKeepsTheCheckpointOfThatStep) {
+  const std::string run = fresh_dir("ckpt_failed_rename");
+  const std::string final_dir = save_tagged(run, 7, "first");
+  std::string what = "no error";
+  {
+    ScopedEnv fault("CROSSTRAIN_FAULT_COMMIT_RENAME", "1");
+    try {
+      save_tagged(run, 7, "second");
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+  }
+  EXPECT_TRUE(contains(what, "the earlier checkpoint is kept")) << what;
+  // The step-7 checkpoint that was there is there still, whole; the new one waits complete in its .tmp.
+  crosstrain::checkpoint::CheckpointReader kept(final_dir);
+  EXPECT_EQ(kept.info().value("tag", ""), "first");
+  EXPECT_EQ(kept.verify(true), 1);
+  EXPECT_FALSE(fs::exists(final_dir + ".old"));
+  const std::string tmp = crosstrain::checkpoint::temp_checkpoint_dir(run, 7);
+  EXPECT_TRUE(contains(what, "the new one is complete in " + tmp)) << what;
+  EXPECT_EQ(crosstrain::checkpoint::CheckpointReader(tmp).info().value("tag", ""), "second");
+  // Without the fault the same save replaces it, and nothing is left beside it.
+  save_tagged(run, 7, "third");
+  EXPECT_EQ(crosstrain::checkpoint::CheckpointReader(final_dir).info().value("tag", ""), "third");
+  EXPECT_EQ(step_dirs(run), (std::vector<std::string>{"step_00000007"}));
+}
+
+TEST(Checkpoints, AFailedSaveOnSlowStorageEndsInItsErrorNotABarrierTimeout) {
+  const std::string run = fresh_dir("ckpt_slow_cleanup");
+  // Every rank's write fails (the temporary directory's name is taken by a file), and removing what is left
+  // takes 1.5 s: longer than the 0.3 s the collectives may wait.
+  const fs::path tmp = crosstrain::checkpoint::temp_checkpoint_dir(run, 3);
+  fs::create_directories(tmp.parent_path());
+  std::ofstream(tmp) << "in the way";
+  ScopedEnv slow("CROSSTRAIN_FAULT_SAVE_DELAY_MS", "1500");
+  std::vector<std::string> errors(2);
+  crosstrain::comm::FakeWorld::run(
+      2,
+      [&](crosstrain::comm::Communicator& world) {
+        crosstrain::train::CheckpointWriter writer(world, run, 0, false, 0.3);
+        crosstrain::checkpoint::Piece p;
+        p.tensor = p.param = "w" + std::to_string(world.rank());
+        p.global_shape = p.shard_shape = {4};
+        p.data = at::ones({4});
+        try {
+          writer.save(3, {p}, {{"step", 3}});
+          writer.commit();
+        } catch (const std::exception& e) {
+          errors[world.rank()] = e.what();
+        }
+      },
+      milliseconds(300));
+  for (const auto& what : errors) {
+    EXPECT_TRUE(contains(what, "checkpoint of step 3 failed")) << what;
+    EXPECT_FALSE(contains(what, "timeout")) << what;
+  }
+  EXPECT_FALSE(fs::exists(tmp));
+}
+
+TEST(Checkpoints, TheIntactCheckpointHintSurvivesAnyErrorAndQuotesItsPaths) {
+  // A run directory a shell would split and unquote.
+  const std::string run = fresh_dir("ckpt hint's $dir");
+  save_tagged(run, 1, "intact");
+  const std::string poisoned = save_tagged(run, 2, "poisoned");
+  const std::string broken = save_tagged(run, 3, "broken");
+  {
+    // Step 2's file claims 2^62 x 4 floats, which wraps to 0 bytes: it opens, and libtorch refuses to make the
+    // tensor when it is checked (a c10::Error, not a UsageError). The manifest is made to agree (0 elements).
+    const std::string header =
+        R"({"w@tp0@0":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})";
+    std::ofstream file(fs::path(poisoned) / "rank-00000.safetensors", std::ios::binary | std::ios::trunc);
+    const uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) file.put(static_cast<char>((n >> (8 * i)) & 0xff));
+    file << header;
+    std::ifstream in(fs::path(poisoned) / "manifest.json");
+    auto manifest = nlohmann::json::parse(in);
+    manifest["pieces"][0]["numel"] = 0;
+    std::ofstream(fs::path(poisoned) / "manifest.json") << manifest.dump();
+  }
+  const std::string hint = crosstrain::checkpoint::intact_checkpoint_hint(run, broken);
+  EXPECT_TRUE(contains(hint, "the newest intact checkpoint is " + run + "/checkpoints/step_00000001")) << hint;
+  // The suggested commands work when pasted into a shell.
+  const auto from = hint.find("aside ("), to = hint.find(") and run again");
+  ASSERT_TRUE(from != std::string::npos && to != std::string::npos) << hint;
+  const std::string moves = hint.substr(from + 7, to - from - 7);
+  const std::string script = fresh_dir("ckpt_hint_moves.sh");
+  std::ofstream(script) << moves << "\n";
+  EXPECT_EQ(std::system(("/bin/sh " + script).c_str()), 0) << moves;
+  EXPECT_EQ(step_dirs(run), (std::vector<std::string>{"step_00000001", "step_00000002.broken", "step_00000003.broken"}))
+      << moves;
 }
 
 TEST(Checkpoints, CtrlCStopsEveryRankBetweenStepsAndSaysHowToResume) {

@@ -55,6 +55,9 @@ std::string final_checkpoint_dir(const std::string& run_dir, int64_t step);
 // FNV-1a over the bytes: catches flipped or zeroed data that still parses.
 std::string checksum_of(const at::Tensor& t);
 
+// Removes the temporary directory of a failed save (the partial files of every rank); never throws.
+void discard_checkpoint_attempt(const std::string& run_dir, int64_t step);
+
 // Phase 1, on every rank holding pieces (may run on a background thread): writes them into one safetensors
 // file in `tmp_dir` and syncs it. Returns their records (file names relative to the checkpoint directory).
 std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces);
@@ -62,7 +65,8 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
 // Phase 2, on one rank once every rank's file is on disk: writes manifest.json with the records and `info`,
 // removes files of earlier attempts, syncs, renames the directory; then deletes all but the newest
 // `keep_last` checkpoints (0 keeps all). Returns the final directory. A failure before the rename (a full
-// disk) removes the temporary directory and throws Error naming the file and the errno.
+// disk) removes the temporary directory and throws Error naming the file and the errno; a failed rename keeps
+// any earlier checkpoint of this step and leaves the new one, complete, in the temporary directory.
 std::string commit_checkpoint(const std::string& run_dir, int64_t step, const std::vector<PieceRecord>& records,
                               const nlohmann::json& info, int keep_last);
 

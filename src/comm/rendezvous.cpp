@@ -26,6 +26,10 @@ std::string hosting_problem(const std::system_error& e, const std::string& host,
   if (e.code() == std::errc::address_not_available)
     return "cannot host the rendezvous store on " + endpoint(host, port) + ": that address is not one of this " +
            "machine's (--master / MASTER_ADDR must name node 0)";
+  if (e.code() == std::errc::resource_unavailable_try_again)
+    return "cannot host the rendezvous store on " + endpoint(host, port) + ": cannot start its thread (" +
+           e.what() + "); the process limit is reached: raise it (ulimit -u, the container's pids limit) or " +
+           "stop other processes";
   return "cannot host the rendezvous store on " + endpoint(host, port) + ": " + e.what();
 }
 

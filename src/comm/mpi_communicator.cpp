@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <mutex>
+#include <string>
 #include <thread>
 
 #ifdef CROSSTRAIN_WITH_MPI
@@ -51,7 +53,26 @@ std::string mpi_error(int code) {
 // Set once any operation of the job failed or timed out (shared by the world and its sub-groups): the peers are
 // out of step, so later waits fail at once and the world must not call MPI_Finalize, which would wait forever for
 // the hung peer and keep the error from ever being printed.
-using BrokenFlag = std::shared_ptr<std::atomic<bool>>;
+class FirstFailure {
+ public:
+  bool set() const { return set_.load(); }
+  std::string text() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return text_;
+  }
+  void latch(const std::string& text) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (set_.load()) return;
+    text_ = text;
+    set_.store(true);
+  }
+
+ private:
+  std::atomic<bool> set_{false};
+  std::mutex mutex_;
+  std::string text_;
+};
+using BrokenFlag = std::shared_ptr<FirstFailure>;
 
 class MpiWork : public Work {
  public:
@@ -68,11 +89,11 @@ class MpiWork : public Work {
       int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
       if (rc != MPI_SUCCESS) fail(mpi_error(rc), false);
       if (flag) break;
-      if (broken_->load()) fail("not completed: an earlier MPI operation of this job failed", false);
+      if (broken_->set()) fail("not completed: an earlier MPI operation of this job failed (" + broken_->text() + ")", false);
       if (Clock::now() > deadline) {
         CommContext c = context_;
         c.timeout = timeout;
-        broken_->store(true);
+        broken_->latch(describe(c, "MPI operation did not complete"));
         throw CommError(c, "MPI operation did not complete", true);
       }
       if (spin > 1000) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -93,7 +114,7 @@ class MpiWork : public Work {
 
  private:
   [[noreturn]] void fail(const std::string& cause, bool timed_out) {
-    broken_->store(true);
+    broken_->latch(describe(context_, cause));
     throw CommError(context_, cause, timed_out);
   }
 
@@ -112,7 +133,7 @@ class MpiCommunicator : public Communicator {
   ~MpiCommunicator() override {
     // After a failure the process exits with the error; mpirun then ends the other ranks. Finalizing (or freeing
     // a communicator with requests a hung peer never matched) would block instead.
-    if (broken_->load()) return;
+    if (broken_->set()) return;
     if (comm_ != MPI_COMM_WORLD) MPI_Comm_free(&comm_);
     if (owns_mpi_) MPI_Finalize();
   }
@@ -344,7 +365,7 @@ std::unique_ptr<Communicator> make_mpi_world(Millis timeout) {
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
   }
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", !initialized, timeout,
-                                           std::make_shared<std::atomic<bool>>(false));
+                                           std::make_shared<FirstFailure>());
 }
 #endif
 

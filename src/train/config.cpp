@@ -5,6 +5,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <iomanip>
 #include <sstream>
 
 #include "crosstrain/core/error.h"
@@ -250,7 +251,7 @@ void check_ranges(const Config& c) {
   auto need = [](bool ok, const std::string& key, double value, const std::string& rule) {
     if (ok) return;
     std::ostringstream v;
-    v << value;
+    v << std::setprecision(15) << value;  // whole numbers print whole (-1000000, not -1e+06)
     throw UsageError(key + " = " + v.str() + " " + rule);
   };
   need(c.run.log_every >= 1, "run.log_every", c.run.log_every, "must be at least 1");

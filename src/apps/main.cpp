@@ -18,6 +18,13 @@
 
 using namespace crosstrain;
 
+namespace {
+
+// The whole line in one write: a rank stopped by the launcher between two writes would leave a bare prefix.
+void print_error(const std::string& line) { std::cerr << line + "\n" << std::flush; }
+
+}  // namespace
+
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   CLI::App app{"crosstrain: train large neural networks across devices, machines and clusters"};
@@ -180,17 +187,15 @@ int main(int argc, char** argv) {
     if (*ckpt_info) return apps::ckpt_info(ckpt_path, ckpt_tensors, ckpt_verify);
     if (*ckpt_export) return apps::ckpt_export(ckpt_path, ckpt_out, ckpt_optimizer);
   } catch (const UsageError& e) {
-    std::cerr << "crosstrain: " << apps::error_line(e.what(), "invalid input") << std::endl;
+    print_error("crosstrain: " + apps::error_line(e.what(), "invalid input"));
     return 2;
   } catch (const c10::Error& e) {
     // libtorch's messages carry a C++ backtrace: show the first line only.
-    std::cerr << "crosstrain: error: " << apps::error_line(e.what_without_backtrace(), "libtorch failed without a message")
-              << std::endl;
+    print_error("crosstrain: error: " + apps::error_line(e.what_without_backtrace(), "libtorch failed without a message"));
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << "crosstrain: error: "
-              << apps::error_line(e.what(), std::string("unexpected failure without a message (") + typeid(e).name() + ")")
-              << std::endl;
+    print_error("crosstrain: error: " +
+                apps::error_line(e.what(), std::string("unexpected failure without a message (") + typeid(e).name() + ")"));
     return 1;
   }
   return 0;

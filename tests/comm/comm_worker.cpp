@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
     std::cerr << "unknown mode " << mode << "\n";
     return 2;
   } catch (const CommError& e) {
-    std::cerr << "CommError: " << e.what() << std::endl;
+    std::cerr << std::string("CommError: ") + e.what() + "\n" << std::flush;  // one write: no bare prefix if stopped
     std::fflush(nullptr);
     _exit(3);  // do not wait for a broken group's threads
   } catch (const std::exception& e) {

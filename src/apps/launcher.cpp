@@ -178,6 +178,83 @@ void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o)
   r.running = true;
 }
 
+// Passes the ranks' output on, forwards signals, and stops every rank when one fails; returns once all have
+// exited (and their pipes are drained), with the launcher's exit code.
+int supervise(std::vector<Rank>& ranks, const LaunchOptions& o) {
+  int result = 0;
+  bool stopping = false;
+  bool killed = false;
+  bool interrupted = false;  // a SIGINT or SIGTERM was forwarded
+  Clock::time_point kill_at{};
+  Clock::time_point all_exited_at{};
+  bool all_exited = false;
+  for (;;) {
+    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
+    std::vector<std::pair<Rank*, bool>> owners{{nullptr, false}};
+    for (auto& r : ranks) {
+      if (r.out.fd >= 0) { fds.push_back({r.out.fd, POLLIN, 0}); owners.push_back({&r, false}); }
+      if (r.err.fd >= 0) { fds.push_back({r.err.fd, POLLIN, 0}); owners.push_back({&r, true}); }
+    }
+    if (all_exited && (fds.size() == 1 || Clock::now() - all_exited_at > std::chrono::milliseconds(500))) break;
+    poll(fds.data(), fds.size(), 100);
+    for (size_t i = 1; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      Rank& r = *owners[i].first;
+      const bool is_err = owners[i].second;
+      pump(r, is_err ? r.err : r.out, is_err, o.prefix_output && (is_err || r.rank != 0 || o.prefix_rank0_stdout));
+    }
+    if (fds[0].revents & POLLIN) {
+      unsigned char sig = 0;
+      while (read(g_signal_pipe[0], &sig, 1) == 1) {
+        if (interrupted && !killed) {
+          // A second Ctrl-C: the person does not want to wait for the ranks to finish their step.
+          std::cerr << "crosstrain run: got " << strsignal(sig) << " again, killing every rank" << std::endl;
+          signal_all(ranks, SIGKILL);
+          killed = true;
+          continue;
+        }
+        std::cerr << "crosstrain run: got " << strsignal(sig) << ", forwarding it to every rank" << std::endl;
+        signal_all(ranks, sig);
+        interrupted = true;
+        if (!stopping) {
+          stopping = true;
+          result = 128 + sig;
+          // Ranks that handle the signal finish their step (and a checkpoint being written): give them time.
+          kill_at = Clock::now() + std::max(o.stop_grace, o.signal_grace);
+        }
+      }
+    }
+    for (auto& r : ranks) {
+      if (!r.running) continue;
+      int status = 0;
+      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      r.running = false;
+      r.status = status;
+      if (failed(status) && !stopping) {
+        stopping = true;
+        result = exit_code_of(status);
+        if (result == 0) result = 1;
+        int others = static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [](const Rank& x) { return x.running; }));
+        std::cerr << "crosstrain run: rank " << r.rank << " (pid " << r.pid << ") failed with "
+                  << describe_status(status);
+        if (others > 0) std::cerr << "; stopping the other " << others << (others == 1 ? " rank" : " ranks");
+        std::cerr << std::endl;
+        signal_all(ranks, SIGTERM);
+        kill_at = Clock::now() + o.stop_grace;
+      }
+    }
+    if (stopping && !killed && Clock::now() >= kill_at) {
+      signal_all(ranks, SIGKILL);
+      killed = true;
+    }
+    if (!all_exited && std::none_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.running; })) {
+      all_exited = true;
+      all_exited_at = Clock::now();
+    }
+  }
+  return result;
+}
+
 }  // namespace
 
 void parse_master(const std::string& text, std::string& host, int& port) {
@@ -260,77 +337,7 @@ int launch(const LaunchOptions& o) {
     }
   }
 
-  int result = 0;
-  bool stopping = false;
-  bool killed = false;
-  bool interrupted = false;  // a SIGINT or SIGTERM was forwarded
-  Clock::time_point kill_at{};
-  Clock::time_point all_exited_at{};
-  bool all_exited = false;
-  for (;;) {
-    std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
-    std::vector<std::pair<Rank*, bool>> owners{{nullptr, false}};
-    for (auto& r : ranks) {
-      if (r.out.fd >= 0) { fds.push_back({r.out.fd, POLLIN, 0}); owners.push_back({&r, false}); }
-      if (r.err.fd >= 0) { fds.push_back({r.err.fd, POLLIN, 0}); owners.push_back({&r, true}); }
-    }
-    if (all_exited && (fds.size() == 1 || Clock::now() - all_exited_at > std::chrono::milliseconds(500))) break;
-    poll(fds.data(), fds.size(), 100);
-    for (size_t i = 1; i < fds.size(); ++i) {
-      if (fds[i].revents == 0) continue;
-      Rank& r = *owners[i].first;
-      const bool is_err = owners[i].second;
-      pump(r, is_err ? r.err : r.out, is_err, o.prefix_output && (is_err || r.rank != 0 || o.prefix_rank0_stdout));
-    }
-    if (fds[0].revents & POLLIN) {
-      unsigned char sig = 0;
-      while (read(g_signal_pipe[0], &sig, 1) == 1) {
-        if (interrupted && !killed) {
-          // A second Ctrl-C: the person does not want to wait for the ranks to finish their step.
-          std::cerr << "crosstrain run: got " << strsignal(sig) << " again, killing every rank" << std::endl;
-          signal_all(ranks, SIGKILL);
-          killed = true;
-          continue;
-        }
-        std::cerr << "crosstrain run: got " << strsignal(sig) << ", forwarding it to every rank" << std::endl;
-        signal_all(ranks, sig);
-        interrupted = true;
-        if (!stopping) {
-          stopping = true;
-          result = 128 + sig;
-          // Ranks that handle the signal finish their step (and a checkpoint being written): give them time.
-          kill_at = Clock::now() + std::max(o.stop_grace, o.signal_grace);
-        }
-      }
-    }
-    for (auto& r : ranks) {
-      if (!r.running) continue;
-      int status = 0;
-      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
-      r.running = false;
-      r.status = status;
-      if (failed(status) && !stopping) {
-        stopping = true;
-        result = exit_code_of(status);
-        if (result == 0) result = 1;
-        int others = static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [](const Rank& x) { return x.running; }));
-        std::cerr << "crosstrain run: rank " << r.rank << " (pid " << r.pid << ") failed with "
-                  << describe_status(status);
-        if (others > 0) std::cerr << "; stopping the other " << others << (others == 1 ? " rank" : " ranks");
-        std::cerr << std::endl;
-        signal_all(ranks, SIGTERM);
-        kill_at = Clock::now() + o.stop_grace;
-      }
-    }
-    if (stopping && !killed && Clock::now() >= kill_at) {
-      signal_all(ranks, SIGKILL);
-      killed = true;
-    }
-    if (!all_exited && std::none_of(ranks.begin(), ranks.end(), [](const Rank& r) { return r.running; })) {
-      all_exited = true;
-      all_exited_at = Clock::now();
-    }
-  }
+  const int result = supervise(ranks, o);
   for (auto& r : ranks) {
     if (r.out.fd >= 0) close(r.out.fd);
     if (r.err.fd >= 0) close(r.err.fd);

@@ -20,8 +20,6 @@ namespace {
 
 const std::string kBin = CT_CROSSTRAIN_BIN;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 std::string slurp(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream s;

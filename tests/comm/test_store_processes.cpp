@@ -16,13 +16,9 @@ namespace {
 const std::string kBin = CT_CROSSTRAIN_BIN;
 const std::string kWorker = CT_WORKER_BIN;
 
-bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
+// Ranks that join a store someone else hosts.
 std::map<std::string, std::string> rank_env(int rank, int world, int port, int timeout_ms) {
-  return {{"RANK", std::to_string(rank)},      {"WORLD_SIZE", std::to_string(world)},
-          {"MASTER_ADDR", "127.0.0.1"},        {"MASTER_PORT", std::to_string(port)},
-          {"CT_TIMEOUT_MS", std::to_string(timeout_ms)}, {"OMP_NUM_THREADS", "1"},
-          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  return launched_rank_env(rank, world, port, timeout_ms, /*launcher_hosts_store=*/true);
 }
 
 // A launcher hosting the store of `nproc` ranks on 127.0.0.1:port, running `command`; returns once the store

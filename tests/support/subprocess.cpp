@@ -114,4 +114,12 @@ int free_port() {
   return port;
 }
 
+std::map<std::string, std::string> launched_rank_env(int rank, int world, int port, int timeout_ms,
+                                                     bool launcher_hosts_store) {
+  return {{"RANK", std::to_string(rank)},      {"WORLD_SIZE", std::to_string(world)},
+          {"MASTER_ADDR", "127.0.0.1"},        {"MASTER_PORT", std::to_string(port)},
+          {"CT_TIMEOUT_MS", std::to_string(timeout_ms)}, {"OMP_NUM_THREADS", "1"},
+          {"TORCHELASTIC_USE_AGENT_STORE", launcher_hosts_store ? "True" : ""}};
+}
+
 }  // namespace crosstrain::testing

@@ -42,4 +42,11 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::map<s
 // A TCP port that was free a moment ago.
 int free_port();
 
+inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
+
+// torchrun's variables for rank `rank` of `world` on 127.0.0.1:port (and CT_TIMEOUT_MS for the test workers);
+// `launcher_hosts_store`: the store is hosted by someone else, not by rank 0.
+std::map<std::string, std::string> launched_rank_env(int rank, int world, int port, int timeout_ms,
+                                                     bool launcher_hosts_store);
+
 }  // namespace crosstrain::testing

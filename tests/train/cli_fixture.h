@@ -16,8 +16,6 @@ namespace crosstrain::testing {
 inline const std::string kBin = CT_CROSSTRAIN_BIN;
 inline const std::string kRecipes = CT_SOURCE_DIR "/recipes";
 
-inline bool contains(const std::string& text, const std::string& part) { return text.find(part) != std::string::npos; }
-
 inline std::vector<nlohmann::json> read_metrics(const std::string& dir) {
   std::vector<nlohmann::json> rows;
   std::ifstream in(std::filesystem::path(dir) / "metrics.jsonl");

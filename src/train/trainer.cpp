@@ -27,7 +27,7 @@
 #include "crosstrain/parallel/pipeline.h"
 #include "crosstrain/parallel/zero.h"
 #include "crosstrain/train/checkpoint.h"
-#include "crosstrain/train/schedule.h"
+#include "crosstrain/train/lr_schedule.h"
 #include "crosstrain/train/stop_vote.h"
 #include "crosstrain/train/sync_strategy.h"
 

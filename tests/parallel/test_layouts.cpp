@@ -10,7 +10,7 @@
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/data/sampler.h"
 #include "crosstrain/models/gpt_parallel.h"
-#include "crosstrain/train/schedule.h"
+#include "crosstrain/train/lr_schedule.h"
 #include "crosstrain/train/trainer.h"
 #include "train_fixture.h"
 

@@ -13,7 +13,7 @@
 #include "crosstrain/data/sampler.h"
 #include "crosstrain/data/tokenizer.h"
 #include "crosstrain/train/config.h"
-#include "crosstrain/train/schedule.h"
+#include "crosstrain/train/lr_schedule.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;

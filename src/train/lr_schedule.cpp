@@ -1,4 +1,4 @@
-#include "crosstrain/train/schedule.h"
+#include "crosstrain/train/lr_schedule.h"
 
 #include <algorithm>
 #include <cmath>

@@ -49,6 +49,12 @@ std::vector<std::vector<int>> MeshShape::all_groups(Axis axis) const {
   return groups;
 }
 
+std::vector<std::vector<int>> MeshShape::replica_groups() const {
+  std::vector<std::vector<int>> groups(dp);
+  for (int r = 0; r < size(); ++r) groups[coords(r).dp].push_back(r);
+  return groups;
+}
+
 Mesh::Mesh(comm::Communicator& world, MeshShape shape) : world_(world), shape_(shape) {
   shape_.check(world.size());
   coords_ = shape_.coords(world.rank());
@@ -60,6 +66,11 @@ Mesh::Mesh(comm::Communicator& world, MeshShape shape) : world_(world), shape_(s
       if (g) groups_[static_cast<int>(axis)] = std::move(g);
     }
   }
+  if (shape_.dp > 1 && shape_.pp * shape_.tp > 1)
+    for (const auto& ranks : shape_.replica_groups()) {
+      auto g = world.split(ranks);
+      if (g) replica_ = std::move(g);
+    }
 }
 
 int Mesh::pipeline_peer(int pp_index) const {

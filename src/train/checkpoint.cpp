@@ -1,5 +1,7 @@
 #include "crosstrain/train/checkpoint.h"
 
+#include <ATen/ATen.h>
+
 #include <algorithm>
 
 #include "crosstrain/core/error.h"
@@ -7,33 +9,6 @@
 namespace crosstrain::train {
 
 namespace {
-
-// A parameter is split over the tensor-parallel group when its shard is smaller than the whole.
-bool is_split(const std::vector<int64_t>& global, const at::Tensor& shard, int tp_size) {
-  return tp_size > 1 && shard.sizes().vec() != global;
-}
-
-const std::vector<int64_t>& global_shape_of(const ModelStateRefs& s, const std::string& name) {
-  auto it = s.global_shapes.find(name);
-  if (it == s.global_shapes.end()) throw Error("checkpoint: no global shape for parameter '" + name + "'");
-  return it->second;
-}
-
-checkpoint::Piece piece(const std::string& tensor, const std::string& param, const std::vector<int64_t>& global,
-                        const at::Tensor& shard, bool split, const ModelStateRefs& s, int64_t offset, at::Tensor data) {
-  checkpoint::Piece p;
-  p.tensor = tensor;
-  p.param = param;
-  p.global_shape = global;
-  p.shard_shape = shard.sizes().vec();
-  p.tp_rank = split ? s.tp_rank : 0;
-  p.tp_size = split ? s.tp_size : 1;
-  p.offset = offset;
-  p.data = data.detach().reshape(-1).clone();  // a snapshot: training may change the original right away
-  return p;
-}
-
-std::string key_of(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGetTensorImpl()); }
 
 // While rank 0 renames or removes a checkpoint directory the others wait on it: slow storage can take longer
 // than a collective should, so these waits get at least ten minutes.
@@ -67,113 +42,6 @@ CheckpointState state_from_info(const checkpoint::CheckpointReader& reader) {
     return s;
   } catch (const nlohmann::json::exception& e) {
     throw UsageError("checkpoint manifest '" + reader.dir() + "/manifest.json' lacks the training state: " + e.what());
-  }
-}
-
-std::vector<checkpoint::Piece> snapshot_pieces(const ModelStateRefs& s, int64_t* optimizer_step) {
-  torch::NoGradGuard no_grad;
-  std::vector<checkpoint::Piece> pieces;
-  *optimizer_step = 0;
-  if (s.zero) {
-    *optimizer_step = s.zero->step_count();
-    std::map<const c10::TensorImpl*, std::string> names;
-    for (const auto& [name, t] : *s.parameters) names[t.unsafeGetTensorImpl()] = name;
-    for (auto& slice : s.zero->owned_slices()) {
-      const std::string& name = names.at(slice.tensor.unsafeGetTensorImpl());
-      const auto& global = global_shape_of(s, name);
-      const bool split = is_split(global, slice.tensor, s.tp_size);
-      if (!split && s.tp_rank != 0) continue;  // replicated: tensor-parallel rank 0 writes it
-      pieces.push_back(piece(name, name, global, slice.tensor, split, s, slice.param_offset, slice.value));
-      pieces.push_back(piece(name + "#exp_avg", name, global, slice.tensor, split, s, slice.param_offset, slice.exp_avg));
-      pieces.push_back(piece(name + "#exp_avg_sq", name, global, slice.tensor, split, s, slice.param_offset, slice.exp_avg_sq));
-    }
-    return pieces;
-  }
-  auto& state = s.adamw->state();
-  for (const auto& [name, t] : *s.parameters) {
-    const auto& global = global_shape_of(s, name);
-    const bool split = is_split(global, t, s.tp_size);
-    if (!split && s.tp_rank != 0) continue;
-    // Each data-parallel rank writes an even share of the (identical) replicas.
-    const int64_t n = t.numel(), begin = s.dp_rank * n / s.dp_size, end = (s.dp_rank + 1) * n / s.dp_size;
-    if (begin == end) continue;
-    at::Tensor flat = t.detach().reshape(-1);
-    at::Tensor m, v;
-    auto it = state.find(key_of(t));
-    if (it != state.end()) {
-      auto& st = static_cast<torch::optim::AdamWParamState&>(*it->second);
-      m = st.exp_avg().reshape(-1);
-      v = st.exp_avg_sq().reshape(-1);
-      *optimizer_step = st.step();
-    } else {
-      m = v = at::zeros({n}, flat.options());
-    }
-    pieces.push_back(piece(name, name, global, t, split, s, begin, flat.narrow(0, begin, end - begin)));
-    pieces.push_back(piece(name + "#exp_avg", name, global, t, split, s, begin, m.narrow(0, begin, end - begin)));
-    pieces.push_back(piece(name + "#exp_avg_sq", name, global, t, split, s, begin, v.narrow(0, begin, end - begin)));
-  }
-  return pieces;
-}
-
-void load_model_state(checkpoint::CheckpointReader& reader, const ModelStateRefs& s, int64_t optimizer_step) {
-  const std::string manifest = reader.dir() + "/manifest.json";
-  // Everything is checked before anything is changed.
-  for (const auto& [name, t] : *s.parameters) {
-    for (const std::string& tensor : {name, name + "#exp_avg", name + "#exp_avg_sq"})
-      if (!reader.has(tensor))
-        throw UsageError("checkpoint '" + reader.dir() + "' has no tensor '" + tensor + "' (" + manifest +
-                         "): it was written for another model");
-    const auto& global = global_shape_of(s, name);
-    if (reader.global_shape(name) != global)
-      throw UsageError("checkpoint '" + reader.dir() + "': parameter '" + name + "' has shape " +
-                       c10::str(c10::IntArrayRef(reader.global_shape(name))) + " in " + manifest + " but this model's is " +
-                       c10::str(c10::IntArrayRef(global)) + ": it was written for another model configuration");
-  }
-  std::map<std::string, std::vector<parallel::ZeroOptimizer::OwnedSlice>> slices;
-  if (s.zero) {
-    std::map<const c10::TensorImpl*, std::string> names;
-    for (const auto& [name, t] : *s.parameters) names[t.unsafeGetTensorImpl()] = name;
-    for (auto& slice : s.zero->owned_slices()) slices[names.at(slice.tensor.unsafeGetTensorImpl())].push_back(slice);
-  }
-  // Read every tensor first (this validates pieces and checksums), then copy.
-  struct Loaded {
-    at::Tensor value, exp_avg, exp_avg_sq;
-  };
-  std::map<std::string, Loaded> loaded;
-  for (const auto& [name, t] : *s.parameters) {
-    auto shard = [&](const std::string& tensor) {
-      return s.split(name, reader.read_full(tensor, s.split), s.tp_rank, s.tp_size).contiguous();
-    };
-    Loaded l{shard(name), shard(name + "#exp_avg"), shard(name + "#exp_avg_sq")};
-    if (l.value.sizes() != t.sizes())
-      throw UsageError("checkpoint '" + reader.dir() + "': parameter '" + name + "' splits into " +
-                       c10::str(l.value.sizes()) + " but this rank holds " + c10::str(t.sizes()));
-    loaded[name] = l;
-  }
-  torch::NoGradGuard no_grad;
-  for (const auto& [name, t] : *s.parameters) {
-    const Loaded& l = loaded[name];
-    if (s.zero) {
-      // Stages 1-2 hold whole parameters; stage 3 only its slices (the parameter memory is released).
-      if (s.zero->stage() < 3) const_cast<torch::Tensor&>(t).copy_(l.value);
-      for (auto& slice : slices[name]) {
-        const int64_t n = slice.value.numel();
-        slice.value.copy_(l.value.reshape(-1).narrow(0, slice.param_offset, n));
-        slice.exp_avg.copy_(l.exp_avg.reshape(-1).narrow(0, slice.param_offset, n));
-        slice.exp_avg_sq.copy_(l.exp_avg_sq.reshape(-1).narrow(0, slice.param_offset, n));
-      }
-    } else {
-      const_cast<torch::Tensor&>(t).copy_(l.value);
-      auto st = std::make_unique<torch::optim::AdamWParamState>();
-      st->step(optimizer_step);
-      st->exp_avg(l.exp_avg.view(t.sizes()).clone());
-      st->exp_avg_sq(l.exp_avg_sq.view(t.sizes()).clone());
-      s.adamw->state()[key_of(t)] = std::move(st);
-    }
-  }
-  if (s.zero) {
-    s.zero->set_step_count(optimizer_step);
-    s.zero->master_weights_changed();
   }
 }
 

@@ -13,10 +13,11 @@ constexpr int kTagRequest = 7101, kTagData = 7102, kTagReplyHeader = 7103, kTagR
 using Clock = std::chrono::steady_clock;
 }  // namespace
 
-ParameterServer::ParameterServer(comm::Communicator& group, const at::Tensor& initial, comm::Millis timeout)
+ParameterServer::ParameterServer(comm::Communicator& group, const at::Tensor& initial, comm::Millis timeout,
+                                 int64_t initial_clock)
     : group_(group), timeout_(timeout), rank_(group.rank()), size_(group.size()), numel_(initial.numel()) {
   shard_ = initial.reshape(-1).slice(0, shard_begin(rank_), shard_end(rank_)).clone();
-  clocks_.assign(size_, 0);
+  clocks_.assign(size_, initial_clock);
   last_pull_version_.assign(size_, 0);
   for (int w = 0; w < size_; ++w)
     if (w != rank_) threads_.emplace_back([this, w] { serve(w); });

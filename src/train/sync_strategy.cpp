@@ -23,6 +23,12 @@ constexpr int kTagGossip = 7201;
 
 // ---- flat views of a list of parameters -------------------------------------------------------------------
 
+int64_t numel(const std::vector<at::Tensor>& params) {
+  int64_t n = 0;
+  for (const auto& p : params) n += p.numel();
+  return n;
+}
+
 at::Tensor flatten(const std::vector<at::Tensor>& params) {
   std::vector<at::Tensor> flat;
   for (const auto& p : params) flat.push_back(p.detach().reshape(-1));
@@ -173,7 +179,14 @@ class CrossClusterAverage {
 
 class StrategyBase : public SyncStrategy {
  public:
-  explicit StrategyBase(SyncSetup s) : s_(std::move(s)) {}
+  StrategyBase(SyncSetup s, ClusterGroups g) : s_(std::move(s)), g_(std::move(g)) {}
+  int cluster() const override { return g_.cluster; }
+  void attach(std::vector<at::Tensor> tensors, bool sharded, std::function<void()> changed) override {
+    s_.parameters = std::move(tensors);
+    sharded_ = sharded;
+    changed_ = std::move(changed);
+    attached();
+  }
   void before_step(int64_t step) override {
     if (s_.config.slow_ms > 0 && s_.world_rank == s_.config.slow_rank)
       std::this_thread::sleep_for(std::chrono::microseconds(static_cast<int64_t>(1000 * s_.config.slow_ms)));
@@ -191,7 +204,16 @@ class StrategyBase : public SyncStrategy {
     });
     stats_.blocked_s += seconds_since(t);
   }
+  // The attached tensors were replaced: tell the optimizer (ZeRO re-gathers its parameters).
+  void set_tensors(const at::Tensor& flat) {
+    unflatten(flat, s_.parameters);
+    if (changed_) changed_();
+  }
+  virtual void attached() {}
   SyncSetup s_;
+  ClusterGroups g_;
+  bool sharded_ = false;
+  std::function<void()> changed_;
   SyncStats stats_;
 };
 
@@ -200,8 +222,7 @@ class StrategyBase : public SyncStrategy {
 class SyncEveryStep : public StrategyBase {
  public:
   SyncEveryStep(SyncSetup s, ClusterGroups g)
-      : StrategyBase(std::move(s)), g_(std::move(g)),
-        average_(g_.local.get(), g_.cross.get(), "none", s_.timeout) {}
+      : StrategyBase(std::move(s), std::move(g)), average_(g_.local.get(), g_.cross.get(), "none", s_.timeout) {}
   std::string describe() const override {
     return s_.config.hierarchical ? "sync (hierarchical: inside " + std::to_string(g_.layout.clusters) +
                                         " clusters, then across)"
@@ -223,7 +244,6 @@ class SyncEveryStep : public StrategyBase {
   }
 
  private:
-  ClusterGroups g_;
   CrossClusterAverage average_;
 };
 
@@ -231,9 +251,13 @@ class SyncEveryStep : public StrategyBase {
 
 class DiLoCo : public StrategyBase {
  public:
-  DiLoCo(SyncSetup s, ClusterGroups g)
-      : StrategyBase(std::move(s)), g_(std::move(g)),
-        average_(g_.local.get(), g_.cross.get(), s_.config.compression, s_.timeout) {
+  DiLoCo(SyncSetup s, ClusterGroups g) : StrategyBase(std::move(s), std::move(g)) {}
+
+  // Fragments of the attached tensors, each with its outer momentum (kept as views per tensor for checkpoints).
+  void attached() override {
+    // Sharded tensors (ZeRO): each rank exchanges its own slices with its counterparts; nothing to gather.
+    average_ = std::make_unique<CrossClusterAverage>(sharded_ ? nullptr : g_.local.get(), g_.cross.get(),
+                                                     s_.config.compression, s_.timeout);
     // Fragments: consecutive parameters (in name order: layers stay together) of about equal size.
     const int64_t F = std::max<int64_t>(1, s_.config.fragments);
     int64_t total = 0;
@@ -246,9 +270,18 @@ class DiLoCo : public StrategyBase {
       acc += p.numel();
     }
     for (auto& fr : fragments_) {
-      fr.anchor = flatten(fr.params).clone();
-      fr.momentum = at::zeros_like(fr.anchor);
+      fr.momentum = at::zeros({numel(fr.params)}, at::kFloat);
+      int64_t offset = 0;
+      for (const auto& p : fr.params) {
+        momentum_views_.push_back(fr.momentum.slice(0, offset, offset + p.numel()).view(p.sizes()));
+        offset += p.numel();
+      }
     }
+  }
+  std::vector<ExtraState> state() override { return {{"#outer_momentum", momentum_views_}}; }
+  // The outer parameters are where this run starts (the last outer step's, in a checkpoint taken at the end).
+  void start(int64_t first_step) override {
+    for (auto& fr : fragments_) fr.anchor = flatten(fr.params).clone();
   }
   std::string describe() const override {
     std::string d = "diloco (H=" + std::to_string(s_.config.inner_steps) + ", outer lr " +
@@ -296,12 +329,12 @@ class DiLoCo : public StrategyBase {
     blocking("diloco outer gradient (fragment " + std::to_string(f) + ")", step, [&] {
       fr.sent = flatten(fr.params).clone();
       at::Tensor delta = fr.anchor - fr.sent;  // the pseudo-gradient
-      fr.piece = average_.piece_of(delta);
+      fr.piece = average_->piece_of(delta);
       if (fragments_.size() > 1 && s_.config.overlap_steps > 0) {
         // Overlapped: the cross-cluster exchange runs on its own thread (only the cross group is used there).
-        exchange_ = std::async(std::launch::async, [this, &fr, f] { average_.exchange(fr.piece, f); });
+        exchange_ = std::async(std::launch::async, [this, &fr, f] { average_->exchange(fr.piece, f); });
       } else {
-        average_.exchange(fr.piece, f);
+        average_->exchange(fr.piece, f);
       }
     });
     pending_ = f;
@@ -312,21 +345,22 @@ class DiLoCo : public StrategyBase {
     blocking("diloco outer step (fragment " + std::to_string(pending_) + ")", step, [&] {
       if (exchange_.valid()) exchange_.get();  // bounded: every operation inside has the timeout
       at::Tensor delta = at::empty_like(fr.anchor);
-      average_.gather(delta, fr.piece);
+      average_->gather(delta, fr.piece);
       outer_nesterov_step(fr.anchor, fr.momentum, delta, s_.config.outer_lr, s_.config.outer_momentum,
                           s_.config.nesterov);
       // The new outer parameters, plus what the inner steps did while the exchange was in flight.
       at::Tensor now = flatten(fr.params);
       unflatten(fr.anchor + (now - fr.sent), fr.params);
+      if (changed_) changed_();
     });
     pending_ = -1;
     ++stats_.exchanges;
-    stats_.wan_bytes = average_.bytes();
+    stats_.wan_bytes = average_->bytes();
   }
 
-  ClusterGroups g_;
-  CrossClusterAverage average_;
+  std::unique_ptr<CrossClusterAverage> average_;
   std::vector<Fragment> fragments_;
+  std::vector<at::Tensor> momentum_views_;
   int64_t pending_ = -1, pending_due_ = 0;
   std::future<void> exchange_;
 };
@@ -335,7 +369,7 @@ class DiLoCo : public StrategyBase {
 
 class Gossip : public StrategyBase {
  public:
-  Gossip(SyncSetup s, ClusterGroups g) : StrategyBase(std::move(s)), g_(std::move(g)) {}
+  Gossip(SyncSetup s, ClusterGroups g) : StrategyBase(std::move(s), std::move(g)) {}
   std::string describe() const override {
     return "gossip (every " + std::to_string(s_.config.period) + " steps with one neighbour; " +
            std::to_string(s_.dp_size) + " ranks, no global barrier)";
@@ -349,7 +383,7 @@ class Gossip : public StrategyBase {
       blocking("gossip final average", step, [&] {
         at::Tensor flat = flatten(s_.parameters);
         s_.dp->all_reduce(flat, comm::ReduceOp::Avg)->wait(s_.timeout);
-        unflatten(flat, s_.parameters);
+        set_tensors(flat);
         if (g_.layout.clusters > 1) stats_.wan_bytes += 4 * flat.numel();
       });
       return;
@@ -365,14 +399,11 @@ class Gossip : public StrategyBase {
       auto got = s_.dp->recv(theirs, peer, kTagGossip);
       got->wait(s_.timeout);
       sent->wait(s_.timeout);
-      unflatten((mine + theirs) * 0.5, s_.parameters);
+      set_tensors((mine + theirs) * 0.5);
       if (g_.layout.cluster_of[peer] != g_.cluster) stats_.wan_bytes += 4 * mine.numel();
     });
     ++stats_.exchanges;
   }
-
- private:
-  ClusterGroups g_;
 };
 
 // ---- async and ssp (parameter server) ----------------------------------------------------------------------
@@ -380,9 +411,11 @@ class Gossip : public StrategyBase {
 class ServerSync : public StrategyBase {
  public:
   ServerSync(SyncSetup s, ClusterGroups g, std::unique_ptr<comm::Communicator> ps_group)
-      : StrategyBase(std::move(s)), g_(std::move(g)), group_(std::move(ps_group)) {
+      : StrategyBase(std::move(s), std::move(g)), group_(std::move(ps_group)) {}
+  // The servers start from the parameters this run starts with; every worker's clock is the last step done.
+  void start(int64_t first_step) override {
     pulled_ = flatten(s_.parameters).clone();
-    if (group_) server_ = std::make_unique<ParameterServer>(*group_, pulled_, s_.timeout);
+    if (group_) server_ = std::make_unique<ParameterServer>(*group_, pulled_, s_.timeout, first_step - 1);
   }
   ~ServerSync() override {
     if (server_) {
@@ -430,7 +463,7 @@ class ServerSync : public StrategyBase {
       at::Tensor zero = at::zeros_like(pulled_);
       blocking("parameter server final pull", step, [&] {
         server_->push_pull(zero, pulled_, step);
-        unflatten(pulled_, s_.parameters);
+        set_tensors(pulled_);
         server_->finish();
       });
     }
@@ -442,7 +475,7 @@ class ServerSync : public StrategyBase {
       at::Tensor now = flatten(s_.parameters);
       at::Tensor delta = now - pulled_;
       auto r = server_->push_pull(delta, pulled_, step);
-      unflatten(pulled_, s_.parameters);
+      set_tensors(pulled_);
       ++pushes_;
       staleness_sum_ += r.staleness;
       stats_.staleness_max = std::max(stats_.staleness_max, r.staleness);
@@ -456,7 +489,6 @@ class ServerSync : public StrategyBase {
     stats_.wan_bytes += cross;
   }
 
-  ClusterGroups g_;
   std::unique_ptr<comm::Communicator> group_;
   std::unique_ptr<ParameterServer> server_;
   at::Tensor pulled_;
@@ -575,13 +607,14 @@ void check_sync_config(const SyncConfig& c, int dp, int pp, int tp, int64_t zero
        "sync.outer_lr must be positive and sync.outer_momentum in [0, 1)");
   if (c.compression != "none") comm::make_codec(c.compression);
   need(c.compression == "none" || m == "diloco", "sync.compression applies to sync.mode = \"diloco\"");
-  const bool plain = m == "sync" && !c.hierarchical;
-  need(plain || (pp == 1 && tp == 1 && zero == 0),
-       "sync.mode = " + m + (c.hierarchical ? " (hierarchical)" : "") +
-           " runs on plain data parallel: set parallel.pp = 1, parallel.tp = 1 and parallel.zero = 0");
+  need(!(m == "sync" && c.hierarchical) || zero == 0,
+       "sync.hierarchical averages whole gradients across clusters: set parallel.zero = 0 (layout dp=" +
+           std::to_string(dp) + " x pp=" + std::to_string(pp) + " x tp=" + std::to_string(tp) + ", zero=" +
+           std::to_string(zero) + "), or use sync.mode = \"diloco\", which runs with ZeRO inside each cluster");
 }
 
-std::unique_ptr<SyncStrategy> make_sync_strategy(SyncSetup s) {
+namespace {
+std::unique_ptr<SyncStrategy> build_strategy(SyncSetup s) {
   const std::string mode = s.config.mode;
   ClusterGroups g = build_groups(s, mode == "diloco" || (mode == "sync" && s.config.hierarchical));
   const bool needs_balance = mode == "diloco" || (mode == "sync" && s.config.hierarchical);
@@ -602,5 +635,18 @@ std::unique_ptr<SyncStrategy> make_sync_strategy(SyncSetup s) {
   }
   return std::make_unique<ServerSync>(std::move(s), std::move(g), std::move(ps));
 }
+}  // namespace
+
+std::unique_ptr<SyncStrategy> make_sync_strategy(SyncSetup s) {
+  std::vector<at::Tensor> now = std::move(s.parameters);
+  s.parameters.clear();
+  std::unique_ptr<SyncStrategy> strategy = build_strategy(std::move(s));
+  if (!now.empty()) {
+    strategy->attach(std::move(now), false, {});
+    strategy->start(1);
+  }
+  return strategy;
+}
+
 
 }  // namespace crosstrain::train

@@ -139,7 +139,14 @@ TEST(SyncLogic, ConfigChecks) {
   EXPECT_THROW(train::check_sync_config(c, 4, 1, 1, 0), UsageError);
   c.mode = "diloco";
   EXPECT_NO_THROW(train::check_sync_config(c, 4, 1, 1, 0));
-  EXPECT_THROW(train::check_sync_config(c, 4, 2, 1, 0), UsageError);  // plain data parallel only
+  // Every mode runs with every layout; only hierarchical sync (whole gradients across clusters) refuses ZeRO.
+  EXPECT_NO_THROW(train::check_sync_config(c, 4, 2, 2, 3));
+  c.mode = "sync";
+  c.hierarchical = true;
+  EXPECT_NO_THROW(train::check_sync_config(c, 4, 2, 2, 0));
+  EXPECT_THROW(train::check_sync_config(c, 4, 1, 1, 1), UsageError);
+  c.mode = "diloco";
+  c.hierarchical = false;
   c.clusters = 3;
   EXPECT_THROW(train::check_sync_config(c, 4, 1, 1, 0), UsageError);
 }

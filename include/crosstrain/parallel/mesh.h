@@ -37,6 +37,8 @@ struct MeshShape {
   std::vector<int> group(Axis axis, int rank) const;
   // Every group along `axis`, each in axis order, groups in increasing order of their first rank.
   std::vector<std::vector<int>> all_groups(Axis axis) const;
+  // The ranks of each model replica (one data-parallel index: every pp x tp rank of it), ascending.
+  std::vector<std::vector<int>> replica_groups() const;
 };
 
 class Mesh {
@@ -50,6 +52,10 @@ class Mesh {
   comm::Communicator* group(Axis axis) const { return groups_[static_cast<int>(axis)].get(); }
   int size(Axis axis) const { return shape_[axis]; }
   int index(Axis axis) const { return coords_[axis]; }
+  // The ranks of this rank's model replica (its pp x tp ranks): the losses and gradient norm of one replica are
+  // summed here, so replicas that run apart (asynchronous sync modes) never wait for each other. The world when
+  // there is one replica; nullptr when a replica is one rank.
+  comm::Communicator* replica_group() const { return shape_.dp == 1 && shape_.size() > 1 ? &world_ : replica_.get(); }
   // World rank of the neighbour that differs from this rank only in its pipeline index.
   int pipeline_peer(int pp_index) const;
 
@@ -58,6 +64,7 @@ class Mesh {
   MeshShape shape_;
   MeshCoords coords_;
   std::array<std::unique_ptr<comm::Communicator>, kAxes> groups_;
+  std::unique_ptr<comm::Communicator> replica_;
 };
 
 }  // namespace crosstrain::parallel

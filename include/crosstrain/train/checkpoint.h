@@ -1,13 +1,14 @@
-// The trainer's side of distributed checkpoints (checkpoint/distributed.h has the format): which pieces of the
-// parameters and optimizer state a rank saves, how a rank of any layout loads its part back, and a writer that
-// can write on a background thread while training continues.
+// The trainer's side of distributed checkpoints (checkpoint/distributed.h has the format): the training state
+// beside the tensors, and a writer that can write on a background thread while training continues. Which pieces
+// of the parameters and optimizer state a rank saves, and how a rank of any layout loads its part back, is the
+// optimizer's (optimizer.h).
 //
 // Who writes what: a parameter replicated over the tensor-parallel group is written by tp rank 0 only; each
 // data-parallel rank writes 1/dp of every tensor (plain data parallel: an even split of each tensor; ZeRO:
 // exactly the slices it owns), so all ranks write in parallel and nothing is written twice.
 #pragma once
 
-#include <torch/torch.h>
+#include <ATen/core/Tensor.h>
 
 #include <exception>
 #include <map>
@@ -19,7 +20,6 @@
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/data/sampler.h"
-#include "crosstrain/parallel/zero.h"
 
 namespace crosstrain::train {
 
@@ -33,24 +33,6 @@ struct CheckpointState {
 nlohmann::json state_to_info(const CheckpointState& state);
 // Throws UsageError naming the manifest when fields are missing.
 CheckpointState state_from_info(const checkpoint::CheckpointReader& reader);
-
-// One rank's model state, as checkpoints see it (nothing owned).
-struct ModelStateRefs {
-  const std::map<std::string, torch::Tensor>* parameters = nullptr;  // this rank's (tensor-parallel) shards by name
-  std::map<std::string, std::vector<int64_t>> global_shapes;         // every parameter of the model, unsplit
-  torch::optim::AdamW* adamw = nullptr;                              // plain data parallel
-  parallel::ZeroOptimizer* zero = nullptr;                           // or ZeRO
-  checkpoint::SplitFn split;
-  int tp_rank = 0, tp_size = 1, dp_rank = 0, dp_size = 1;
-};
-
-// A copy of the pieces this rank writes (parameters, "#exp_avg", "#exp_avg_sq") and the optimizer step count.
-std::vector<checkpoint::Piece> snapshot_pieces(const ModelStateRefs& state, int64_t* optimizer_step);
-
-// Checks that the checkpoint holds every tensor this rank needs with the right global shape (otherwise a
-// UsageError saying it is from another model), then loads parameters and optimizer state. Nothing is
-// modified unless every check passes.
-void load_model_state(checkpoint::CheckpointReader& reader, const ModelStateRefs& state, int64_t optimizer_step);
 
 // Saves collectively: every rank hands over its pieces; with `async` they are written by a background thread
 // while training continues and committed (manifest + rename, by rank 0) at the next commit() call.

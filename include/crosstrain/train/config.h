@@ -10,6 +10,7 @@
 
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/models/gpt_config.h"
+#include "crosstrain/parallel/parallel_dims.h"
 
 namespace crosstrain::train {
 
@@ -43,18 +44,7 @@ struct TrainConfig {
   std::string precision = "fp32"; // fp32, or bf16: bf16 parameters and gradients, fp32 master weights (needs parallel.zero >= 1)
 };
 
-struct ParallelConfig {
-  int64_t dp = 0;                 // data-parallel replicas; 0: world / (pp * tp)
-  int64_t pp = 1;                 // pipeline stages
-  int64_t tp = 1;                 // tensor-parallel ranks per stage
-  bool sequence_parallel = false; // shard LayerNorm/dropout regions along the sequence (needs tp > 1)
-  std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb-h1
-  int64_t microbatches = 0;       // pipeline micro-batches; 0: max(train.micro_batches, pp)
-  int64_t chunks = 0;             // model chunks per stage (interleaved); 0: 2 for interleaved, else 1
-  std::string stage_layers;       // blocks per virtual stage, e.g. "3,3,2"; empty: balanced by cost
-  double bucket_mb = 1.0;         // gradient all-reduce bucket size
-  int64_t zero = 0;               // ZeRO stage over the dp axis: 0 plain, 1 optimizer state, 2 + gradients, 3 + parameters
-};
+using ParallelConfig = parallel::ParallelConfig;  // [parallel]: parallel/parallel_dims.h
 
 struct CommSectionConfig {
   std::string backend = "gloo";

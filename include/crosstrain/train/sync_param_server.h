@@ -28,7 +28,8 @@ namespace crosstrain::train {
 class ParameterServer {
  public:
   // `group`: used by this object only (a dedicated split). `initial`: the flat parameters, identical everywhere.
-  ParameterServer(comm::Communicator& group, const at::Tensor& initial, comm::Millis timeout);
+  // `initial_clock`: every worker's clock at the start (the last step done: a resumed run starts past 0).
+  ParameterServer(comm::Communicator& group, const at::Tensor& initial, comm::Millis timeout, int64_t initial_clock = 0);
   ~ParameterServer();
   ParameterServer(const ParameterServer&) = delete;
   ParameterServer& operator=(const ParameterServer&) = delete;

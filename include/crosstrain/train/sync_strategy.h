@@ -21,6 +21,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +29,7 @@
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/comm/cost_model.h"
 #include "crosstrain/train/config.h"
+#include "crosstrain/train/optimizer.h"
 
 namespace crosstrain::train {
 
@@ -39,12 +41,26 @@ struct SyncStats {
   int64_t staleness_max = 0;
 };
 
+// The tensors a strategy keeps in agreement are this rank's part of the model state: its parameter shards (the
+// same (pp, tp) coordinate in every replica holds the same shard, so each rank exchanges only its own), or with
+// ZeRO the master slices it owns. Built in two steps: the groups first (the optimizer's gradient reduction runs
+// over gradient_group()), then attach() the optimizer's tensors, load a checkpoint, and start().
 class SyncStrategy {
  public:
   virtual ~SyncStrategy() = default;
   virtual std::string describe() const = 0;
   // The group of the per-step gradient all-reduce (null: none; every rank steps alone).
   virtual comm::Communicator* gradient_group() const = 0;
+  // The cluster of this rank (0 with one cluster).
+  virtual int cluster() const = 0;
+  // `tensors`: what this rank keeps in agreement (the same order and shapes as its counterparts in the other
+  // replicas); `sharded`: every rank of gradient_group() holds a different part; `changed`: called after the
+  // strategy wrote into them (collective over gradient_group()).
+  virtual void attach(std::vector<at::Tensor> tensors, bool sharded, std::function<void()> changed) = 0;
+  // State kept per attached tensor that checkpoints save and restore (DiLoCo's outer momentum).
+  virtual std::vector<ExtraState> state() { return {}; }
+  // Before the first step of this run (`first_step` > 1 after a resume), with the attached tensors loaded.
+  virtual void start(int64_t first_step) {}
   // Before the step's compute (ssp waits here for the slowest rank; the experiment's slowdown sleeps here).
   virtual void before_step(int64_t step) {}
   // After the gradients of `step` are in place and before clipping: returns the loss to report.
@@ -59,13 +75,15 @@ struct SyncSetup {
   comm::Communicator* dp = nullptr;  // the data-parallel group (null when there is one replica)
   int dp_index = 0, dp_size = 1;
   int world_rank = 0;
-  std::vector<at::Tensor> parameters;  // this rank's parameters, the same order on every replica
+  // Optional: tensors attached at once (and started at step 1), for callers without an optimizer.
+  std::vector<at::Tensor> parameters;
   int64_t steps = 0;                   // the last step of the run
   int cluster_hint = -1;               // this node's cluster from the environment; -1: none
   comm::Millis timeout{30000};
 };
 
-// Checks [sync] (mode, periods, codec) for a layout; throws UsageError with one clear line.
+// Checks [sync] (mode, periods, codec) for a layout; throws UsageError with one clear line. Every mode runs with
+// every layout; hierarchical sync averages whole gradients across clusters and needs parallel.zero = 0.
 void check_sync_config(const SyncConfig& config, int dp, int pp, int tp, int64_t zero);
 // The node's cluster from CROSSTRAIN_CLUSTER or CT_CLUSTER; -1 when neither is set.
 int cluster_from_environment();

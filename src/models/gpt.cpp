@@ -1,6 +1,7 @@
 #include "crosstrain/models/gpt.h"
 
 #include <cmath>
+#include <limits>
 
 #include "crosstrain/core/error.h"
 
@@ -9,47 +10,64 @@ namespace crosstrain::models {
 namespace {
 // at::linear, not the module's forward: libtorch's C++ Linear multiplies and then adds the bias in a second
 // pass for 3-D inputs, while at::linear folds the batch into one fused addmm (about 10% of a step here).
-torch::Tensor linear(const torch::Tensor& x, const torch::nn::Linear& layer) {
-  return torch::linear(x, layer->weight, layer->bias);
+// Column-parallel: the input enters the region (gathered along the sequence under sequence parallelism).
+torch::Tensor column_linear(const torch::Tensor& x, const torch::nn::Linear& layer, const parallel::TensorParallel& tp) {
+  return parallel::column_parallel_linear(x, layer->weight, layer->bias, tp);
+}
+// Row-parallel: the partial products are reduced and the bias is added once, after the reduction. On one
+// device the bias stays in the fused addmm.
+torch::Tensor row_linear(const torch::Tensor& x, const torch::nn::Linear& layer, const parallel::TensorParallel& tp) {
+  return tp.group ? parallel::row_parallel_linear(x, layer->weight, layer->bias, tp)
+                  : torch::linear(x, layer->weight, layer->bias);
 }
 }  // namespace
 
-CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c) : n_head_(c.n_head) {
-  c_attn = register_module("c_attn", torch::nn::Linear(c.n_embd, 3 * c.n_embd));
-  c_proj = register_module("c_proj", torch::nn::Linear(c.n_embd, c.n_embd));
+torch::Tensor causal_mask(int64_t block_size) {
+  return torch::ones({block_size, block_size}, torch::kBool).triu(1);
+}
+
+CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c, const parallel::TensorParallel& tp,
+                                                 torch::Tensor mask)
+    : n_head_(c.n_head / tp.size), tp_(tp) {
+  c_attn = register_module("c_attn", torch::nn::Linear(c.n_embd, 3 * c.n_embd / tp.size));
+  c_proj = register_module("c_proj", torch::nn::Linear(c.n_embd / tp.size, c.n_embd));
   attn_dropout = register_module("attn_dropout", torch::nn::Dropout(c.dropout));
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
-  mask_ = register_buffer("mask", torch::ones({c.block_size, c.block_size}, torch::kBool).triu(1));
+  mask_ = register_buffer("mask", mask.defined() ? mask : causal_mask(c.block_size));
 }
 
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
-  const auto B = x.size(0), T = x.size(1), C = x.size(2);
+  // This rank's heads of q, k and v, over the whole sequence.
+  auto qkv = column_linear(x, c_attn, tp_);
+  const auto B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;  // C: this rank's width, n_head_ * hd
   const auto hd = C / n_head_;
-  auto qkv = linear(x, c_attn).split(C, 2);
+  auto parts = qkv.split(C, 2);
   // [B, T, C] -> [B, H, T, hd]
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
   // Scaling q ([T, hd]) instead of the scores ([T, T]) saves a pass over the largest activation.
-  auto q = heads(qkv[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = heads(qkv[1]), v = heads(qkv[2]);
+  auto q = heads(parts[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = heads(parts[1]), v = heads(parts[2]);
   auto att = torch::matmul(q, k.transpose(-2, -1));
   att = att.masked_fill(mask_.slice(0, 0, T).slice(1, 0, T), -std::numeric_limits<float>::infinity());
   att = attn_dropout(torch::softmax(att, -1));
   auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
-  return resid_dropout(linear(y, c_proj));
+  return resid_dropout(row_linear(y, c_proj, tp_));
 }
 
-MLPImpl::MLPImpl(const GPTConfig& c) {
-  c_fc = register_module("c_fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd));
-  c_proj = register_module("c_proj", torch::nn::Linear(4 * c.n_embd, c.n_embd));
+MLPImpl::MLPImpl(const GPTConfig& c, const parallel::TensorParallel& tp) : tp_(tp) {
+  c_fc = register_module("c_fc", torch::nn::Linear(c.n_embd, 4 * c.n_embd / tp.size));
+  c_proj = register_module("c_proj", torch::nn::Linear(4 * c.n_embd / tp.size, c.n_embd));
   dropout = register_module("dropout", torch::nn::Dropout(c.dropout));
 }
 
-torch::Tensor MLPImpl::forward(const torch::Tensor& x) { return dropout(linear(torch::gelu(linear(x, c_fc)), c_proj)); }
+torch::Tensor MLPImpl::forward(const torch::Tensor& x) {
+  return dropout(row_linear(torch::gelu(column_linear(x, c_fc, tp_)), c_proj, tp_));
+}
 
-BlockImpl::BlockImpl(const GPTConfig& c) {
+BlockImpl::BlockImpl(const GPTConfig& c, const parallel::TensorParallel& tp, torch::Tensor mask) {
   ln_1 = register_module("ln_1", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
-  attn = register_module("attn", CausalSelfAttention(c));
+  attn = register_module("attn", CausalSelfAttention(c, tp, std::move(mask)));
   ln_2 = register_module("ln_2", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
-  mlp = register_module("mlp", MLP(c));
+  mlp = register_module("mlp", MLP(c, tp));
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
@@ -63,7 +81,8 @@ GPTImpl::GPTImpl(const GPTConfig& c, uint64_t seed) : config_(c) {
   wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   h = register_module("h", torch::nn::ModuleList());
-  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c));
+  const torch::Tensor mask = causal_mask(c.block_size);
+  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c, parallel::TensorParallel{}, mask));
   ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
   lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
   initialize(seed);
@@ -98,7 +117,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = drop(wte(tokens) + wpe(pos));
   for (const auto& block : *h) x = block->as<Block>()->forward(x);
-  return linear(ln_f(x), lm_head);
+  return torch::linear(ln_f(x), lm_head->weight);
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {

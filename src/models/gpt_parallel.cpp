@@ -1,171 +1,85 @@
 #include "crosstrain/models/gpt_parallel.h"
 
-#include <cmath>
-#include <limits>
-
 #include "crosstrain/core/error.h"
 #include "crosstrain/parallel/tensor_parallel.h"
 
 namespace crosstrain::models {
 namespace tp = parallel::tp;
 
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+torch::Tensor shard_of(const ParallelPlan& plan, const std::string& name, const torch::Tensor& full, int r, int n) {
+  const ShardSlice s = shard_slice(plan.at(name), r, n);
+  if (s.dim < 0) return full;
+  std::vector<torch::Tensor> pieces;
+  for (const auto& range : s.ranges) pieces.push_back(full.narrow(s.dim, range.start, range.length));
+  return pieces.size() == 1 ? pieces[0] : torch::cat(pieces, s.dim);
 }
-
-// Parameters split over the tensor-parallel group; everything else is replicated.
-bool is_sharded(const std::string& name) {
-  return ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias") ||
-         ends_with(name, "c_fc.weight") || ends_with(name, "c_fc.bias") || ends_with(name, "c_proj.weight") ||
-         name == "wte.weight" || name == "lm_head.weight";
-}
-
-}  // namespace
 
 torch::Tensor shard_of(const std::string& name, const torch::Tensor& full, const GPTConfig& c, int r, int n) {
-  if (n == 1) return full;
-  auto rows = [&](const torch::Tensor& t) { return t.chunk(n, 0)[r]; };
-  if (ends_with(name, "attn.c_attn.weight") || ends_with(name, "attn.c_attn.bias")) {
-    // [q; k; v] stacked: each of the three is split by heads.
-    auto parts = full.chunk(3, 0);
-    return torch::cat({rows(parts[0]), rows(parts[1]), rows(parts[2])}, 0);
-  }
-  if (ends_with(name, "c_fc.weight") || ends_with(name, "c_fc.bias") || name == "wte.weight" ||
-      name == "lm_head.weight")
-    return rows(full);
-  if (ends_with(name, "c_proj.weight")) return full.chunk(n, 1)[r];  // row-parallel: split the input dim
-  return full;                                                        // replicated
+  return shard_of(ParallelPlan(c), name, full, r, n);
 }
-
-void check_parallel_plan(const GPTConfig& c, int tp, bool sequence_parallel, int virtual_stages) {
-  if (tp < 1) throw UsageError("parallel.tp must be at least 1");
-  if (c.n_head % tp != 0)
-    throw UsageError("model.n_head = " + std::to_string(c.n_head) + " is not divisible by parallel.tp = " +
-                     std::to_string(tp) + "; attention is split by heads");
-  if (c.vocab_size % tp != 0)
-    throw UsageError("model.vocab_size = " + std::to_string(c.vocab_size) + " is not divisible by parallel.tp = " +
-                     std::to_string(tp) + "; pad the vocabulary to a multiple of tp");
-  if (sequence_parallel && c.block_size % tp != 0)
-    throw UsageError("model.block_size = " + std::to_string(c.block_size) +
-                     " is not divisible by parallel.tp = " + std::to_string(tp) + " (needed by sequence parallelism)");
-  if (virtual_stages > c.n_layer)
-    throw UsageError("the pipeline has " + std::to_string(virtual_stages) + " stages (parallel.pp x chunks) but the model " +
-                     "has only " + std::to_string(c.n_layer) + " layers (model.n_layer); use fewer stages");
-}
-
-std::vector<int64_t> partition_layers(int64_t layers, int stages, double embed_cost, double head_cost) {
-  if (stages < 1 || stages > layers)
-    throw UsageError("cannot split " + std::to_string(layers) + " layers into " + std::to_string(stages) + " stages");
-  // Cost of stage [a, b): its blocks, plus the embedding or head when it is the first or last stage.
-  auto cost = [&](int64_t a, int64_t b, int s) {
-    return static_cast<double>(b - a) + (s == 0 ? embed_cost : 0) + (s == stages - 1 ? head_cost : 0);
-  };
-  // best[s][i]: the smallest possible maximum stage cost putting blocks [0, i) into stages 0..s-1.
-  const double inf = std::numeric_limits<double>::infinity();
-  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(layers + 1, inf));
-  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(layers + 1, 0));
-  best[0][0] = 0;
-  for (int s = 1; s <= stages; ++s)
-    for (int64_t i = s; i <= layers; ++i)
-      for (int64_t j = s - 1; j < i; ++j) {  // every stage gets at least one block
-        double v = std::max(best[s - 1][j], cost(j, i, s - 1));
-        if (v < best[s][i]) best[s][i] = v, cut[s][i] = j;
-      }
-  std::vector<int64_t> bounds(stages + 1);
-  bounds[stages] = layers;
-  for (int s = stages; s > 0; --s) bounds[s - 1] = cut[s][bounds[s]];
-  return bounds;
-}
-
-std::vector<int64_t> partition_gpt(const GPTConfig& c, int stages) {
-  const double block = 12.0 * c.n_embd * c.n_embd;
-  // The embedding is a lookup (cheap); the head is a d x V matmul plus the loss.
-  return partition_layers(c.n_layer, stages, 0.1, static_cast<double>(c.n_embd * c.vocab_size) / block);
-}
-
-namespace {
-// A block's parameters in forward order.
-constexpr const char* kBlockLeaves[] = {"ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
-                                        "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
-                                        "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
-}  // namespace
 
 GPTStageImpl::GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParallelContext tp, GPT& full)
-    : config_(config), spec_(spec), tp_(tp) {
-  causal_mask_ = torch::ones({config.block_size, config.block_size}, torch::kBool).triu(1);
-  auto reference = full->named_parameters();
-  auto take = [&](const std::string& name) {
-    torch::Tensor shard = shard_of(name, reference[name].detach(), config_, tp_.rank, tp_.size).clone();
-    // Names keep their dots; register under a flat key and remember the plain name.
-    std::string key = name;
-    std::replace(key.begin(), key.end(), '.', '_');
-    params_[name] = register_parameter(key, shard);
-  };
+    : config_(config), spec_(spec), tp_(tp), plan_(config) {
+  check_parallel_plan(config, tp.size, tp.sequence_parallel, 1);
+  build_modules(causal_mask(config.block_size));  // one mask for all the stage's blocks
+  copy_shards(full);
+}
+
+// The same modules as the single-device GPT, at this rank's shard size, registered in its parameter order.
+void GPTStageImpl::build_modules(const torch::Tensor& mask) {
+  const int64_t d = config_.n_embd;
   if (spec_.has_embedding) {
-    take("wte.weight");
-    take("wpe.weight");
+    wte = register_module("wte", torch::nn::Embedding(config_.vocab_size / tp_.size, d));
+    wpe = register_module("wpe", torch::nn::Embedding(config_.block_size, d));
   }
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> named_blocks;
   for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i) {
-    const std::string h = "h." + std::to_string(i) + ".";
-    for (const char* leaf : kBlockLeaves) take(h + leaf);
+    blocks_.emplace_back(config_, tp_, mask);
+    named_blocks.emplace_back(std::to_string(i), blocks_.back().ptr());
   }
+  h = register_module("h", torch::nn::ModuleDict(named_blocks));
   if (spec_.has_head) {
-    take("ln_f.weight");
-    take("ln_f.bias");
-    take("lm_head.weight");
+    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
+    lm_head = register_module(
+        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(d, config_.vocab_size / tp_.size).bias(false)));
   }
 }
 
-torch::Tensor& GPTStageImpl::p(const std::string& name) { return params_.at(name); }
-
-torch::Tensor GPTStageImpl::attention(int64_t layer, const torch::Tensor& x) {
-  const std::string h = "h." + std::to_string(layer) + ".";
-  const int64_t d = config_.n_embd, heads = config_.n_head / tp_.size, hd = d / config_.n_head;
-  auto qkv = parallel::column_parallel_linear(torch::layer_norm(x, {d}, p(h + "ln_1.weight"), p(h + "ln_1.bias")),
-                                              p(h + "attn.c_attn.weight"), p(h + "attn.c_attn.bias"), tp_);
-  const int64_t B = qkv.size(0), T = qkv.size(1), local = heads * hd;
-  auto qkv_parts = qkv.split(local, 2);
-  auto split_heads = [&](const torch::Tensor& t) { return t.view({B, T, heads, hd}).transpose(1, 2); };
-  auto q = split_heads(qkv_parts[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = split_heads(qkv_parts[1]),
-       v = split_heads(qkv_parts[2]);
-  auto att = torch::matmul(q, k.transpose(-2, -1));
-  auto mask = causal_mask_.slice(0, 0, T).slice(1, 0, T);
-  att = torch::softmax(att.masked_fill(mask, -std::numeric_limits<float>::infinity()), -1);
-  att = torch::dropout(att, config_.dropout, is_training());
-  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, local});
-  auto out = parallel::row_parallel_linear(y, p(h + "attn.c_proj.weight"), p(h + "attn.c_proj.bias"), tp_);
-  return torch::dropout(out, config_.dropout, is_training());
+// Every layout starts from the same model: this rank's shards of the single-device one.
+void GPTStageImpl::copy_shards(GPT& full) {
+  torch::NoGradGuard no_grad;
+  auto reference = full->named_parameters();
+  for (auto& item : named_parameters()) {
+    torch::Tensor shard = shard_of(plan_, item.key(), reference[item.key()], tp_.rank, tp_.size);
+    if (shard.sizes() != item.value().sizes())
+      throw Error("GPT stage: '" + item.key() + "' is built as " + c10::str(item.value().sizes()) +
+                  " but the plan's shard is " + c10::str(shard.sizes()));
+    item.value().copy_(shard);
+    params_[item.key()] = item.value();
+  }
+  if (named_parameters().size() != plan_.stage_parameters(spec_).size())
+    throw Error("GPT stage: its modules and the parallel plan disagree on the stage's parameters");
 }
 
-torch::Tensor GPTStageImpl::mlp(int64_t layer, const torch::Tensor& x) {
-  const std::string h = "h." + std::to_string(layer) + ".";
-  auto in = torch::layer_norm(x, {config_.n_embd}, p(h + "ln_2.weight"), p(h + "ln_2.bias"));
-  auto hidden = torch::gelu(parallel::column_parallel_linear(in, p(h + "mlp.c_fc.weight"), p(h + "mlp.c_fc.bias"), tp_));
-  auto out = parallel::row_parallel_linear(hidden, p(h + "mlp.c_proj.weight"), p(h + "mlp.c_proj.bias"), tp_);
-  return torch::dropout(out, config_.dropout, is_training());
+template <typename F>
+torch::Tensor GPTStageImpl::run_unit(int unit, const torch::Tensor& x, F&& f) {
+  if (hooks_) hooks_->before_unit(unit);
+  torch::Tensor out = f(x);
+  return hooks_ ? hooks_->after_unit(unit, out) : out;
+}
+
+torch::Tensor GPTStageImpl::embed(const torch::Tensor& tokens) {
+  auto emb = parallel::vocab_parallel_embedding(tokens, wte->weight, tp_);
+  auto pos = wpe->weight.slice(0, 0, tokens.size(1));
+  if (tp_.sequence_parallel) pos = pos.chunk(tp_.size, 0)[tp_.rank];  // this rank's slice of the sequence
+  return torch::dropout(emb + pos, config_.dropout, is_training());
 }
 
 torch::Tensor GPTStageImpl::forward(const torch::Tensor& input) {
   torch::Tensor x = input;
   int unit = 0;
-  if (spec_.has_embedding) {
-    if (hooks_) hooks_->before_unit(unit);
-    const int64_t T = input.size(1);
-    auto emb = parallel::vocab_parallel_embedding(input, p("wte.weight"), tp_);
-    auto pos = p("wpe.weight").slice(0, 0, T);
-    if (tp_.sequence_parallel) pos = pos.chunk(tp_.size, 0)[tp_.rank];
-    x = torch::dropout(emb + pos, config_.dropout, is_training());
-    if (hooks_) x = hooks_->after_unit(unit, x);
-    ++unit;
-  }
-  for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i, ++unit) {
-    if (hooks_) hooks_->before_unit(unit);
-    x = x + attention(i, x);
-    x = x + mlp(i, x);
-    if (hooks_) x = hooks_->after_unit(unit, x);
-  }
+  if (spec_.has_embedding) x = run_unit(unit++, x, [&](const torch::Tensor& t) { return embed(t); });
+  for (auto& block : blocks_) x = run_unit(unit++, x, [&](const torch::Tensor& t) { return block->forward(t); });
   return x;
 }
 
@@ -174,24 +88,11 @@ torch::Tensor GPTStageImpl::loss(const torch::Tensor& input, const torch::Tensor
 }
 
 torch::Tensor GPTStageImpl::head(const torch::Tensor& hidden, const torch::Tensor& targets) {
-  const int unit = static_cast<int>(unit_names().size()) - 1;
-  if (hooks_) hooks_->before_unit(unit);
-  auto x = torch::layer_norm(hidden, {config_.n_embd}, p("ln_f.weight"), p("ln_f.bias"));
-  auto logits = parallel::column_parallel_linear(x, p("lm_head.weight"), torch::Tensor(), tp_);
-  auto loss = tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * (config_.vocab_size / tp_.size), tp_.group);
-  return hooks_ ? hooks_->after_unit(unit, loss) : loss;
-}
-
-std::vector<std::vector<std::string>> GPTStageImpl::unit_names() const {
-  std::vector<std::vector<std::string>> units;
-  if (spec_.has_embedding) units.push_back({"wte.weight", "wpe.weight"});
-  for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i) {
-    const std::string h = "h." + std::to_string(i) + ".";
-    units.emplace_back();
-    for (const char* leaf : kBlockLeaves) units.back().push_back(h + leaf);
-  }
-  if (spec_.has_head) units.push_back({"ln_f.weight", "ln_f.bias", "lm_head.weight"});
-  return units;
+  const int unit = (spec_.has_embedding ? 1 : 0) + static_cast<int>(blocks_.size());
+  return run_unit(unit, hidden, [&](const torch::Tensor& x) {
+    auto logits = parallel::column_parallel_linear(ln_f(x), lm_head->weight, torch::Tensor(), tp_);
+    return tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * lm_head->weight.size(0), tp_.group);
+  });
 }
 
 torch::Tensor GPTStageImpl::pipeline_forward(const torch::Tensor& activation, const torch::Tensor& tokens,
@@ -200,13 +101,14 @@ torch::Tensor GPTStageImpl::pipeline_forward(const torch::Tensor& activation, co
   return spec_.has_head ? loss(in, targets) * loss_scale : forward(in);
 }
 
-bool GPTStageImpl::is_replicated(const std::string& name) const { return tp_.size > 1 && !is_sharded(name); }
+std::vector<std::vector<std::string>> GPTStageImpl::unit_names() const { return plan_.units(spec_); }
 
-std::vector<torch::Tensor> GPTStageImpl::partial_gradient_parameters() {
+bool GPTStageImpl::is_replicated(const std::string& name) const { return plan_.is_replicated(name, tp_.size); }
+
+std::vector<torch::Tensor> GPTStageImpl::partial_gradient_parameters() const {
   std::vector<torch::Tensor> out;
-  if (!tp_.sequence_parallel || tp_.size == 1) return out;
-  for (const auto& [name, t] : params_)
-    if (is_replicated(name)) out.push_back(t);
+  for (const auto& name : plan_.partial_gradient_parameters(spec_, tp_.size, tp_.sequence_parallel))
+    out.push_back(params_.at(name));
   return out;
 }
 

@@ -133,3 +133,43 @@ TEST(PipelinePartition, BalancesBlocksAndErrors) {
   EXPECT_THROW(models::check_parallel_plan(c, 1, false, 3), UsageError);  // 3 stages, 2 layers
   EXPECT_NO_THROW(models::check_parallel_plan(c, 2, true, 2));
 }
+
+TEST(GPTParallelPlan, CoversTheSingleDeviceGPTInItsParameterOrder) {
+  auto config = small();
+  models::GPT full(config, 7);
+  models::ParallelPlan plan(config);
+  auto params = full->named_parameters();
+  ASSERT_EQ(params.size(), plan.parameters().size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto& entry = plan.parameters()[i];
+    EXPECT_EQ(params[i].key(), entry.name);
+    EXPECT_EQ(params[i].value().sizes().vec(), entry.shape) << entry.name;
+  }
+  // c_attn's shard: this rank's heads of each of q, k and v.
+  auto w = params["h.0.attn.c_attn.weight"];
+  auto parts = w.chunk(3, 0);
+  auto want = torch::cat({parts[0].chunk(2, 0)[1], parts[1].chunk(2, 0)[1], parts[2].chunk(2, 0)[1]}, 0);
+  EXPECT_TRUE(torch::equal(models::shard_of("h.0.attn.c_attn.weight", w, config, 1, 2), want));
+  auto proj = params["h.1.mlp.c_proj.weight"];
+  EXPECT_TRUE(torch::equal(models::shard_of(plan, "h.1.mlp.c_proj.weight", proj, 1, 4), proj.chunk(4, 1)[1]));
+}
+
+TEST(GPTStage, HoldsTheSingleDeviceBlocksUnderPlainNames) {
+  auto config = small();
+  models::GPT full(config, 7);
+  models::StageSpec spec{1, 2, false, true};
+  models::GPTStage stage(config, spec, models::TensorParallelContext{}, full);
+  std::vector<std::string> names;
+  for (const auto& item : stage->named_parameters()) names.push_back(item.key());
+  EXPECT_EQ(names, stage->plan().stage_parameters(spec));
+  EXPECT_EQ(stage->named_shards().size(), names.size());
+  EXPECT_TRUE(stage->partial_gradient_parameters().empty());
+  EXPECT_FALSE(stage->is_replicated("h.1.ln_1.weight"));  // no tensor-parallel group
+  // The stage's block is the model's block: same forward, bit for bit.
+  auto x = torch::randn({2, config.block_size, config.n_embd}, at::detail::createCPUGenerator(5));
+  auto want = full->h[1]->as<models::Block>()->forward(x);
+  EXPECT_TRUE(torch::equal(stage->forward(x), want));
+  auto unit_names = stage->unit_names();
+  ASSERT_EQ(unit_names.size(), 2u);
+  EXPECT_EQ(unit_names.back(), (std::vector<std::string>{"ln_f.weight", "ln_f.bias", "lm_head.weight"}));
+}

@@ -2,47 +2,61 @@
 //
 //   tokens -> wte + wpe -> dropout -> n_layer x [x + attn(ln_1(x)); x + mlp(ln_2(x))] -> ln_f -> lm_head -> logits
 //
-// Parallelism is applied from outside; this module knows nothing of ranks. Parameter names are stable
-// ("h.3.attn.c_attn.weight") and are what checkpoints and parallel plans refer to.
+// Parameter names are stable ("h.3.attn.c_attn.weight") and are what checkpoints and the parallel plan
+// (parallel_plan.h) refer to. The blocks are also the tensor-parallel ones: built with a TensorParallel context
+// they hold one rank's shard (n_head/tp heads, 4 n_embd/tp hidden) and wrap their column- and row-parallel
+// linears in the conjugate mappings (tp_layers.h), so attention and the MLP are defined once. The GPT itself
+// is the single-device model; pipeline stages of it are in gpt_parallel.h.
 #pragma once
 
 #include <torch/torch.h>
 
 #include "crosstrain/models/gpt_config.h"
+#include "crosstrain/parallel/tp_layers.h"
 
 #include <cstdint>
 #include <string>
 
 namespace crosstrain::models {
 
+// [block_size, block_size], true above the diagonal: the positions a token must not see. Built once per model
+// and shared by its attention layers.
+torch::Tensor causal_mask(int64_t block_size);
 
+// `tp` (default: one device) gives the shard a block holds; `mask` a shared causal_mask (undefined: its own).
 class CausalSelfAttentionImpl : public torch::nn::Module {
  public:
-  explicit CausalSelfAttentionImpl(const GPTConfig& config);
+  explicit CausalSelfAttentionImpl(const GPTConfig& config, const parallel::TensorParallel& tp = {},
+                                   torch::Tensor mask = {});
+  // x [B, T, C] (or [B, T/tp, C] with sequence parallelism) -> the same shape.
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};
+  torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};  // column-parallel by heads, row-parallel
   torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
 
  private:
-  int64_t n_head_;
-  torch::Tensor mask_;  // [T, T] upper triangle true: positions a token must not see
+  int64_t n_head_;  // heads on this rank
+  parallel::TensorParallel tp_;
+  torch::Tensor mask_;
 };
 TORCH_MODULE(CausalSelfAttention);
 
 class MLPImpl : public torch::nn::Module {
  public:
-  explicit MLPImpl(const GPTConfig& config);
+  explicit MLPImpl(const GPTConfig& config, const parallel::TensorParallel& tp = {});
   torch::Tensor forward(const torch::Tensor& x);
 
-  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};
+  torch::nn::Linear c_fc{nullptr}, c_proj{nullptr};  // column-parallel, row-parallel
   torch::nn::Dropout dropout{nullptr};
+
+ private:
+  parallel::TensorParallel tp_;
 };
 TORCH_MODULE(MLP);
 
 class BlockImpl : public torch::nn::Module {
  public:
-  explicit BlockImpl(const GPTConfig& config);
+  explicit BlockImpl(const GPTConfig& config, const parallel::TensorParallel& tp = {}, torch::Tensor mask = {});
   torch::Tensor forward(torch::Tensor x);
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};

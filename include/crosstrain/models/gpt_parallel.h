@@ -1,21 +1,18 @@
-// The GPT's parallelization plan: which linear is column- and which row-parallel, how the vocabulary and the
-// sequence are split, and which layers a pipeline stage holds. The single-device GPT (gpt.h) stays the
-// reference; a GPTStage holds this rank's shards of a contiguous range of it, under the same parameter names.
-//
-//   attention: c_attn column-parallel by heads (q, k and v each split), c_proj row-parallel
-//   MLP:       c_fc column-parallel, c_proj row-parallel
-//   wte:       vocabulary-parallel; lm_head column-parallel over the vocabulary, with vocab-parallel loss
-//   wpe, LayerNorms, row-parallel biases: replicated (with sequence parallelism their gradients are partial
-//   and are summed over the tensor-parallel group: see partial_gradient_parameters()).
+// A pipeline stage of the GPT on one tensor-parallel rank: real Blocks (gpt.h) built at shard size for the
+// rank's tensor-parallel context, plus the vocabulary-parallel embedding (first stage) and head (last stage).
+// The parallel plan (parallel_plan.h) says how each parameter is split, replicated and grouped; the stage's
+// parameters keep the single-device GPT's plain names ("h.3.attn.c_attn.weight").
 #pragma once
 
 #include <torch/torch.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/models/gpt.h"
+#include "crosstrain/models/parallel_plan.h"
 #include "crosstrain/parallel/tp_layers.h"
 #include "crosstrain/parallel/zero.h"
 
@@ -23,28 +20,12 @@ namespace crosstrain::models {
 
 using TensorParallelContext = parallel::TensorParallel;
 
-// A pipeline stage (or, with one stage, the whole model) of a virtual stage index.
-struct StageSpec {
-  int64_t first_layer = 0;  // blocks [first_layer, last_layer)
-  int64_t last_layer = 0;
-  bool has_embedding = false;
-  bool has_head = false;
-};
-
-// This rank's slice of the full parameter `name` (plain names of the single-device GPT).
+// This rank's slice of the full parameter `name` (plain names of the single-device GPT), as the plan splits it.
+torch::Tensor shard_of(const ParallelPlan& plan, const std::string& name, const torch::Tensor& full, int tp_rank,
+                       int tp_size);
+// The same, building the plan from `config` (for callers that split a few tensors).
 torch::Tensor shard_of(const std::string& name, const torch::Tensor& full, const GPTConfig& config, int tp_rank,
                        int tp_size);
-
-// Throws UsageError when the model cannot be split this way (heads, width or vocabulary not divisible by tp,
-// sequence not divisible with sequence parallelism, more stages than layers).
-void check_parallel_plan(const GPTConfig& config, int tp, bool sequence_parallel, int virtual_stages);
-
-// Contiguous split of the blocks over `stages` virtual stages, balancing a per-layer cost estimate:
-// a block costs 1; the embedding adds `embed_cost` to the first stage and the head `head_cost` to the last.
-// Pure. Returns the first block of each stage plus the end (stages + 1 numbers).
-std::vector<int64_t> partition_layers(int64_t layers, int stages, double embed_cost, double head_cost);
-// The costs partition_layers uses for a GPT (head and embedding relative to a block, by parameter count).
-std::vector<int64_t> partition_gpt(const GPTConfig& config, int stages);
 
 class GPTStageImpl : public torch::nn::Module {
  public:
@@ -67,7 +48,7 @@ class GPTStageImpl : public torch::nn::Module {
   // This stage's parameters under their plain names ("h.3.attn.c_attn.weight"), sorted by name.
   const std::map<std::string, torch::Tensor>& named_shards() const { return params_; }
   // Replicated parameters whose gradients each tensor-parallel rank only has a part of (sequence parallel).
-  std::vector<torch::Tensor> partial_gradient_parameters();
+  std::vector<torch::Tensor> partial_gradient_parameters() const;
   // Whether a parameter is replicated over the tensor-parallel group (count it once in a gradient norm).
   bool is_replicated(const std::string& name) const;
 
@@ -77,18 +58,31 @@ class GPTStageImpl : public torch::nn::Module {
   // Called around each unit's forward (null: none). Not owned.
   void set_unit_hooks(parallel::UnitHooks* hooks) { hooks_ = hooks; }
 
+  const ParallelPlan& plan() const { return plan_; }
+
+  // Submodules, present as the spec says (null otherwise); blocks are registered under "h.<layer>".
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // vocabulary-parallel, replicated
+  torch::nn::ModuleDict h{nullptr};
+  torch::nn::LayerNorm ln_f{nullptr};
+  torch::nn::Linear lm_head{nullptr};  // column-parallel over the vocabulary
+
  private:
-  torch::Tensor attention(int64_t layer, const torch::Tensor& x);
-  torch::Tensor mlp(int64_t layer, const torch::Tensor& x);
-  // Final LayerNorm, head and loss.
+  void build_modules(const torch::Tensor& mask);
+  void copy_shards(GPT& full);
+  // tokens -> the first hidden state (this rank's sequence slice under sequence parallelism).
+  torch::Tensor embed(const torch::Tensor& tokens);
+  // Final LayerNorm, head and vocabulary-parallel loss.
   torch::Tensor head(const torch::Tensor& hidden, const torch::Tensor& targets);
-  torch::Tensor& p(const std::string& name);
+  // Runs `f` on `x` as ZeRO unit `unit`, between the hooks.
+  template <typename F>
+  torch::Tensor run_unit(int unit, const torch::Tensor& x, F&& f);
 
   GPTConfig config_;
   StageSpec spec_;
   TensorParallelContext tp_;
-  std::map<std::string, torch::Tensor> params_;
-  torch::Tensor causal_mask_;  // [block_size, block_size], true above the diagonal; built once
+  ParallelPlan plan_;
+  std::vector<Block> blocks_;                     // h's blocks, in order
+  std::map<std::string, torch::Tensor> params_;  // the parameters by plain name
   parallel::UnitHooks* hooks_ = nullptr;
 };
 TORCH_MODULE(GPTStage);

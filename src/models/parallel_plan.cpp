@@ -1,0 +1,179 @@
+#include "crosstrain/models/parallel_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::models {
+
+const char* to_string(Split split) {
+  switch (split) {
+    case Split::Replicated: return "replicated";
+    case Split::Column: return "column";
+    case Split::Row: return "row";
+    case Split::Vocabulary: return "vocabulary";
+  }
+  return "?";
+}
+
+// The table itself: the only place that says how each parameter of the GPT is split.
+ParallelPlan::ParallelPlan(const GPTConfig& c) : config_(c) {
+  const int64_t d = c.n_embd;
+  add("wte.weight", {c.vocab_size, d}, Split::Vocabulary, Part::Embedding, -1);
+  add("wpe.weight", {c.block_size, d}, Split::Replicated, Part::Embedding, -1);
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    add(h + "ln_1.weight", {d}, Split::Replicated, Part::Block, i);
+    add(h + "ln_1.bias", {d}, Split::Replicated, Part::Block, i);
+    add(h + "attn.c_attn.weight", {3 * d, d}, Split::Column, Part::Block, i, 3);
+    add(h + "attn.c_attn.bias", {3 * d}, Split::Column, Part::Block, i, 3);
+    add(h + "attn.c_proj.weight", {d, d}, Split::Row, Part::Block, i);
+    add(h + "attn.c_proj.bias", {d}, Split::Replicated, Part::Block, i);  // added once, after the reduction
+    add(h + "ln_2.weight", {d}, Split::Replicated, Part::Block, i);
+    add(h + "ln_2.bias", {d}, Split::Replicated, Part::Block, i);
+    add(h + "mlp.c_fc.weight", {4 * d, d}, Split::Column, Part::Block, i);
+    add(h + "mlp.c_fc.bias", {4 * d}, Split::Column, Part::Block, i);
+    add(h + "mlp.c_proj.weight", {d, 4 * d}, Split::Row, Part::Block, i);
+    add(h + "mlp.c_proj.bias", {d}, Split::Replicated, Part::Block, i);
+  }
+  add("ln_f.weight", {d}, Split::Replicated, Part::Head, -1);
+  add("ln_f.bias", {d}, Split::Replicated, Part::Head, -1);
+  add("lm_head.weight", {c.vocab_size, d}, Split::Column, Part::Head, -1);  // columns = the vocabulary
+}
+
+void ParallelPlan::add(std::string name, std::vector<int64_t> shape, Split split, Part part, int64_t layer,
+                       int64_t fused) {
+  ParameterPlan p;
+  p.name = std::move(name);
+  p.shape = std::move(shape);
+  p.split = split;
+  p.fused = fused;
+  // Under sequence parallelism every replicated parameter (LayerNorms, row-parallel biases, wpe) sees only
+  // this rank's tokens; the split ones see every token through the gathers of their regions.
+  p.partial_under_sp = split == Split::Replicated;
+  p.part = part;
+  p.layer = layer;
+  p.unit = part == Part::Embedding ? 0 : part == Part::Block ? 1 + layer : config_.n_layer + 1;
+  index_[p.name] = params_.size();
+  params_.push_back(std::move(p));
+}
+
+const ParameterPlan& ParallelPlan::at(const std::string& name) const {
+  auto it = index_.find(name);
+  if (it == index_.end())
+    throw Error("'" + name + "' is not a parameter of this GPT (n_layer = " + std::to_string(config_.n_layer) + ")");
+  return params_[it->second];
+}
+
+bool ParallelPlan::in_stage(const ParameterPlan& p, const StageSpec& s) const {
+  switch (p.part) {
+    case Part::Embedding: return s.has_embedding;
+    case Part::Head: return s.has_head;
+    case Part::Block: return p.layer >= s.first_layer && p.layer < s.last_layer;
+  }
+  return false;
+}
+
+std::vector<std::string> ParallelPlan::stage_parameters(const StageSpec& s) const {
+  std::vector<std::string> names;
+  for (const auto& p : params_)
+    if (in_stage(p, s)) names.push_back(p.name);
+  return names;
+}
+
+std::vector<std::vector<std::string>> ParallelPlan::units(const StageSpec& s) const {
+  std::vector<std::vector<std::string>> out;
+  int64_t current = -1;
+  for (const auto& p : params_) {  // the table is in forward order, so a unit's parameters are adjacent
+    if (!in_stage(p, s)) continue;
+    if (p.unit != current) out.emplace_back(), current = p.unit;
+    out.back().push_back(p.name);
+  }
+  return out;
+}
+
+bool ParallelPlan::is_replicated(const std::string& name, int tp) const {
+  return tp > 1 && at(name).split == Split::Replicated;
+}
+
+std::vector<std::string> ParallelPlan::partial_gradient_parameters(const StageSpec& s, int tp,
+                                                                   bool sequence_parallel) const {
+  std::vector<std::string> names;
+  if (!sequence_parallel || tp == 1) return names;
+  for (const auto& p : params_)
+    if (p.partial_under_sp && in_stage(p, s)) names.push_back(p.name);
+  return names;
+}
+
+ShardSlice shard_slice(const ParameterPlan& p, int rank, int tp) {
+  ShardSlice s;
+  if (p.split == Split::Replicated || tp == 1) return s;
+  s.dim = p.split == Split::Row ? 1 : 0;
+  const int64_t part = p.shape[s.dim] / p.fused;
+  if (p.shape[s.dim] % p.fused != 0 || part % tp != 0)
+    throw UsageError("'" + p.name + "' (" + to_string(p.split) + "-parallel, " + std::to_string(p.shape[s.dim]) +
+                     " along dimension " + std::to_string(s.dim) + ") does not split over " + std::to_string(tp) +
+                     " tensor-parallel ranks");
+  const int64_t length = part / tp;
+  for (int64_t f = 0; f < p.fused; ++f) s.ranges.push_back({f * part + rank * length, length});
+  return s;
+}
+
+std::vector<int64_t> shard_shape(const ParameterPlan& p, int tp) {
+  const ShardSlice s = shard_slice(p, 0, tp);
+  std::vector<int64_t> shape = p.shape;
+  if (s.dim >= 0) {
+    shape[s.dim] = 0;
+    for (const auto& r : s.ranges) shape[s.dim] += r.length;
+  }
+  return shape;
+}
+
+void check_parallel_plan(const GPTConfig& c, int tp, bool sequence_parallel, int virtual_stages) {
+  if (tp < 1) throw UsageError("parallel.tp must be at least 1");
+  if (c.n_head % tp != 0)
+    throw UsageError("model.n_head = " + std::to_string(c.n_head) + " is not divisible by parallel.tp = " +
+                     std::to_string(tp) + "; attention is split by heads");
+  if (c.vocab_size % tp != 0)
+    throw UsageError("model.vocab_size = " + std::to_string(c.vocab_size) + " is not divisible by parallel.tp = " +
+                     std::to_string(tp) + "; pad the vocabulary to a multiple of tp");
+  if (sequence_parallel && c.block_size % tp != 0)
+    throw UsageError("model.block_size = " + std::to_string(c.block_size) +
+                     " is not divisible by parallel.tp = " + std::to_string(tp) + " (needed by sequence parallelism)");
+  if (virtual_stages > c.n_layer)
+    throw UsageError("the pipeline has " + std::to_string(virtual_stages) + " stages (parallel.pp x chunks) but the model " +
+                     "has only " + std::to_string(c.n_layer) + " layers (model.n_layer); use fewer stages");
+}
+
+std::vector<int64_t> partition_layers(int64_t layers, int stages, double embed_cost, double head_cost) {
+  if (stages < 1 || stages > layers)
+    throw UsageError("cannot split " + std::to_string(layers) + " layers into " + std::to_string(stages) + " stages");
+  // Cost of stage [a, b): its blocks, plus the embedding or head when it is the first or last stage.
+  auto cost = [&](int64_t a, int64_t b, int s) {
+    return static_cast<double>(b - a) + (s == 0 ? embed_cost : 0) + (s == stages - 1 ? head_cost : 0);
+  };
+  // best[s][i]: the smallest possible maximum stage cost putting blocks [0, i) into stages 0..s-1.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(layers + 1, inf));
+  std::vector<std::vector<int64_t>> cut(stages + 1, std::vector<int64_t>(layers + 1, 0));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s)
+    for (int64_t i = s; i <= layers; ++i)
+      for (int64_t j = s - 1; j < i; ++j) {  // every stage gets at least one block
+        double v = std::max(best[s - 1][j], cost(j, i, s - 1));
+        if (v < best[s][i]) best[s][i] = v, cut[s][i] = j;
+      }
+  std::vector<int64_t> bounds(stages + 1);
+  bounds[stages] = layers;
+  for (int s = stages; s > 0; --s) bounds[s - 1] = cut[s][bounds[s]];
+  return bounds;
+}
+
+std::vector<int64_t> partition_gpt(const GPTConfig& c, int stages) {
+  const double block = 12.0 * c.n_embd * c.n_embd;
+  // The embedding is a lookup (cheap); the head is a d x V matmul plus the loss.
+  return partition_layers(c.n_layer, stages, 0.1, static_cast<double>(c.n_embd * c.vocab_size) / block);
+}
+
+}  // namespace crosstrain::models

@@ -1,10 +1,6 @@
 #include "crosstrain/parallel/grad_reducer.h"
 
 #include <ATen/ATen.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <cmath>
@@ -64,22 +60,14 @@ BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::C
   }
   stats_.buckets = static_cast<int>(buckets_.size());
   attach_views();
-  for (size_t k = 0; k < parameters_.size(); ++k) {
-    auto acc = torch::autograd::impl::grad_accumulator(parameters_[k]);
-    acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-        [this, k, alive = alive_](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-          if (*alive) on_gradient_ready(k);
-          return outputs;
-        }));
-    accumulators_.push_back(std::move(acc));
-  }
+  // At the end of a syncing backward: start what is left and wait.
+  hooks_ = std::make_unique<GradientHooks>(
+      parameters_, [this](size_t k) { return on_gradient_ready(k); }, [this] { finish(); });
   reset_pass();
 }
 
-BucketedAllReduce::~BucketedAllReduce() {
-  // Hooks capture `this` and may outlive us inside the model's autograd graph: disarm ours, leave others'.
-  *alive_ = false;
-}
+// hooks_ goes first (declared last) and disarms the hooks that outlive us in the model's autograd graph.
+BucketedAllReduce::~BucketedAllReduce() = default;
 
 void BucketedAllReduce::attach_views() {
   for (auto& b : buckets_)
@@ -126,19 +114,14 @@ void BucketedAllReduce::reset_pass() {
     b.done = false;
   }
   next_launch_ = 0;
-  in_pass_ = false;
+  hooks_->end_pass();
 }
 
-void BucketedAllReduce::on_gradient_ready(size_t param) {
-  if (!sync_) return;
-  if (!in_pass_) {
-    in_pass_ = true;
-    // Runs when the whole backward pass is over: start what is left and wait.
-    torch::autograd::Engine::get_default_engine().queue_callback([this] { finish(); });
-  }
-  Bucket& b = buckets_[bucket_of_[param]];
-  --b.pending;
+bool BucketedAllReduce::on_gradient_ready(size_t param) {
+  if (!sync_) return false;  // accumulating: a later syncing pass or synchronize() starts the bucket
+  --buckets_[bucket_of_[param]].pending;
   launch_ready_buckets();
+  return true;
 }
 
 void BucketedAllReduce::launch_ready_buckets() {
@@ -176,15 +159,15 @@ void BucketedAllReduce::launch(Bucket& b) {
 }
 
 void BucketedAllReduce::synchronize() {
-  if (!in_pass_) {
-    in_pass_ = true;
+  if (!hooks_->in_pass()) {
+    hooks_->begin_pass();
     for (auto& b : buckets_) b.launched = Clock::now();
   }
   finish();
 }
 
 void BucketedAllReduce::finish() {
-  if (!in_pass_) return;
+  if (!hooks_->in_pass()) return;
   backward_done_ = Clock::now();
   stats_.started_during_backward = static_cast<int>(next_launch_);
   for (auto& b : buckets_) b.pending = 0;  // parameters without a gradient this step contribute zeros

@@ -2,10 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/core/StorageImpl.h>
-#include <torch/csrc/autograd/engine.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/utils/lambda_post_hook.h>
-#include <torch/csrc/autograd/variable.h>
+#include <torch/csrc/autograd/grad_mode.h>
 
 #include <algorithm>
 #include <cmath>
@@ -103,21 +100,26 @@ ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Co
   if (config_.stage == 3)
     for (int i = 0; i < unit_count(); ++i) release(i);
   side_ = at::zeros({kSideValues}, at::kDouble);
-  for (int ui = 0; ui < unit_count(); ++ui)
-    for (auto& p : units_[ui].params) {
-      auto acc = torch::autograd::impl::grad_accumulator(p.tensor);
-      acc->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
-          [this, ui, alive = alive_](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
-            if (*alive) on_gradient_ready(ui);
-            return outputs;
-          }));
-      accumulators_.push_back(std::move(acc));
-    }
+  attach_hooks();
   zero_grad();
   reset_pass();
 }
 
-ZeroOptimizer::~ZeroOptimizer() { *alive_ = false; }
+// hooks_ goes first (declared last) and disarms the hooks that outlive us in the model's autograd graph.
+ZeroOptimizer::~ZeroOptimizer() = default;
+
+void ZeroOptimizer::attach_hooks() {
+  std::vector<at::Tensor> params;
+  std::vector<int> unit_of;  // parameter -> unit
+  for (int ui = 0; ui < unit_count(); ++ui)
+    for (auto& p : units_[ui].params) {
+      params.push_back(p.tensor);
+      unit_of.push_back(ui);
+    }
+  // A unit is reduced once all its gradients are in; what is left, at the end of backward.
+  hooks_ = std::make_unique<GradientHooks>(
+      params, [this, unit_of](size_t k) { return on_gradient_ready(unit_of[k]); }, [this] { finish(); });
+}
 
 void ZeroOptimizer::rebind_parameters(Unit& u) {
   // The parameters become views of the unit's flat buffer. set_data keeps each parameter's own version
@@ -192,17 +194,13 @@ at::Tensor ZeroOptimizer::after_unit(int unit, const at::Tensor& output) {
   if (config_.stage != 3) return output;
   if (output.requires_grad()) {
     // Runs when the gradient of the unit's output is complete, i.e. just before the unit's backward.
-    at::Tensor out = output;
-    out.register_hook([this, unit, alive = alive_](const at::Tensor& grad) {
-      if (*alive) {
-        start_gather(unit);
-        if (unit > 0) start_gather(unit - 1);
-        wait_gather(unit);
-      }
-      return grad;
+    hooks_->on_gradient(output, [this, unit] {
+      start_gather(unit);
+      if (unit > 0) start_gather(unit - 1);  // prefetch: backward goes to the previous unit next
+      wait_gather(unit);
     });
     // The last unit's backward comes right after its forward: keep it.
-    if (unit == unit_count() - 1) return out;
+    if (unit == unit_count() - 1) return output;
   }
   release(unit);
   return output;
@@ -237,19 +235,14 @@ void ZeroOptimizer::reset_pass() {
     u.done = false;
   }
   next_launch_ = 0;
-  in_pass_ = false;
+  hooks_->end_pass();
 }
 
-void ZeroOptimizer::on_gradient_ready(int unit) {
-  if (config_.stage == 1 && !sync_) return;
-  if (!in_pass_) {
-    in_pass_ = true;
-    torch::autograd::Engine::get_default_engine().queue_callback([this, alive = alive_] {
-      if (*alive) finish();
-    });
-  }
+bool ZeroOptimizer::on_gradient_ready(int unit) {
+  if (config_.stage == 1 && !sync_) return false;  // stage 1 accumulating: reduced by a later syncing pass
   --units_[unit].pending;
   launch_ready();
+  return true;
 }
 
 void ZeroOptimizer::launch_ready() {
@@ -298,16 +291,16 @@ void ZeroOptimizer::launch(Unit& u) {
 }
 
 void ZeroOptimizer::synchronize() {
-  if (!in_pass_) {
+  if (!hooks_->in_pass()) {
     if (config_.stage != 1) return;  // stages 2-3 reduced at the end of every backward already
-    in_pass_ = true;
+    hooks_->begin_pass();
     for (auto& u : units_) u.launched = Clock::now();
   }
   finish();
 }
 
 void ZeroOptimizer::finish() {
-  if (!in_pass_) return;
+  if (!hooks_->in_pass()) return;
   backward_done_ = Clock::now();
   stats_.started_during_backward = static_cast<int>(next_launch_);
   for (auto& u : units_) u.pending = 0;

@@ -1,14 +1,21 @@
 // ZeRO-1/2/3 against plain data parallel through the trainer: same seed, same global batch, 20 steps; losses
 // within 1e-5 (relative) and final parameters within 1e-5, at dp=2, dp=4 and dp=2 x tp=2 (with and without
 // sequence parallelism). The bytes each rank holds follow the ZeRO formulas. Ranks are threads.
+// Also: the gradient-hook engine both reducers use.
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/utils/lambda_post_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <fstream>
 #include <mutex>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "crosstrain/comm/fake.h"
+#include "crosstrain/parallel/grad_hooks.h"
+#include "crosstrain/parallel/grad_reducer.h"
 #include "crosstrain/parallel/zero.h"
 #include "crosstrain/train/trainer.h"
 #include "train_fixture.h"
@@ -165,6 +172,95 @@ TEST(ZeroLogic, AdamWUpdateMatchesTorchBitForBit) {
     parallel::adamw_update(q.narrow(0, 20, 15), g.reshape(-1).narrow(0, 20, 15), m.narrow(0, 20, 15), v.narrow(0, 20, 15), step, h, true);
   }
   EXPECT_TRUE(torch::equal(p.detach().reshape(-1), q));
+}
+
+// The engine behind both reducers: one on_ready per accumulated gradient, one end-of-backward call per pass that
+// counted, none for a pass whose gradients did not count (accumulation without sync).
+TEST(GradientHooks, OneEndOfBackwardCallPerCountedPass) {
+  auto a = torch::randn({3}, torch::requires_grad()), b = torch::randn({3}, torch::requires_grad());
+  std::vector<size_t> ready;
+  int ends = 0;
+  bool counts = true;
+  std::optional<parallel::GradientHooks> hooks;
+  hooks.emplace(
+      std::vector<at::Tensor>{a, b},
+      [&](size_t i) {
+        ready.push_back(i);
+        return counts;
+      },
+      [&] {
+        ++ends;
+        hooks->end_pass();
+      });
+  (a * b).sum().backward();
+  EXPECT_EQ(ready.size(), 2u);
+  EXPECT_EQ(ends, 1);
+  EXPECT_FALSE(hooks->in_pass());
+  counts = false;
+  (a * b).sum().backward();
+  EXPECT_EQ(ready.size(), 4u);
+  EXPECT_EQ(ends, 1);
+  EXPECT_FALSE(hooks->in_pass());
+  counts = true;
+  (a * 2).sum().backward();  // only a's gradient: still one call at the end
+  EXPECT_EQ(ready.size(), 5u);
+  EXPECT_EQ(ends, 2);
+}
+
+// Adds a post-hook to the accumulator of `p` after the ones registered so far; the engine runs a node's
+// post-hooks in registration order, so it runs after the reducer's has queued the end-of-backward callback.
+void after_reducer_hook(const at::Tensor& p, std::function<void()> fn) {
+  torch::autograd::impl::grad_accumulator(p)->add_post_hook(std::make_unique<torch::autograd::utils::LambdaPostHook>(
+      [fn = std::move(fn)](const torch::autograd::variable_list& outputs, const torch::autograd::variable_list&) {
+        fn();
+        return outputs;
+      }));
+}
+
+// The owner goes away in the middle of a backward pass, after its end-of-backward callback was queued: the
+// callback must do nothing (it would call into a destroyed reducer). Deterministic: the destroying hook runs
+// right after ours on the same accumulator. A graph built before the owner went away fires nothing either.
+TEST(GradientHooks, DoNothingOnceTheOwnerIsGone) {
+  auto w = torch::randn({3}, torch::requires_grad());
+  int ready = 0, ends = 0;
+  std::optional<parallel::GradientHooks> hooks;
+  auto attach = [&] {
+    hooks.emplace(std::vector<at::Tensor>{w}, [&](size_t) { return ++ready > 0; }, [&] { ++ends; });
+  };
+  attach();
+  after_reducer_hook(w, [&] { hooks.reset(); });
+  (w * 3).sum().backward();
+  EXPECT_EQ(ready, 1);
+  EXPECT_EQ(ends, 0) << "the end-of-backward callback ran after its owner was destroyed";
+
+  attach();
+  auto loss = (w * 3).sum();
+  hooks.reset();
+  loss.backward();
+  EXPECT_EQ(ready, 1);
+  EXPECT_EQ(ends, 0);
+}
+
+// The same for the two reducers: destroyed while a syncing backward runs, the backward still completes.
+// (Without the guard the callback calls finish() on the destroyed object: undefined behaviour, which here
+// dereferences the reducer's emptied hooks_, so it crashes rather than fails; the test above is the exact one.)
+TEST(GradientHooks, ReducersDestroyedDuringBackward) {
+  torch::nn::Linear net(4, 2);
+  std::optional<parallel::BucketedAllReduce> bucketed;
+  bucketed.emplace(net->parameters(), nullptr, parallel::BucketConfig{16});
+  after_reducer_hook(net->weight, [&] { bucketed.reset(); });
+  after_reducer_hook(net->bias, [&] { bucketed.reset(); });
+  net(torch::randn({3, 4})).sum().backward();
+  EXPECT_FALSE(bucketed.has_value());
+
+  torch::nn::Linear other(4, 2);
+  std::optional<parallel::ZeroOptimizer> zero;
+  zero.emplace(std::vector<std::vector<parallel::ZeroParam>>{{{other->weight, true}, {other->bias, false}}}, nullptr,
+               parallel::ZeroConfig{2});
+  after_reducer_hook(other->weight, [&] { zero.reset(); });
+  after_reducer_hook(other->bias, [&] { zero.reset(); });
+  other(torch::randn({3, 4})).sum().backward();
+  EXPECT_FALSE(zero.has_value());
 }
 
 }  // namespace

@@ -13,10 +13,7 @@
 
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/comm/compression.h"
-
-namespace torch::autograd {
-struct Node;
-}
+#include "crosstrain/parallel/grad_hooks.h"
 
 namespace crosstrain::parallel {
 
@@ -104,7 +101,7 @@ class BucketedAllReduce : public GradReducer {
     bool done = false;
   };
 
-  void on_gradient_ready(size_t param);
+  bool on_gradient_ready(size_t param);
   void launch_ready_buckets();
   void launch(Bucket& bucket);
   void reset_pass();
@@ -113,16 +110,15 @@ class BucketedAllReduce : public GradReducer {
   std::vector<at::Tensor> parameters_;
   std::vector<size_t> bucket_of_;  // parameter -> bucket
   std::vector<Bucket> buckets_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // hooks live as long as these
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);        // hooks outliving us do nothing
   comm::Communicator* comm_;
   std::unique_ptr<comm::Codec> codec_;  // null: plain all-reduce
   comm::ErrorFeedback feedback_;
   bool sync_ = true;
-  bool in_pass_ = false;
   size_t next_launch_ = 0;
   Clock::time_point backward_done_;
   ReducerStats stats_;
+  // Last, so it is destroyed first: disarmed before anything its callbacks use goes.
+  std::unique_ptr<GradientHooks> hooks_;
 };
 
 }  // namespace crosstrain::parallel

@@ -24,11 +24,8 @@
 #include <vector>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/parallel/grad_hooks.h"
 #include "crosstrain/parallel/grad_reducer.h"
-
-namespace torch::autograd {
-struct Node;
-}
 
 namespace crosstrain::parallel {
 
@@ -172,7 +169,8 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
   };
 
   void rebind_parameters(Unit& u);
-  void on_gradient_ready(int unit);
+  void attach_hooks();
+  bool on_gradient_ready(int unit);
   void launch_ready();
   void launch(Unit& u);
   void reset_pass();
@@ -183,19 +181,18 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
   int64_t gathered_bytes() const;
 
   std::vector<Unit> units_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
-  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
   comm::Communicator* comm_;
   int ranks_ = 1, rank_ = 0;
   ZeroConfig config_;
   bool sync_ = true;
-  bool in_pass_ = false;
   size_t next_launch_ = 0;  // index into launch order (reverse unit order)
   int64_t step_count_ = 0;
   at::Tensor side_;        // side values, averaged at the end of a syncing pass
   Clock::time_point backward_done_;
   ReducerStats stats_;
   int64_t gathered_peak_ = 0;
+  // Last, so it is destroyed first: disarmed before anything its callbacks use goes.
+  std::unique_ptr<GradientHooks> hooks_;
 };
 
 }  // namespace crosstrain::parallel

@@ -417,7 +417,8 @@ ModelStateBytes ZeroOptimizer::memory() const {
     m.gradients += config_.stage == 1 ? nbytes(u.full_grads) : nbytes(u.grad_shard);
     m.optimizer += nbytes(u.exp_avg) + nbytes(u.exp_avg_sq) + (fp32 ? 0 : nbytes(u.master));
   }
-  m.gathered_peak = gathered_peak_;
+  // What is gathered now counts too: a unit that is never released shows, not only the gathers' high-water mark.
+  m.gathered_peak = config_.stage == 3 ? std::max(gathered_peak_, gathered_bytes()) : 0;
   return m;
 }
 

@@ -1,7 +1,7 @@
 // ZeRO-1/2/3 against plain data parallel through the trainer: same seed, same global batch, 20 steps; losses
 // within 1e-5 (relative) and final parameters within 1e-5, at dp=2, dp=4 and dp=2 x tp=2 (with and without
 // sequence parallelism). The bytes each rank holds follow the ZeRO formulas. Ranks are threads.
-// Also: the gradient-hook engine both reducers use.
+// Also: the gradient-hook engine both reducers use, and ZeRO-3's gathered-parameter peak.
 #include <gtest/gtest.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/utils/lambda_post_hook.h>
@@ -172,6 +172,48 @@ TEST(ZeroLogic, AdamWUpdateMatchesTorchBitForBit) {
     parallel::adamw_update(q.narrow(0, 20, 15), g.reshape(-1).narrow(0, 20, 15), m.narrow(0, 20, 15), v.narrow(0, 20, 15), step, h, true);
   }
   EXPECT_TRUE(torch::equal(p.detach().reshape(-1), q));
+}
+
+// Stage 3 on a chain of equal units: the parameters gathered at once stay within three units (the one computing,
+// the prefetched neighbour and, in backward, the one whose gradients are still being reduced), far below the
+// whole model. Ranks are threads.
+TEST(Zero, Stage3GathersOnlyAFewUnitsAtOnce) {
+  constexpr int kUnits = 8, kWidth = 16;
+  constexpr int64_t kUnitBytes = (kWidth * kWidth + kWidth) * 4;  // fp32 weight and bias; even, so no padding at dp=2
+  comm::FakeWorld::run(2, [&](comm::Communicator& c) {
+    auto gen = at::detail::createCPUGenerator(11);
+    std::vector<torch::nn::Linear> layers;
+    std::vector<std::vector<parallel::ZeroParam>> units;
+    for (int i = 0; i < kUnits; ++i) {
+      layers.emplace_back(kWidth, kWidth);
+      torch::NoGradGuard no_grad;  // the same weights on both ranks
+      layers.back()->weight.copy_(torch::randn({kWidth, kWidth}, gen) * 0.3);
+      layers.back()->bias.zero_();
+      units.push_back({{layers.back()->weight, true}, {layers.back()->bias, false}});
+    }
+    parallel::ZeroConfig config;
+    config.stage = 3;
+    parallel::ZeroOptimizer zero(units, &c, config);
+    ASSERT_EQ(zero.unit_count(), kUnits);
+    auto x = torch::randn({4, kWidth}, gen), y = torch::randn({4, kWidth}, gen);
+    std::vector<double> losses;
+    for (int step = 0; step < 5; ++step) {
+      torch::Tensor h = x;
+      for (int i = 0; i < kUnits; ++i) {
+        zero.before_unit(i);
+        h = zero.after_unit(i, torch::tanh(layers[i](h)));
+      }
+      torch::Tensor loss = torch::mse_loss(h, y);
+      loss.backward();  // reduces each unit's gradients and releases it; the end of backward waits for the rest
+      zero.step(1e-2);
+      zero.zero_grad();
+      losses.push_back(loss.item<double>());
+    }
+    const int64_t peak = zero.memory().gathered_peak;
+    EXPECT_GE(peak, 2 * kUnitBytes) << "a unit and the prefetched next one are gathered together";
+    EXPECT_LE(peak, 3 * kUnitBytes) << "the whole model is " << kUnits * kUnitBytes << " bytes";
+    EXPECT_LT(losses.back(), losses.front());
+  });
 }
 
 // The engine behind both reducers: one on_ready per accumulated gradient, one end-of-backward call per pass that

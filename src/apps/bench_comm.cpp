@@ -250,7 +250,7 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
   comm::CommConfig config;
   config.backend = o.backend == "mpi" ? "mpi" : "gloo";
   config.shared_memory = o.backend == "gloo+shm";
-  config.timeout = comm::Millis(static_cast<int64_t>(o.timeout_s * 1000));
+  config.timeout_s = o.timeout_s;
   auto world = comm::init_world(env, config);
   Communicator& c = *world;
   const bool leader = c.rank() == 0;

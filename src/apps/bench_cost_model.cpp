@@ -91,7 +91,7 @@ int bench_cost_model(const BenchCostModelOptions& o, const std::vector<std::stri
   comm::CommConfig config;
   config.backend = o.backend;
   config.shared_memory = false;  // the model describes the point-to-point link our algorithms use
-  config.timeout = comm::Millis(static_cast<int64_t>(o.timeout_s * 1000));
+  config.timeout_s = o.timeout_s;
   auto world = comm::init_world(env, config);
   Communicator& c = *world;
   const int n = c.size(), r = c.rank();

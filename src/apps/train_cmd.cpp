@@ -69,16 +69,9 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     // At the least, each rank holds its share of the model state (fp32 weights, gradients and two Adam moments:
     // 16 bytes a parameter) even when every layout shards it as far as it goes.
     const int64_t state_per_rank = 16 * config.model.parameter_count() / cmd.nproc;
-    return launch_self(cmd.nproc, relaunch_args,
-                       std::chrono::milliseconds(static_cast<int64_t>(config.comm.timeout_s * 1000)), state_per_rank);
+    return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank);
   }
-  comm::CommConfig comm_config;
-  comm_config.backend = config.comm.backend;
-  comm_config.timeout = comm::Millis(static_cast<int64_t>(config.comm.timeout_s * 1000));
-  comm_config.shared_memory = config.comm.shared_memory;
-  comm_config.algo = config.comm.algo;
-  comm_config.topology = config.comm.topology;
-  auto world = comm::init_world(env, comm_config);
+  auto world = comm::init_world(env, config.comm);
   train::Trainer trainer(config, *world);
   train::TrainOptions options;
   options.resume = cmd.resume;

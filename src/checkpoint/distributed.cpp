@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -79,16 +78,15 @@ int64_t numel_of(const std::vector<int64_t>& shape) {
   return n;
 }
 
-// Fault injection for the tests. A slow disk: each rank's file and the removal of a failed save take this
-// much longer.
-void slow_storage_fault() {
-  if (const char* delay = std::getenv("CROSSTRAIN_FAULT_SAVE_DELAY_MS"))
-    std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+// A slow disk (debug.fault_save_delay_ms), for the tests that stop a job while a save is under way.
+void slow_storage_fault(const StorageFaults& faults) {
+  if (faults.save_delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(faults.save_delay_ms));
 }
 
-// A commit whose final rename fails (as on a full or read-only file system), which no test can cause for root.
-void rename_into_place(const fs::path& tmp, const fs::path& final_dir) {
-  if (std::getenv("CROSSTRAIN_FAULT_COMMIT_RENAME"))
+// debug.fault_commit_rename: the final rename fails, as on a full or read-only file system, which no test can
+// cause for root.
+void rename_into_place(const fs::path& tmp, const fs::path& final_dir, const StorageFaults& faults) {
+  if (faults.commit_rename)
     throw fs::filesystem_error("cannot rename", tmp, final_dir, std::make_error_code(std::errc::io_error));
   fs::rename(tmp, final_dir);
 }
@@ -107,10 +105,10 @@ bool set_aside(const fs::path& final_dir) {
 // The rename of `tmp` to `final_dir` is the commit point: before it the checkpoint is invisible, after it
 // complete. When it fails, the earlier checkpoint goes back and the new one, complete, stays in `tmp` for the
 // user to rename by hand: a failed save never costs an existing checkpoint.
-void publish(const fs::path& tmp, const fs::path& final_dir, bool replacing) {
+void publish(const fs::path& tmp, const fs::path& final_dir, bool replacing, const StorageFaults& faults) {
   const fs::path aside = aside_of(final_dir);
   try {
-    rename_into_place(tmp, final_dir);
+    rename_into_place(tmp, final_dir, faults);
   } catch (const std::exception& e) {
     std::error_code ec;
     if (replacing) fs::rename(aside, final_dir, ec);
@@ -202,13 +200,14 @@ std::string final_checkpoint_dir(const std::string& run_dir, int64_t step) {
   return (fs::path(run_dir) / "checkpoints" / step_dir_name(step)).string();
 }
 
-void discard_checkpoint_attempt(const std::string& run_dir, int64_t step) {
-  slow_storage_fault();
+void discard_checkpoint_attempt(const std::string& run_dir, int64_t step, const StorageFaults& faults) {
+  slow_storage_fault(faults);
   std::error_code ec;
   fs::remove_all(temp_checkpoint_dir(run_dir, step), ec);
 }
 
-std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces) {
+std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces,
+                                     const StorageFaults& faults) {
   std::vector<PieceRecord> records;
   if (pieces.empty()) return records;
   std::ostringstream file;
@@ -237,12 +236,12 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
   const fs::path path = fs::path(tmp_dir) / file.str();
   write_safetensors(path.string(), tensors, metadata);
   fsync_path(path);
-  slow_storage_fault();  // for the crash-during-save tests: this rank's file is written, the save not done
+  slow_storage_fault(faults);  // for the crash-during-save tests: this rank's file is written, the save not done
   return records;
 }
 
 std::string commit_checkpoint(const std::string& run_dir, int64_t step, const std::vector<PieceRecord>& records,
-                              const nlohmann::json& info, int keep_last) {
+                              const nlohmann::json& info, int keep_last, const StorageFaults& faults) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   const fs::path tmp = temp_checkpoint_dir(run_dir, step);
   const fs::path final_dir = final_checkpoint_dir(run_dir, step);
@@ -264,10 +263,10 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step, const st
     replacing = set_aside(final_dir);
   } catch (const std::exception&) {
     // Uncommitted, the directory is no checkpoint, only used space (which may be what ran out).
-    discard_checkpoint_attempt(run_dir, step);
+    discard_checkpoint_attempt(run_dir, step, faults);
     throw;
   }
-  publish(tmp, final_dir, replacing);
+  publish(tmp, final_dir, replacing, faults);
   fsync_path(root);
   prune(root, keep_last);
   return final_dir.string();

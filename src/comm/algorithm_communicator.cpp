@@ -49,7 +49,7 @@ std::string describe_hosts(const Topology& t) {
 
 class AlgorithmCommunicator : public ForwardingCommunicator {
  public:
-  AlgorithmCommunicator(std::unique_ptr<Communicator> inner, AlgorithmConfig config, Topology topology)
+  AlgorithmCommunicator(std::unique_ptr<Communicator> inner, CommConfig config, Topology topology)
       : ForwardingCommunicator(std::move(inner), config.algo), config_(std::move(config)),
         topology_(std::move(topology)) {
     // Same-host float sums and averages: the shared-memory path beats every point-to-point algorithm here.
@@ -126,7 +126,7 @@ class AlgorithmCommunicator : public ForwardingCommunicator {
     return *slot;
   }
 
-  AlgorithmConfig config_;
+  CommConfig config_;
   Topology topology_;
   Algorithm fixed_;            // Builtin: auto
   bool hierarchical_ = false;  // auto may choose hierarchical (several hosts, equal and consecutive ranks)
@@ -138,19 +138,7 @@ class AlgorithmCommunicator : public ForwardingCommunicator {
 
 }  // namespace
 
-void validate(const AlgorithmConfig& config) {
-  if (config.algo != "builtin" && config.algo != "auto") {
-    try {
-      algo::parse_algorithm(config.algo);
-    } catch (const UsageError&) {
-      throw UsageError("comm.algo = \"" + config.algo + "\" is not an algorithm; use builtin, ring, tree, hd, " +
-                       "hierarchical or auto");
-    }
-  }
-  if (!config.topology.empty()) load_topology(config.topology);  // names the file and the key that is wrong
-}
-
-std::unique_ptr<Communicator> with_algorithms(std::unique_ptr<Communicator> inner, const AlgorithmConfig& config) {
+std::unique_ptr<Communicator> with_algorithms(std::unique_ptr<Communicator> inner, const CommConfig& config) {
   if (!inner || config.algo == "builtin" || inner->size() < 2) return inner;
   if (inner->backend().rfind("mpi", 0) == 0 && !mpi_thread_multiple())
     throw UsageError("comm.algo = \"" + config.algo + "\" needs an MPI library with MPI_THREAD_MULTIPLE (our " +

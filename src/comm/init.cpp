@@ -7,27 +7,27 @@
 namespace crosstrain::comm {
 
 std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config) {
-  const AlgorithmConfig algorithms{config.algo, config.topology};
-  validate(algorithms);
+  validate(config);
+  const Millis timeout = config.timeout();
   if (config.backend == "mpi") {
     if (env.source != LaunchSource::Mpi)
       throw UsageError("the mpi back end needs a job started by mpirun (e.g. mpirun -np 2 crosstrain ...)");
-    return with_algorithms(make_mpi_world(config.timeout), algorithms);
+    return with_algorithms(make_mpi_world(timeout), config);
   }
   if (config.backend != "gloo")
     throw UsageError("unknown communication back end '" + config.backend + "'; use gloo or mpi");
   std::shared_ptr<Rendezvous> rendezvous;
   if (env.rank == 0 && !env.store_hosted_by_launcher && env.source != LaunchSource::Single) {
-    rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, config.timeout, env.rank);
+    rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, timeout, env.rank);
   } else if (env.source == LaunchSource::Single) {
     // Alone: host a private store on a free loopback port.
-    rendezvous = Rendezvous::host("127.0.0.1", 0, 1, config.timeout, 0);
+    rendezvous = Rendezvous::host("127.0.0.1", 0, 1, timeout, 0);
   } else {
-    rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, env.world_size, config.timeout);
+    rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, env.world_size, timeout);
   }
-  auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, config.timeout, "world");
+  auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, timeout, "world");
   if (config.shared_memory) world = with_shared_memory(std::move(world));
-  return with_algorithms(std::move(world), algorithms);
+  return with_algorithms(std::move(world), config);
 }
 
 }  // namespace crosstrain::comm

@@ -71,8 +71,9 @@ std::vector<checkpoint::PieceRecord> gather_records(comm::Communicator& world,
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async,
-                                   double timeout_s)
-    : world_(world), run_dir_(std::move(run_dir)), keep_last_(keep_last), async_(async), timeout_s_(timeout_s) {}
+                                   double timeout_s, checkpoint::StorageFaults faults)
+    : world_(world), run_dir_(std::move(run_dir)), keep_last_(keep_last), async_(async), timeout_s_(timeout_s),
+      faults_(faults) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
@@ -88,7 +89,7 @@ void CheckpointWriter::save(int64_t step, std::vector<checkpoint::Piece> pieces,
   const std::string tmp = checkpoint::temp_checkpoint_dir(run_dir_, step);
   auto work = [this, tmp, pieces = std::move(pieces), rank = world_.rank()] {
     try {
-      records_ = checkpoint::write_pieces(tmp, rank, pieces);
+      records_ = checkpoint::write_pieces(tmp, rank, pieces, faults_);
     } catch (...) {
       error_ = std::current_exception();
     }
@@ -112,7 +113,7 @@ std::string CheckpointWriter::commit() {
   if (flag.item<int>() != 0) {
     // Every rank's writer has finished (the exchange above waits for them): the partial directory goes, so
     // a full disk is not left fuller.
-    if (world_.rank() == 0) checkpoint::discard_checkpoint_attempt(run_dir_, step_);
+    if (world_.rank() == 0) checkpoint::discard_checkpoint_attempt(run_dir_, step_, faults_);
     // Nobody fails (and has the launcher stop the others) before the directory is gone.
     world_.barrier()->wait(storage_wait(timeout_s_));
     if (error_) {
@@ -128,7 +129,7 @@ std::string CheckpointWriter::commit() {
   std::string dir, failure;
   if (world_.rank() == 0) {
     try {
-      dir = checkpoint::commit_checkpoint(run_dir_, step_, records, info_, keep_last_);
+      dir = checkpoint::commit_checkpoint(run_dir_, step_, records, info_, keep_last_, faults_);
     } catch (const std::exception& e) {
       failure = e.what();
     }

@@ -155,6 +155,8 @@ std::vector<Field> fields(Config& c) {
       int_field("sync", "staleness", c.sync.staleness),
       int_field("sync", "slow_rank", c.sync.slow_rank),
       double_field("sync", "slow_ms", c.sync.slow_ms),
+      int_field("debug", "fault_save_delay_ms", c.debug.checkpoint.save_delay_ms),
+      bool_field("debug", "fault_commit_rename", c.debug.checkpoint.commit_rename),
   };
 }
 
@@ -286,6 +288,8 @@ void check_ranges(const Config& c) {
   // and a week is longer than any step should wait.
   need(c.comm.timeout_s <= 604800, "comm.timeout_s", c.comm.timeout_s,
        "must be at most 604800 (7 days): the seconds a collective may wait for a peer before the run fails");
+  need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
+       "must be 0 (no delay) or more");
 }
 
 Config parse_config(const std::string& text, const std::string& origin) {

@@ -70,7 +70,7 @@ parallel::ParallelDims validate(const Config& c, int world) {
   need(c.train.threads_per_rank >= 1, "train.threads_per_rank must be at least 1");
   need(c.run.log_every >= 1, "run.log_every must be at least 1");
   if (c.comm.compression != "none") comm::make_codec(c.comm.compression);  // throws on a bad spec
-  comm::validate(comm::AlgorithmConfig{c.comm.algo, c.comm.topology});
+  comm::validate(c.comm);
   need(c.train.keep_checkpoints >= 0, "train.keep_checkpoints must be 0 (keep all) or more");
   const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
   check_sync_config(c.sync, dims.dp(), dims.pp(), dims.tp(), dims.zero);
@@ -135,7 +135,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
       dims_(validate(c, world.size())), mesh_(world, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
       tp_index_(mesh_.index(Axis::TP)),
       checkpoints_(world, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
-                   c.comm.timeout_s),
+                   c.comm.timeout_s, c.debug.checkpoint),
       keep_gradients_(options.keep_parameters) {
   splits_ = data::load_dataset(c.data, c.model.block_size);
   if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());

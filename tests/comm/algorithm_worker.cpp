@@ -21,7 +21,7 @@ int main() {
     LaunchEnv env = detect_launch_env(current_environment());
     comm::CommConfig config;
     config.shared_memory = false;  // the algorithms run on send/recv
-    if (const char* t = std::getenv("CT_TIMEOUT_MS")) config.timeout = comm::Millis(std::atoi(t));
+    if (const char* t = std::getenv("CT_TIMEOUT_MS")) config.timeout_s = std::atoi(t) / 1000.0;
     if (const char* b = std::getenv("CT_BACKEND")) config.backend = b;
     auto world = comm::init_world(env, config);
     comm::Communicator& c = *world;

@@ -20,8 +20,16 @@ using comm::ReduceOp;
 
 namespace {
 
+// The settings with_algorithms and validate read; the rest of [comm] keeps its defaults.
+comm::CommConfig algorithms(const std::string& algo, const std::string& topology = "") {
+  comm::CommConfig config;
+  config.algo = algo;
+  config.topology = topology;
+  return config;
+}
+
 // Runs `body` on every rank of a world of n threads, each with its own wrapped communicator.
-void on_ranks(int n, const comm::AlgorithmConfig& config, const std::function<void(comm::Communicator&)>& body,
+void on_ranks(int n, const comm::CommConfig& config, const std::function<void(comm::Communicator&)>& body,
               bool shared_memory = false) {
   FakeWorld world(n, Millis(60000));
   std::vector<std::thread> threads;
@@ -50,7 +58,7 @@ TEST_P(AlgorithmComm, EveryCollectiveMatchesReference) {
   const auto [n, algo] = GetParam();
   std::mutex mutex;
   std::vector<std::string> failures;
-  on_ranks(n, {algo, ""}, [&](comm::Communicator& c) {
+  on_ranks(n, algorithms(algo), [&](comm::Communicator& c) {
     EXPECT_EQ(c.backend(), "fake+" + algo);
     crosstrain::testing::ConformanceOptions options;
     options.all_dtypes = false;
@@ -72,7 +80,7 @@ INSTANTIATE_TEST_SUITE_P(WorldSizes, AlgorithmComm,
 // sub-group from split() runs our algorithms too.
 TEST(AlgorithmComm, CallsInFlightFinishInOrderAndSubGroupsAreWrapped) {
   const int n = 4;
-  on_ranks(n, {"ring", ""}, [&](comm::Communicator& c) {
+  on_ranks(n, algorithms("ring"), [&](comm::Communicator& c) {
     std::vector<at::Tensor> buffers;
     std::vector<comm::WorkPtr> works;
     for (int i = 0; i < 6; ++i) {
@@ -101,7 +109,7 @@ TEST(AlgorithmComm, CallsInFlightFinishInOrderAndSubGroupsAreWrapped) {
 // auto leaves same-host float all-reduces to the shared-memory path; other collectives still use ours.
 TEST(AlgorithmComm, AutoKeepsTheSharedMemoryAllReduce) {
   on_ranks(
-      3, {"auto", ""},
+      3, algorithms("auto"),
       [&](comm::Communicator& c) {
         EXPECT_EQ(c.backend(), "fake+shm+auto");
         crosstrain::testing::ConformanceOptions options;
@@ -112,27 +120,30 @@ TEST(AlgorithmComm, AutoKeepsTheSharedMemoryAllReduce) {
 }
 
 TEST(AlgorithmComm, BuiltinAndGroupsOfOneAreNotWrapped) {
-  on_ranks(2, {"builtin", ""}, [&](comm::Communicator& c) { EXPECT_EQ(c.backend(), "fake"); });
-  on_ranks(1, {"ring", ""}, [&](comm::Communicator& c) { EXPECT_EQ(c.backend(), "fake"); });
+  on_ranks(2, algorithms("builtin"), [&](comm::Communicator& c) { EXPECT_EQ(c.backend(), "fake"); });
+  on_ranks(1, algorithms("ring"), [&](comm::Communicator& c) { EXPECT_EQ(c.backend(), "fake"); });
 }
 
 TEST(AlgorithmComm, BadSettingsAreNamed) {
   try {
-    comm::validate({"fastest", ""});
+    comm::validate(algorithms("fastest"));
     ADD_FAILURE() << "no error";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("comm.algo = \"fastest\""), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("auto"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(comm::validate({"auto", "/nonexistent/topology.toml"}), UsageError);
+  EXPECT_THROW(comm::validate(algorithms("auto", "/nonexistent/topology.toml")), UsageError);
+  comm::CommConfig compressed;
+  compressed.compression = "zip";  // [comm] is checked whole: the gradient codec too
+  EXPECT_THROW(comm::validate(compressed), UsageError);
   const std::string path = ::testing::TempDir() + "/algo_topology.toml";
   std::ofstream(path) << "[links.host]\nlatency_us = 5\nbandwidth_gbps = 40\n"
                          "[links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n"
                          "[links.wan]\nlatency_us = 25000\nbandwidth_gbps = 0.1\n"
                          "[[hosts]]\nname = \"a\"\nranks = 2\n";
-  EXPECT_NO_THROW(comm::validate({"auto", path}));
+  EXPECT_NO_THROW(comm::validate(algorithms("auto", path)));
   // Links from the file: the group still works (all ranks on this host).
-  on_ranks(2, {"auto", path}, [&](comm::Communicator& c) {
+  on_ranks(2, algorithms("auto", path), [&](comm::Communicator& c) {
     at::Tensor t = at::full({300001}, 1.0f);
     c.all_reduce(t, ReduceOp::Sum)->wait();
     EXPECT_TRUE(at::all(t.eq(2.0f)).item<bool>());
@@ -159,7 +170,7 @@ TEST(AlgorithmComm, RanksMustReadTheSameTopology) {
     for (int r = 0; r < 2; ++r)
       threads.emplace_back([&, r] {
         try {
-          comm::with_algorithms(world.communicator(r), {"auto", files[r]});
+          comm::with_algorithms(world.communicator(r), algorithms("auto", files[r]));
         } catch (const UsageError& e) {
           errors[r] = e.what();
         }
@@ -176,7 +187,7 @@ TEST(AlgorithmComm, SilentPeerTimesOutNamingIt) {
   std::vector<std::thread> threads;
   for (int r = 0; r < 2; ++r)
     threads.emplace_back([&, r] {
-      auto c = comm::with_algorithms(world.communicator(r), {"ring", ""});
+      auto c = comm::with_algorithms(world.communicator(r), algorithms("ring"));
       if (r == 1) return;
       c->set_step(7);  // passed on to the wrapped communicator, whose receive times out
       at::Tensor t = at::ones({100000});

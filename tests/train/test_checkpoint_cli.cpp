@@ -84,8 +84,8 @@ TEST(Checkpoints, AsyncSavesKeepTheNewestAndResumeExactlyInAnotherLayout) {
 TEST(Checkpoints, ARankKilledDuringASaveLeavesThePreviousCheckpointIntact) {
   auto dir = fresh_dir("ckpt_crash");
   // Every save takes 3 s after writing its file: time enough to kill a rank in the middle of the second one.
-  Process job(with(tiny_args(dir, 2, 10), {"--set", "train.checkpoint_every=5", "--set", "parallel.zero=1"}),
-              {{"CROSSTRAIN_FAULT_SAVE_DELAY_MS", "3000"}});
+  Process job(with(tiny_args(dir, 2, 10), {"--set", "train.checkpoint_every=5", "--set", "parallel.zero=1", "--set",
+                                          "debug.fault_save_delay_ms=3000"}));
   const auto tmp = fs::path(dir) / "checkpoints" / "step_00000010.tmp";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
   while (!fs::exists(tmp / "rank-00001.safetensors") && std::chrono::steady_clock::now() < deadline)
@@ -342,21 +342,17 @@ TEST(Checkpoints, AFullDiskWhileWritingTheManifestLeavesNoPartialDirectory) {
 
 namespace {
 
-// Sets an environment variable for one scope (a fault to inject in this process).
-struct ScopedEnv {
-  std::string name;
-  ScopedEnv(const std::string& n, const std::string& value) : name(n) { ::setenv(n.c_str(), value.c_str(), 1); }
-  ~ScopedEnv() { ::unsetenv(name.c_str()); }
-};
-
-// A one-piece checkpoint of `step` whose info carries `tag`, written and committed by this process.
-std::string save_tagged(const std::string& run, int64_t step, const std::string& tag) {
+// A one-piece checkpoint of `step` whose info carries `tag`, written and committed by this process with
+// `faults` injected.
+std::string save_tagged(const std::string& run, int64_t step, const std::string& tag,
+                        const crosstrain::checkpoint::StorageFaults& faults = {}) {
   crosstrain::checkpoint::Piece p;
   p.tensor = p.param = "w";
   p.global_shape = p.shard_shape = {16};
   p.data = at::arange(16, at::kFloat);
-  auto records = crosstrain::checkpoint::write_pieces(crosstrain::checkpoint::temp_checkpoint_dir(run, step), 0, {p});
-  return crosstrain::checkpoint::commit_checkpoint(run, step, records, {{"tag", tag}}, 0);
+  auto records =
+      crosstrain::checkpoint::write_pieces(crosstrain::checkpoint::temp_checkpoint_dir(run, step), 0, {p}, faults);
+  return crosstrain::checkpoint::commit_checkpoint(run, step, records, {{"tag", tag}}, 0, faults);
 }
 
 }  // namespace
@@ -365,13 +361,12 @@ TEST(Checkpoints, AFailedCommitRenameKeepsTheCheckpointOfThatStep) {
   const std::string run = fresh_dir("ckpt_failed_rename");
   const std::string final_dir = save_tagged(run, 7, "first");
   std::string what = "no error";
-  {
-    ScopedEnv fault("CROSSTRAIN_FAULT_COMMIT_RENAME", "1");
-    try {
-      save_tagged(run, 7, "second");
-    } catch (const std::exception& e) {
-      what = e.what();
-    }
+  crosstrain::checkpoint::StorageFaults fault;
+  fault.commit_rename = true;
+  try {
+    save_tagged(run, 7, "second", fault);
+  } catch (const std::exception& e) {
+    what = e.what();
   }
   EXPECT_TRUE(contains(what, "the earlier checkpoint is kept")) << what;
   // The step-7 checkpoint that was there is there still, whole; the new one waits complete in its .tmp.
@@ -395,12 +390,13 @@ TEST(Checkpoints, AFailedSaveOnSlowStorageEndsInItsErrorNotABarrierTimeout) {
   const fs::path tmp = crosstrain::checkpoint::temp_checkpoint_dir(run, 3);
   fs::create_directories(tmp.parent_path());
   std::ofstream(tmp) << "in the way";
-  ScopedEnv slow("CROSSTRAIN_FAULT_SAVE_DELAY_MS", "1500");
+  crosstrain::checkpoint::StorageFaults slow;
+  slow.save_delay_ms = 1500;
   std::vector<std::string> errors(2);
   crosstrain::comm::FakeWorld::run(
       2,
       [&](crosstrain::comm::Communicator& world) {
-        crosstrain::train::CheckpointWriter writer(world, run, 0, false, 0.3);
+        crosstrain::train::CheckpointWriter writer(world, run, 0, false, 0.3, slow);
         crosstrain::checkpoint::Piece p;
         p.tensor = p.param = "w" + std::to_string(world.rank());
         p.global_shape = p.shard_shape = {4};
@@ -457,7 +453,7 @@ TEST(Checkpoints, CtrlCStopsEveryRankBetweenStepsAndSaysHowToResume) {
   auto dir = fresh_dir("ckpt_sigint");
   // Saves take an extra second after their files are written: the interrupt lands in the middle of one.
   auto args = with(tiny_args(dir, 2, 2000), {"--set", "train.checkpoint_every=5"});
-  Process job(args, {{"CROSSTRAIN_FAULT_SAVE_DELAY_MS", "1000"}});
+  Process job(with(args, {"--set", "debug.fault_save_delay_ms=1000"}));
   const auto tmp = fs::path(dir) / "checkpoints" / "step_00000010.tmp";
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   while (!fs::exists(tmp / "rank-00001.safetensors") && std::chrono::steady_clock::now() < deadline)

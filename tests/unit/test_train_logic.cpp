@@ -122,6 +122,28 @@ TEST(Config, UnknownKeysAndWrongTypesAreNamed) {
   EXPECT_NE(what.find("train.lr"), std::string::npos) << what;
 }
 
+// [comm] maps onto the communication layer's own struct; [debug] holds the test-only switches, printed and
+// checked like every other section.
+TEST(Config, CommAndDebugSections) {
+  auto c = train::load_config(temp_file("comm.toml", "[comm]\ntimeout_s = 0.3\nalgo = \"ring\"\n"),
+                              {"debug.fault_save_delay_ms=250", "debug.fault_commit_rename=true"});
+  EXPECT_EQ(c.comm.timeout(), comm::Millis(300));  // rounded, not truncated
+  EXPECT_EQ(c.comm.algo, "ring");
+  EXPECT_EQ(c.debug.checkpoint.save_delay_ms, 250);
+  EXPECT_TRUE(c.debug.checkpoint.commit_rename);
+  const std::string toml = train::to_toml(c);
+  EXPECT_NE(toml.find("[debug]\nfault_save_delay_ms = 250\nfault_commit_rename = true\n"), std::string::npos) << toml;
+  // The defaults inject nothing.
+  const train::Config plain;
+  EXPECT_EQ(plain.debug.checkpoint.save_delay_ms, 0);
+  EXPECT_FALSE(plain.debug.checkpoint.commit_rename);
+  EXPECT_EQ(plain.comm.timeout(), comm::Millis(30000));
+  auto what = error_of([&] { train::load_config(temp_file("dbg.toml", ""), {"debug.fault_rename=1"}); });
+  EXPECT_NE(what.find("valid keys of [debug]: fault_save_delay_ms, fault_commit_rename"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("dbg2.toml", ""), {"debug.fault_save_delay_ms=-1"}); });
+  EXPECT_NE(what.find("debug.fault_save_delay_ms = -1"), std::string::npos) << what;
+}
+
 TEST(Tokenizer, ByteRoundTrip) {
   data::ByteTokenizer tok;
   std::string text = "Hello, wörld!\n\t%";

@@ -22,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "crosstrain/checkpoint/faults.h"
+
 namespace crosstrain::checkpoint {
 
 // The tensor-parallel shard `rank` of `size` of parameter `param`, taken from its full tensor. Must work on
@@ -55,12 +57,15 @@ std::string final_checkpoint_dir(const std::string& run_dir, int64_t step);
 // FNV-1a over the bytes: catches flipped or zeroed data that still parses.
 std::string checksum_of(const at::Tensor& t);
 
+// `faults` below (checkpoint/faults.h) are what tests inject; the defaults inject nothing.
+
 // Removes the temporary directory of a failed save (the partial files of every rank); never throws.
-void discard_checkpoint_attempt(const std::string& run_dir, int64_t step);
+void discard_checkpoint_attempt(const std::string& run_dir, int64_t step, const StorageFaults& faults = {});
 
 // Phase 1, on every rank holding pieces (may run on a background thread): writes them into one safetensors
 // file in `tmp_dir` and syncs it. Returns their records (file names relative to the checkpoint directory).
-std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces);
+std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces,
+                                     const StorageFaults& faults = {});
 
 // Phase 2, on one rank once every rank's file is on disk: writes manifest.json with the records and `info`,
 // removes files of earlier attempts, syncs, renames the directory; then deletes all but the newest
@@ -68,7 +73,7 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
 // disk) removes the temporary directory and throws Error naming the file and the errno; a failed rename keeps
 // any earlier checkpoint of this step and leaves the new one, complete, in the temporary directory.
 std::string commit_checkpoint(const std::string& run_dir, int64_t step, const std::vector<PieceRecord>& records,
-                              const nlohmann::json& info, int keep_last);
+                              const nlohmann::json& info, int keep_last, const StorageFaults& faults = {});
 
 // The newest complete checkpoint of a run (a step_N directory with a manifest), if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);

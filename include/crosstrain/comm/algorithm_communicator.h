@@ -16,19 +16,12 @@
 #include <string>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/comm/config.h"
 
 namespace crosstrain::comm {
 
-struct AlgorithmConfig {
-  std::string algo = "builtin";  // builtin (no wrapper), ring, tree, hd, hierarchical, auto
-  std::string topology;          // topology file (TOML) whose links `auto` uses; empty: this host's defaults
-};
-
-// Checks `config` (throws UsageError naming the bad value and the choices) without communicating.
-void validate(const AlgorithmConfig& config);
-
-// Collective over `inner` (it gathers host names, and for hierarchical splits the groups). Returns `inner`
-// unchanged for builtin or a group of one.
-std::unique_ptr<Communicator> with_algorithms(std::unique_ptr<Communicator> inner, const AlgorithmConfig& config);
+// Collective over `inner` (it gathers host names, and for hierarchical splits the groups). Uses config.algo and
+// config.topology (checked with validate, comm/config.h). Returns `inner` unchanged for builtin or a group of one.
+std::unique_ptr<Communicator> with_algorithms(std::unique_ptr<Communicator> inner, const CommConfig& config);
 
 }  // namespace crosstrain::comm

@@ -35,10 +35,12 @@ nlohmann::json state_to_info(const CheckpointState& state);
 CheckpointState state_from_info(const checkpoint::CheckpointReader& reader);
 
 // Saves collectively: every rank hands over its pieces; with `async` they are written by a background thread
-// while training continues and committed (manifest + rename, by rank 0) at the next commit() call.
+// while training continues and committed (manifest + rename, by rank 0) at the next commit() call. `faults`
+// (debug.fault_*, checkpoint/faults.h) are for tests; the defaults inject nothing.
 class CheckpointWriter {
  public:
-  CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async, double timeout_s);
+  CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async, double timeout_s,
+                   checkpoint::StorageFaults faults = {});
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -56,6 +58,7 @@ class CheckpointWriter {
   int keep_last_;
   bool async_;
   double timeout_s_;
+  checkpoint::StorageFaults faults_;
   bool pending_ = false;
   int64_t step_ = 0;
   nlohmann::json info_;

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "crosstrain/checkpoint/faults.h"
+#include "crosstrain/comm/config.h"
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/models/gpt_config.h"
 #include "crosstrain/parallel/parallel_dims.h"
@@ -46,14 +48,7 @@ struct TrainConfig {
 
 using ParallelConfig = parallel::ParallelConfig;  // [parallel]: parallel/parallel_dims.h
 
-struct CommSectionConfig {
-  std::string backend = "gloo";
-  double timeout_s = 30;
-  bool shared_memory = true;      // same-host float all-reduces through shared memory
-  std::string compression = "none";  // gradients: none, bf16, fp16, int8, int4, topk:F, powersgd:R
-  std::string algo = "builtin";   // collectives: builtin (the back end's), ring, tree, hd, hierarchical, auto
-  std::string topology;           // for algo = auto: a topology TOML whose links the cost model uses
-};
+using CommConfig = comm::CommConfig;  // [comm]: comm/config.h
 
 // Synchronization across data-parallel replicas and clusters (docs/wan-training.md).
 struct SyncConfig {
@@ -74,14 +69,22 @@ struct SyncConfig {
   double slow_ms = 0;
 };
 
+// [debug]: switches for tests only, each the component's own struct; a run never needs them. Kept out of the
+// components' production settings so that no test switch hides in an environment variable.
+struct DebugConfig {
+  // debug.fault_save_delay_ms, debug.fault_commit_rename: checkpoint storage faults (checkpoint/faults.h).
+  checkpoint::StorageFaults checkpoint;
+};
+
 struct Config {
   RunConfig run;
   models::GPTConfig model;
   data::DatasetConfig data;
   TrainConfig train;
   ParallelConfig parallel;
-  CommSectionConfig comm;
+  CommConfig comm;
   SyncConfig sync;
+  DebugConfig debug;
 };
 
 // Reads `path` (TOML), then applies overrides "section.key=value" (value in TOML syntax; bare words are

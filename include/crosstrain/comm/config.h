@@ -1,0 +1,35 @@
+// The communication settings of a process: the [comm] section of a training config maps onto this struct key
+// for key (train/config.h), and init_world, with_algorithms and validate take it as it is, so no caller copies
+// the settings into a struct of its own.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "crosstrain/comm/communicator.h"
+
+namespace crosstrain::comm {
+
+struct CommConfig {
+  std::string backend = "gloo";      // gloo, or mpi (a job started by mpirun)
+  double timeout_s = 30;             // every wait, the rendezvous and group creation
+  bool shared_memory = true;         // same-host float all-reduces through shared memory (comm/shm.h)
+  // Gradients between data-parallel replicas: none, bf16, fp16, int8, int4, topk:F, powersgd:R
+  // (comm/compression.h). The gradient reducer applies it; it is here because it is part of [comm].
+  std::string compression = "none";
+  // Collectives through our algorithms (comm/algorithm_communicator.h): builtin (the back end's own), ring, tree,
+  // hd, hierarchical, auto.
+  std::string algo = "builtin";
+  std::string topology;              // for algo = auto: a topology TOML whose links the cost model uses
+
+  // Seconds are what a person writes in a config; waits take milliseconds. Rounded, not truncated: 0.3 s is
+  // 300 ms even where 0.3 * 1000 falls just below 300.
+  Millis timeout() const { return Millis(std::llround(timeout_s * 1000)); }
+};
+
+// Checks algo, topology and compression (throws UsageError naming the bad value and the choices) without
+// communicating. The back end is checked by init_world, which knows how the process was started.
+void validate(const CommConfig& config);
+
+}  // namespace crosstrain::comm

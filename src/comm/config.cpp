@@ -1,0 +1,23 @@
+#include "crosstrain/comm/config.h"
+
+#include "crosstrain/comm/algorithms.h"
+#include "crosstrain/comm/compression.h"
+#include "crosstrain/comm/cost_model.h"
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::comm {
+
+void validate(const CommConfig& config) {
+  if (config.algo != "builtin" && config.algo != "auto") {
+    try {
+      algo::parse_algorithm(config.algo);
+    } catch (const UsageError&) {
+      throw UsageError("comm.algo = \"" + config.algo + "\" is not an algorithm; use builtin, ring, tree, hd, " +
+                       "hierarchical or auto");
+    }
+  }
+  if (!config.topology.empty()) load_topology(config.topology);  // names the file and the key that is wrong
+  if (config.compression != "none") make_codec(config.compression);  // names the spec and the valid forms
+}
+
+}  // namespace crosstrain::comm

@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <memory>
+#include <utility>
 
 #include "crosstrain/comm/algorithms.h"
 #include "crosstrain/comm/compression.h"
@@ -227,7 +229,10 @@ void parse_sizes(const std::string& text, int64_t& min_bytes, int64_t& max_bytes
   if (max_bytes < min_bytes) throw UsageError("--sizes " + text + ": the largest size is below the smallest");
 }
 
-int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaunch_args) {
+namespace {
+
+// The collectives to run, after the checks that need no ranks. Throws UsageError.
+std::vector<std::string> checked_ops(const BenchCommOptions& o) {
   if (o.step_factor < 2) throw UsageError("--step-factor must be at least 2");
   if (o.iters < 0 || o.warmup < 0) throw UsageError("--iters must be at least 1 (or 0: automatic) and --warmup at least 0");
   std::vector<std::string> ops = o.op == "all" ? bench_ops() : std::vector<std::string>{o.op};
@@ -235,6 +240,182 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
     if (std::find(bench_ops().begin(), bench_ops().end(), op) == bench_ops().end())
       throw UsageError("unknown --op '" + op + "'; use one of allreduce, broadcast, reduce, allgather, "
                        "reducescatter, alltoall, gather, scatter, sendrecv, all");
+  return ops;
+}
+
+std::unique_ptr<Communicator> join_world(const BenchCommOptions& o, const LaunchEnv& env) {
+  comm::CommConfig config;
+  config.backend = o.backend == "mpi" ? "mpi" : "gloo";
+  config.shared_memory = o.backend == "gloo+shm";
+  config.timeout_s = o.timeout_s;
+  return comm::init_world(env, config);
+}
+
+// What every measurement of one run shares: the options, the ranks, how the collectives run, and the results.
+struct Bench {
+  Bench(const BenchCommOptions& options, Communicator& comm, at::ScalarType dtype_, ReduceOp redop_)
+      : o(options), c(comm), dtype(dtype_), redop(redop_), leader(comm.rank() == 0) {
+    if (o.compression != "none") codec = comm::make_codec(o.compression);
+    algorithm = o.algo == "auto" ? comm::algo::Algorithm::Ring : comm::algo::parse_algorithm(o.algo);
+    if (algorithm == comm::algo::Algorithm::Hierarchical) hierarchy = comm::algo::make_hierarchy(c, o.group_size);
+  }
+
+  const BenchCommOptions& o;
+  Communicator& c;
+  const at::ScalarType dtype;
+  const ReduceOp redop;
+  const bool leader;  // rank 0 prints and writes the JSON
+  std::unique_ptr<comm::Codec> codec;
+  comm::ErrorFeedback feedback;
+  comm::algo::Algorithm algorithm = comm::algo::Algorithm::Builtin;
+  comm::algo::Hierarchy hierarchy;
+  nlohmann::json rows = nlohmann::json::array();
+  int64_t total_wrong = 0;
+};
+
+// --algo auto: the cost model picks per operation and size, for this host with its default (loopback) link; the
+// operations it does not model stay with the back end.
+comm::algo::Algorithm auto_algorithm(const Bench& b, const std::string& op, int64_t bytes) {
+  const std::vector<std::pair<std::string, comm::Collective>> modeled{
+      {"allreduce", comm::Collective::AllReduce}, {"reducescatter", comm::Collective::ReduceScatter},
+      {"allgather", comm::Collective::AllGather}, {"broadcast", comm::Collective::Broadcast}};
+  auto it = std::find_if(modeled.begin(), modeled.end(), [&](const auto& m) { return m.first == op; });
+  if (it == modeled.end()) return comm::algo::Algorithm::Builtin;
+  auto chosen = comm::choose_algorithm(it->second, static_cast<double>(bytes), comm::detect_local_topology(b.c.size()));
+  if (b.leader) std::printf("# auto: %lld bytes -> %s\n", static_cast<long long>(bytes), comm::algo::to_string(chosen));
+  return chosen;
+}
+
+// Replaces a case's run with an all-reduce through the codec; `codec_bytes` receives what this rank sent.
+void use_codec(Bench& b, const std::string& op, Case& k, int64_t& codec_bytes) {
+  if (op != "allreduce" || b.dtype != at::kFloat || b.redop != ReduceOp::Avg)
+    throw UsageError("--compression applies to --op allreduce --dtype float --redop avg (codecs average)");
+  // Averages through the codec; the check compares with the exact average within the codec's error.
+  k.run = [&c = b.c, t = k.input, &codec = b.codec, &feedback = b.feedback, &codec_bytes]() mutable {
+    codec_bytes = comm::compressed_all_reduce(c, t, *codec, &feedback, 0).bytes_sent;
+    return comm::completed_work();
+  };
+  b.feedback.reset();  // a new buffer size
+}
+
+// Elements of this rank's output that are wrong after one run; with a codec (lossy), those further from the exact
+// average than 1% of the buffer's largest value.
+int64_t wrong_here(const Bench& b, const Case& k) {
+  if (!b.codec) return count_wrong(k);
+  at::Tensor got = k.output.reshape(-1).to(at::kDouble), want = k.expected.reshape(-1).to(at::kDouble);
+  const double bound = 0.01 * std::max(1.0, want.abs().max().item<double>());
+  return got.numel() ? (got - want).abs().gt(bound).sum().item<int64_t>() : 0;
+}
+
+struct Timing {
+  double seconds = 0;  // per call, the slowest rank's
+  int iters = 0;
+};
+
+// Warm-up, then timed calls. Iterations fill a time budget (large sizes get fewer, at least 3): small sizes need
+// thousands, or the skew of leaving the barrier (tens of microseconds) dominates a time of a few microseconds.
+Timing time_case(Bench& b, Case& k) {
+  const BenchCommOptions& o = b.o;
+  auto t0 = Clock::now();
+  for (int i = 0; i < o.warmup; ++i) k.run()->wait();
+  double warm = o.warmup > 0 ? std::chrono::duration<double>(Clock::now() - t0).count() / o.warmup : 0.0;
+  warm = max_over_ranks(b.c, warm);
+  const int most = o.iters > 0 ? o.iters : 10000;
+  const double budget_s = o.iters > 0 ? 1.0 : 0.3;
+  Timing t;
+  t.iters = o.iters > 0 ? o.iters : 20;
+  if (warm > 0) t.iters = static_cast<int>(std::max(3.0, std::min<double>(most, budget_s / warm)));
+  b.c.barrier()->wait();
+  t0 = Clock::now();
+  for (int i = 0; i < t.iters; ++i) k.run()->wait();
+  t.seconds = max_over_ranks(b.c, std::chrono::duration<double>(Clock::now() - t0).count() / t.iters);
+  return t;
+}
+
+void print_table_header(const Bench& b, const std::string& op) {
+  const BenchCommOptions& o = b.o;
+  std::printf("# crosstrain bench comm: op %s, backend %s, algo %s, %d ranks, dtype %s, iters %s, warmup %d\n",
+              op.c_str(), b.c.backend().c_str(), o.algo.c_str(), b.c.size(), o.dtype.c_str(),
+              o.iters > 0 ? std::to_string(o.iters).c_str() : "auto (~0.3 s per size)", o.warmup);
+  std::printf("#%13s %12s %9s %7s %5s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "root",
+              "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
+}
+
+// One measured size, as the leader reports it.
+struct Row {
+  int64_t size_bytes = 0, count = 0, wrong = 0, codec_bytes = -1;
+  Timing timing;
+  double algbw = 0, busbw = 0;
+};
+
+// The table's row (and a line on the codec's traffic), and the same as JSON.
+void report_row(Bench& b, const std::string& op, const Row& r) {
+  const BenchCommOptions& o = b.o;
+  const std::string redop_name = reduces(op) ? comm::to_string(b.redop) : "none";
+  const int root = rooted(op) ? o.root : -1;
+  if (!b.leader) return;
+  std::printf("%14s %12lld %9s %7s %5d %12.1f %12.3f %12.3f %8lld\n", std::to_string(r.size_bytes).c_str(),
+              static_cast<long long>(r.count), o.dtype.c_str(), redop_name.c_str(), root, r.timing.seconds * 1e6,
+              r.algbw, r.busbw, static_cast<long long>(r.wrong));
+  if (b.codec && r.codec_bytes >= 0)
+    std::printf("#   %s: %lld bytes sent by this rank, %.2fx fewer than a float all-reduce\n", o.compression.c_str(),
+                static_cast<long long>(r.codec_bytes),
+                r.codec_bytes > 0 ? 2.0 * (b.c.size() - 1) / b.c.size() * r.size_bytes / r.codec_bytes : 0.0);
+  std::fflush(stdout);
+  b.rows.push_back({{"op", op}, {"backend", b.c.backend()}, {"algo", o.algo}, {"nranks", b.c.size()},
+                    {"size", r.size_bytes}, {"count", r.count}, {"type", o.dtype}, {"redop", redop_name},
+                    {"root", root}, {"iters", r.timing.iters}, {"time_us", r.timing.seconds * 1e6},
+                    {"algbw", r.algbw}, {"busbw", r.busbw}, {"wrong", r.wrong}});
+}
+
+// Checks, then times one collective at one size on every rank, and reports the row. Returns its bus bandwidth.
+double measure_row(Bench& b, const std::string& op, int64_t bytes) {
+  Case k = make_case(b.c, op, bytes, b.dtype, b.redop, b.o.root);
+  const comm::algo::Algorithm chosen = b.o.algo == "auto" ? auto_algorithm(b, op, bytes) : b.algorithm;
+  if (chosen != comm::algo::Algorithm::Builtin)
+    use_algorithm(k, b.c, op, chosen, b.redop, b.o.root, &b.hierarchy, b.o.piece_bytes);
+  Row r;
+  if (b.codec) use_codec(b, op, k, r.codec_bytes);
+  r.size_bytes = k.count * static_cast<int64_t>(c10::elementSize(b.dtype));
+  r.count = k.count;
+  // Correctness first, on fresh inputs; in-place ops then keep transforming the buffer while timed.
+  k.run()->wait();
+  const int64_t wrong = wrong_here(b, k);
+  r.timing = time_case(b, k);
+  at::Tensor wrong_all = at::full({1}, wrong, at::kLong);
+  b.c.all_reduce(wrong_all, ReduceOp::Sum)->wait();
+  r.wrong = wrong_all.item<int64_t>();
+  b.total_wrong += r.wrong;
+  r.algbw = r.timing.seconds > 0 ? r.size_bytes / r.timing.seconds / 1e9 : 0.0;
+  r.busbw = r.algbw * busbw_factor(op, b.c.size());
+  report_row(b, op, r);
+  return r.busbw;
+}
+
+// One table: every size from --sizes for one collective, and the average bus bandwidth.
+void measure_op(Bench& b, const std::string& op) {
+  if (b.leader) print_table_header(b, op);
+  double busbw_sum = 0;
+  int measured = 0;
+  for (int64_t bytes = b.o.min_bytes; bytes <= b.o.max_bytes; bytes *= b.o.step_factor) {
+    busbw_sum += measure_row(b, op, bytes);
+    ++measured;
+    if (bytes == 0) break;
+  }
+  if (b.leader) std::printf("# Avg bus bandwidth    : %.3f GB/s\n#\n", measured ? busbw_sum / measured : 0.0);
+}
+
+void write_json(const Bench& b) {
+  if (!b.leader || b.o.json.empty()) return;
+  std::ofstream out(b.o.json);
+  if (!out) throw UsageError("cannot write --json file '" + b.o.json + "'");
+  out << b.rows.dump(2) << "\n";
+}
+
+}  // namespace
+
+int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaunch_args) {
+  const std::vector<std::string> ops = checked_ops(o);
   const at::ScalarType dtype = parse_dtype(o.dtype);
   const ReduceOp redop = comm::parse_reduce_op(o.redop);
   LaunchEnv env = detect_launch_env(current_environment());
@@ -247,120 +428,13 @@ int bench_comm(const BenchCommOptions& o, const std::vector<std::string>& relaun
     throw UsageError("--root " + std::to_string(o.root) + " is outside 0.." + std::to_string(env.world_size - 1));
 
   limit_compute_threads(1);
-  comm::CommConfig config;
-  config.backend = o.backend == "mpi" ? "mpi" : "gloo";
-  config.shared_memory = o.backend == "gloo+shm";
-  config.timeout_s = o.timeout_s;
-  auto world = comm::init_world(env, config);
-  Communicator& c = *world;
-  const bool leader = c.rank() == 0;
-  std::unique_ptr<comm::Codec> codec;
-  comm::ErrorFeedback feedback;
-  if (o.compression != "none") codec = comm::make_codec(o.compression);
-  comm::algo::Algorithm algorithm = o.algo == "auto" ? comm::algo::Algorithm::Ring : comm::algo::parse_algorithm(o.algo);
-  comm::algo::Hierarchy hierarchy;
-  if (algorithm == comm::algo::Algorithm::Hierarchical) hierarchy = comm::algo::make_hierarchy(c, o.group_size);
-  nlohmann::json rows = nlohmann::json::array();
-  int64_t total_wrong = 0;
-
-  for (const auto& op : ops) {
-    if (leader) {
-      std::printf("# crosstrain bench comm: op %s, backend %s, algo %s, %d ranks, dtype %s, iters %s, warmup %d\n",
-                  op.c_str(), c.backend().c_str(), o.algo.c_str(), c.size(), o.dtype.c_str(),
-                  o.iters > 0 ? std::to_string(o.iters).c_str() : "auto (~0.3 s per size)", o.warmup);
-      std::printf("#%13s %12s %9s %7s %5s %12s %12s %12s %8s\n", "size(B)", "count", "type", "redop", "root",
-                  "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong");
-    }
-    double busbw_sum = 0;
-    int measured = 0;
-    for (int64_t bytes = o.min_bytes; bytes <= o.max_bytes; bytes *= o.step_factor) {
-      Case k = make_case(c, op, bytes, dtype, redop, o.root);
-      comm::algo::Algorithm chosen = algorithm;
-      if (o.algo == "auto") {
-        // The cost model picks per operation and size, for this host with its default (loopback) link; the
-        // operations it does not model stay with the back end.
-        const std::vector<std::pair<std::string, comm::Collective>> modeled{
-            {"allreduce", comm::Collective::AllReduce}, {"reducescatter", comm::Collective::ReduceScatter},
-            {"allgather", comm::Collective::AllGather}, {"broadcast", comm::Collective::Broadcast}};
-        auto it = std::find_if(modeled.begin(), modeled.end(), [&](const auto& m) { return m.first == op; });
-        chosen = comm::algo::Algorithm::Builtin;
-        if (it != modeled.end())
-          chosen = comm::choose_algorithm(it->second, static_cast<double>(bytes), comm::detect_local_topology(c.size()));
-        if (leader && it != modeled.end())
-          std::printf("# auto: %lld bytes -> %s\n", static_cast<long long>(bytes), comm::algo::to_string(chosen));
-      }
-      if (chosen != comm::algo::Algorithm::Builtin) use_algorithm(k, c, op, chosen, redop, o.root, &hierarchy, o.piece_bytes);
-      int64_t codec_bytes = -1;
-      if (codec) {
-        if (op != "allreduce" || dtype != at::kFloat || redop != ReduceOp::Avg)
-          throw UsageError("--compression applies to --op allreduce --dtype float --redop avg (codecs average)");
-        // Averages through the codec; the check below compares with the exact average within the codec's error.
-        k.run = [&c, t = k.input, &codec, &feedback, &codec_bytes]() mutable {
-          codec_bytes = comm::compressed_all_reduce(c, t, *codec, &feedback, 0).bytes_sent;
-          return comm::completed_work();
-        };
-        feedback.reset();  // a new buffer size
-      }
-      const int64_t size_bytes = k.count * static_cast<int64_t>(c10::elementSize(dtype));
-      // Correctness first, on fresh inputs; in-place ops then keep transforming the buffer while timed.
-      k.run()->wait();
-      int64_t wrong = codec ? 0 : count_wrong(k);
-      if (codec) {
-        // Lossy: count elements further from the exact average than 1% of the buffer's largest value.
-        at::Tensor got = k.output.reshape(-1).to(at::kDouble), want = k.expected.reshape(-1).to(at::kDouble);
-        const double bound = 0.01 * std::max(1.0, want.abs().max().item<double>());
-        wrong = got.numel() ? (got - want).abs().gt(bound).sum().item<int64_t>() : 0;
-      }
-      auto t0 = Clock::now();
-      for (int i = 0; i < o.warmup; ++i) k.run()->wait();
-      double warm = o.warmup > 0 ? std::chrono::duration<double>(Clock::now() - t0).count() / o.warmup : 0.0;
-      // Iterations fill a time budget (large sizes get fewer, at least 3): small sizes need thousands, or the
-      // skew of leaving the barrier (tens of microseconds) dominates a time of a few microseconds.
-      warm = max_over_ranks(c, warm);
-      const int most = o.iters > 0 ? o.iters : 10000;
-      const double budget_s = o.iters > 0 ? 1.0 : 0.3;
-      int iters = o.iters > 0 ? o.iters : 20;
-      if (warm > 0) iters = static_cast<int>(std::max(3.0, std::min<double>(most, budget_s / warm)));
-      c.barrier()->wait();
-      t0 = Clock::now();
-      for (int i = 0; i < iters; ++i) k.run()->wait();
-      double seconds = max_over_ranks(c, std::chrono::duration<double>(Clock::now() - t0).count() / iters);
-      at::Tensor wrong_all = at::full({1}, wrong, at::kLong);
-      c.all_reduce(wrong_all, ReduceOp::Sum)->wait();
-      wrong = wrong_all.item<int64_t>();
-      total_wrong += wrong;
-      const double algbw = seconds > 0 ? size_bytes / seconds / 1e9 : 0.0;
-      const double busbw = algbw * busbw_factor(op, c.size());
-      busbw_sum += busbw;
-      ++measured;
-      const std::string redop_name = reduces(op) ? comm::to_string(redop) : "none";
-      const int root = rooted(op) ? o.root : -1;
-      if (leader) {
-        std::printf("%14s %12lld %9s %7s %5d %12.1f %12.3f %12.3f %8lld\n", std::to_string(size_bytes).c_str(),
-                    static_cast<long long>(k.count), o.dtype.c_str(), redop_name.c_str(), root, seconds * 1e6, algbw,
-                    busbw, static_cast<long long>(wrong));
-        if (codec && codec_bytes >= 0)
-          std::printf("#   %s: %lld bytes sent by this rank, %.2fx fewer than a float all-reduce\n", o.compression.c_str(),
-                      static_cast<long long>(codec_bytes),
-                      codec_bytes > 0 ? 2.0 * (c.size() - 1) / c.size() * size_bytes / codec_bytes : 0.0);
-        std::fflush(stdout);
-        rows.push_back({{"op", op}, {"backend", c.backend()}, {"algo", o.algo}, {"nranks", c.size()}, {"size", size_bytes},
-                        {"count", k.count}, {"type", o.dtype}, {"redop", redop_name}, {"root", root},
-                        {"iters", iters}, {"time_us", seconds * 1e6}, {"algbw", algbw}, {"busbw", busbw},
-                        {"wrong", wrong}});
-      }
-      if (bytes == 0) break;
-    }
-    if (leader) std::printf("# Avg bus bandwidth    : %.3f GB/s\n#\n", measured ? busbw_sum / measured : 0.0);
-  }
-  if (leader && !o.json.empty()) {
-    std::ofstream out(o.json);
-    if (!out) throw UsageError("cannot write --json file '" + o.json + "'");
-    out << rows.dump(2) << "\n";
-  }
-  c.barrier()->wait();
-  if (total_wrong != 0) {
-    if (leader) std::fprintf(stderr, "bench comm: %lld wrong elements\n", static_cast<long long>(total_wrong));
+  auto world = join_world(o, env);
+  Bench b(o, *world, dtype, redop);
+  for (const auto& op : ops) measure_op(b, op);
+  write_json(b);
+  b.c.barrier()->wait();
+  if (b.total_wrong != 0) {
+    if (b.leader) std::fprintf(stderr, "bench comm: %lld wrong elements\n", static_cast<long long>(b.total_wrong));
     return 1;
   }
   return 0;

@@ -33,12 +33,14 @@ declare -A SETS=(
   [diloco-h60-int8]="sync.mode=diloco sync.inner_steps=60 sync.compression=int8 $OUTER"
   [diloco-h150]="sync.mode=diloco sync.inner_steps=150 $OUTER"
   [diloco-stream]="sync.mode=diloco sync.inner_steps=100 sync.fragments=3 sync.overlap_steps=10 $OUTER"
+  # Tensor parallel inside each cluster (the 2 hosts of a cluster hold one replica): each rank exchanges its shard.
+  [diloco-tp2]="sync.mode=diloco sync.inner_steps=100 parallel.tp=2 $OUTER"
   [ssp]="sync.mode=ssp sync.period=10 sync.staleness=20 sync.slow_rank=3 sync.slow_ms=100"
   [sync-slow]="sync.mode=sync sync.slow_rank=3 sync.slow_ms=100"
   [async]="sync.mode=async sync.period=10"
   [gossip]="sync.mode=gossip sync.period=10"
 )
-MODES=${MODES:-"sync sync-hier diloco-h50 diloco-h100 diloco-h100-int8 diloco-h60-int8 diloco-stream ssp async gossip"}
+MODES=${MODES:-"sync sync-hier diloco-h50 diloco-h100 diloco-h100-int8 diloco-h60-int8 diloco-stream diloco-tp2 ssp async gossip"}
 mkdir -p "$OUT"
 echo "# gpt-tiny, 2 clusters x 2 hosts (1 rank each), wan 100mbit / 25 ms one way, $STEPS steps x 16 x 128 tokens"
 for mode in $MODES; do

@@ -13,7 +13,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/threads.h"
-#include "crosstrain/models/gpt_parallel.h"
+#include "crosstrain/models/parallelize.h"
 #include "crosstrain/obs/metrics.h"
 #include "crosstrain/parallel/mesh.h"
 #include "crosstrain/parallel/pipeline.h"
@@ -77,39 +77,30 @@ void write_trace(comm::Communicator& world, const BenchPipelineOptions& o, const
 // One (schedule, m) measurement on this rank; prints on rank 0.
 void measure(comm::Communicator& world, const BenchPipelineOptions& o, parallel::ScheduleKind kind, int m) {
   const int p = world.size();
-  const int chunks = kind == parallel::ScheduleKind::Interleaved1F1B ? 2 : 1;
-  parallel::ScheduleSpec spec{kind, p, m, chunks};
+  if (p < 2) throw UsageError("bench pipeline: --stages must be at least 2 (a pipeline of one stage has no bubble)");
   models::GPTConfig config;
   config.n_layer = o.layers;
   config.n_head = o.heads;
   config.n_embd = o.width;
   config.block_size = o.context;
   config.vocab_size = 256;
-  models::check_parallel_plan(config, 1, false, p * chunks);
-  models::GPT full(config, 1);
-  const auto bounds = models::partition_gpt(config, p * chunks);
-  std::vector<models::GPTStage> stages;
+  // The same composition as training: one pipeline stage per rank, this schedule and m micro-batches.
+  parallel::ParallelConfig layout;
+  layout.pp = p;
+  layout.schedule = parallel::to_string(kind);
+  layout.microbatches = m;
+  const parallel::ParallelDims dims = models::gpt_dims(config, layout, m, p);
+  const parallel::ScheduleSpec spec = dims.schedule_spec();
+  parallel::Mesh mesh(world, dims.shape);
+  auto model = models::parallelize(config, 1, dims, mesh, o.batch);
   int64_t param_bytes = 0;
-  for (int k = 0; k < chunks; ++k) {
-    const int vs = k * p + world.rank();
-    stages.emplace_back(config, models::StageSpec{bounds[vs], bounds[vs + 1], vs == 0, vs == p * chunks - 1},
-                        models::TensorParallelContext{}, full);
-    for (const auto& t : stages.back()->parameters()) param_bytes += t.numel() * 4;
-  }
-  full = models::GPT(nullptr);
+  for (const auto& t : model->parameters()) param_bytes += t.numel() * 4;
   auto gen = at::detail::createCPUGenerator(5);
-  std::vector<at::Tensor> x, y;
   for (int i = 0; i < m; ++i) {
-    x.push_back(torch::randint(0, 256, {o.batch, o.context}, gen));
-    y.push_back(torch::randint(0, 256, {o.batch, o.context}, gen));
+    model->inputs[i] = torch::randint(0, 256, {o.batch, o.context}, gen);
+    model->targets[i] = torch::randint(0, 256, {o.batch, o.context}, gen);
   }
-  parallel::PipelineModel model;
-  model.forward = [&](int chunk, int mb, const at::Tensor& in) {
-    return stages[chunk]->pipeline_forward(in, x[mb], y[mb], 1.0 / m);
-  };
-  model.parameters = [&](int chunk) { return stages[chunk]->parameters(); };
-  model.activation_shape = {o.batch, o.context, o.width};
-  parallel::PipelineRuntime runtime(spec, &world, world.rank(), model);
+  parallel::PipelineRuntime& runtime = *model->pipeline();
   auto sim = parallel::simulate(spec, parallel::build_schedule(spec));
 
   double makespan = 0, busy = 0;
@@ -123,8 +114,7 @@ void measure(comm::Communicator& world, const BenchPipelineOptions& o, parallel:
       if (e.action.type == parallel::ActionType::Forward || e.action.type == parallel::ActionType::Backward ||
           e.action.type == parallel::ActionType::BackwardInput || e.action.type == parallel::ActionType::BackwardWeight)
         compute += e.end_s - e.start_s;
-    for (auto& s : stages)
-      for (auto& t : s->parameters()) t.mutable_grad() = at::Tensor();
+    for (auto& t : model->parameters()) t.mutable_grad() = at::Tensor();
     if (step == 0) continue;
     makespan += all_reduce(world, local, comm::ReduceOp::Max);
     busy += all_reduce(world, compute, comm::ReduceOp::Avg);

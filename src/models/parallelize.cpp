@@ -31,7 +31,7 @@ void ParallelGPT::train(bool on) {
 }
 
 std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, const parallel::ParallelDims& dims,
-                                         const parallel::Mesh& mesh, int64_t local_batch) {
+                                         const parallel::Mesh& mesh, int64_t local_batch, at::ScalarType compute_dtype) {
   using parallel::Axis;
   std::unique_ptr<ParallelGPT> m(new ParallelGPT());
   GPT full(model, seed);
@@ -57,6 +57,7 @@ std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, 
   runner.parameters = [self](int chunk) { return self->chunks_[chunk]->parameters(); };
   const int64_t seq = dims.sequence_parallel ? model.block_size / dims.tp() : model.block_size;
   runner.activation_shape = {local_batch, seq, model.n_embd};
+  runner.activation_dtype = compute_dtype;
   m->pipeline_ = std::make_unique<parallel::PipelineRuntime>(dims.schedule_spec(), mesh.group(Axis::PP), stage, runner);
   return m;
 }

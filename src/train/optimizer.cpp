@@ -23,11 +23,15 @@ bool is_split(const StatePlacement& w, const std::string& name, const at::Tensor
   return w.tp_size > 1 && shard.sizes().vec() != global_shape_of(w, name);
 }
 
+std::string copy_name(const std::string& tensor, int copy) {
+  return copy == 0 ? tensor : tensor + "#copy" + std::to_string(copy);
+}
+
 checkpoint::Piece piece(const std::string& tensor, const std::string& param, const at::Tensor& shard,
                         const StatePlacement& w, int64_t offset, const at::Tensor& data) {
   const bool split = is_split(w, param, shard);
   checkpoint::Piece p;
-  p.tensor = tensor;
+  p.tensor = copy_name(tensor, w.copy);
   p.param = param;
   p.global_shape = global_shape_of(w, param);
   p.shard_shape = shard.sizes().vec();
@@ -56,11 +60,13 @@ void check_has(checkpoint::CheckpointReader& reader, const StatePlacement& w,
   }
 }
 
-// This rank's shard of a saved tensor (zeros of `like`'s shape when an optional tensor is absent).
+// This rank's shard of a saved tensor (undefined when an optional tensor is absent: the caller keeps its own).
 at::Tensor read_shard(checkpoint::CheckpointReader& reader, const StatePlacement& w, const std::string& param,
                       const std::string& tensor, const at::Tensor& like, bool optional = false) {
-  if (optional && !reader.has(tensor)) return at::zeros(like.sizes(), like.options().dtype(at::kFloat));
-  at::Tensor shard = w.split(param, reader.read_full(tensor, w.split), w.tp_rank, w.tp_size).contiguous();
+  if (optional && !reader.has(tensor)) return at::Tensor();
+  const std::string own = copy_name(tensor, w.copy);
+  const std::string& stored = reader.has(own) ? own : tensor;
+  at::Tensor shard = w.split(param, reader.read_full(stored, w.split), w.tp_rank, w.tp_size).contiguous();
   if (shard.sizes() != like.sizes())
     throw UsageError("checkpoint '" + reader.dir() + "': parameter '" + param + "' splits into " +
                      c10::str(shard.sizes()) + " but this rank holds " + c10::str(like.sizes()));
@@ -73,14 +79,24 @@ std::string key_of(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGe
 
 class ReplicatedAdamW : public ModelOptimizer {
  public:
+  // With a low-precision dtype the model's parameters and gradients become that dtype and AdamW steps fp32
+  // master copies (mixed precision, like ZeRO's bf16 mode without the sharding).
   ReplicatedAdamW(const std::vector<std::vector<NamedParameter>>& units, comm::Communicator* group,
-                  const OptimizerConfig& c) {
+                  const OptimizerConfig& c)
+      : mixed_(c.dtype != at::kFloat) {
     std::vector<torch::Tensor> decay, no_decay, all;
     for (const auto& unit : units)
       for (const auto& p : unit) {
-        (p.tensor.dim() >= 2 ? decay : no_decay).push_back(p.tensor);
+        at::Tensor master = p.tensor;
+        if (mixed_) {
+          torch::NoGradGuard no_grad;
+          master = p.tensor.detach().clone();
+          const_cast<at::Tensor&>(p.tensor).set_data(p.tensor.data().to(c.dtype));
+        }
+        (p.tensor.dim() >= 2 ? decay : no_decay).push_back(master);
         all.push_back(p.tensor);
         params_[p.name] = p.tensor;
+        masters_[p.name] = master;
       }
     auto options = [&](double wd) {
       return std::make_unique<torch::optim::AdamWOptions>(
@@ -96,12 +112,19 @@ class ReplicatedAdamW : public ModelOptimizer {
     reducer_ = std::make_unique<parallel::BucketedAllReduce>(all, group, buckets);
   }
   std::string describe() const override {
-    return "AdamW on every replica, " + std::to_string(reducer_->bucket_count()) + " gradient buckets";
+    return std::string(mixed_ ? "AdamW with fp32 master weights" : "AdamW") + " on every replica, " +
+           std::to_string(reducer_->bucket_count()) + " gradient buckets";
   }
   parallel::GradReducer& reducer() override { return *reducer_; }
   void step(double lr) override {
     for (auto& g : adamw_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
+    if (mixed_)
+      for (auto& [name, master] : masters_) {
+        const at::Tensor& g = params_.at(name).grad();
+        if (g.defined()) master.mutable_grad() = g.to(at::kFloat);
+      }
     adamw_->step();
+    if (mixed_) sync_tensors_changed();
   }
   void sum_partial_gradients(const std::vector<at::Tensor>& partial, comm::Communicator& tp) override {
     for (const auto& p : partial) {
@@ -114,7 +137,7 @@ class ReplicatedAdamW : public ModelOptimizer {
     if (!replica) return reducer_->gradient_norm();  // one rank per replica: the flat buckets are the model
     double sq = 0;
     for (const auto& [name, t] : params_)
-      if (counted(name) && t.grad().defined()) sq += t.grad().pow(2).sum().item<double>();
+      if (counted(name) && t.grad().defined()) sq += t.grad().to(at::kFloat).pow(2).sum().item<double>();
     at::Tensor total = at::full({1}, sq, at::kDouble);
     replica->all_reduce(total, comm::ReduceOp::Sum)->wait();
     return std::sqrt(total.item<double>());
@@ -122,7 +145,12 @@ class ReplicatedAdamW : public ModelOptimizer {
   parallel::ModelStateBytes memory() const override {
     parallel::ModelStateBytes m;
     for (const auto& [name, t] : params_) m.parameters += t.numel() * static_cast<int64_t>(t.element_size());
-    m.gradients = reducer_->stats().bytes;
+    if (mixed_)  // the fp32 masters and the fp32 copies of their gradients that AdamW reads
+      for (const auto& [name, t] : masters_) {
+        m.optimizer += t.numel() * static_cast<int64_t>(t.element_size());
+        if (t.grad().defined()) m.gradients += t.grad().numel() * static_cast<int64_t>(t.grad().element_size());
+      }
+    m.gradients += reducer_->stats().bytes;
     for (const auto& [key, st] : adamw_->state()) {
       auto& a = static_cast<torch::optim::AdamWParamState&>(*st);
       for (const auto& t : {a.exp_avg(), a.exp_avg_sq()})
@@ -136,24 +164,29 @@ class ReplicatedAdamW : public ModelOptimizer {
       if (t.grad().defined()) g[name] = t.grad().clone();
     return g;
   }
+  // The fp32 masters (the parameters themselves in fp32), in name order: a layer's tensors stay together.
   std::vector<at::Tensor> sync_tensors() override {
     std::vector<at::Tensor> all;
-    for (const auto& [name, t] : params_) all.push_back(t);  // name order: a layer's tensors stay together
+    for (const auto& [name, t] : masters_) all.push_back(t);
     return all;
   }
   bool sync_tensors_sharded() const override { return false; }
-  void sync_tensors_changed() override {}
+  void sync_tensors_changed() override {
+    if (!mixed_) return;
+    torch::NoGradGuard no_grad;
+    for (auto& [name, t] : params_) t.copy_(masters_.at(name));
+  }
 
   std::vector<checkpoint::Piece> checkpoint_pieces(const StatePlacement& w, const std::vector<ExtraState>& extra) override {
     torch::NoGradGuard no_grad;
     std::vector<checkpoint::Piece> pieces;
     size_t index = 0;
-    for (const auto& [name, t] : params_) {
+    for (const auto& [name, t] : masters_) {
       const size_t i = index++;
       if (!is_split(w, name, t) && w.tp_rank != 0) continue;  // replicated: tensor-parallel rank 0 writes it
-      // Each data-parallel rank writes an even share of the (identical) replicas.
-      const int64_t n = t.numel(), begin = w.dp_rank * n / w.dp_size, end = (w.dp_rank + 1) * n / w.dp_size;
-      if (begin == end || !w.writes) continue;
+      // Each writer of the copy writes an even share of the (identical) replicas.
+      const int64_t n = t.numel(), begin = w.writer * n / w.writers, end = (w.writer + 1) * n / w.writers;
+      if (begin == end) continue;
       auto part = [&](const at::Tensor& x) { return x.reshape(-1).narrow(0, begin, end - begin); };
       auto [m, v] = moments(t);
       pieces.push_back(piece(name, name, t, w, begin, part(t.detach())));
@@ -164,13 +197,13 @@ class ReplicatedAdamW : public ModelOptimizer {
     return pieces;
   }
   void load(checkpoint::CheckpointReader& reader, const StatePlacement& w, const std::vector<ExtraState>& extra) override {
-    check_has(reader, w, params_);
+    check_has(reader, w, masters_);
     struct Loaded {
       at::Tensor value, exp_avg, exp_avg_sq;
       std::vector<at::Tensor> extra;
     };
     std::vector<Loaded> loaded;
-    for (const auto& [name, t] : params_) {
+    for (const auto& [name, t] : masters_) {
       Loaded l{read_shard(reader, w, name, name, t), read_shard(reader, w, name, name + "#exp_avg", t),
                read_shard(reader, w, name, name + "#exp_avg_sq", t), {}};
       for (const auto& e : extra) l.extra.push_back(read_shard(reader, w, name, name + e.suffix, t, true));
@@ -179,7 +212,7 @@ class ReplicatedAdamW : public ModelOptimizer {
     const int64_t optimizer_step = reader.info().value("optimizer_step", reader.info().value("step", int64_t{0}));
     torch::NoGradGuard no_grad;
     size_t i = 0;
-    for (const auto& [name, t] : params_) {
+    for (const auto& [name, t] : masters_) {
       const Loaded& l = loaded[i];
       const_cast<torch::Tensor&>(t).copy_(l.value);
       auto st = std::make_unique<torch::optim::AdamWParamState>();
@@ -187,9 +220,11 @@ class ReplicatedAdamW : public ModelOptimizer {
       st->exp_avg(l.exp_avg.view(t.sizes()).clone());
       st->exp_avg_sq(l.exp_avg_sq.view(t.sizes()).clone());
       adamw_->state()[key_of(t)] = std::move(st);
-      for (size_t k = 0; k < extra.size(); ++k) extra[k].tensors[i].copy_(l.extra[k].view_as(extra[k].tensors[i]));
+      for (size_t k = 0; k < extra.size(); ++k)
+        if (l.extra[k].defined()) extra[k].tensors[i].copy_(l.extra[k].view_as(extra[k].tensors[i]));
       ++i;
     }
+    sync_tensors_changed();
   }
   int64_t step_count() const override {
     for (const auto& [key, st] : adamw_->state()) return static_cast<torch::optim::AdamWParamState&>(*st).step();
@@ -204,7 +239,9 @@ class ReplicatedAdamW : public ModelOptimizer {
     return {st.exp_avg(), st.exp_avg_sq()};
   }
 
-  std::map<std::string, at::Tensor> params_;
+  bool mixed_;
+  std::map<std::string, at::Tensor> params_;   // the model's (bf16 with mixed precision)
+  std::map<std::string, at::Tensor> masters_;  // what AdamW steps: fp32 (the parameters themselves in fp32)
   std::unique_ptr<torch::optim::AdamW> adamw_;
   std::unique_ptr<parallel::BucketedAllReduce> reducer_;
 };
@@ -239,6 +276,9 @@ class ShardedAdamW : public ModelOptimizer {
   }
   parallel::GradReducer& reducer() override { return *zero_; }
   parallel::UnitHooks* unit_hooks() override { return zero_->stage() == 3 ? zero_.get() : nullptr; }
+  void gather_parameters() override {
+    if (zero_->stage() == 3) zero_->gather_all_parameters();
+  }
   void step(double lr) override { zero_->step(lr); }
   void sum_partial_gradients(const std::vector<at::Tensor>& partial, comm::Communicator& tp) override {
     std::set<std::string> selected;
@@ -266,7 +306,6 @@ class ShardedAdamW : public ModelOptimizer {
   std::vector<checkpoint::Piece> checkpoint_pieces(const StatePlacement& w, const std::vector<ExtraState>& extra) override {
     torch::NoGradGuard no_grad;
     std::vector<checkpoint::Piece> pieces;
-    if (!w.writes) return pieces;
     size_t i = 0;
     for (auto& slice : zero_->owned_slices()) {
       const size_t index = i++;
@@ -287,7 +326,10 @@ class ShardedAdamW : public ModelOptimizer {
       auto& f = full[name];
       for (const std::string suffix : {"", "#exp_avg", "#exp_avg_sq"})
         f.push_back(read_shard(reader, w, name, name + suffix, t).reshape(-1));
-      for (const auto& e : extra) f.push_back(read_shard(reader, w, name, name + e.suffix, t, true).reshape(-1));
+      for (const auto& e : extra) {
+        at::Tensor x = read_shard(reader, w, name, name + e.suffix, t, true);
+        f.push_back(x.defined() ? x.reshape(-1) : x);
+      }
     }
     torch::NoGradGuard no_grad;
     // Stages 1-2 hold whole parameters; stage 3 only its slices (the parameter memory is released).
@@ -300,7 +342,8 @@ class ShardedAdamW : public ModelOptimizer {
       slice.value.copy_(f[0].narrow(0, slice.param_offset, n));
       slice.exp_avg.copy_(f[1].narrow(0, slice.param_offset, n));
       slice.exp_avg_sq.copy_(f[2].narrow(0, slice.param_offset, n));
-      for (size_t k = 0; k < extra.size(); ++k) extra[k].tensors[i].copy_(f[3 + k].narrow(0, slice.param_offset, n));
+      for (size_t k = 0; k < extra.size(); ++k)
+        if (f[3 + k].defined()) extra[k].tensors[i].copy_(f[3 + k].narrow(0, slice.param_offset, n));
       ++i;
     }
     zero_->set_step_count(reader.info().value("optimizer_step", reader.info().value("step", int64_t{0})));

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <future>
+#include <limits>
 #include <map>
 #include <thread>
 
@@ -181,6 +182,8 @@ class StrategyBase : public SyncStrategy {
  public:
   StrategyBase(SyncSetup s, ClusterGroups g) : s_(std::move(s)), g_(std::move(g)) {}
   int cluster() const override { return g_.cluster; }
+  // Replicas that step alone (gossip, async, ssp) each keep a copy; the others override.
+  CheckpointCopy checkpoint_copy() const override { return {s_.dp_index, 0, 1}; }
   void attach(std::vector<at::Tensor> tensors, bool sharded, std::function<void()> changed) override {
     s_.parameters = std::move(tensors);
     sharded_ = sharded;
@@ -229,6 +232,8 @@ class SyncEveryStep : public StrategyBase {
                                   : "sync (every step, all replicas)";
   }
   comm::Communicator* gradient_group() const override { return s_.config.hierarchical ? g_.local.get() : s_.dp; }
+  // Every replica is identical: one copy, written by all of them.
+  CheckpointCopy checkpoint_copy() const override { return {0, s_.dp_index, s_.dp_size}; }
   double after_backward(int64_t step, double loss) override {
     if (!s_.config.hierarchical || !g_.cross) return loss;
     blocking("cross-cluster gradient average", step, [&] {
@@ -271,17 +276,24 @@ class DiLoCo : public StrategyBase {
     }
     for (auto& fr : fragments_) {
       fr.momentum = at::zeros({numel(fr.params)}, at::kFloat);
+      // NaN until a checkpoint provides it: start() then takes the parameters.
+      fr.anchor = at::full({numel(fr.params)}, std::numeric_limits<float>::quiet_NaN(), at::kFloat);
       int64_t offset = 0;
       for (const auto& p : fr.params) {
         momentum_views_.push_back(fr.momentum.slice(0, offset, offset + p.numel()).view(p.sizes()));
+        anchor_views_.push_back(fr.anchor.slice(0, offset, offset + p.numel()).view(p.sizes()));
         offset += p.numel();
       }
     }
   }
-  std::vector<ExtraState> state() override { return {{"#outer_momentum", momentum_views_}}; }
-  // The outer parameters are where this run starts (the last outer step's, in a checkpoint taken at the end).
+  // The outer momentum and the outer parameters (every cluster's anchor is the same, so a run resumed between
+  // outer steps still lands its next outer step on common ground).
+  std::vector<ExtraState> state() override {
+    return {{"#outer_momentum", momentum_views_}, {"#outer_anchor", anchor_views_}};
+  }
   void start(int64_t first_step) override {
-    for (auto& fr : fragments_) fr.anchor = flatten(fr.params).clone();
+    for (auto& fr : fragments_)
+      if (at::isnan(fr.anchor).any().item<bool>()) fr.anchor.copy_(flatten(fr.params));
   }
   std::string describe() const override {
     std::string d = "diloco (H=" + std::to_string(s_.config.inner_steps) + ", outer lr " +
@@ -295,6 +307,10 @@ class DiLoCo : public StrategyBase {
     return d + ")";
   }
   comm::Communicator* gradient_group() const override { return g_.local.get(); }
+  // The clusters' inner optimizers (and, between outer steps, parameters) differ: a copy per cluster.
+  CheckpointCopy checkpoint_copy() const override {
+    return {g_.cluster, g_.local_index, static_cast<int>(g_.layout.local[g_.cluster].size())};
+  }
 
   void after_step(int64_t step, bool last) override {
     const int64_t H = std::max<int64_t>(1, s_.config.inner_steps), F = static_cast<int64_t>(fragments_.size());
@@ -360,7 +376,7 @@ class DiLoCo : public StrategyBase {
 
   std::unique_ptr<CrossClusterAverage> average_;
   std::vector<Fragment> fragments_;
-  std::vector<at::Tensor> momentum_views_;
+  std::vector<at::Tensor> momentum_views_, anchor_views_;
   int64_t pending_ = -1, pending_due_ = 0;
   std::future<void> exchange_;
 };

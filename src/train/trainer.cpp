@@ -76,9 +76,9 @@ parallel::ParallelDims validate(const Config& c, int world) {
   check_sync_config(c.sync, dims.dp(), dims.pp(), dims.tp(), dims.zero);
   need(c.train.precision == "fp32" || c.train.precision == "bf16",
        "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
-  need(c.train.precision == "fp32" || dims.zero >= 1,
-       "train.precision = \"bf16\" keeps fp32 master weights in ZeRO's sharded optimizer: set parallel.zero = 1, 2 "
-       "or 3 (layout " + dims.describe() + ")");
+  need(!(c.sync.mode == "sync" && c.sync.hierarchical) || c.train.precision == "fp32",
+       "sync.hierarchical averages fp32 gradients across clusters: set train.precision = \"fp32\", or use "
+       "sync.mode = \"diloco\", which runs in bf16");
   need(dims.zero == 0 || c.comm.compression == "none",
        "comm.compression applies to plain data parallel; set parallel.zero = 0 or comm.compression = \"none\"");
   const int64_t replicas_x_micro = dims.dp() * dims.microbatches;
@@ -104,6 +104,7 @@ class Run {
   std::string commit_pending() { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
   void set_step(int64_t step);
   bool lockstep() const { return c_.sync.mode == "sync"; }
+  at::ScalarType compute_dtype() const { return c_.train.precision == "bf16" ? at::kBFloat16 : at::kFloat; }
 
  private:
   double forward_backward(bool training);
@@ -146,7 +147,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   sampler_ = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(splits_.train.size()),
                                                         c.model.block_size, c.train.global_batch, dp_index_,
                                                         dims_.dp(), static_cast<int>(dims_.microbatches));
-  model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch());
+  model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
 
   // [sync] How replicas agree (docs/wan-training.md): the cluster groups first; the optimizer's gradient
   // reduction runs over the strategy's group (all replicas, one cluster, or none), then the strategy keeps the
@@ -165,7 +166,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   OptimizerConfig oc;
   oc.adam = {c.train.lr, c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
   oc.zero = dims_.zero;
-  oc.dtype = c.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  oc.dtype = compute_dtype();
   oc.bucket_bytes = static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20));
   oc.compression = c.comm.compression;
   std::vector<std::vector<NamedParameter>> units;
@@ -198,12 +199,10 @@ StatePlacement Run::placement() const {
   };
   w.tp_rank = tp_index_;
   w.tp_size = dims_.tp();
-  w.dp_rank = dp_index_;
-  w.dp_size = dims_.dp();
-  // ZeRO inside each cluster (or on each rank alone): identical slices live in every cluster; one writes them.
-  comm::Communicator* group = sync_->gradient_group();
-  const int group_size = group ? group->size() : 1;
-  w.writes = dims_.zero == 0 || group_size == dims_.dp() || (group_size > 1 ? sync_->cluster() == 0 : dp_index_ == 0);
+  const SyncStrategy::CheckpointCopy copy = sync_->checkpoint_copy();
+  w.copy = copy.copy;
+  w.writer = copy.writer;
+  w.writers = copy.writers;
   return w;
 }
 
@@ -266,7 +265,10 @@ double Run::forward_backward(bool training) {
   }
   if (!training) return loss;
   reducer.finish();
-  return sync_->gradient_group() ? reducer.side_value(0) : loss;
+  if (!sync_->gradient_group()) return loss;
+  // Replicated bf16 buckets would round the loss riding in them; it travels on its own then.
+  const bool exact_side_values = dims_.zero > 0 || compute_dtype() == at::kFloat;
+  return exact_side_values ? reducer.side_value(0) : all_reduce(sync_->gradient_group(), loss, comm::ReduceOp::Avg);
 }
 
 void Run::set_step(int64_t step) {
@@ -399,6 +401,7 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
 void Run::fill_result(TrainResult& result, bool keep_parameters) {
   result.gradients = std::move(last_gradients_);
   if (!keep_parameters) return;
+  optimizer_->gather_parameters();
   for (const auto& [name, t] : model_->shards()) {
     result.shards[name] = t.detach().clone();
     auto flat = t.detach().reshape(-1).to(at::kFloat).contiguous();

@@ -36,7 +36,7 @@ train::Config base(const std::string& tag, int64_t steps = 20) {
   return c;
 }
 
-Outcome train_with(const train::Config& config, int ranks) {
+Outcome train_with(const train::Config& config, int ranks, bool resume = false) {
   Outcome run;
   run.step_times.resize(ranks);
   std::mutex m;
@@ -45,6 +45,7 @@ Outcome train_with(const train::Config& config, int ranks) {
     train::TrainOptions options;
     options.quiet = true;
     options.keep_parameters = true;
+    options.resume = resume;
     auto result = trainer.run(options);
     std::lock_guard<std::mutex> lock(m);
     for (const auto& s : result.steps) run.step_times[c.rank()].push_back(s.step_time_s);
@@ -270,4 +271,160 @@ TEST_F(SyncConvergence, SspLetsFastRanksRunAheadOfASlowOneWithinTheBound) {
   EXPECT_LT(first, 0.5 * bound * slow_ms / 1000) << "rank 0 ran ahead";
   // ... and over the run it never gets more than `bound` steps ahead: it is paced by the slow rank.
   EXPECT_GT(all, 0.8 * (steps - bound - 1) * slow_ms / 1000) << "rank 0 stayed within the bound";
+}
+
+// ---- every sync mode with every layout ----------------------------------------------------------------------
+// Inside each cluster a replica may be split (pp, tp) or sharded (ZeRO): each rank then exchanges only its own
+// shard or slice with its counterparts in the other clusters. The result must not depend on the split.
+
+namespace {
+
+train::Config diloco(const std::string& tag, int64_t steps = 12) {
+  train::Config c = base(tag, steps);
+  c.sync.mode = "diloco";
+  c.sync.inner_steps = 3;
+  c.sync.clusters = 2;
+  c.sync.outer_lr = 0.7;
+  return c;
+}
+
+train::Config split(train::Config c, int pp, int tp, int zero = 0) {
+  c.parallel.pp = pp;
+  c.parallel.tp = tp;
+  c.parallel.zero = zero;
+  return c;
+}
+
+// Losses (and the final validation loss) within `tolerance`; parameters differ in layout, so not compared.
+void expect_same_losses(const Outcome& got, const Outcome& want, double tolerance, const std::string& what) {
+  ASSERT_EQ(got.losses.size(), want.losses.size()) << what;
+  for (size_t i = 0; i < want.losses.size(); ++i)
+    EXPECT_NEAR(got.losses[i], want.losses[i], tolerance * std::abs(want.losses[i])) << what << " step " << i + 1;
+  EXPECT_NEAR(got.val_loss, want.val_loss, tolerance * want.val_loss) << what << " validation";
+}
+
+// Drops the checkpoints after `step`, so a resumed run starts there.
+void keep_checkpoints_up_to(const std::string& run_dir, int64_t step) {
+  for (const auto& entry : std::filesystem::directory_iterator(run_dir + "/checkpoints"))
+    if (std::stoll(entry.path().filename().string().substr(5)) > step) std::filesystem::remove_all(entry.path());
+}
+
+}  // namespace
+
+TEST(SyncLayouts, DiLoCoWithPipelineAndTensorParallelInsideEachClusterMatchesWholeReplicas) {
+  Outcome want = train_with(diloco("dl_whole"), 2);  // one rank per cluster
+  Outcome got = train_with(split(diloco("dl_pp2tp2"), 2, 2), 8);
+  expect_same_losses(got, want, 1e-4, "diloco, pp=2 x tp=2 in each of 2 clusters");
+  EXPECT_EQ(got.last_row["sync_exchanges"].get<int64_t>(), want.last_row["sync_exchanges"].get<int64_t>());
+  // Each rank sends only its shard: the 4 ranks of a replica together send what one whole replica sends.
+  EXPECT_LT(got.last_row["wan_bytes"].get<int64_t>(), want.last_row["wan_bytes"].get<int64_t>());
+}
+
+TEST(SyncLayouts, DiLoCoWithZeroInsideEachClusterMatchesPlainDataParallelInside) {
+  Outcome want = train_with(diloco("dl_z0"), 4);  // 2 clusters x 2 ranks
+  for (int zero : {1, 2, 3}) {
+    Outcome got = train_with(split(diloco("dl_z" + std::to_string(zero)), 1, 1, zero), 4);
+    expect_same_losses(got, want, 1e-5, "diloco with ZeRO-" + std::to_string(zero) + " inside each cluster");
+  }
+}
+
+TEST(SyncLayouts, GossipAndServerModesRunWithTensorParallelReplicas) {
+  train::Config g = base("gossip_tp1", 12);
+  g.sync.mode = "gossip";
+  Outcome want = train_with(g, 2);
+  g = base("gossip_tp2", 12);
+  g.sync.mode = "gossip";
+  Outcome got = train_with(split(g, 1, 2), 4);
+  // Gossip pairs are fixed per round, so averaging shards equals averaging whole replicas.
+  expect_same_losses(got, want, 1e-4, "gossip, tp=2 replicas");
+  for (const std::string mode : {"async", "ssp"}) {
+    train::Config c = split(base(mode + "_pp2", 12), 2, 1);
+    c.sync.mode = mode;
+    Outcome r = train_with(c, 4);  // two replicas of two pipeline stages, asynchronous to each other
+    EXPECT_LT(r.losses.back(), r.losses.front() - 0.5) << mode << " with pp=2 learns";
+    EXPECT_GT(r.last_row["sync_exchanges"].get<int64_t>(), 0) << mode;
+  }
+}
+
+TEST(SyncResume, DiLoCoResumedAfterAnOuterStepContinuesLikeTheUninterruptedRun) {
+  // The outer momentum is part of the state: without it the outer step after the resume would differ.
+  train::Config c = diloco("dl_resume_ref");
+  c.sync.outer_momentum = 0.9;
+  Outcome want = train_with(c, 4);
+  want.losses.erase(want.losses.begin(), want.losses.end() - 6);
+  for (int zero : {0, 2}) {
+    train::Config r = split(diloco("dl_resume_z" + std::to_string(zero)), 1, 1, zero);
+    r.sync.outer_momentum = 0.9;
+    r.train.checkpoint_every = 3;
+    r.train.keep_checkpoints = 0;
+    train_with(r, 4);
+    keep_checkpoints_up_to(r.run.dir, 6);
+    Outcome got = train_with(r, 4, true);
+    ASSERT_EQ(got.losses.size(), 6u);
+    if (zero == 0)
+      expect_same(got, want, 1e-5, "diloco resumed at step 6");  // also the final parameters
+    else
+      expect_same_losses(got, want, 1e-5, "diloco with ZeRO-2 resumed at step 6");
+  }
+}
+
+TEST(SyncResume, DiLoCoCheckpointLoadsIntoAnotherLayout) {
+  train::Config c = diloco("dl_relayout_ref");
+  Outcome want = train_with(c, 2);
+  train::Config first = diloco("dl_relayout");
+  first.train.checkpoint_every = 6;
+  train_with(first, 2);
+  keep_checkpoints_up_to(first.run.dir, 6);
+  Outcome got = train_with(split(first, 1, 2), 4, true);  // resumed with tp=2 inside each cluster
+  want.losses.erase(want.losses.begin(), want.losses.end() - 6);
+  expect_same_losses(got, want, 1e-4, "diloco saved with tp=1, resumed with tp=2");
+}
+
+TEST(SyncResume, SspResumesWithTheClocksOfItsCheckpoint) {
+  // The server's clocks start at the checkpoint's step: from 0 every worker would wait for a slowest one that is
+  // "steps - 1" behind, and time out.
+  train::Config c = base("ssp_resume", 10);
+  c.sync.mode = "ssp";
+  c.sync.staleness = 1;
+  c.train.checkpoint_every = 5;
+  c.comm.timeout_s = 10;
+  train_with(c, 2);
+  keep_checkpoints_up_to(c.run.dir, 5);
+  Outcome got = train_with(c, 2, true);
+  EXPECT_EQ(got.losses.size(), 5u);
+}
+
+TEST(SyncResume, DiLoCoResumedBetweenOuterStepsKeepsEachClustersCopyAndTheCommonAnchor) {
+  // Step 4 lies between the outer steps at 3 and 6: the clusters' parameters and inner moments differ there
+  // (a copy per cluster) while the outer parameters they started from are common (saved once per copy too).
+  train::Config c = diloco("dl_mid_ref");
+  Outcome want = train_with(c, 4);
+  want.losses.erase(want.losses.begin(), want.losses.end() - 8);
+  train::Config r = diloco("dl_mid");
+  r.train.checkpoint_every = 4;
+  train_with(r, 4);
+  keep_checkpoints_up_to(r.run.dir, 4);
+  Outcome got = train_with(r, 4, true);
+  expect_same(got, want, 1e-5, "diloco resumed at step 4 (between outer steps)");
+}
+
+TEST(Precision, Bf16RunsInEveryLayout) {
+  // Replicated AdamW keeps fp32 master weights; pipelines pass bf16 activations.
+  Outcome fp32 = train_with(base("bf16_ref", 12), 2);
+  struct Layout {
+    int pp, tp, zero;
+  };
+  for (Layout l : {Layout{1, 1, 0}, Layout{2, 1, 0}, Layout{1, 2, 0}, Layout{2, 1, 1}}) {
+    train::Config c = split(base("bf16_pp" + std::to_string(l.pp) + "_tp" + std::to_string(l.tp) + "_z" +
+                                 std::to_string(l.zero), 12),
+                            l.pp, l.tp, l.zero);
+    c.parallel.dp = 2;
+    c.train.precision = "bf16";
+    Outcome r = train_with(c, 2 * l.pp * l.tp);
+    const std::string what = "bf16 pp=" + std::to_string(l.pp) + " tp=" + std::to_string(l.tp) +
+                             " zero=" + std::to_string(l.zero);
+    ASSERT_EQ(r.losses.size(), fp32.losses.size()) << what;
+    EXPECT_NEAR(r.losses.back(), fp32.losses.back(), 0.03 * fp32.losses.back()) << what;
+    EXPECT_LT(r.losses.back(), r.losses.front() - 0.5) << what << " learns";
+  }
 }

@@ -50,7 +50,7 @@ class ParallelGPT {
 
  private:
   friend std::unique_ptr<ParallelGPT> parallelize(const GPTConfig&, uint64_t, const parallel::ParallelDims&,
-                                                  const parallel::Mesh&, int64_t);
+                                                  const parallel::Mesh&, int64_t, at::ScalarType);
   ParallelGPT() = default;
   std::vector<GPTStage> chunks_;
   std::map<std::string, torch::Tensor> shards_;
@@ -60,8 +60,10 @@ class ParallelGPT {
 };
 
 // Builds this rank's stages from the full model of `seed` (every layout starts from the same model), and with
-// pp > 1 the pipeline runtime over the mesh's pipeline group. `local_batch`: sequences per micro-batch.
+// pp > 1 the pipeline runtime over the mesh's pipeline group. `local_batch`: sequences per micro-batch;
+// `compute_dtype`: of the activations the stages pass (bf16 with mixed precision).
 std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, const parallel::ParallelDims& dims,
-                                         const parallel::Mesh& mesh, int64_t local_batch);
+                                         const parallel::Mesh& mesh, int64_t local_batch,
+                                         at::ScalarType compute_dtype = at::kFloat);
 
 }  // namespace crosstrain::models

@@ -3,9 +3,10 @@
 // of the parameters and optimizer state a rank saves, and how a rank of any layout loads its part back, is the
 // optimizer's (optimizer.h).
 //
-// Who writes what: a parameter replicated over the tensor-parallel group is written by tp rank 0 only; each
-// data-parallel rank writes 1/dp of every tensor (plain data parallel: an even split of each tensor; ZeRO:
-// exactly the slices it owns), so all ranks write in parallel and nothing is written twice.
+// Who writes what (StatePlacement in optimizer.h): a parameter replicated over the tensor-parallel group is
+// written by tp rank 0 only; the writers of each copy of the model state (one copy where replicas are
+// identical, one per cluster or replica where they may differ) each write an even share of every tensor, or
+// with ZeRO exactly the slices they own, so all ranks write in parallel and nothing is written twice.
 #pragma once
 
 #include <ATen/core/Tensor.h>

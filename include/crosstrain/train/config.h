@@ -43,7 +43,7 @@ struct TrainConfig {
   int64_t sample_tokens = 200;    // generated at the end by rank 0; 0 disables
   double peak_flops_per_rank = 0; // for MFU; 0 measures a single-thread matmul at start
   int64_t threads_per_rank = 1;
-  std::string precision = "fp32"; // fp32, or bf16: bf16 parameters and gradients, fp32 master weights (needs parallel.zero >= 1)
+  std::string precision = "fp32"; // fp32, or bf16: bf16 parameters and gradients, fp32 master weights (any layout)
 };
 
 using ParallelConfig = parallel::ParallelConfig;  // [parallel]: parallel/parallel_dims.h
@@ -60,7 +60,7 @@ struct SyncConfig {
   double outer_lr = 0.7;          // diloco: outer SGD learning rate
   double outer_momentum = 0.9;    // diloco: outer momentum
   bool nesterov = true;           // diloco: Nesterov momentum
-  std::string compression = "none";  // diloco outer gradients, async/ssp pushes: none, bf16, fp16, int8, int4, ...
+  std::string compression = "none";  // diloco outer gradients only: none, bf16, fp16, int8, int4, ...
   int64_t fragments = 1;          // diloco: > 1 streams parameter fragments on a staggered schedule
   int64_t overlap_steps = 1;      // streaming diloco: inner steps a fragment's exchange overlaps with
   int64_t period = 1;             // gossip, async, ssp: steps between exchanges

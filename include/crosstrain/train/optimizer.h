@@ -37,8 +37,13 @@ struct StatePlacement {
   std::map<std::string, std::vector<int64_t>> global_shapes;  // every parameter of the model, unsplit
   checkpoint::SplitFn split;                                  // whole tensor -> this rank's tensor-parallel shard
   int tp_rank = 0, tp_size = 1;
-  int dp_rank = 0, dp_size = 1;  // among the replicas that hold identical copies: each writes 1/dp_size
-  bool writes = true;            // false: another rank writes identical slices (ZeRO inside each cluster)
+  // Replicas that may differ (DiLoCo's clusters between outer steps, each rank in gossip, async and ssp) keep
+  // their own copy: copy 0 under the plain names, copy k under "<name>#copy<k>". A rank loads its own copy when
+  // the checkpoint has it, else copy 0 (another number of clusters or replicas).
+  int copy = 0;
+  // The ranks that write one copy (replicated: each writes an even 1/writers of every tensor; ZeRO: each writes
+  // the slices it owns).
+  int writer = 0, writers = 1;
 };
 
 // State a sync strategy keeps per tensor of sync_tensors() (DiLoCo's outer momentum): saved beside the moments
@@ -57,6 +62,8 @@ class ModelOptimizer {
   virtual parallel::GradReducer& reducer() = 0;
   // ZeRO-3: what the model calls around each unit to gather and release its parameters (null: nothing).
   virtual parallel::UnitHooks* unit_hooks() { return nullptr; }
+  // ZeRO-3: gathers every parameter and keeps it, for reading them after training (collective).
+  virtual void gather_parameters() {}
   virtual void step(double lr) = 0;
   void zero_grad() { reducer().zero_grad(); }
   // Sequence parallelism: sums the gradients of `partial` over the tensor-parallel group.

@@ -1,7 +1,7 @@
 // A sharded parameter server for the `async` and `ssp` sync modes.
 //
-// Every rank of the group runs a server thread that owns one shard of the flat parameter vector (shard i on rank
-// i) and is also a worker. A worker pushes its local progress (parameters now minus parameters at its last pull)
+// Every rank of the group owns one shard of the flat parameter vector (shard i on rank i), serves it with one
+// thread per other worker (each waits for that worker's next request), and is also a worker. A worker pushes its local progress (parameters now minus parameters at its last pull)
 // to every server and pulls the servers' shards in the same round trip; a server adds delta / workers to its
 // shard and answers with the shard, its version (pushes applied), the clocks of every worker and the staleness
 // of the push (pushes of other workers applied since this worker's previous pull). No barrier: a server serves
@@ -27,7 +27,8 @@ namespace crosstrain::train {
 
 class ParameterServer {
  public:
-  // `group`: used by this object only (a dedicated split). `initial`: the flat parameters, identical everywhere.
+  // `group`: used by this object only (a dedicated split). `initial`: the flat parameters this rank starts from
+  // (identical everywhere in a fresh run; after a resume, this replica's copy): its shard seeds this rank's server.
   // `initial_clock`: every worker's clock at the start (the last step done: a resumed run starts past 0).
   ParameterServer(comm::Communicator& group, const at::Tensor& initial, comm::Millis timeout, int64_t initial_clock = 0);
   ~ParameterServer();
@@ -37,7 +38,7 @@ class ParameterServer {
   struct Reply {
     int64_t min_clock = 0;    // the slowest worker's clock
     int slowest = 0;          // its rank
-    int64_t staleness = 0;    // of this push (shard 0's count)
+    int64_t staleness = 0;    // of this push: the most pushes of other workers any server applied since our pull
   };
   // Pushes `delta` (flat, may be all zeros: a pull) stamped with `clock`, and writes the servers' parameters
   // into `params` (flat). Throws CommError/Error naming the server rank on a failure or timeout.

@@ -53,6 +53,13 @@ class SyncStrategy {
   virtual comm::Communicator* gradient_group() const = 0;
   // The cluster of this rank (0 with one cluster).
   virtual int cluster() const = 0;
+  // Which copy of the model state this rank's replica holds in checkpoints, and which of its writers this rank
+  // is (see StatePlacement in optimizer.h): one copy where every replica is identical, else one per cluster
+  // (diloco) or per replica (gossip, async, ssp).
+  struct CheckpointCopy {
+    int copy = 0, writer = 0, writers = 1;
+  };
+  virtual CheckpointCopy checkpoint_copy() const = 0;
   // `tensors`: what this rank keeps in agreement (the same order and shapes as its counterparts in the other
   // replicas); `sharded`: every rank of gradient_group() holds a different part; `changed`: called after the
   // strategy wrote into them (collective over gradient_group()).

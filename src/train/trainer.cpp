@@ -25,6 +25,7 @@
 #include "crosstrain/train/sample.h"
 #include "crosstrain/train/stop_vote.h"
 #include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/train/test_hooks.h"
 
 namespace crosstrain::train {
 namespace fs = std::filesystem;
@@ -100,7 +101,7 @@ class Run {
   std::string checkpoint_hooks(int64_t step);  // returns the directory committed this step, if any
   obs::StepMetrics metrics(const StepRecord& rec, double val_loss, double checkpoint_s, double elapsed_s);
   void print_header() const;
-  void fill_result(TrainResult& result, bool keep_parameters);
+  void fill_dump();  // tests: options.dump, when the run ends
   std::string commit_pending() { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
   void set_step(int64_t step);
   bool lockstep() const { return c_.sync.mode == "sync"; }
@@ -124,8 +125,7 @@ class Run {
   std::unique_ptr<SyncStrategy> sync_;
   std::unique_ptr<ModelOptimizer> optimizer_;
   CheckpointWriter checkpoints_;
-  bool keep_gradients_;
-  std::map<std::string, at::Tensor> last_gradients_;  // the last step's, for parity tests (keep_parameters)
+  ParameterDump* dump_;  // tests (test_hooks.h): parameters and last gradients, or null
   int64_t start_step_ = 1;
   double peak_flops_ = 0;
   double sync_blocked_s_ = 0, compute_s_ = 0;  // [sync] for utilization
@@ -137,7 +137,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
       tp_index_(mesh_.index(Axis::TP)),
       checkpoints_(world, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
                    c.comm.timeout_s, c.debug.checkpoint),
-      keep_gradients_(options.keep_parameters) {
+      dump_(options.dump) {
   splits_ = data::load_dataset(c.data, c.model.block_size);
   if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());
   if (static_cast<int64_t>(splits_.train.max_token()) >= c.model.vocab_size)
@@ -296,7 +296,7 @@ StepRecord Run::train_step(int64_t step) {
       [&](const std::string& name) { return tp_index_ == 0 || !model_->is_replicated(name); }, mesh_.replica_group());
   if (c_.train.grad_clip > 0 && rec.grad_norm > c_.train.grad_clip)
     optimizer_->reducer().scale_gradients(c_.train.grad_clip / (rec.grad_norm + 1e-6));
-  if (keep_gradients_ && step == c_.train.steps) last_gradients_ = optimizer_->gradients();
+  if (dump_ && step == c_.train.steps) dump_->gradients = optimizer_->gradients();
   optimizer_->step(rec.lr);
   optimizer_->zero_grad();
   sampler_->mark_done(step);
@@ -398,14 +398,15 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
   return m;
 }
 
-void Run::fill_result(TrainResult& result, bool keep_parameters) {
-  result.gradients = std::move(last_gradients_);
-  if (!keep_parameters) return;
-  optimizer_->gather_parameters();
+void Run::fill_dump() {
+  if (!dump_) return;
+  optimizer_->gather_parameters();  // ZeRO-3: whole parameters before they are read
+  dump_->shards.clear();
+  dump_->flat.clear();
   for (const auto& [name, t] : model_->shards()) {
-    result.shards[name] = t.detach().clone();
+    dump_->shards[name] = t.detach().clone();
     auto flat = t.detach().reshape(-1).to(at::kFloat).contiguous();
-    result.parameters.insert(result.parameters.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
+    dump_->flat.insert(dump_->flat.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
   }
 }
 
@@ -489,7 +490,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
   if (talk)
     std::printf("trained %lld steps in %.1f s\n", static_cast<long long>(c.train.steps - run.start_step() + 1),
                 seconds_since(run_start));
-  run.fill_result(result, options.keep_parameters);
+  run.fill_dump();
   // Text comes from the checkpoint saved at the end, which holds the whole model in any layout.
   if (leader && c.train.sample_tokens > 0) {
     result.sample = sample_text(c, *checkpoint::latest_checkpoint(c.run.dir));

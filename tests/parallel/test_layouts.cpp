@@ -11,6 +11,7 @@
 #include "crosstrain/data/sampler.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/train/lr_schedule.h"
+#include "crosstrain/train/test_hooks.h"
 #include "crosstrain/train/trainer.h"
 #include "train_fixture.h"
 
@@ -54,10 +55,11 @@ std::vector<std::map<std::string, at::Tensor>> run_layout(const Layout& l, const
     train::Trainer trainer(c, comm);
     train::TrainOptions o;
     o.quiet = true;
-    o.keep_parameters = true;
+    train::ParameterDump dump;
+    o.dump = &dump;
     auto r = trainer.run(o);
     std::lock_guard<std::mutex> lock(m);
-    grads[comm.rank()] = r.gradients;
+    grads[comm.rank()] = std::move(dump.gradients);
     if (comm.rank() == 0)
       for (const auto& s : r.steps) losses.push_back(s.loss);
   }, comm::Millis(120000));

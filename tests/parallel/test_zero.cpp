@@ -17,6 +17,7 @@
 #include "crosstrain/parallel/grad_hooks.h"
 #include "crosstrain/parallel/grad_reducer.h"
 #include "crosstrain/parallel/zero.h"
+#include "crosstrain/train/test_hooks.h"
 #include "crosstrain/train/trainer.h"
 #include "train_fixture.h"
 
@@ -49,10 +50,11 @@ TrainedRun train_with(int dp, int tp, int zero, bool sequence_parallel, const st
     train::Trainer trainer(c, comm);
     train::TrainOptions o;
     o.quiet = true;
-    o.keep_parameters = true;
+    train::ParameterDump dump;
+    o.dump = &dump;
     auto r = trainer.run(o);
     std::lock_guard<std::mutex> lock(m);
-    run.shards[comm.rank()] = r.shards;
+    run.shards[comm.rank()] = std::move(dump.shards);
     if (comm.rank() == 0)
       for (const auto& s : r.steps) run.losses.push_back(s.loss);
   });

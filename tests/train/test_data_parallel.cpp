@@ -9,6 +9,7 @@
 #include "crosstrain/comm/fake.h"
 #include "crosstrain/models/gpt.h"
 #include "crosstrain/parallel/grad_reducer.h"
+#include "crosstrain/train/test_hooks.h"
 #include "crosstrain/train/trainer.h"
 #include "train_fixture.h"
 
@@ -30,12 +31,13 @@ TrainRun train_with(int dp, int64_t micro_batches, const std::string& tag) {
     train::Trainer trainer(config, c);
     train::TrainOptions options;
     options.quiet = true;
-    options.keep_parameters = true;
+    train::ParameterDump dump;
+    options.dump = &dump;
     auto result = trainer.run(options);
     if (c.rank() == 0) {
       std::lock_guard<std::mutex> lock(m);
       for (const auto& s : result.steps) run.losses.push_back(s.loss);
-      run.parameters = result.parameters;
+      run.parameters = std::move(dump.flat);
     }
   });
   return run;

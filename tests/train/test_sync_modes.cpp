@@ -10,6 +10,7 @@
 #include "crosstrain/comm/fake.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/train/test_hooks.h"
 #include "crosstrain/train/trainer.h"
 #include "train_fixture.h"
 
@@ -44,14 +45,15 @@ Outcome train_with(const train::Config& config, int ranks, bool resume = false) 
     train::Trainer trainer(config, c);
     train::TrainOptions options;
     options.quiet = true;
-    options.keep_parameters = true;
+    train::ParameterDump dump;
+    options.dump = &dump;
     options.resume = resume;
     auto result = trainer.run(options);
     std::lock_guard<std::mutex> lock(m);
     for (const auto& s : result.steps) run.step_times[c.rank()].push_back(s.step_time_s);
     if (c.rank() == 0) {
       for (const auto& s : result.steps) run.losses.push_back(s.loss);
-      run.parameters = result.parameters;
+      run.parameters = std::move(dump.flat);
       run.val_loss = result.val_loss;
     }
   });

@@ -2,10 +2,7 @@
 // metrics, checkpoints. One Trainer per rank; the communicator decides who the other ranks are.
 #pragma once
 
-#include <ATen/core/Tensor.h>
-
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -14,6 +11,8 @@
 #include "crosstrain/train/config.h"
 
 namespace crosstrain::train {
+
+struct ParameterDump;  // test_hooks.h
 
 struct StepRecord {
   int64_t step = 0;
@@ -29,9 +28,6 @@ struct StepRecord {
 struct TrainResult {
   std::vector<StepRecord> steps;   // the steps this run executed (after a resume: only the new ones)
   double val_loss = -1;            // last validation loss (-1: none)
-  std::vector<float> parameters;   // this rank's parameters, flattened in name order (for parity checks)
-  std::map<std::string, at::Tensor> shards;     // this rank's parameters by plain name, after the last step
-  std::map<std::string, at::Tensor> gradients;  // their gradients in the last step (after clipping)
   std::string sample;              // generated text (rank 0, when sample_tokens > 0)
   int64_t stopped_after = -1;      // stop_requested ended the run early after this step (-1: it ran to the end)
 };
@@ -40,10 +36,10 @@ struct TrainOptions {
   bool resume = false;
   bool progress_bar = false;       // redraw one line (a terminal); otherwise plain lines every log_every
   bool quiet = false;              // no progress output at all (tests)
-  bool keep_parameters = false;    // fill TrainResult::parameters
   // Polled at every step (sync.mode = "sync" only): once it returns true on any rank, all ranks stop together
   // after the next whole step, committing a pending asynchronous checkpoint and starting no new one.
   std::function<bool()> stop_requested;
+  ParameterDump* dump = nullptr;   // tests (see test_hooks.h): filled with this rank's parameters when the run ends
 };
 
 // Checks a config for a job of `world` ranks without building anything (layout, batch divisibility, model

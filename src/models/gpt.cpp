@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <limits>
+#include <set>
 
 #include "crosstrain/core/error.h"
 
@@ -92,22 +93,21 @@ void GPTImpl::initialize(uint64_t seed) {
   // A private generator: the result depends on the seed and the parameter order only.
   auto gen = at::detail::createCPUGenerator(seed);
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
+  // Told apart by the modules that hold them, not by name: the projections into the residual stream (one per
+  // residual add, hence the smaller std) and the LayerNorm gains.
+  std::set<const void*> residual, gains{ln_f->weight.unsafeGetTensorImpl()};
+  for (const auto& module : *h) {
+    auto block = module->as<Block>();
+    residual.insert({block->attn->c_proj->weight.unsafeGetTensorImpl(), block->mlp->c_proj->weight.unsafeGetTensorImpl()});
+    gains.insert({block->ln_1->weight.unsafeGetTensorImpl(), block->ln_2->weight.unsafeGetTensorImpl()});
+  }
   torch::NoGradGuard no_grad;
-  for (auto& item : named_parameters()) {
-    const std::string& name = item.key();
-    torch::Tensor& p = item.value();
-    auto ends_with = [&](const std::string& suffix) {
-      return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-    };
-    if (name.find(".ln_") != std::string::npos || name.rfind("ln_f.", 0) == 0) {
-      ends_with(".weight") ? p.fill_(1.0) : p.zero_();
-    } else if (ends_with(".bias")) {
-      p.zero_();
-    } else if (ends_with("c_proj.weight")) {
-      p.normal_(0.0, residual_std, gen);
-    } else {
-      p.normal_(0.0, 0.02, gen);
-    }
+  for (auto& p : parameters()) {
+    const void* impl = p.unsafeGetTensorImpl();
+    if (p.dim() >= 2)  // weights and embeddings
+      p.normal_(0.0, residual.count(impl) ? residual_std : 0.02, gen);
+    else  // biases and LayerNorm parameters
+      gains.count(impl) ? p.fill_(1.0) : p.zero_();
   }
 }
 

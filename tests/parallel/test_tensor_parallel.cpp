@@ -173,3 +173,24 @@ TEST(GPTStage, HoldsTheSingleDeviceBlocksUnderPlainNames) {
   ASSERT_EQ(unit_names.size(), 2u);
   EXPECT_EQ(unit_names.back(), (std::vector<std::string>{"ln_f.weight", "ln_f.bias", "lm_head.weight"}));
 }
+
+TEST(GPTInit, GPT2SchemeFromTheSeedAlone) {
+  // The scheme written out by parameter name, drawing in parameter order from the seed's generator.
+  auto config = small();
+  models::GPT model(config, 7);
+  auto gen = at::detail::createCPUGenerator(7);
+  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
+  for (const auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    auto has = [&](const std::string& part) { return name.find(part) != std::string::npos; };
+    auto want = torch::empty_like(item.value());
+    if (has("ln_")) {
+      has(".weight") ? want.fill_(1.0) : want.zero_();
+    } else if (has(".bias")) {
+      want.zero_();
+    } else {
+      want.normal_(0.0, has("c_proj.weight") ? residual_std : 0.02, gen);
+    }
+    EXPECT_TRUE(torch::equal(item.value(), want)) << name;
+  }
+}

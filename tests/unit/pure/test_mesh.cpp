@@ -3,7 +3,7 @@
 #include <set>
 
 #include "crosstrain/core/error.h"
-#include "crosstrain/parallel/mesh.h"
+#include "crosstrain/parallel/mesh_shape.h"
 
 using namespace crosstrain;
 using parallel::Axis;
@@ -28,8 +28,11 @@ TEST(MeshShape, GroupsPartitionTheWorld) {
       for (int r : g) EXPECT_TRUE(seen.insert(r).second);
       // Members differ only along the axis.
       auto a = s.coords(g[0]), b = s.coords(g[1]);
-      for (Axis other : {Axis::PP, Axis::DP, Axis::TP})
-        if (other != axis) EXPECT_EQ(a[other], b[other]);
+      for (Axis other : {Axis::PP, Axis::DP, Axis::TP}) {
+        if (other != axis) {
+          EXPECT_EQ(a[other], b[other]);
+        }
+      }
     }
     EXPECT_EQ(seen.size(), 8u);
   }

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan install clean
 
 all: build
 
@@ -17,6 +17,10 @@ $(BUILD)/CMakeCache.txt:
 build: deps $(BUILD)/CMakeCache.txt
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
+# The library and the binaries only (crosstrain, the testbed's delay relay): no test suite.
+app: deps $(BUILD)/CMakeCache.txt
+	@cmake --build $(BUILD) -j $(JOBS) --target crosstrain_app crosstrain-delay-relay -- --no-print-directory
+
 # Everything but the `slow` label; ranks are processes, so two at a time is the limit on 2 cores.
 test: build
 	@cd $(BUILD) && ctest -j2 -LE slow --output-on-failure --timeout 900
@@ -25,11 +29,11 @@ test-all: build
 	@cd $(BUILD) && ctest -j2 --output-on-failure
 
 # Trains gpt-tiny on 2 data-parallel ranks and prints a sample of generated text.
-demo: build
+demo: app
 	@rm -rf runs/demo
 	@$(BUILD)/crosstrain train recipes/gpt-tiny.toml --nproc 2 --set run.dir=runs/demo
 
-demo-comm: build
+demo-comm: app
 	@$(BUILD)/crosstrain demo --nproc 2
 
 bench-comm: build

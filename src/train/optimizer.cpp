@@ -113,7 +113,7 @@ class ReplicatedAdamW : public ModelOptimizer {
   }
   std::string describe() const override {
     return std::string(mixed_ ? "AdamW with fp32 master weights" : "AdamW") + " on every replica, " +
-           std::to_string(reducer_->bucket_count()) + " gradient buckets";
+           std::to_string(reducer_->bucket_count()) + (reducer_->bucket_count() == 1 ? " gradient bucket" : " gradient buckets");
   }
   parallel::GradReducer& reducer() override { return *reducer_; }
   void step(double lr) override {

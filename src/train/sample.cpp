@@ -13,8 +13,9 @@ std::string sample_text(const Config& config, const std::string& checkpoint_dir)
   models::GPT model(config.model, config.run.seed);
   checkpoint::CheckpointReader reader(checkpoint_dir);
   // How the model splits a tensor, so the reader can put tensor-parallel shards back together.
+  const models::ParallelPlan plan(config.model);
   const checkpoint::SplitFn split = [&](const std::string& name, const at::Tensor& full, int rank, int size) {
-    return models::shard_of(name, full, config.model, rank, size);
+    return models::shard_of(plan, name, full, rank, size);
   };
   {
     torch::NoGradGuard no_grad;

@@ -193,9 +193,10 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
 StatePlacement Run::placement() const {
   StatePlacement w;
   w.global_shapes = model_->global_shapes();
-  const models::GPTConfig model = c_.model;
-  w.split = [model](const std::string& name, const at::Tensor& whole, int rank, int size) {
-    return models::shard_of(name, whole, model, rank, size);
+  // One plan for every tensor of the load (the reader calls this once per stored tensor-parallel shard).
+  auto plan = std::make_shared<const models::ParallelPlan>(c_.model);
+  w.split = [plan](const std::string& name, const at::Tensor& whole, int rank, int size) {
+    return models::shard_of(*plan, name, whole, rank, size);
   };
   w.tp_rank = tp_index_;
   w.tp_size = dims_.tp();

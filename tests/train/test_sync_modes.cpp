@@ -311,6 +311,18 @@ void keep_checkpoints_up_to(const std::string& run_dir, int64_t step) {
     if (std::stoll(entry.path().filename().string().substr(5)) > step) std::filesystem::remove_all(entry.path());
 }
 
+// Trains `first` with a checkpoint every `step` steps, drops the checkpoints after `step`, and resumes there with
+// `then` (the same run dir; another layout if wanted) on `then_ranks` ranks.
+Outcome resumed_at(train::Config first, int ranks, int64_t step, const train::Config& then, int then_ranks) {
+  first.train.checkpoint_every = step;
+  first.train.keep_checkpoints = 0;
+  train_with(first, ranks);
+  keep_checkpoints_up_to(first.run.dir, step);
+  train::Config resumed = then;
+  resumed.run.dir = first.run.dir;
+  return train_with(resumed, then_ranks, true);
+}
+
 }  // namespace
 
 TEST(SyncLayouts, DiLoCoWithPipelineAndTensorParallelInsideEachClusterMatchesWholeReplicas) {
@@ -357,11 +369,7 @@ TEST(SyncResume, DiLoCoResumedAfterAnOuterStepContinuesLikeTheUninterruptedRun) 
   for (int zero : {0, 2}) {
     train::Config r = split(diloco("dl_resume_z" + std::to_string(zero)), 1, 1, zero);
     r.sync.outer_momentum = 0.9;
-    r.train.checkpoint_every = 3;
-    r.train.keep_checkpoints = 0;
-    train_with(r, 4);
-    keep_checkpoints_up_to(r.run.dir, 6);
-    Outcome got = train_with(r, 4, true);
+    Outcome got = resumed_at(r, 4, 6, r, 4);
     ASSERT_EQ(got.losses.size(), 6u);
     if (zero == 0)
       expect_same(got, want, 1e-5, "diloco resumed at step 6");  // also the final parameters
@@ -374,10 +382,7 @@ TEST(SyncResume, DiLoCoCheckpointLoadsIntoAnotherLayout) {
   train::Config c = diloco("dl_relayout_ref");
   Outcome want = train_with(c, 2);
   train::Config first = diloco("dl_relayout");
-  first.train.checkpoint_every = 6;
-  train_with(first, 2);
-  keep_checkpoints_up_to(first.run.dir, 6);
-  Outcome got = train_with(split(first, 1, 2), 4, true);  // resumed with tp=2 inside each cluster
+  Outcome got = resumed_at(first, 2, 6, split(first, 1, 2), 4);  // resumed with tp=2 inside each cluster
   want.losses.erase(want.losses.begin(), want.losses.end() - 6);
   expect_same_losses(got, want, 1e-4, "diloco saved with tp=1, resumed with tp=2");
 }
@@ -388,11 +393,8 @@ TEST(SyncResume, SspResumesWithTheClocksOfItsCheckpoint) {
   train::Config c = base("ssp_resume", 10);
   c.sync.mode = "ssp";
   c.sync.staleness = 1;
-  c.train.checkpoint_every = 5;
   c.comm.timeout_s = 10;
-  train_with(c, 2);
-  keep_checkpoints_up_to(c.run.dir, 5);
-  Outcome got = train_with(c, 2, true);
+  Outcome got = resumed_at(c, 2, 5, c, 2);
   EXPECT_EQ(got.losses.size(), 5u);
 }
 
@@ -403,10 +405,7 @@ TEST(SyncResume, DiLoCoResumedBetweenOuterStepsKeepsEachClustersCopyAndTheCommon
   Outcome want = train_with(c, 4);
   want.losses.erase(want.losses.begin(), want.losses.end() - 8);
   train::Config r = diloco("dl_mid");
-  r.train.checkpoint_every = 4;
-  train_with(r, 4);
-  keep_checkpoints_up_to(r.run.dir, 4);
-  Outcome got = train_with(r, 4, true);
+  Outcome got = resumed_at(r, 4, 4, r, 4);
   expect_same(got, want, 1e-5, "diloco resumed at step 4 (between outer steps)");
 }
 

@@ -6,7 +6,7 @@
 # fortunes brings the English text the demo trains on (/usr/share/games/fortunes).
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
-          libtomlplusplus-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes "$@")
+          libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes "$@")
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

@@ -9,11 +9,14 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 
 #include "crosstrain/comm/rendezvous.h"
+#include "crosstrain/comm/store_auth.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/launch_env.h"
 
 namespace crosstrain::apps {
 namespace {
@@ -152,6 +155,9 @@ void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o)
     throw Error(std::string("pipe: ") + strerror(saved));
   }
   std::map<std::string, std::string> env = o.extra_env;
+  // The secret travels in the environment only: a command line is readable by every user of the machine.
+  if (!o.secret.empty()) env["CROSSTRAIN_SECRET"] = o.secret;
+  if (!o.job_id.empty()) env["CROSSTRAIN_JOB_ID"] = o.job_id;
   env["RANK"] = std::to_string(r.rank);
   env["WORLD_SIZE"] = std::to_string(world);
   env["LOCAL_RANK"] = std::to_string(local);
@@ -255,6 +261,18 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o) {
   return result;
 }
 
+// The job's id and secret, from the options or the launcher's own environment. One node makes up an id when
+// none is given; several nodes cannot agree on a made-up one, so they share the unnamed job of their port.
+comm::JobCredentials job_credentials(const LaunchOptions& o) {
+  const char* secret = std::getenv("CROSSTRAIN_SECRET");
+  comm::JobCredentials job{o.job_id.empty() ? detect_job_id(current_environment()) : o.job_id,
+                           o.secret.empty() && secret ? secret : o.secret};
+  const std::string problem = job_id_error(job.job_id);
+  if (!job.job_id.empty() && !problem.empty()) throw UsageError("crosstrain run: " + problem);
+  if (job.job_id.empty() && o.nnodes == 1) job.job_id = comm::store::new_job_id();
+  return job;
+}
+
 }  // namespace
 
 void parse_master(const std::string& text, std::string& host, int& port) {
@@ -292,15 +310,21 @@ int launch(const LaunchOptions& o) {
   RankNeeds needs = o.rank_needs;
   if (o.node_rank == 0) needs.tasks += o.nnodes;
   check_ranks_fit(o.nproc, needs, read_machine_room(), o.node_rank == 0 ? 1 : 0);
+  LaunchOptions with_job = o;
+  const comm::JobCredentials job = job_credentials(o);
+  with_job.secret = job.secret;
+  with_job.job_id = job.job_id;
   std::shared_ptr<comm::Rendezvous> store;
   int port = o.master_port;
   if (o.node_rank == 0) {
     try {
-      store = comm::Rendezvous::host(o.master_addr, o.master_port, world, o.timeout);
+      store = comm::Rendezvous::host(o.master_addr, o.master_port, world, o.timeout, -1, job);
     } catch (const CommError& e) {
       throw UsageError("crosstrain run: " + e.cause());
     }
     port = store->port();
+    if (job.secret.empty() && store->listens_beyond_loopback())
+      std::cerr << comm::store::open_store_warning("crosstrain run", store->listen_address()) << std::endl;
   }
 
   if (pipe(g_signal_pipe) != 0) throw Error("crosstrain run: pipe() failed: " + std::string(strerror(errno)));
@@ -326,7 +350,7 @@ int launch(const LaunchOptions& o) {
     Rank& r = ranks[local];
     r.rank = o.node_rank * o.nproc + local;
     try {
-      start_rank(r, local, world, port, o);
+      start_rank(r, local, world, port, with_job);
     } catch (const Error& e) {
       stop_started(ranks);
       restore_signals();
@@ -347,7 +371,7 @@ int launch(const LaunchOptions& o) {
 }
 
 int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
-                int64_t extra_bytes_per_rank) {
+                int64_t extra_bytes_per_rank, const std::string& secret) {
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
@@ -358,6 +382,7 @@ int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::mi
   o.prefix_rank0_stdout = false;  // rank 0 prints the report
   o.rank_needs = kCrosstrainRank;
   o.rank_needs.bytes += extra_bytes_per_rank;
+  o.secret = secret;
   o.command.push_back(exe);
   o.command.insert(o.command.end(), args.begin(), args.end());
   return launch(o);

@@ -22,6 +22,8 @@ struct LaunchOptions {
   std::chrono::milliseconds signal_grace{30000};  // after a forwarded SIGINT/SIGTERM (a second one kills at once)
   std::chrono::milliseconds timeout{30000};     // rendezvous store
   std::map<std::string, std::string> extra_env;
+  std::string secret;                  // the job secret ("": CROSSTRAIN_SECRET, if set); passed in the environment
+  std::string job_id;                  // "": CROSSTRAIN_JOB_ID / TORCHELASTIC_RUN_ID, else made up (one node)
   bool prefix_output = true;           // "[rank N] " before each line
   bool prefix_rank0_stdout = true;     // off when rank 0 prints a report (bench, train)
   RankNeeds rank_needs;                // checked against the machine before anything starts
@@ -37,6 +39,7 @@ int launch(const LaunchOptions& options);
 // Runs this very binary with `args` as nproc local ranks; `extra_bytes_per_rank` adds to a bare rank's memory
 // (the model state a training rank holds at the least).
 int launch_self(int nproc, const std::vector<std::string>& args,
-                std::chrono::milliseconds timeout = std::chrono::milliseconds(30000), int64_t extra_bytes_per_rank = 0);
+                std::chrono::milliseconds timeout = std::chrono::milliseconds(30000), int64_t extra_bytes_per_rank = 0,
+                const std::string& secret = "");
 
 }  // namespace crosstrain::apps

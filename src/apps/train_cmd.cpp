@@ -47,12 +47,19 @@ std::string resume_command(const std::vector<std::string>& args) {
   return resume ? out : out + " --resume";
 }
 
+// The job secret: CROSSTRAIN_SECRET, else run.secret_file (refused when others can read it), else none.
+std::string job_secret(const LaunchEnv& env, const train::Config& config) {
+  if (!env.secret.empty() || config.run.secret_file.empty()) return env.secret;
+  return comm::store::read_secret_file(config.run.secret_file);
+}
+
 }  // namespace
 
 int train_command(const TrainCommand& cmd, const std::vector<std::string>& relaunch_args) {
   // Read the config before starting any rank: a typo is reported once, not once per rank.
   train::Config config = train::load_config(cmd.config_path, cmd.sets);
   LaunchEnv env = detect_launch_env(current_environment());
+  env.secret = job_secret(env, config);
   const bool launching = env.source == LaunchSource::Single && cmd.nproc > 1;
   train::check_config(config, launching ? cmd.nproc : env.world_size);
   if (!cmd.resume && checkpoint::latest_checkpoint(config.run.dir))
@@ -69,7 +76,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     // At the least, each rank holds its share of the model state (fp32 weights, gradients and two Adam moments:
     // 16 bytes a parameter) even when every layout shards it as far as it goes.
     const int64_t state_per_rank = 16 * config.model.parameter_count() / cmd.nproc;
-    return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank);
+    return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret);
   }
   auto world = comm::init_world(env, config.comm);
   train::Trainer trainer(config, *world);

@@ -1,5 +1,7 @@
 #include "crosstrain/comm/init.h"
 
+#include <cstdio>
+
 #include "crosstrain/comm/algorithm_communicator.h"
 #include "crosstrain/comm/mpi.h"
 #include "crosstrain/comm/shm.h"
@@ -16,14 +18,17 @@ std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig&
   }
   if (config.backend != "gloo")
     throw UsageError("unknown communication back end '" + config.backend + "'; use gloo or mpi");
+  const JobCredentials job{env.job_id, env.secret};
   std::shared_ptr<Rendezvous> rendezvous;
   if (env.rank == 0 && !env.store_hosted_by_launcher && env.source != LaunchSource::Single) {
-    rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, timeout, env.rank);
+    rendezvous = Rendezvous::host(env.master_addr, env.master_port, env.world_size, timeout, env.rank, job);
+    if (job.secret.empty() && rendezvous->listens_beyond_loopback())
+      std::fprintf(stderr, "%s\n", store::open_store_warning("crosstrain", rendezvous->listen_address()).c_str());
   } else if (env.source == LaunchSource::Single) {
     // Alone: host a private store on a free loopback port.
-    rendezvous = Rendezvous::host("127.0.0.1", 0, 1, timeout, 0);
+    rendezvous = Rendezvous::host("127.0.0.1", 0, 1, timeout, 0, job);
   } else {
-    rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, env.world_size, timeout);
+    rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, env.world_size, timeout, job);
   }
   auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, timeout, "world");
   if (config.shared_memory) world = with_shared_memory(std::move(world));

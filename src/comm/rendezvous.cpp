@@ -1,5 +1,7 @@
 #include "crosstrain/comm/rendezvous.h"
 
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
 #include <algorithm>
 #include <system_error>
 
@@ -33,6 +35,12 @@ std::string hosting_problem(const std::system_error& e, const std::string& host,
   return "cannot host the rendezvous store on " + endpoint(host, port) + ": " + e.what();
 }
 
+// The job's own namespace on the store: c10d's PrefixStore, as torchelastic does with its run id.
+c10::intrusive_ptr<c10d::Store> under_job(c10::intrusive_ptr<c10d::Store> store, const JobCredentials& job) {
+  if (job.job_id.empty()) return store;
+  return c10::make_intrusive<c10d::PrefixStore>("crosstrain/job/" + job.job_id, std::move(store));
+}
+
 }  // namespace
 
 Rendezvous::Rendezvous(std::unique_ptr<Impl> impl, std::string address, int port)
@@ -42,9 +50,16 @@ Rendezvous::~Rendezvous() = default;
 
 c10::intrusive_ptr<c10d::Store> Rendezvous::store() const { return impl_->store; }
 
+bool Rendezvous::listens_beyond_loopback() const { return impl_->server && !impl_->server->loopback_only(); }
+
+std::string Rendezvous::listen_address() const {
+  return impl_->server ? impl_->server->bound_address() : endpoint(address_, port_);
+}
+
 std::shared_ptr<Rendezvous> Rendezvous::host(const std::string& host, int port, int world_size, Millis timeout,
-                                             int rank) {
+                                             int rank, const JobCredentials& job) {
   store::ServerOptions options;
+  options.job = job;
   options.host = host;
   options.port = port;
   options.world_size = world_size;
@@ -62,17 +77,20 @@ std::shared_ptr<Rendezvous> Rendezvous::host(const std::string& host, int port, 
   }
   const int bound = impl->server->port();
   if (rank >= 0) impl->server->claim_rank(rank);
-  impl->store = c10::make_intrusive<store::LocalStore>(impl->server->table(), endpoint(host, bound), rank, timeout);
+  impl->store = under_job(
+      c10::make_intrusive<store::LocalStore>(impl->server->table(), endpoint(host, bound), rank, timeout), job);
   return std::shared_ptr<Rendezvous>(new Rendezvous(std::move(impl), host, bound));
 }
 
 std::shared_ptr<Rendezvous> Rendezvous::connect(const std::string& host, int port, int rank, int world_size,
-                                                Millis timeout) {
+                                                Millis timeout, const JobCredentials& job) {
   store::Hello hello;
   hello.rank = rank;
   hello.world_size = world_size;
+  hello.job = job.job_id;
   auto impl = std::make_unique<Impl>();
-  impl->store = c10::make_intrusive<store::StoreClient>(host, port, hello, timeout);  // throws CommError
+  // Throws CommError: unreachable, refused, or a store that does not prove the job's secret.
+  impl->store = under_job(c10::make_intrusive<store::StoreClient>(host, port, hello, timeout, job.secret), job);
   return std::shared_ptr<Rendezvous>(new Rendezvous(std::move(impl), host, port));
 }
 

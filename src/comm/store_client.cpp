@@ -3,8 +3,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
 #include <thread>
 
+#include "crosstrain/comm/store_auth.h"
 #include "store_common.h"
 #include "store_socket.h"
 
@@ -25,8 +27,8 @@ const char* io_problem(Io io) {
 
 }  // namespace
 
-StoreClient::StoreClient(std::string host, int port, Hello hello, Millis timeout)
-    : c10d::Store(timeout), address_(endpoint(host, port)), hello_(std::move(hello)) {
+StoreClient::StoreClient(std::string host, int port, Hello hello, Millis timeout, std::string secret)
+    : c10d::Store(timeout), address_(endpoint(host, port)), hello_(std::move(hello)), secret_(std::move(secret)) {
   try {
     connect_and_greet(host, port);
   } catch (...) {
@@ -66,34 +68,70 @@ std::string StoreClient::greet(const std::string& host, int port, Clock::time_po
            "node 0 is running";
   Patience p;
   p.at = deadline;
+  hello_.nonce = secret_.empty() ? "" : random_nonce();  // fresh for every attempt: a proof answers one pair
   std::vector<uint8_t> out = encode_preamble();
   std::vector<uint8_t> frame = encode_frame(encode_hello(hello_));
   out.insert(out.end(), frame.begin(), frame.end());
   Io io = write_all(fd_, out.data(), out.size(), p);
-  uint8_t prefix[kLengthBytes];
-  if (io == Io::Done) io = read_exact(fd_, prefix, sizeof prefix, p);
+  std::optional<Message> reply;
+  if (io == Io::Done) reply = read_handshake_reply(p, io);
   const std::string not_ours = " during the handshake (is that address a crosstrain rendezvous store of the same "
                                "version, and not another program?)";
   if (io == Io::TimedOut) fail("handshake", "no reply within the timeout" + not_ours, true);
-  if (io != Io::Done) {
+  if (!reply) {
     close(fd_);
     fd_ = -1;
     return std::string(io_problem(io)) + not_ours;
   }
-  Message reply;
+  std::string server_nonce;
+  if (reply->code == Code::Challenge) {
+    if (reply->fields.size() != 1) fail("handshake", "a malformed secret challenge");
+    server_nonce = reply->fields[0];
+    reply = answer_challenge(server_nonce, p);
+  }
+  if (reply->code == Code::Refused)
+    fail("joining", "refused this process: " + (reply->fields.empty() ? std::string("no reason given") : reply->fields[0]));
+  if (reply->code != Code::Ok) fail("handshake", "unexpected reply");
+  if (!secret_.empty()) check_store_proof(*reply, server_nonce);
+  return "";
+}
+
+void StoreClient::check_store_proof(const Message& welcome, const std::string& server_nonce) {
+  if (server_nonce.empty())
+    fail("joining", "it runs without a job secret, but this process has one (CROSSTRAIN_SECRET or "
+                    "run.secret_file): give the launcher of node 0 (or rank 0) the same secret");
+  std::string proof;
+  for (size_t i = 0; i + 1 < welcome.fields.size(); i += 2)
+    if (welcome.fields[i] == "proof") proof = welcome.fields[i + 1];
+  const std::string problem = check_server_proof(secret_, hello_.job, hello_.nonce, server_nonce, proof);
+  if (!problem.empty()) fail("joining", problem);
+}
+
+std::optional<Message> StoreClient::read_handshake_reply(const Patience& p, Io& io) {
+  uint8_t prefix[kLengthBytes];
+  io = read_exact(fd_, prefix, sizeof prefix, p);
+  if (io != Io::Done) return std::nullopt;
   try {
     const uint32_t size = parse_length(prefix, kMaxFrameBytes);
     std::vector<uint8_t> body(size);
     io = read_exact(fd_, body.data(), size, p);
     if (io != Io::Done) fail("handshake", io_problem(io), io == Io::TimedOut);
-    reply = decode_body(body.data(), size);
+    return decode_body(body.data(), size);
   } catch (const ProtocolError& e) {
     fail("handshake", std::string("unreadable reply (") + e.what() + "): is that address a crosstrain store?");
   }
-  if (reply.code == Code::Refused)
-    fail("joining", "refused: " + (reply.fields.empty() ? std::string("no reason given") : reply.fields[0]));
-  if (reply.code != Code::Ok) fail("handshake", "unexpected reply");
-  return "";
+}
+
+Message StoreClient::answer_challenge(const std::string& server_nonce, const Patience& p) {
+  // Empty without a secret: the store then says why it refuses this process.
+  const std::string proof =
+      secret_.empty() ? "" : client_proof(secret_, hello_.job, hello_.rank, hello_.world_size, hello_.nonce, server_nonce);
+  const std::vector<uint8_t> frame = encode_frame(Message{Code::Proof, {proof}});
+  Io io = write_all(fd_, frame.data(), frame.size(), p);
+  std::optional<Message> reply;
+  if (io == Io::Done) reply = read_handshake_reply(p, io);
+  if (!reply) fail("handshake", std::string(io_problem(io)) + " after the secret challenge", io == Io::TimedOut);
+  return *reply;
 }
 
 Message StoreClient::call(const std::string& what, const Message& request, Millis reply_within) {

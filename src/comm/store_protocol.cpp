@@ -136,6 +136,8 @@ int64_t parse_int(const std::string& text) {
 
 Message encode_hello(const Hello& hello) {
   Message m{Code::Hello, {"rank", std::to_string(hello.rank), "world_size", std::to_string(hello.world_size)}};
+  if (!hello.job.empty()) m.fields.insert(m.fields.end(), {"job", hello.job});
+  if (!hello.nonce.empty()) m.fields.insert(m.fields.end(), {"nonce", hello.nonce});
   for (const auto& [k, v] : hello.extra) {
     m.fields.push_back(k);
     m.fields.push_back(v);
@@ -156,6 +158,10 @@ Hello decode_hello(const Message& m) {
     } else if (key == "world_size") {
       h.world_size = parse_int_in(value, "world_size", 1);
       has_world = true;
+    } else if (key == "job") {
+      h.job = value;
+    } else if (key == "nonce") {
+      h.nonce = value;
     } else {
       h.extra[key] = value;
     }

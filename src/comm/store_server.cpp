@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <system_error>
 
+#include "crosstrain/core/launch_env.h"
 #include "store_budget.h"
 #include "store_socket.h"
 
@@ -45,6 +46,26 @@ Io read_body(int fd, size_t size, const Patience& p, BudgetLease& lease, std::ve
   return Io::Done;
 }
 
+// One handshake frame (at most kMaxHelloBytes); nothing when the peer hangs up, stalls or sends garbage.
+std::optional<Message> read_handshake_frame(int fd, const Patience& p) {
+  uint8_t prefix[kLengthBytes];
+  if (read_exact(fd, prefix, sizeof prefix, p) != Io::Done) return std::nullopt;
+  try {
+    const uint32_t size = parse_length(prefix, kMaxHelloBytes);
+    std::vector<uint8_t> body(size);
+    if (read_exact(fd, body.data(), size, p) != Io::Done) return std::nullopt;
+    return decode_body(body.data(), size);
+  } catch (const ProtocolError&) {
+    return std::nullopt;
+  }
+}
+
+// A stranger's job id goes into the log only when it is plain text: no escape sequences or forged lines.
+std::string describe_job(const std::string& job) {
+  if (job.empty()) return "no job id";
+  return job_id_error(job).empty() ? "job id '" + job + "'" : "a malformed job id";
+}
+
 }  // namespace
 
 StoreServer::StoreServer(ServerOptions options)
@@ -54,6 +75,7 @@ StoreServer::StoreServer(ServerOptions options)
   listen_fds_ = std::move(listeners.fds);
   try {
     for (int fd : listen_fds_) bound_address_ += (bound_address_.empty() ? "" : ", ") + local_address(fd);
+    loopback_only_ = store::loopback_only(listen_fds_);
     if (pipe2(wake_, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
     acceptor_ = start([this] { accept_loop(); });
   } catch (...) {
@@ -219,12 +241,54 @@ bool StoreServer::admit(Connection& c) {
   if (reason.empty() && version != kVersion)
     reason = "this store speaks protocol version " + std::to_string(kVersion) + ", the client version " +
              std::to_string(version) + ": run the same crosstrain on every node";
+  if (reason.empty()) {
+    reason = job_mismatch(hello.job, options_.job.job_id);
+    if (!reason.empty()) log_refusal(c, "it belongs to another job (" + describe_job(hello.job) + ")");
+  }
+  std::string server_nonce;
+  if (reason.empty() && !options_.job.secret.empty()) {
+    bool dropped = false;
+    server_nonce = random_nonce();
+    reason = authenticate(c, hello, server_nonce, p, dropped);
+    if (dropped) return false;
+  }
   if (reason.empty()) reason = admit_under_lock(c, hello);
   if (!reason.empty()) {
     send(c, Message{Code::Refused, {reason}}, p.at);
     return false;
   }
-  return send(c, ok({"world_size", std::to_string(options_.world_size), "version", std::to_string(kVersion)}), p.at);
+  Message welcome = ok({"world_size", std::to_string(options_.world_size), "version", std::to_string(kVersion)});
+  if (!server_nonce.empty()) {
+    // Only a client that proved the secret gets the store's own proof: strangers get nothing to guess against.
+    welcome.fields.push_back("proof");
+    welcome.fields.push_back(server_proof(options_.job.secret, hello.job, hello.nonce, server_nonce));
+  }
+  return send(c, welcome, p.at);
+}
+
+std::string StoreServer::authenticate(Connection& c, const Hello& hello, const std::string& server_nonce,
+                                      const Patience& p, bool& dropped) {
+  std::optional<Message> answer;
+  if (send(c, Message{Code::Challenge, {server_nonce}}, p.at)) answer = read_handshake_frame(c.fd, p);
+  if (!answer || answer->code != Code::Proof || answer->fields.size() != 1) {
+    dropped = true;  // hung up, stalled or garbled: nothing it could read
+    if (answer) log_refusal(c, "it did not answer the secret challenge");
+    return "";
+  }
+  const ProofVerdict verdict = check_client_proof(options_.job.secret, hello.job, hello.rank, hello.world_size,
+                                                  hello.nonce, server_nonce, answer->fields[0]);
+  if (!verdict.admitted) log_refusal(c, verdict.log_why);
+  return verdict.reason;
+}
+
+void StoreServer::log_refusal(const Connection& c, const std::string& why) {
+  const std::string peer = peer_address(c.fd);
+  std::optional<std::string> line;
+  {
+    std::lock_guard<std::mutex> lock(log_mu_);
+    line = refusals_.line(peer, why, Clock::now());
+  }
+  if (line) std::fprintf(stderr, "%s\n", line->c_str());
 }
 
 std::string StoreServer::admit_under_lock(Connection& c, const Hello& hello) {

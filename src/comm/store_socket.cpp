@@ -64,15 +64,45 @@ std::string endpoint(const std::string& host, int port) {
   return (host.find(':') != std::string::npos ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-std::string local_address(int fd) {
+namespace {
+
+// The numeric host and port of one end of a socket (getsockname or getpeername); false when unknown.
+bool socket_end(int fd, bool peer, std::string& host, int& port) {
   sockaddr_storage ss{};
   socklen_t len = sizeof ss;
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
-  char host[NI_MAXHOST], serv[NI_MAXSERV];
-  if (getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, host, sizeof host, serv, sizeof serv,
+  const int rc = peer ? getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len)
+                      : getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+  if (rc != 0) return false;
+  char name[NI_MAXHOST], serv[NI_MAXSERV];
+  if (getnameinfo(reinterpret_cast<sockaddr*>(&ss), len, name, sizeof name, serv, sizeof serv,
                   NI_NUMERICHOST | NI_NUMERICSERV) != 0)
-    return "?";
-  return endpoint(host, std::atoi(serv));
+    return false;
+  host = name;
+  port = std::atoi(serv);
+  return true;
+}
+
+}  // namespace
+
+std::string local_address(int fd) {
+  std::string host;
+  int port = 0;
+  return socket_end(fd, false, host, port) ? endpoint(host, port) : "?";
+}
+
+std::string peer_address(int fd) {
+  std::string host;
+  int port = 0;
+  return socket_end(fd, true, host, port) ? endpoint(host, port) : "an unknown address";
+}
+
+bool loopback_only(const std::vector<int>& listen_fds) {
+  for (int fd : listen_fds) {
+    std::string host;
+    int port = 0;
+    if (!socket_end(fd, false, host, port) || !is_loopback_address(host)) return false;
+  }
+  return true;
 }
 
 namespace {

@@ -43,5 +43,9 @@ Io wait_readable(int fd, Patience patience);
 std::string endpoint(const std::string& host, int port);
 // The local address a socket is bound to ("127.0.0.1:29500").
 std::string local_address(int fd);
+// The address of the peer of a connected socket ("127.0.0.1:41234").
+std::string peer_address(int fd);
+// Whether every listening socket is bound to a loopback address (nothing beyond this machine can connect).
+bool loopback_only(const std::vector<int>& listen_fds);
 
 }  // namespace crosstrain::comm::store

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -111,10 +112,39 @@ int slurm_tasks_on_node(const std::string& tasks_per_node, int node) {
   throw UsageError("SLURM_TASKS_PER_NODE='" + tasks_per_node + "' has no entry for node " + std::to_string(node));
 }
 
+std::string job_id_error(const std::string& job_id) {
+  constexpr size_t kMaxJobIdBytes = 128;
+  if (job_id.empty()) return "a job id cannot be empty";
+  if (job_id.size() > kMaxJobIdBytes)
+    return "a job id of " + std::to_string(job_id.size()) + " characters is longer than " +
+           std::to_string(kMaxJobIdBytes);
+  for (char ch : job_id) {
+    const bool ok = std::isalnum(static_cast<unsigned char>(ch)) || ch == '.' || ch == '_' || ch == '-' ||
+                    ch == ':' || ch == '@';
+    if (!ok) return "job id '" + job_id + "' may hold only letters, digits and . _ - : @";
+  }
+  return "";
+}
+
+std::string detect_job_id(const EnvMap& env) {
+  for (const char* var : {"CROSSTRAIN_JOB_ID", "TORCHELASTIC_RUN_ID", "OMPI_MCA_ess_base_jobid"}) {
+    if (const std::string* id = find(env, var)) {
+      const std::string problem = job_id_error(*id);
+      if (!problem.empty()) throw UsageError(std::string(var) + ": " + problem);
+      return *id;
+    }
+  }
+  if (const std::string* slurm = find(env, "SLURM_JOB_ID"))
+    return "slurm-" + *slurm + "." + get(env, "SLURM_STEP_ID", "0");
+  return "";
+}
+
 LaunchEnv detect_launch_env(const EnvMap& env) {
   LaunchEnv e;
   e.master_addr = get(env, "MASTER_ADDR", "127.0.0.1");
   e.master_port = parse_int(env, "MASTER_PORT", 29500);
+  e.job_id = detect_job_id(env);
+  e.secret = get(env, "CROSSTRAIN_SECRET", "");
 
   if (find(env, "RANK") && find(env, "WORLD_SIZE")) {
     e.source = LaunchSource::Torchrun;

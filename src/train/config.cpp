@@ -95,6 +95,7 @@ std::vector<Field> fields(Config& c) {
       string_field("run", "dir", c.run.dir),
       uint_field("run", "seed", c.run.seed),
       int_field("run", "log_every", c.run.log_every),
+      string_field("run", "secret_file", c.run.secret_file),
       int_field("model", "n_layer", c.model.n_layer),
       int_field("model", "n_head", c.model.n_head),
       int_field("model", "n_embd", c.model.n_embd),

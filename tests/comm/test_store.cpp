@@ -11,6 +11,7 @@
 #include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/comm/store_address.h"
 #include "crosstrain/comm/store_client.h"
+#include "crosstrain/comm/store_auth.h"
 #include "crosstrain/comm/store_server.h"
 #include "crosstrain/core/error.h"
 #include "store_probes.h"
@@ -428,4 +429,163 @@ TEST(StoreServer, AMachineNameThatResolvesOnlyToLoopbackListensOnEveryInterface)
   int other = raw_connect("127.0.0.2", server.port());  // stands in for another node's address
   EXPECT_GE(other, 0) << "the store listened on loopback only";
   if (other >= 0) close(other);
+}
+
+namespace {
+
+ServerOptions secret_server(int world_size, const std::string& job, const std::string& secret) {
+  ServerOptions o = quick_server(world_size);
+  o.job = comm::JobCredentials{job, secret};
+  return o;
+}
+
+// The CommError message a client of `job` holding `secret` gets from the store ("(no error)" when admitted).
+std::string join_error(const StoreServer& server, int rank, int world_size, const std::string& job,
+                       const std::string& secret) {
+  try {
+    Hello h;
+    h.rank = rank;
+    h.world_size = world_size;
+    h.job = job;
+    StoreClient c("127.0.0.1", server.port(), h, milliseconds(5000), secret);
+  } catch (const CommError& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(StoreAuth, TheRightSecretIsAdmittedAndStrangersAreRefusedWhileTheJobGoesOn) {
+  ::testing::internal::CaptureStderr();
+  StoreServer server(secret_server(3, "job-a", "s3cret"));
+  const std::string at = "127.0.0.1:" + std::to_string(server.port());
+  Hello h;
+  h.rank = 0;
+  h.world_size = 3;
+  h.job = "job-a";
+  auto member = c10::make_intrusive<StoreClient>("127.0.0.1", server.port(), h, milliseconds(5000), "s3cret");
+  member->set("k", bytes("v"));
+
+  const std::string wrong = join_error(server, 1, 3, "job-a", "guess");
+  EXPECT_TRUE(contains(wrong, at)) << wrong;
+  EXPECT_TRUE(contains(wrong, "refused this process: wrong job secret; set CROSSTRAIN_SECRET")) << wrong;
+  EXPECT_FALSE(contains(wrong, "s3cret")) << wrong;
+  const std::string none = join_error(server, 1, 3, "job-a", "");
+  EXPECT_TRUE(contains(none, "this process has none; set CROSSTRAIN_SECRET")) << none;
+  const std::string other_job = join_error(server, 1, 3, "job-b", "s3cret");
+  EXPECT_TRUE(contains(other_job, "job id 'job-a'")) << other_job;
+  EXPECT_TRUE(contains(other_job, "job id 'job-b'")) << other_job;
+  const std::string probe = join_error(server, -1, 3, "job-a", "guess");  // tools prove it too
+  EXPECT_TRUE(contains(probe, "wrong job secret")) << probe;
+
+  // The admitted client is still served, and a refused rank's slot was never taken.
+  EXPECT_EQ(member->get("k"), bytes("v"));
+  EXPECT_EQ(join_error(server, 1, 3, "job-a", "s3cret"), "(no error)");
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(log, "crosstrain: refused a store connection from 127.0.0.1:")) << log;
+  EXPECT_TRUE(contains(log, ": it did not prove the job secret\n")) << log;
+  EXPECT_TRUE(contains(log, ": it has no job secret\n")) << log;
+  EXPECT_TRUE(contains(log, ": it belongs to another job (job id 'job-b')\n")) << log;
+  EXPECT_FALSE(contains(log, "s3cret")) << log;
+}
+
+namespace {
+
+// Reads one frame of a blocking socket (test helper: no limits, no deadline beyond the socket's).
+Message read_frame(int fd) {
+  uint8_t prefix[kLengthBytes];
+  EXPECT_EQ(recv(fd, prefix, sizeof prefix, MSG_WAITALL), static_cast<ssize_t>(sizeof prefix));
+  const uint32_t size = parse_length(prefix, kMaxFrameBytes);
+  std::vector<uint8_t> body(size);
+  EXPECT_EQ(recv(fd, body.data(), size, MSG_WAITALL), static_cast<ssize_t>(size));
+  return decode_body(body.data(), size);
+}
+
+// A store that admits anyone and claims a proof it cannot have made: what a process posing as the job's store at
+// MASTER_ADDR would do.
+void serve_one_impostor(int listener) {
+  int fd = accept(listener, nullptr, nullptr);
+  uint8_t preamble[kPreambleBytes];
+  recv(fd, preamble, sizeof preamble, MSG_WAITALL);
+  read_frame(fd);  // hello
+  raw_send(fd, encode_frame(Message{Code::Challenge, {random_nonce()}}));
+  read_frame(fd);  // the client's proof
+  raw_send(fd, encode_frame(Message{Code::Ok, {"world_size", "2", "version", "2", "proof", random_nonce()}}));
+  std::this_thread::sleep_for(milliseconds(200));
+  close(fd);
+}
+
+}  // namespace
+
+TEST(StoreAuth, AClientWithASecretRefusesAStoreThatCannotProveIt) {
+  StoreServer open_store(secret_server(2, "job-a", ""));
+  const std::string unproven = join_error(open_store, 1, 2, "job-a", "s3cret");
+  EXPECT_TRUE(contains(unproven, "runs without a job secret, but this process has one")) << unproven;
+
+  int listener = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(listen(listener, 8), 0);
+  socklen_t len = sizeof addr;
+  getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+  const int port = ntohs(addr.sin_port);
+  auto impostor = std::async(std::launch::async, [&] { serve_one_impostor(listener); });
+  std::string message = "(admitted)";
+  try {
+    Hello h;
+    h.rank = 1;
+    h.world_size = 2;
+    h.job = "job-a";
+    StoreClient c("127.0.0.1", port, h, milliseconds(5000), "s3cret");
+  } catch (const CommError& e) {
+    message = e.what();
+  }
+  impostor.get();
+  close(listener);
+  EXPECT_TRUE(contains(message, "did not prove the job secret")) << message;
+  EXPECT_TRUE(contains(message, "127.0.0.1:" + std::to_string(port))) << message;
+}
+
+TEST(StoreAuth, AFloodOfWrongSecretsLogsAFewLinesOnly) {
+  ::testing::internal::CaptureStderr();
+  {
+    StoreServer server(secret_server(2, "job-a", "s3cret"));
+    for (int i = 0; i < 30; ++i) join_error(server, 1, 2, "job-a", "guess");
+    EXPECT_EQ(join_error(server, 1, 2, "job-a", "s3cret"), "(no error)");
+  }
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  for (size_t at = log.find("refused a store connection"); at != std::string::npos;
+       at = log.find("refused a store connection", at + 1))
+    ++lines;
+  EXPECT_GE(lines, 1u) << log;
+  EXPECT_LE(lines, 5u) << log;
+}
+
+TEST(Rendezvous, KeysLiveUnderTheJobsPrefixAndGlooFormsWithASecret) {
+  const comm::JobCredentials job{"job-a", "s3cret"};
+  auto host = comm::Rendezvous::host("127.0.0.1", 0, 2, milliseconds(10000), 0, job);
+  EXPECT_FALSE(host->listens_beyond_loopback());
+  auto rank1 = std::async(std::launch::async, [&] {
+    auto r = comm::Rendezvous::connect("127.0.0.1", host->port(), 1, 2, milliseconds(10000), job);
+    r->store()->set("mine", bytes("1"));
+    auto world = comm::make_gloo_communicator(r, 1, 2, milliseconds(10000), "world");
+    at::Tensor t = at::ones({4});
+    world->all_reduce(t, comm::ReduceOp::Sum)->wait();
+    return t[0].item<double>();
+  });
+  auto world = comm::make_gloo_communicator(host, 0, 2, milliseconds(10000), "world");
+  at::Tensor t = at::ones({4});
+  world->all_reduce(t, comm::ReduceOp::Sum)->wait();
+  EXPECT_EQ(rank1.get(), 2.0);
+  // The same job id's prefix, seen from a tool of the job: the key lies under crosstrain/job/job-a/.
+  Hello tool;
+  tool.world_size = 2;
+  tool.job = "job-a";
+  StoreClient raw("127.0.0.1", host->port(), tool, milliseconds(5000), "s3cret");
+  EXPECT_TRUE(raw.check({"crosstrain/job/job-a/mine"}));
+  EXPECT_FALSE(raw.check({"mine"}));
 }

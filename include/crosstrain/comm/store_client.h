@@ -12,17 +12,22 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "crosstrain/comm/store_protocol.h"
 
 namespace crosstrain::comm::store {
 
+struct Patience;  // store_socket.h
+enum class Io;
+
 class StoreClient : public c10d::Store {
  public:
   // Throws CommError when the store cannot be reached in time or refuses this rank (another job on the port,
-  // a different world size, a rank already present); the message says which.
-  StoreClient(std::string host, int port, Hello hello, std::chrono::milliseconds timeout);
+  // a different world size, a rank already present, a wrong or missing job secret), or when `secret` is set and
+  // the store does not prove it knows it; the message says which. `hello.job` names the job.
+  StoreClient(std::string host, int port, Hello hello, std::chrono::milliseconds timeout, std::string secret = "");
   ~StoreClient() override;
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override;
@@ -42,6 +47,12 @@ class StoreClient : public c10d::Store {
   void connect_and_greet(const std::string& host, int port);
   // One attempt: "" once admitted, else why it should be retried; throws CommError when retrying cannot help.
   std::string greet(const std::string& host, int port, std::chrono::steady_clock::time_point deadline);
+  // The server's next handshake frame; nothing (with `io` set) when the connection ended before its prefix.
+  std::optional<Message> read_handshake_reply(const Patience& p, Io& io);
+  // Answers the store's challenge with this process's proof (or an empty one) and returns its verdict frame.
+  Message answer_challenge(const std::string& server_nonce, const Patience& p);
+  // Throws unless the store's welcome carries its proof of the secret over this connection's nonces.
+  void check_store_proof(const Message& welcome, const std::string& server_nonce);
   // Sends `request` and returns the reply (Ok or TimedOut); throws CommError on anything else.
   Message call(const std::string& what, const Message& request, std::chrono::milliseconds reply_within);
   [[noreturn]] void fail(const std::string& what, const std::string& cause, bool timed_out = false) const;
@@ -49,6 +60,7 @@ class StoreClient : public c10d::Store {
 
   std::string address_;
   Hello hello_;
+  std::string secret_;  // never sent: only proofs over fresh nonces are
   int fd_ = -1;
   std::mutex mu_;  // one request at a time on the connection
 };

@@ -2,10 +2,11 @@
 //
 // A connection opens with an 8-byte preamble ("CTRV" + protocol version, little-endian u32), then carries
 // frames both ways:   u32 body length | u8 code | u32 field count | (u32 length | bytes) per field
-// The first frame is the client's Hello (key/value fields: "rank", "world_size", later "token" ...); the server
-// answers Ok or Refused with a reason. Unknown Hello keys are ignored, so later versions (authentication for
-// elastic training) can add keys; an incompatible change bumps kVersion and the server refuses older clients
-// with a readable reason. The frame layout itself never changes, so any version can read a refusal.
+// The first frame is the client's Hello (key/value fields: "rank", "world_size", "job", "nonce"); the server
+// answers Ok or Refused with a reason, or, when the job has a secret, a Challenge that the client answers with a
+// Proof before the server's Ok (carrying the server's own proof) or Refused (store_auth.h). Unknown Hello keys are ignored, so later versions can
+// add keys; an incompatible change bumps kVersion (2: the job id and the challenge) and the server refuses older
+// clients with a readable reason. The frame layout itself never changes, so any version can read a refusal.
 //
 // Every size is bounded before anything is allocated: a peer that announces a 1 GiB frame is dropped after
 // reading 4 bytes. Before its Hello is accepted a connection may send at most kMaxHelloBytes; a tool or probe
@@ -23,7 +24,7 @@
 
 namespace crosstrain::comm::store {
 
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kPreambleBytes = 8;
 constexpr size_t kLengthBytes = 4;
 constexpr size_t kMaxKeyBytes = 4 * 1024;
@@ -45,11 +46,13 @@ enum class Code : uint8_t {
   Check = 7,       // keys...: Ok("1") when all exist
   NumKeys = 8,     // Ok(count, decimal)
   Wait = 9,        // wait_ms, keys...: Ok or TimedOut
+  Proof = 10,      // handshake: HMAC proof of the job secret (empty: this client has none)
   // Replies (server -> client).
   Ok = 100,
   TimedOut = 101,
   Refused = 102,   // handshake refused: reason
   Invalid = 103,   // request broke a rule (size, arity, full store): reason; the connection stays usable
+  Challenge = 104, // handshake, when the job has a secret: the server's nonce (Ok then carries its proof)
 };
 
 struct Message {
@@ -81,6 +84,8 @@ std::string request_error(const Message& request);
 struct Hello {
   int rank = -1;        // -1: not a rank (a tool or a probe); it claims nothing
   int world_size = 0;
+  std::string job;    // the job id ("" for an unnamed job); the store admits only its own job
+  std::string nonce;  // the client's challenge to the server (store_auth.h); "" without a secret
   std::map<std::string, std::string> extra;  // keys this version does not know, kept for later versions
 };
 Message encode_hello(const Hello& hello);

@@ -9,6 +9,8 @@
 // actually arrive, within `max_in_flight_bytes` over all connections. A wait (get, wait) lasts at most
 // `max_wait` and ends early when its client hangs up. The server listens on the addresses of the name it is
 // given (store_address.h), never on every interface unless that name resolves to loopback only.
+// A client of another job id is refused; when the job has a secret, a client must also prove it (store_auth.h).
+// Each such refusal prints one line on stderr naming the peer's address and why, at most a few a minute.
 #pragma once
 
 #include <atomic>
@@ -22,16 +24,19 @@
 #include <thread>
 #include <vector>
 
+#include "crosstrain/comm/store_auth.h"
 #include "crosstrain/comm/store_table.h"
 
 namespace crosstrain::comm::store {
 
 class ByteBudget;
+struct Patience;
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port
   int world_size = 1;
+  JobCredentials job;  // the job id every client must name, and the secret it must prove (none when empty)
   std::chrono::milliseconds handshake_timeout{5000};
   std::chrono::milliseconds stall_timeout{5000};
   std::chrono::milliseconds message_timeout{30000};  // a whole message, however steadily it trickles in
@@ -63,6 +68,8 @@ class StoreServer {
   size_t connections() const;
   // Request bytes held in memory now, over all connections; for tests and diagnostics.
   size_t bytes_in_flight() const;
+  // Whether it listens on loopback addresses only (nothing beyond this machine can reach it).
+  bool loopback_only() const { return loopback_only_; }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -81,6 +88,11 @@ class StoreServer {
   void serve(Connection& c);
   bool admit(Connection& c);                                         // preamble + Hello; false drops it
   std::string admit_under_lock(Connection& c, const Hello& hello);
+  // The challenge-response when the job has a secret: "" once proven, else the reason for the client; sets
+  // `dropped` when the client went away or broke the protocol (then nothing is sent back).
+  std::string authenticate(Connection& c, const Hello& hello, const std::string& server_nonce, const Patience& p,
+                           bool& dropped);
+  void log_refusal(const Connection& c, const std::string& why);
   std::optional<Message> handle(Connection& c, const Message& request);  // nullopt: the client hung up
   std::optional<bool> wait_while_connected(Connection& c, int64_t wait_ms,
                                            const std::function<bool(Clock::time_point)>& until);
@@ -96,6 +108,9 @@ class StoreServer {
   int wake_[2] = {-1, -1};  // a pipe that wakes the accept loop at shutdown
   int port_ = 0;
   std::string bound_address_;
+  bool loopback_only_ = true;
+  std::mutex log_mu_;  // guards refusals_
+  RefusalLog refusals_;
   std::atomic<bool> stopping_{false};
   std::atomic<bool> thread_failure_logged_{false};
   mutable std::mutex mu_;  // guards connections_, ranks_ and probes_

@@ -23,6 +23,11 @@ struct LaunchEnv {
   // True when the launcher already hosts the rendezvous store (torchrun's TORCHELASTIC_USE_AGENT_STORE);
   // otherwise rank 0 hosts it.
   bool store_hosted_by_launcher = false;
+  // The job's name on the rendezvous store: CROSSTRAIN_JOB_ID, else torchrun's TORCHELASTIC_RUN_ID, else the
+  // job id of mpirun (OMPI_MCA_ess_base_jobid) or srun (SLURM_JOB_ID.SLURM_STEP_ID), which every rank shares.
+  std::string job_id;
+  // CROSSTRAIN_SECRET: what every peer of the job must prove it knows (store_auth.h). Never logged.
+  std::string secret;
 };
 
 const char* to_string(LaunchSource source);
@@ -33,6 +38,14 @@ EnvMap current_environment();
 // Reads the launch environment. Throws UsageError naming the variable when a value is malformed
 // or inconsistent (rank >= world size, bad port, ...).
 LaunchEnv detect_launch_env(const EnvMap& env);
+
+// "" when `job_id` is usable (1..128 letters, digits and . _ - : @: it goes into store keys and log lines),
+// else why not.
+std::string job_id_error(const std::string& job_id);
+
+// The first of the variables that name the job, as every rank of one job sees it (LaunchEnv::job_id); "" when
+// none is set. Throws UsageError naming the variable when its value is not a usable job id.
+std::string detect_job_id(const EnvMap& env);
 
 // Tasks on node `node` of a Slurm task list: "2(x3),1" -> 2 for nodes 0-2, 1 for node 3. Throws UsageError.
 int slurm_tasks_on_node(const std::string& tasks_per_node, int node);

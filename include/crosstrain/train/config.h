@@ -21,6 +21,7 @@ struct RunConfig {
   std::string dir = "runs/run";   // resolved config, metrics.jsonl and checkpoints/
   uint64_t seed = 1337;
   int64_t log_every = 1;          // progress lines (metrics.jsonl gets every step)
+  std::string secret_file;        // a file (mode 0600) holding the job secret; CROSSTRAIN_SECRET takes precedence
 };
 
 struct TrainConfig {

@@ -88,12 +88,13 @@ TEST(StoreProcesses, SecondJobOnTheSamePortGetsOneClearLine) {
   EXPECT_FALSE(second.timed_out) << second.output;
   EXPECT_NE(second.exit_code(), 0) << second.output;
   EXPECT_LT(second.seconds, 7.0) << second.output;  // at once: the launcher and a rank start, well under 10 s
-  // Either rank may be refused first (the launcher then stops the other): one of them prints the line.
+  // Either rank may be refused first (the launcher then stops the other): one of them prints the line. The first
+  // launcher made up a job id for its ranks; the second job's ranks have none (several nodes make none up).
   auto line = [&](int r) {
     return "[rank " + std::to_string(r) + "] rendezvous: joining on the store at 127.0.0.1:" + std::to_string(port) +
-           ": refused: this store belongs to a job of 2 ranks, but rank " + std::to_string(r) +
-           " was started with WORLD_SIZE=4";
+           ": refused this process: this store belongs to a job with job id '";
   };
+  EXPECT_TRUE(contains(second.output, "but this process was started with no job id")) << second.output;
   EXPECT_TRUE(contains(second.output, line(2)) || contains(second.output, line(3))) << second.output;
   EXPECT_FALSE(contains(second.output, "INTERNAL ASSERT")) << second.output;
   EXPECT_FALSE(contains(second.output, "--nnodes?) (timeout")) << "a refusal is not a timeout:\n" << second.output;
@@ -103,17 +104,24 @@ TEST(StoreProcesses, SecondJobOnTheSamePortGetsOneClearLine) {
 TEST(StoreProcesses, StrangerGivesUpAtOnceOrWithinItsTimeout) {
   const int port = free_port();
   // A job of two real ranks that stay connected (rank 1 stops at step 5; rank 0 waits 30 s for it).
-  auto job = start_job(port, 2, {kWorker, "hang"}, {{"CT_TIMEOUT_MS", "30000"}});
+  auto job = start_job(port, 2, {kWorker, "hang"}, {{"CT_TIMEOUT_MS", "30000"}, {"CROSSTRAIN_JOB_ID", "hang-job"}});
   // Both ranks hold their connections once they have printed this (after init_world), however loaded the machine.
   ASSERT_TRUE(job->wait_for_output("rank 0 joined", milliseconds(30000))) << "rank 0 never joined";
   ASSERT_TRUE(job->wait_for_output("rank 1 joined", milliseconds(30000))) << "rank 1 never joined";
   const std::string at = "127.0.0.1:" + std::to_string(port);
-  auto taken = run_process({kWorker, "env"}, rank_env(1, 2, port, 10000), milliseconds(30000));
+  auto of_job = [&](std::map<std::string, std::string> env) {
+    env["CROSSTRAIN_JOB_ID"] = "hang-job";
+    return env;
+  };
+  auto no_job = run_process({kWorker, "env"}, rank_env(1, 2, port, 10000), milliseconds(30000));
+  EXPECT_EQ(no_job.exit_code(), 3) << no_job.output;
+  EXPECT_TRUE(contains(no_job.output, "job id 'hang-job'")) << no_job.output;
+  auto taken = run_process({kWorker, "env"}, of_job(rank_env(1, 2, port, 10000)), milliseconds(30000));
   EXPECT_EQ(taken.exit_code(), 3) << taken.output;
   EXPECT_TRUE(contains(taken.output, "[rank 1] rendezvous")) << taken.output;
   EXPECT_TRUE(contains(taken.output, at)) << taken.output;
   EXPECT_TRUE(contains(taken.output, "rank 1 is already connected")) << taken.output;
-  auto other_world = run_process({kWorker, "env"}, rank_env(0, 3, port, 10000), milliseconds(30000));
+  auto other_world = run_process({kWorker, "env"}, of_job(rank_env(0, 3, port, 10000)), milliseconds(30000));
   EXPECT_EQ(other_world.exit_code(), 3) << other_world.output;
   EXPECT_TRUE(contains(other_world.output, "WORLD_SIZE=3")) << other_world.output;
   stop(*job);
@@ -135,5 +143,5 @@ TEST(StoreProcesses, StrangerGivesUpAtOnceOrWithinItsTimeout) {
   std::cout << "stranger with a taken rank gave up after " << taken.seconds << " s, with another world size after "
             << other_world.seconds << " s, at a mute port (3 s timeout) after " << mute.seconds << " s\n";
   // Refused at once: one process start-up, well under the 10 s timeout they were given.
-  for (const auto* r : {&taken, &other_world}) EXPECT_LT(r->seconds, 6.0) << r->output;
+  for (const auto* r : {&no_job, &taken, &other_world}) EXPECT_LT(r->seconds, 6.0) << r->output;
 }

@@ -145,3 +145,19 @@ TEST(StoreProcesses, StrangerGivesUpAtOnceOrWithinItsTimeout) {
   // Refused at once: one process start-up, well under the 10 s timeout they were given.
   for (const auto* r : {&no_job, &taken, &other_world}) EXPECT_LT(r->seconds, 6.0) << r->output;
 }
+
+TEST(StoreProcesses, AStoreBeyondLoopbackWithoutASecretWarnsOnce) {
+  const std::vector<std::string> argv{kBin, "run", "--nproc", "1", "--master", "0.0.0.0:" + std::to_string(free_port()),
+                                      "--", "true"};
+  auto open = run_process(argv, {}, milliseconds(30000));
+  EXPECT_EQ(open.exit_code(), 0) << open.output;
+  const std::string warning = "crosstrain run: warning: the rendezvous store listens on 0.0.0.0:";
+  EXPECT_TRUE(contains(open.output, warning)) << open.output;
+  EXPECT_TRUE(contains(open.output, "without a job secret; anyone who reaches the port can join")) << open.output;
+  EXPECT_EQ(open.output.find(warning), open.output.rfind(warning)) << open.output;
+  auto closed = run_process(argv, {{"CROSSTRAIN_SECRET", "s3cret"}}, milliseconds(30000));
+  EXPECT_EQ(closed.exit_code(), 0) << closed.output;
+  EXPECT_FALSE(contains(closed.output, "warning")) << closed.output;
+  auto loopback = run_process({kBin, "run", "--nproc", "1", "--", "true"}, {}, milliseconds(30000));
+  EXPECT_FALSE(contains(loopback.output, "warning")) << loopback.output;
+}

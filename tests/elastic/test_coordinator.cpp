@@ -1,0 +1,388 @@
+// The elastic coordinator (coordinator.h) against an in-process store: the test plays the ranks (registrations,
+// heartbeats, step votes) and checks the generations, exclusions and step decisions it publishes.
+#include <gtest/gtest.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "crosstrain/comm/local_store.h"
+#include "crosstrain/comm/store_table.h"
+#include "crosstrain/elastic/coordinator.h"
+
+using namespace crosstrain::elastic;
+using crosstrain::comm::store::LocalStore;
+using crosstrain::comm::store::StoreTable;
+using std::chrono::milliseconds;
+
+namespace {
+
+// The processes of the job as the test plays them: each rank's incarnation, its heartbeat (a thread bumps every
+// beating rank's counter every 20 ms), and what the coordinator told the launcher.
+class Job {
+ public:
+  using Processes = std::vector<std::pair<int, int>>;  // (rank, pid)
+  Job(int world_size, int replica_size, int failure_timeout_ms, milliseconds settle = milliseconds(3000))
+      : world_size_(world_size), replica_size_(replica_size) {
+    timing_.heartbeat_ms = 20;
+    timing_.failure_timeout_ms = failure_timeout_ms;
+    timing_.min_replicas = 1;
+    beat_ = std::thread([this] {
+      while (!stop_) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          for (int rank : beating_) table_->add(heartbeat_key(rank), 1);
+        }
+        std::this_thread::sleep_for(milliseconds(timing_.heartbeat_ms));
+      }
+    });
+    CoordinatorOptions options;
+    options.world_size = world_size;
+    options.settle = settle;
+    options.exclude = [this](const std::vector<std::pair<int, int>>& processes, const std::string& why) {
+      std::lock_guard<std::mutex> lock(mu_);
+      excluded_.push_back({processes, why});
+    };
+    options.log = [this](const std::string& line) {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_.push_back(line);
+    };
+    coordinator_ = std::make_unique<Coordinator>(store_, options);
+  }
+  ~Job() {
+    coordinator_.reset();
+    stop_ = true;
+    beat_.join();
+  }
+
+  Coordinator& coordinator() { return *coordinator_; }
+  StoreTable& table() { return *table_; }
+  c10d::Store& store() { return *store_; }
+
+  // Replica = dp index with pp x tp = replica_size ranks laid out as rank = pp_i * dp + dp_i (tp 1).
+  int replica_of(int rank) const { return rank % (world_size_ / replica_size_); }
+  static int pid_of(int rank, int restart) { return 10000 + 100 * restart + rank; }
+  static std::string incarnation(int rank, int restart) {
+    return incarnation_of("host" + std::to_string(rank), pid_of(rank, restart), 1000 + restart);
+  }
+
+  // The rank's process `restart` registers and starts beating.
+  void start_rank(int rank, int restart = 0) {
+    Registration r;
+    r.rank = rank;
+    r.replica = replica_of(rank);
+    r.replica_size = replica_size_;
+    r.incarnation = incarnation(rank, restart);
+    r.timing = timing_;
+    store_->set(registration_key(rank), bytes(encode_registration(r)));
+    std::lock_guard<std::mutex> lock(mu_);
+    beating_.insert(rank);
+  }
+  void start_all() {
+    for (int rank = 0; rank < world_size_; ++rank) start_rank(rank);
+  }
+  void stop_beating(int rank) {
+    std::lock_guard<std::mutex> lock(mu_);
+    beating_.erase(rank);
+  }
+
+  // The value at `key` once it is there (polling the table), or nullopt after `timeout`.
+  std::optional<std::string> wait_key(const std::string& key, milliseconds timeout = milliseconds(1500)) {
+    return table_->wait_get(key, StoreTable::Clock::now() + timeout);
+  }
+  std::optional<Generation> wait_generation(int64_t id, milliseconds timeout = milliseconds(1500)) {
+    auto text = wait_key(generation_key(id), timeout);
+    if (!text) return std::nullopt;
+    return decode_generation(*text);
+  }
+
+  // What exclude was told so far, once it was told at least `count` times (publish calls it last), or after
+  // `timeout`.
+  std::vector<std::pair<Processes, std::string>> excluded(size_t count = 0, milliseconds timeout = milliseconds(1000)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (excluded_.size() >= count || std::chrono::steady_clock::now() >= deadline) return excluded_;
+      }
+      std::this_thread::sleep_for(milliseconds(2));
+    }
+  }
+  std::string log() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::string out;
+    for (const auto& line : log_) out += line + "\n";
+    return out;
+  }
+
+  static std::vector<uint8_t> bytes(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+ private:
+  int world_size_, replica_size_;
+  Timing timing_;
+  std::shared_ptr<StoreTable> table_ = std::make_shared<StoreTable>();
+  c10::intrusive_ptr<c10d::Store> store_ = c10::make_intrusive<LocalStore>(table_, "test", 0, milliseconds(5000));
+  std::mutex mu_;
+  std::set<int> beating_;
+  std::vector<std::pair<Processes, std::string>> excluded_;
+  std::vector<std::string> log_;
+  std::atomic<bool> stop_{false};
+  std::thread beat_;
+  std::unique_ptr<Coordinator> coordinator_;
+};
+
+using Ms = std::chrono::duration<double, std::milli>;
+
+}  // namespace
+
+TEST(ElasticCoordinator, FirstGenerationHasEveryRank) {
+  Job job(4, 1, 500);
+  job.start_rank(0);
+  job.start_rank(2);
+  EXPECT_FALSE(job.wait_generation(1, milliseconds(150))) << "2 of 4 ranks registered, settle time not over";
+  EXPECT_EQ(job.coordinator().generation(), 0);
+  job.start_rank(1);
+  job.start_rank(3);
+  const auto g = job.wait_generation(1);
+  ASSERT_TRUE(g) << job.log();
+  EXPECT_EQ(g->reason, "start");
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g->replicas, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g->incarnations.at(3), Job::incarnation(3, 0));
+  // Everyone beats: nothing more happens.
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(300))) << job.log();
+  EXPECT_EQ(*job.table().get(latest_generation_key()), "1");
+  EXPECT_EQ(job.coordinator().generation(), 1);
+  EXPECT_TRUE(job.excluded().empty());
+}
+
+TEST(ElasticCoordinator, FirstGenerationWithFewerRanksOnceSettled) {
+  Job job(4, 1, 500, milliseconds(200));
+  job.start_rank(0);
+  job.start_rank(3);
+  const auto start = std::chrono::steady_clock::now();
+  const auto g = job.wait_generation(1);
+  ASSERT_TRUE(g) << job.log();
+  EXPECT_GE(Ms(std::chrono::steady_clock::now() - start).count(), 150) << "published before the settle time";
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 3}));
+  // The missing ranks join later.
+  job.start_rank(1);
+  job.start_rank(2);
+  const auto g2 = job.wait_generation(2);
+  ASSERT_TRUE(g2) << job.log();
+  EXPECT_EQ(g2->reason, "join");
+  EXPECT_EQ(g2->ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g2->survivors, (std::vector<int>{0, 3}));
+}
+
+TEST(ElasticCoordinator, SilentRankLeavesWithItsReplica) {
+  Job job(4, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  const auto stopped = std::chrono::steady_clock::now();
+  job.stop_beating(2);
+  const auto g = job.wait_generation(2, milliseconds(1000));
+  ASSERT_TRUE(g) << "no failure generation within 1 s of the last heartbeat\n" << job.log();
+  const double after = Ms(std::chrono::steady_clock::now() - stopped).count();
+  EXPECT_GE(after, 100) << "declared dead before its failure timeout";
+  EXPECT_EQ(g->reason, "failure");
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(g->replicas, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(g->survivors, (std::vector<int>{0, 1, 3}));
+  const auto excluded = job.excluded(1);  // publish's last act: the rest of its record is written by now
+  EXPECT_EQ(*job.table().get(latest_generation_key()), "2");
+  ASSERT_EQ(excluded.size(), 1u);
+  EXPECT_EQ(excluded[0].first, (Job::Processes{{2, Job::pid_of(2, 0)}}));
+  EXPECT_NE(excluded[0].second.find("generation 2"), std::string::npos) << excluded[0].second;
+  EXPECT_NE(job.log().find("rank 2 silent for"), std::string::npos) << job.log();
+  EXPECT_FALSE(job.wait_generation(3, milliseconds(300))) << job.log();
+}
+
+TEST(ElasticCoordinator, ExitedRankDetectedBeforeItsHeartbeatTimeout) {
+  Job job(4, 1, 5000);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  job.coordinator().rank_exited(7);  // not a rank of this job: ignored
+  job.coordinator().rank_exited(1);
+  const auto exited = std::chrono::steady_clock::now();
+  job.stop_beating(1);
+  const auto g = job.wait_generation(2, milliseconds(1000));
+  ASSERT_TRUE(g) << "an exited rank waited for its 5 s heartbeat timeout\n" << job.log();
+  EXPECT_LT(Ms(std::chrono::steady_clock::now() - exited).count(), 1000);
+  EXPECT_EQ(g->reason, "failure");
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 2, 3}));
+  EXPECT_TRUE(job.excluded(1, milliseconds(200)).empty()) << "the launcher reported its exit: nothing to end";
+}
+
+TEST(ElasticCoordinator, ExitedRankRestartsAndJoins) {
+  Job job(2, 1, 5000);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  job.stop_beating(1);
+  job.coordinator().rank_exited(1);
+  const auto g2 = job.wait_generation(2, milliseconds(1000));
+  ASSERT_TRUE(g2) << job.log();
+  EXPECT_EQ(g2->reason, "failure");
+  EXPECT_EQ(g2->ranks, (std::vector<int>{0}));
+  job.start_rank(1, 1);  // the launcher restarted it
+  const auto g3 = job.wait_generation(3, milliseconds(1000));
+  ASSERT_TRUE(g3) << job.log();
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_EQ(g3->incarnations.at(1), Job::incarnation(1, 1));
+  EXPECT_FALSE(job.wait_generation(4, milliseconds(300))) << "the old process's exit stuck to the new one\n"
+                                                          << job.log();
+}
+
+TEST(ElasticCoordinator, StepVotesDecideAtTheFirstIncompleteStep) {
+  Job job(4, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  auto& store = job.store();
+  // The members started generation 1 at step 5, committed step 5, and 3 of 4 voted for step 6.
+  ASSERT_EQ(store.compareSet(start_key(1), {}, Job::bytes("5")), Job::bytes("5"));
+  for (int i = 0; i < 4; ++i) store.add(vote_key(1, 5), 1);
+  store.set(decision_key(1, 5), Job::bytes(encode_decision({true, 0})));  // the last voter's commit
+  for (int i = 0; i < 3; ++i) store.add(vote_key(1, 6), 1);
+  job.stop_beating(3);
+  const auto g = job.wait_generation(2, milliseconds(1000));
+  ASSERT_TRUE(g) << job.log();
+  const auto decision = job.wait_key(decision_key(1, 6), milliseconds(1000));
+  ASSERT_TRUE(decision) << "no decision for the interrupted step 6\n" << job.log();
+  EXPECT_EQ(*decision, "abort 2");
+  const Decision d = decode_decision(*decision);
+  EXPECT_FALSE(d.commit);
+  EXPECT_EQ(d.next_generation, 2);
+  EXPECT_EQ(*job.table().get(decision_key(1, 5)), "commit 0") << "the committed step must keep its decision";
+  EXPECT_FALSE(job.table().get(decision_key(1, 7))) << "only the first incomplete step is decided";
+  EXPECT_EQ(*job.table().get(start_key(1)), "5");
+  // A late 4th vote for step 6 cannot complete the count: it must wait for (and get) the abort.
+  EXPECT_NE(store.add(vote_key(1, 6), 1), 4);
+  EXPECT_GE(store.add(vote_key(1, 6), 0), kPoison);
+  // Generation 2 stays open.
+  EXPECT_FALSE(job.table().get(start_key(2)));
+}
+
+TEST(ElasticCoordinator, StepVotesAbortTheStartStepWhenNobodyVoted) {
+  Job job(2, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  ASSERT_EQ(job.store().compareSet(start_key(1), {}, Job::bytes("12")), Job::bytes("12"));
+  job.store().add(vote_key(1, 12), 1);  // 1 of 2
+  job.stop_beating(0);
+  ASSERT_TRUE(job.wait_generation(2, milliseconds(1000))) << job.log();
+  const auto decision = job.wait_key(decision_key(1, 12), milliseconds(1000));
+  ASSERT_TRUE(decision) << job.log();
+  EXPECT_EQ(*decision, "abort 2");
+}
+
+TEST(ElasticCoordinator, UnstartedGenerationIsClosed) {
+  Job job(4, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  job.stop_beating(0);
+  ASSERT_TRUE(job.wait_generation(2, milliseconds(1000))) << job.log();
+  const auto closed = job.wait_key(start_key(1), milliseconds(1000));
+  ASSERT_TRUE(closed) << job.log();
+  EXPECT_EQ(*closed, kClosed);
+  // A member that comes late to start generation 1 learns it was closed.
+  EXPECT_EQ(job.store().compareSet(start_key(1), {}, Job::bytes("3")), Job::bytes(kClosed));
+  EXPECT_FALSE(job.table().get(start_key(2))) << "the new generation is open";
+  // Nobody starts generation 2 either; a second failure closes it.
+  job.stop_beating(1);
+  const auto g3 = job.wait_generation(3, milliseconds(1000));
+  ASSERT_TRUE(g3) << job.log();
+  EXPECT_EQ(g3->ranks, (std::vector<int>{2, 3}));
+  const auto closed2 = job.wait_key(start_key(2), milliseconds(1000));
+  ASSERT_TRUE(closed2) << job.log();
+  EXPECT_EQ(*closed2, kClosed);
+}
+
+TEST(ElasticCoordinator, RestartedRankJoinsAgain) {
+  Job job(4, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  job.stop_beating(2);
+  const auto g2 = job.wait_generation(2, milliseconds(1000));
+  ASSERT_TRUE(g2) << job.log();
+  ASSERT_EQ(g2->ranks, (std::vector<int>{0, 1, 3}));
+  job.start_rank(2, 1);  // its new process
+  const auto g3 = job.wait_generation(3, milliseconds(1000));
+  ASSERT_TRUE(g3) << job.log();
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_EQ(g3->ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g3->survivors, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(g3->incarnations.at(2), Job::incarnation(2, 1));
+  EXPECT_FALSE(job.wait_generation(4, milliseconds(300))) << job.log();
+  EXPECT_EQ(job.coordinator().generation(), 3);  // (set just after the record: read once nothing moves)
+  EXPECT_EQ(job.excluded().size(), 1u) << "a join excludes nobody";
+}
+
+TEST(ElasticCoordinator, JoinSupersedesAStartedGenerationThenAFailureClosesTheJoin) {
+  Job job(2, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  job.stop_beating(1);
+  ASSERT_TRUE(job.wait_generation(2, milliseconds(1000))) << job.log();
+  auto& store = job.store();
+  ASSERT_EQ(store.compareSet(start_key(2), {}, Job::bytes("4")), Job::bytes("4"));
+  store.add(vote_key(2, 4), 1);  // the only member commits step 4
+  job.start_rank(1, 1);
+  ASSERT_TRUE(job.wait_generation(3, milliseconds(1000))) << job.log();
+  // Members switch to generation 3 after step 4 and start it at step 5.
+  ASSERT_EQ(store.compareSet(start_key(3), {}, Job::bytes("5")), Job::bytes("5"));
+  store.add(vote_key(3, 5), 1);  // 1 of 2
+  std::this_thread::sleep_for(milliseconds(50));  // the coordinator drops generation 2 (superseded, started)
+  job.stop_beating(0);
+  ASSERT_TRUE(job.wait_generation(4, milliseconds(1000))) << job.log();
+  const auto decision = job.wait_key(decision_key(3, 5), milliseconds(1000));
+  ASSERT_TRUE(decision) << job.log();
+  EXPECT_EQ(*decision, "abort 4") << job.log();
+  EXPECT_FALSE(job.table().get(decision_key(2, 5))) << "the superseded generation takes no more votes";
+  EXPECT_LT(store.add(vote_key(2, 4), 0), kPoison) << "the superseded generation's votes are left alone";
+}
+
+// pp=2, dp=2: replica 0 = ranks {0, 2}, replica 1 = ranks {1, 3}.
+TEST(ElasticCoordinator, FailedReplicaLeavesWholeAndRejoinsOnlyWithNewProcesses) {
+  Job job(4, 2, 150);
+  job.start_all();
+  const auto g1 = job.wait_generation(1);
+  ASSERT_TRUE(g1) << job.log();
+  EXPECT_EQ(g1->replicas, (std::vector<int>{0, 1}));
+  // Rank 0 restarts (a new process registers); rank 2, the rest of its replica, is still the old process.
+  job.start_rank(0, 1);
+  const auto g2 = job.wait_generation(2, milliseconds(1000));
+  ASSERT_TRUE(g2) << job.log();
+  EXPECT_EQ(g2->reason, "failure");
+  EXPECT_EQ(g2->ranks, (std::vector<int>{1, 3}));
+  EXPECT_EQ(g2->survivors, (std::vector<int>{1}));
+  ASSERT_EQ(job.excluded(1).size(), 1u);
+  // Both old processes: rank 0's too (the launcher may not have reaped it), by its old pid.
+  EXPECT_EQ(job.excluded()[0].first, (Job::Processes{{0, Job::pid_of(0, 0)}, {2, Job::pid_of(2, 0)}}));
+  // The launcher is ending the old rank 2 (told so through exclude): its replica must not rejoin with it.
+  EXPECT_FALSE(job.wait_generation(3, milliseconds(300)))
+      << "a generation admitted a process the coordinator had excluded\n" << job.log();
+  job.start_rank(2, 1);
+  const auto g3 = job.wait_generation(3, milliseconds(1000));
+  ASSERT_TRUE(g3) << job.log();
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_EQ(g3->ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g3->incarnations.at(0), Job::incarnation(0, 1));
+  EXPECT_EQ(g3->incarnations.at(2), Job::incarnation(2, 1));
+}
+
+TEST(ElasticCoordinator, MalformedRegistrationIsIgnored) {
+  Job job(2, 1, 500);
+  job.start_rank(0);
+  job.store().set(registration_key(1), Job::bytes("{not json"));
+  EXPECT_FALSE(job.wait_generation(1, milliseconds(200)));
+  job.start_rank(1);
+  const auto g = job.wait_generation(1);
+  ASSERT_TRUE(g) << job.log();
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 1}));
+}

@@ -1,0 +1,473 @@
+// Elastic membership's pure rules (membership_logic.h): the failure detector, the store records and their
+// rejection of malformed input, and which replicas form the next generation.
+#include <gtest/gtest.h>
+
+#include <set>
+#include <stdexcept>
+
+#include "crosstrain/elastic/membership_logic.h"
+
+using namespace crosstrain::elastic;
+using std::chrono::milliseconds;
+
+namespace {
+
+const Clock::time_point t0 = Clock::time_point{} + std::chrono::hours(1);
+
+std::string inc(int rank, int restart = 0) { return incarnation_of("host" + std::to_string(rank), 1000 + rank, restart); }
+
+Registration reg(int rank, int replica, int replica_size, int restart = 0) {
+  Registration r;
+  r.rank = rank;
+  r.replica = replica;
+  r.replica_size = replica_size;
+  r.incarnation = inc(rank, restart);
+  return r;
+}
+
+// A job of `dp` replicas of pp x tp ranks, laid out as the mesh does: rank = (pp_i * dp + dp_i) * tp + tp_i.
+std::map<int, Registration> layout(int dp, int pp = 1, int tp = 1) {
+  std::map<int, Registration> out;
+  for (int p = 0; p < pp; ++p)
+    for (int d = 0; d < dp; ++d)
+      for (int t = 0; t < tp; ++t) {
+        const int rank = (p * dp + d) * tp + t;
+        out[rank] = reg(rank, d, pp * tp);
+      }
+  return out;
+}
+
+MembershipView view_of(const std::map<int, Registration>& registered, int world_size, const Generation* current = nullptr) {
+  MembershipView v;
+  v.current = current;
+  v.registered = registered;
+  v.world_size = world_size;
+  return v;
+}
+
+Generation first_of(const std::map<int, Registration>& registered, int world_size) {
+  auto g = next_generation(view_of(registered, world_size), 1);
+  if (!g) throw std::runtime_error("no first generation");
+  return *g;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// FailureDetector
+
+TEST(MembershipFailureDetector, AliveWhileTheCounterMoves) {
+  FailureDetector d(milliseconds(100));
+  for (int i = 0; i < 20; ++i) {
+    const auto now = t0 + milliseconds(80 * i);  // every beat is within the timeout of the last one
+    d.observe(3, inc(3), i, now);
+    EXPECT_FALSE(d.dead(3, inc(3), now + milliseconds(79))) << "beat " << i;
+  }
+  EXPECT_EQ(d.silent_for(3, t0 + milliseconds(80 * 19 + 30)).count(), 30);
+}
+
+TEST(MembershipFailureDetector, DeadAfterTheTimeoutWithoutMovement) {
+  FailureDetector d(milliseconds(100));
+  d.observe(0, inc(0), 7, t0);
+  d.observe(0, inc(0), 7, t0 + milliseconds(60));   // read again, same value: no movement
+  d.observe(0, inc(0), 7, t0 + milliseconds(100));
+  EXPECT_FALSE(d.dead(0, inc(0), t0 + milliseconds(100)));
+  EXPECT_TRUE(d.dead(0, inc(0), t0 + milliseconds(101)));
+  EXPECT_EQ(d.silent_for(0, t0 + milliseconds(150)).count(), 150);
+  // It moves again: alive.
+  d.observe(0, inc(0), 8, t0 + milliseconds(150));
+  EXPECT_FALSE(d.dead(0, inc(0), t0 + milliseconds(200)));
+}
+
+TEST(MembershipFailureDetector, TheTimeoutCanChange) {
+  FailureDetector d(milliseconds(500));
+  d.observe(0, inc(0), 1, t0);
+  EXPECT_FALSE(d.dead(0, inc(0), t0 + milliseconds(200)));
+  d.set_timeout(milliseconds(100));
+  EXPECT_TRUE(d.dead(0, inc(0), t0 + milliseconds(200)));
+}
+
+TEST(MembershipFailureDetector, UnwatchedRankOrOtherIncarnationIsNotDead) {
+  FailureDetector d(milliseconds(100));
+  EXPECT_FALSE(d.dead(1, inc(1), t0 + std::chrono::hours(5)));
+  EXPECT_EQ(d.silent_for(1, t0).count(), 0);
+  d.observe(1, inc(1), 0, t0);
+  EXPECT_TRUE(d.dead(1, inc(1), t0 + milliseconds(500)));
+  EXPECT_FALSE(d.dead(1, inc(1, 1), t0 + milliseconds(500))) << "only the watched incarnation can be dead";
+}
+
+TEST(MembershipFailureDetector, NewIncarnationStartsFresh) {
+  FailureDetector d(milliseconds(100));
+  d.observe(2, inc(2), 50, t0);
+  d.exited(2, 1002);
+  EXPECT_TRUE(d.dead(2, inc(2), t0));
+  // The restarted process: a lower counter value, or even the same one, must not matter; nor the old exit.
+  const auto later = t0 + milliseconds(1000);
+  d.observe(2, inc(2, 1), 50, later);
+  EXPECT_FALSE(d.dead(2, inc(2, 1), later));
+  EXPECT_FALSE(d.dead(2, inc(2, 1), later + milliseconds(100)));
+  EXPECT_TRUE(d.dead(2, inc(2, 1), later + milliseconds(101))) << "its silence counts from its first observation";
+  EXPECT_FALSE(d.dead(2, inc(2), later)) << "the old incarnation is no longer watched";
+  EXPECT_EQ(d.silent_for(2, later + milliseconds(40)).count(), 40);
+}
+
+TEST(MembershipFailureDetector, ExitedMarksOnlyTheMatchingPidDead) {
+  FailureDetector d(milliseconds(10000));
+  d.observe(0, incarnation_of("a", 111, 5), 1, t0);
+  d.observe(1, incarnation_of("a", 222, 5), 1, t0);
+  d.exited(0, 999);  // some other process (an earlier incarnation's pid)
+  EXPECT_FALSE(d.dead(0, incarnation_of("a", 111, 5), t0));
+  d.exited(0, 222);  // rank 1's pid, reported for rank 0
+  EXPECT_FALSE(d.dead(0, incarnation_of("a", 111, 5), t0));
+  EXPECT_FALSE(d.dead(1, incarnation_of("a", 222, 5), t0));
+  d.exited(7, 111);  // a rank never watched: no effect, no crash
+  d.exited(0, 111);
+  EXPECT_TRUE(d.dead(0, incarnation_of("a", 111, 5), t0)) << "dead at once, heartbeat or not";
+  d.observe(0, incarnation_of("a", 111, 5), 2, t0 + milliseconds(1));
+  EXPECT_TRUE(d.dead(0, incarnation_of("a", 111, 5), t0 + milliseconds(1))) << "a late beat does not revive it";
+  EXPECT_FALSE(d.dead(1, incarnation_of("a", 222, 5), t0));
+}
+
+TEST(MembershipFailureDetector, HasExitedOnlyForTheReportedIncarnation) {
+  FailureDetector d(milliseconds(100));
+  d.observe(0, incarnation_of("a", 111, 5), 1, t0);
+  EXPECT_FALSE(d.has_exited(0, incarnation_of("a", 111, 5)));
+  d.observe(0, incarnation_of("a", 111, 5), 1, t0 + milliseconds(500));
+  EXPECT_FALSE(d.has_exited(0, incarnation_of("a", 111, 5))) << "silent is not exited";
+  d.exited(0, 111);
+  EXPECT_TRUE(d.has_exited(0, incarnation_of("a", 111, 5)));
+  EXPECT_FALSE(d.has_exited(0, incarnation_of("a", 112, 6)));
+  EXPECT_FALSE(d.has_exited(1, incarnation_of("a", 111, 5)));
+  d.observe(0, incarnation_of("a", 112, 6), 0, t0 + milliseconds(600));
+  EXPECT_FALSE(d.has_exited(0, incarnation_of("a", 112, 6)));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Records
+
+TEST(MembershipRecords, IncarnationNamesItsPid) {
+  EXPECT_EQ(pid_of_incarnation(incarnation_of("node-3.example", 4242, 1700000000000)), 4242);
+  EXPECT_EQ(pid_of_incarnation("host"), -1);
+  EXPECT_EQ(pid_of_incarnation("host/4242"), -1);
+  EXPECT_EQ(pid_of_incarnation("host/abc/1"), -1);
+  EXPECT_EQ(pid_of_incarnation(""), -1);
+  EXPECT_NE(incarnation_of("h", 1, 2), incarnation_of("h", 1, 3));
+}
+
+TEST(MembershipRecords, RegistrationRoundTrips) {
+  Registration r = reg(5, 2, 4, 17);
+  r.timing.heartbeat_ms = 33;
+  r.timing.failure_timeout_ms = 444;
+  r.timing.min_replicas = 3;
+  const Registration back = decode_registration(encode_registration(r));
+  EXPECT_EQ(back.rank, 5);
+  EXPECT_EQ(back.replica, 2);
+  EXPECT_EQ(back.replica_size, 4);
+  EXPECT_EQ(back.incarnation, r.incarnation);
+  EXPECT_EQ(back.timing.heartbeat_ms, 33);
+  EXPECT_EQ(back.timing.failure_timeout_ms, 444);
+  EXPECT_EQ(back.timing.min_replicas, 3);
+}
+
+TEST(MembershipRecords, MalformedRegistrationRejected) {
+  for (const std::string text :
+       {"", "{", "not json", "null", "[]", "5", R"({"replica":0,"replica_size":1,"incarnation":"h/1/2"})",
+        R"({"rank":0,"replica_size":1,"incarnation":"h/1/2"})", R"({"rank":0,"replica":0,"incarnation":"h/1/2"})",
+        R"({"rank":0,"replica":0,"replica_size":1})", R"({"rank":"zero","replica":0,"replica_size":1,"incarnation":"x"})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":7})",
+        R"({"rank":-1,"replica":0,"replica_size":1,"incarnation":"h/1/2"})",
+        R"({"rank":0,"replica":-2,"replica_size":1,"incarnation":"h/1/2"})",
+        R"({"rank":0,"replica":0,"replica_size":0,"incarnation":"h/1/2"})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","heartbeat_ms":"fast"})"})
+    EXPECT_THROW(decode_registration(text), std::runtime_error) << text;
+}
+
+TEST(MembershipRecords, GenerationRoundTrips) {
+  Generation g;
+  g.id = 12;
+  g.replicas = {0, 2};
+  g.ranks = {0, 1, 4, 5};
+  g.survivors = {2};
+  g.incarnations = {{0, inc(0)}, {1, inc(1)}, {4, inc(4, 2)}, {5, inc(5)}};
+  g.reason = "join";
+  const Generation back = decode_generation(encode_generation(g));
+  EXPECT_EQ(back.id, 12);
+  EXPECT_EQ(back.replicas, g.replicas);
+  EXPECT_EQ(back.ranks, g.ranks);
+  EXPECT_EQ(back.survivors, g.survivors);
+  EXPECT_EQ(back.incarnations, g.incarnations);
+  EXPECT_EQ(back.reason, "join");
+  EXPECT_FALSE(back.failure());
+  EXPECT_EQ(back.index_of(4), 2);
+  EXPECT_EQ(back.index_of(2), -1);
+  EXPECT_TRUE(back.has_replica(2));
+  EXPECT_FALSE(back.has_replica(1));
+}
+
+TEST(MembershipRecords, MalformedGenerationRejected) {
+  const std::string ok =
+      R"({"id":2,"replicas":[0,1],"ranks":[0,1],"survivors":[0],"incarnations":{"0":"a/1/1","1":"b/2/1"},"reason":"failure"})";
+  EXPECT_NO_THROW(decode_generation(ok));
+  for (const std::string text :
+       {"", "[]", "null", "garbage", R"({"replicas":[0],"ranks":[0],"survivors":[],"incarnations":{},"reason":"start"})",
+        R"({"id":1,"ranks":[0],"survivors":[],"incarnations":{},"reason":"start"})",
+        R"({"id":1,"replicas":[0],"survivors":[],"incarnations":{},"reason":"start"})",
+        R"({"id":1,"replicas":[0],"ranks":[0],"incarnations":{},"reason":"start"})",
+        R"({"id":1,"replicas":[0],"ranks":[0],"survivors":[],"reason":"start"})",
+        R"({"id":1,"replicas":[0],"ranks":[0],"survivors":[],"incarnations":{}})",
+        R"({"id":1,"replicas":[0],"ranks":["a"],"survivors":[],"incarnations":{},"reason":"start"})",
+        R"({"id":1,"replicas":[0],"ranks":[0],"survivors":[],"incarnations":{"x":"a/1/1"},"reason":"start"})",
+        R"({"id":1,"replicas":[0],"ranks":[0],"survivors":[],"incarnations":{"0":5},"reason":"start"})",
+        R"({"id":1,"replicas":[0],"ranks":[1,0],"survivors":[],"incarnations":{},"reason":"start"})",
+        R"({"id":1,"replicas":[1,0],"ranks":[0,1],"survivors":[],"incarnations":{},"reason":"start"})"})
+    EXPECT_THROW(decode_generation(text), std::runtime_error) << text;
+}
+
+TEST(MembershipRecords, DecisionRoundTrips) {
+  for (const Decision d : {Decision{true, 0}, Decision{true, 7}, Decision{false, 3}}) {
+    const Decision back = decode_decision(encode_decision(d));
+    EXPECT_EQ(back.commit, d.commit);
+    EXPECT_EQ(back.next_generation, d.next_generation);
+  }
+  EXPECT_EQ(encode_decision({false, 2}), "abort 2");
+  EXPECT_EQ(encode_decision({true, 0}), "commit 0");
+}
+
+TEST(MembershipRecords, MalformedDecisionRejected) {
+  for (const std::string text : {"", "commit", "abort", "commit ", "abort x", "commit 1x", "commit 1 ", "yes 1",
+                                 "Commit 1", "abort 0", "abort -3", "abort 99999999999999999999999"})
+    EXPECT_THROW(decode_decision(text), std::runtime_error) << "'" << text << "'";
+}
+
+TEST(MembershipRecords, KeysAreDistinctAndUnderElastic) {
+  const std::set<std::string> keys = {registration_key(1), heartbeat_key(1),  generation_key(1),
+                                      latest_generation_key(), vote_key(1, 1), decision_key(1, 1),
+                                      start_key(1),            vote_key(1, 11), vote_key(11, 1)};
+  EXPECT_EQ(keys.size(), 9u);
+  for (const auto& k : keys) EXPECT_EQ(k.rfind("elastic/", 0), 0u) << k;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// next_generation
+
+TEST(MembershipNextGeneration, FirstWaitsForEveryRank) {
+  auto all = layout(4);
+  auto some = all;
+  some.erase(3);
+  EXPECT_FALSE(next_generation(view_of({}, 4), 1));
+  EXPECT_FALSE(next_generation(view_of(some, 4), 1)) << "3 of 4 replicas, settle time not over";
+  const auto g = next_generation(view_of(all, 4), 1);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->id, 1);
+  EXPECT_EQ(g->reason, "start");
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g->replicas, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_TRUE(g->survivors.empty());
+  EXPECT_EQ(g->incarnations.size(), 4u);
+  EXPECT_EQ(g->incarnations.at(2), inc(2));
+}
+
+TEST(MembershipNextGeneration, FirstStartsWithMinReplicasOnceSettled) {
+  auto regs = layout(4);
+  regs.erase(1);
+  regs.erase(3);
+  auto v = view_of(regs, 4);
+  v.settle_elapsed = true;
+  EXPECT_FALSE(next_generation(v, 3)) << "2 replicas, min_replicas 3";
+  const auto g = next_generation(v, 2);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->id, 1);
+  EXPECT_EQ(g->reason, "start");
+  EXPECT_EQ(g->replicas, (std::vector<int>{0, 2}));
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 2}));
+}
+
+TEST(MembershipNextGeneration, FirstLeavesOutDeadAndIncompleteReplicas) {
+  auto regs = layout(2, 2);  // replica 0: ranks 0, 2; replica 1: ranks 1, 3
+  regs.erase(3);             // replica 1 incomplete
+  auto v = view_of(regs, 4);
+  EXPECT_FALSE(next_generation(v, 1));
+  v.settle_elapsed = true;
+  auto g = next_generation(v, 1);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->replicas, (std::vector<int>{0}));
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 2}));
+  v.dead = {2};
+  EXPECT_FALSE(next_generation(v, 1)) << "the only complete replica has a dead rank";
+}
+
+TEST(MembershipNextGeneration, NothingChangesNoGeneration) {
+  const auto regs = layout(4);
+  const Generation g1 = first_of(regs, 4);
+  auto v = view_of(regs, 4, &g1);
+  v.settle_elapsed = true;
+  EXPECT_FALSE(next_generation(v, 1));
+  EXPECT_FALSE(next_generation(v, 4));
+}
+
+TEST(MembershipNextGeneration, DeadRankRemovesItsReplica) {
+  const auto regs = layout(4);
+  const Generation g1 = first_of(regs, 4);
+  auto v = view_of(regs, 4, &g1);
+  v.dead = {2};
+  const auto g = next_generation(v, 1);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->id, 2);
+  EXPECT_EQ(g->reason, "failure");
+  EXPECT_TRUE(g->failure());
+  EXPECT_EQ(g->replicas, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(g->survivors, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 1, 3}));
+  EXPECT_EQ(g->incarnations.count(2), 0u);
+  EXPECT_EQ(g->index_of(3), 2) << "new rank of world rank 3";
+}
+
+TEST(MembershipNextGeneration, FailureIsPublishedEvenBelowMinReplicas) {
+  const auto regs = layout(2);
+  const Generation g1 = first_of(regs, 2);
+  auto v = view_of(regs, 2, &g1);
+  v.dead = {0};
+  const auto g = next_generation(v, 2);
+  ASSERT_TRUE(g) << "losing replicas cannot wait for joins";
+  EXPECT_EQ(g->reason, "failure");
+  EXPECT_EQ(g->ranks, (std::vector<int>{1}));
+}
+
+TEST(MembershipNextGeneration, ReplacedIncarnationCountsAsLost) {
+  auto regs = layout(4);
+  const Generation g1 = first_of(regs, 4);
+  regs[1] = reg(1, 1, 1, /*restart=*/1);  // rank 1 restarted before its old process was seen dead
+  auto v = view_of(regs, 4, &g1);
+  const auto g2 = next_generation(v, 1);
+  ASSERT_TRUE(g2);
+  EXPECT_EQ(g2->reason, "failure");
+  EXPECT_EQ(g2->replicas, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(g2->survivors, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(g2->index_of(1), -1);
+  // Then the restarted process, a complete replica of its own, joins: not a survivor (it holds no live state).
+  auto v3 = view_of(regs, 4, &*g2);
+  const auto g3 = next_generation(v3, 1);
+  ASSERT_TRUE(g3);
+  EXPECT_EQ(g3->id, 3);
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_FALSE(g3->failure());
+  EXPECT_EQ(g3->replicas, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g3->survivors, (std::vector<int>{0, 2, 3}));
+  EXPECT_EQ(g3->ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g3->incarnations.at(1), inc(1, 1));
+  // And then nothing more.
+  auto v4 = view_of(regs, 4, &*g3);
+  EXPECT_FALSE(next_generation(v4, 1));
+}
+
+TEST(MembershipNextGeneration, DeadAndReplacedAtOnce) {
+  auto regs = layout(4);
+  const Generation g1 = first_of(regs, 4);
+  regs[0] = reg(0, 0, 1, 1);
+  auto v = view_of(regs, 4, &g1);
+  v.dead = {3};
+  const auto g = next_generation(v, 1);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->reason, "failure") << "a loss and a join in one generation is a failure";
+  EXPECT_EQ(g->survivors, (std::vector<int>{1, 2}));
+  EXPECT_EQ(g->replicas, (std::vector<int>{1, 2})) << "the replaced member leaves first; it joins next time";
+  auto v3 = view_of(regs, 4, &*g);
+  v3.dead = {3};
+  const auto g3 = next_generation(v3, 1);
+  ASSERT_TRUE(g3);
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_EQ(g3->replicas, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(g3->incarnations.at(0), inc(0, 1));
+}
+
+TEST(MembershipNextGeneration, IncompleteReplicaDoesNotJoin) {
+  // 2 replicas of pp=2: replica 0 = ranks {0, 2}, replica 1 = ranks {1, 3}.
+  auto regs = layout(2, 2);
+  const Generation g1 = first_of(regs, 4);
+  auto v = view_of(regs, 4, &g1);
+  v.dead = {3};
+  const auto g2 = next_generation(v, 1);
+  ASSERT_TRUE(g2);
+  EXPECT_EQ(g2->ranks, (std::vector<int>{0, 2}));
+  // Replica 1's rank 3 restarts first: 1 of its 2 ranks has a live new process, rank 1 is the old (left) one, now dead.
+  regs[3] = reg(3, 1, 2, 1);
+  auto v3 = view_of(regs, 4, &*g2);
+  v3.dead = {1};
+  EXPECT_FALSE(next_generation(v3, 1)) << "rank 1 is dead: replica 1 is not complete";
+  regs.erase(1);  // (or not registered at all)
+  auto v3b = view_of(regs, 4, &*g2);
+  EXPECT_FALSE(next_generation(v3b, 1)) << "2 of 2 ranks needed, 1 registered";
+  // Rank 1 restarts too: the replica joins.
+  regs[1] = reg(1, 1, 2, 1);
+  auto v4 = view_of(regs, 4, &*g2);
+  const auto g3 = next_generation(v4, 1);
+  ASSERT_TRUE(g3);
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_EQ(g3->ranks, (std::vector<int>{0, 1, 2, 3}));
+  EXPECT_EQ(g3->survivors, (std::vector<int>{0}));
+}
+
+TEST(MembershipNextGeneration, JoinWaitsForMinReplicas) {
+  auto regs = layout(3);
+  const Generation g1 = first_of(regs, 3);
+  auto v = view_of(regs, 3, &g1);
+  v.dead = {1, 2};
+  const auto g2 = next_generation(v, 3);
+  ASSERT_TRUE(g2);
+  EXPECT_EQ(g2->ranks, (std::vector<int>{0}));
+  regs[1] = reg(1, 1, 1, 1);
+  auto v3 = view_of(regs, 3, &*g2);
+  v3.dead = {2};
+  EXPECT_FALSE(next_generation(v3, 3)) << "2 replicas could train, 3 required";
+  const auto g3 = next_generation(v3, 2);
+  ASSERT_TRUE(g3);
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_EQ(g3->ranks, (std::vector<int>{0, 1}));
+}
+
+TEST(MembershipNextGeneration, PipelineLayoutReplicaRanksAreNotConsecutive) {
+  // dp=2, pp=2, tp=2: rank = (pp_i*2 + dp_i)*2 + tp_i; replica 0 = {0,1,4,5}, replica 1 = {2,3,6,7}.
+  auto regs = layout(2, 2, 2);
+  ASSERT_EQ(regs.at(5).replica, 0);
+  ASSERT_EQ(regs.at(6).replica, 1);
+  ASSERT_EQ(regs.at(6).replica_size, 4);
+  auto partial = regs;
+  partial.erase(7);
+  EXPECT_FALSE(next_generation(view_of(partial, 8), 1));
+  const Generation g1 = first_of(regs, 8);
+  EXPECT_EQ(g1.ranks, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  EXPECT_EQ(g1.replicas, (std::vector<int>{0, 1}));
+
+  auto v = view_of(regs, 8, &g1);
+  v.dead = {5};
+  const auto g2 = next_generation(v, 1);
+  ASSERT_TRUE(g2);
+  EXPECT_EQ(g2->reason, "failure");
+  EXPECT_EQ(g2->replicas, (std::vector<int>{1}));
+  EXPECT_EQ(g2->survivors, (std::vector<int>{1}));
+  EXPECT_EQ(g2->ranks, (std::vector<int>{2, 3, 6, 7}));
+  EXPECT_EQ(g2->index_of(6), 2);
+
+  // Replica 0 comes back, every rank restarted (in descending order of registration: the output is still sorted).
+  for (int rank : {5, 4, 1, 0}) regs[rank] = reg(rank, 0, 4, 1);
+  auto v3 = view_of(regs, 8, &*g2);
+  const auto g3 = next_generation(v3, 1);
+  ASSERT_TRUE(g3);
+  EXPECT_EQ(g3->reason, "join");
+  EXPECT_EQ(g3->replicas, (std::vector<int>{0, 1}));
+  EXPECT_EQ(g3->survivors, (std::vector<int>{1}));
+  EXPECT_EQ(g3->ranks, (std::vector<int>{0, 1, 2, 3, 4, 5, 6, 7}));
+  for (int rank : {0, 1, 4, 5}) EXPECT_EQ(g3->incarnations.at(rank), inc(rank, 1));
+  for (int rank : {2, 3, 6, 7}) EXPECT_EQ(g3->incarnations.at(rank), inc(rank));
+}
+
+TEST(MembershipNextGeneration, ReplicaSizeMismatchIsIncomplete) {
+  // Two ranks claim replica 0 but each says the replica has 3 ranks: never complete.
+  std::map<int, Registration> regs{{0, reg(0, 0, 3)}, {1, reg(1, 0, 3)}, {2, reg(2, 1, 1)}};
+  auto v = view_of(regs, 3);
+  EXPECT_FALSE(next_generation(v, 1));
+  v.settle_elapsed = true;
+  const auto g = next_generation(v, 1);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->ranks, (std::vector<int>{2}));
+}

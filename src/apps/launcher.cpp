@@ -41,6 +41,8 @@ struct Stream {
 
 struct Rank {
   int rank = 0;
+  int local = 0;
+  int restarts = 0;
   pid_t pid = -1;
   bool running = false;
   int status = 0;
@@ -159,6 +161,10 @@ void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o)
   if (!o.secret.empty()) env["CROSSTRAIN_SECRET"] = o.secret;
   if (!o.job_id.empty()) env["CROSSTRAIN_JOB_ID"] = o.job_id;
   env["RANK"] = std::to_string(r.rank);
+  if (o.elastic.enabled) {
+    env["CROSSTRAIN_ELASTIC"] = "1";
+    env["CROSSTRAIN_RESTART_COUNT"] = std::to_string(r.restarts);
+  }
   env["WORLD_SIZE"] = std::to_string(world);
   env["LOCAL_RANK"] = std::to_string(local);
   env["LOCAL_WORLD_SIZE"] = std::to_string(o.nproc);
@@ -186,8 +192,32 @@ void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o)
 
 // Passes the ranks' output on, forwards signals, and stops every rank when one fails; returns once all have
 // exited (and their pipes are drained), with the launcher's exit code.
-int supervise(std::vector<Rank>& ranks, const LaunchOptions& o) {
+// Elastic: the rank's old output is passed on to the end, then a new process takes its place.
+void restart_rank(Rank& r, int world, int port, const LaunchOptions& o) {
+  for (Stream* s : {&r.out, &r.err})
+    while (s->fd >= 0 && pump(r, *s, s == &r.err, o.prefix_output && (s == &r.err || r.rank != 0 || o.prefix_rank0_stdout))) {
+      pollfd p{s->fd, POLLIN, 0};
+      if (poll(&p, 1, 100) <= 0) {  // a child of the rank still holds the pipe: stop listening to it
+        close(s->fd);
+        s->fd = -1;
+      }
+    }
+  ++r.restarts;
+  start_rank(r, r.local, world, port, o);
+}
+
+// Elastic: ends the ranks the coordinator excluded alive; they are then restarted like any failed rank.
+void end_excluded(std::vector<Rank>& ranks, ElasticSupervisor* elastic) {
+  if (!elastic) return;
+  // Only the excluded process itself: the rank may run as a new process already.
+  for (const auto& [rank, pid] : elastic->take_exclusions())
+    for (auto& r : ranks)
+      if (r.rank == rank && r.pid == pid && r.running && kill(-r.pid, SIGKILL) != 0) kill(r.pid, SIGKILL);
+}
+
+int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSupervisor* elastic, int world, int port) {
   int result = 0;
+  int succeeded = 0;
   bool stopping = false;
   bool killed = false;
   bool interrupted = false;  // a SIGINT or SIGTERM was forwarded
@@ -236,6 +266,13 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o) {
       if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
       r.running = false;
       r.status = status;
+      if (!failed(status)) ++succeeded;
+      if (failed(status) && !stopping && elastic) {
+        // Elastic: the others train on; the rank restarts while the budget lasts.
+        if (elastic->on_failure(r.rank, r.pid, describe_status(status))) restart_rank(r, world, port, o);
+        else if (result == 0) result = exit_code_of(status);
+        continue;
+      }
       if (failed(status) && !stopping) {
         stopping = true;
         result = exit_code_of(status);
@@ -249,6 +286,7 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o) {
         kill_at = Clock::now() + o.stop_grace;
       }
     }
+    end_excluded(ranks, elastic);
     if (stopping && !killed && Clock::now() >= kill_at) {
       signal_all(ranks, SIGKILL);
       killed = true;
@@ -258,7 +296,8 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o) {
       all_exited_at = Clock::now();
     }
   }
-  return result;
+  // Elastic: the job succeeded when training finished on some rank, whatever was lost on the way.
+  return elastic && succeeded > 0 && !interrupted ? 0 : result;
 }
 
 // The job's id and secret, from the options or the launcher's own environment. One node makes up an id when
@@ -349,6 +388,7 @@ int launch(const LaunchOptions& o) {
   for (int local = 0; local < o.nproc; ++local) {
     Rank& r = ranks[local];
     r.rank = o.node_rank * o.nproc + local;
+    r.local = local;
     try {
       start_rank(r, local, world, port, with_job);
     } catch (const Error& e) {
@@ -361,7 +401,9 @@ int launch(const LaunchOptions& o) {
     }
   }
 
-  const int result = supervise(ranks, o);
+  std::unique_ptr<ElasticSupervisor> elastic;
+  if (o.elastic.enabled) elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, store);
+  const int result = supervise(ranks, with_job, elastic.get(), world, port);
   for (auto& r : ranks) {
     if (r.out.fd >= 0) close(r.out.fd);
     if (r.err.fd >= 0) close(r.err.fd);
@@ -371,7 +413,7 @@ int launch(const LaunchOptions& o) {
 }
 
 int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
-                int64_t extra_bytes_per_rank, const std::string& secret) {
+                int64_t extra_bytes_per_rank, const std::string& secret, const ElasticLaunch& elastic) {
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
@@ -383,6 +425,7 @@ int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::mi
   o.rank_needs = kCrosstrainRank;
   o.rank_needs.bytes += extra_bytes_per_rank;
   o.secret = secret;
+  o.elastic = elastic;
   o.command.push_back(exe);
   o.command.insert(o.command.end(), args.begin(), args.end());
   return launch(o);

@@ -9,6 +9,8 @@
 
 #include "launch_limits.h"
 
+#include "elastic_supervisor.h"
+
 namespace crosstrain::apps {
 
 struct LaunchOptions {
@@ -24,6 +26,7 @@ struct LaunchOptions {
   std::map<std::string, std::string> extra_env;
   std::string secret;                  // the job secret ("": CROSSTRAIN_SECRET, if set); passed in the environment
   std::string job_id;                  // "": CROSSTRAIN_JOB_ID / TORCHELASTIC_RUN_ID, else made up (one node)
+  ElasticLaunch elastic;               // restart failed ranks, run the membership coordinator (node 0)
   bool prefix_output = true;           // "[rank N] " before each line
   bool prefix_rank0_stdout = true;     // off when rank 0 prints a report (bench, train)
   RankNeeds rank_needs;                // checked against the machine before anything starts
@@ -40,6 +43,6 @@ int launch(const LaunchOptions& options);
 // (the model state a training rank holds at the least).
 int launch_self(int nproc, const std::vector<std::string>& args,
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(30000), int64_t extra_bytes_per_rank = 0,
-                const std::string& secret = "");
+                const std::string& secret = "", const ElasticLaunch& elastic = {});
 
 }  // namespace crosstrain::apps

@@ -48,14 +48,41 @@ struct RunCli {
   CLI::App* cmd = nullptr;
   apps::LaunchOptions launch;
   std::string master;
+  std::string nnodes = "1";
   double timeout_s = 30;
   int cluster = -1;
 };
 
+// "--nnodes N" or "MIN:MAX" (elastic: nodes beyond MIN may join the running job).
+void parse_nnodes(const std::string& text, apps::LaunchOptions& o) {
+  const auto colon = text.find(':');
+  auto number = [&](const std::string& part) {
+    size_t used = 0;
+    int v = 0;
+    try {
+      v = std::stoi(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != part.size() || v < 1)
+      throw UsageError("--nnodes '" + text + "' must be N or MIN:MAX with 1 <= MIN <= MAX, e.g. --nnodes 1:4");
+    return v;
+  };
+  o.nnodes = number(colon == std::string::npos ? text : text.substr(colon + 1));
+  if (colon == std::string::npos) return;
+  o.elastic.min_nnodes = number(text.substr(0, colon));
+  if (o.elastic.min_nnodes > o.nnodes)
+    throw UsageError("--nnodes '" + text + "': MIN is larger than MAX; use e.g. --nnodes 1:4");
+  o.elastic.enabled = o.elastic.enabled || o.elastic.min_nnodes < o.nnodes;
+}
+
 void add_run_command(CLI::App& app, RunCli& run) {
   run.cmd = app.add_subcommand("run", "start N local ranks of a program with torchrun's environment");
   run.cmd->add_option("--nproc,--nproc-per-node", run.launch.nproc, "ranks on this node")->check(at_least_one());
-  run.cmd->add_option("--nnodes", run.launch.nnodes, "number of nodes")->check(at_least_one());
+  run.cmd->add_option("--nnodes", run.nnodes, "number of nodes, or MIN:MAX (elastic: nodes may join later)");
+  run.cmd->add_option("--max-restarts", run.launch.elastic.max_restarts,
+                      "elastic: restart failed ranks up to N times in all; the others train on meanwhile")
+      ->check(CLI::NonNegativeNumber);
   run.cmd->add_option("--node-rank", run.launch.node_rank, "this node's index (0 hosts the rendezvous store)");
   run.cmd->add_option("--master", run.master, "HOST:PORT of the rendezvous store on node 0 (default: a free local port)");
   run.cmd->add_option("--timeout", run.timeout_s, "seconds to wait for the rendezvous");
@@ -66,6 +93,8 @@ void add_run_command(CLI::App& app, RunCli& run) {
 
 int run_launcher(RunCli& run) {
   if (!run.master.empty()) apps::parse_master(run.master, run.launch.master_addr, run.launch.master_port);
+  parse_nnodes(run.nnodes, run.launch);
+  if (run.launch.elastic.max_restarts > 0) run.launch.elastic.enabled = true;
   run.launch.timeout = std::chrono::milliseconds(static_cast<int64_t>(run.timeout_s * 1000));
   if (run.cluster >= 0) run.launch.extra_env["CROSSTRAIN_CLUSTER"] = std::to_string(run.cluster);
   return apps::launch(run.launch);
@@ -186,6 +215,9 @@ void add_train_command(CLI::App& app, TrainCli& train) {
   train.cmd->add_option("--nproc", o.nproc, "ranks to start when not already launched")->check(at_least_one());
   train.cmd->add_option("--set", o.sets, "override a key: --set train.steps=30 (repeatable)");
   train.cmd->add_flag("--resume", o.resume, "continue from the newest checkpoint in run.dir");
+  train.cmd->add_option("--max-restarts", o.max_restarts,
+                        "elastic training: restart failed ranks up to N times in all (elastic.max_restarts)")
+      ->check(CLI::NonNegativeNumber);
 }
 
 // `crosstrain demo`.

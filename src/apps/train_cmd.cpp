@@ -11,6 +11,8 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
+#include "crosstrain/elastic/membership.h"
+#include "crosstrain/train/elastic.h"
 #include "crosstrain/train/trainer.h"
 #include "launcher.h"
 
@@ -53,16 +55,37 @@ std::string job_secret(const LaunchEnv& env, const train::Config& config) {
   return comm::store::read_secret_file(config.run.secret_file);
 }
 
+// One rank of an elastic job (train/elastic.h): membership first, then a Run per generation.
+int train_elastic_rank(const train::Config& config, const LaunchEnv& env) {
+  if (env.source == LaunchSource::Single)
+    throw UsageError("elastic training needs a launcher that restarts ranks and hosts the coordinator: use "
+                     "crosstrain train --nproc N --max-restarts K, or crosstrain run --max-restarts K -- ...");
+  elastic::Membership membership(env, train::membership_options(config, env.rank, env.world_size));
+  train::TrainOptions options;
+  const char* tty = std::getenv("CROSSTRAIN_TTY");
+  options.progress_bar = tty && std::string(tty) == "1";
+  train::train_elastic(config, membership, options);
+  return 0;
+}
+
 }  // namespace
 
 int train_command(const TrainCommand& cmd, const std::vector<std::string>& relaunch_args) {
   // Read the config before starting any rank: a typo is reported once, not once per rank.
   train::Config config = train::load_config(cmd.config_path, cmd.sets);
+  if (cmd.max_restarts >= 0) {
+    config.elastic.enabled = true;
+    config.elastic.max_restarts = cmd.max_restarts;
+  }
+  const char* elastic_env = std::getenv("CROSSTRAIN_ELASTIC");
+  if (elastic_env && std::string(elastic_env) == "1") config.elastic.enabled = true;
   LaunchEnv env = detect_launch_env(current_environment());
   env.secret = job_secret(env, config);
   const bool launching = env.source == LaunchSource::Single && cmd.nproc > 1;
   train::check_config(config, launching ? cmd.nproc : env.world_size);
-  if (!cmd.resume && checkpoint::latest_checkpoint(config.run.dir))
+  if (config.elastic.enabled) train::check_elastic_config(config, launching ? cmd.nproc : env.world_size);
+  // Elastic training resumes from the newest checkpoint by itself when no live replica holds the state.
+  if (!cmd.resume && !config.elastic.enabled && checkpoint::latest_checkpoint(config.run.dir))
     throw UsageError("run.dir '" + config.run.dir + "' already holds checkpoints of an earlier run; continue it with " +
                      "--resume, or choose another run.dir (nothing was changed)");
   // Once, by the process the user started (launched ranks are not); the Trainer still checks the step.
@@ -76,8 +99,12 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     // At the least, each rank holds its share of the model state (fp32 weights, gradients and two Adam moments:
     // 16 bytes a parameter) even when every layout shards it as far as it goes.
     const int64_t state_per_rank = 16 * config.model.parameter_count() / cmd.nproc;
-    return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret);
+    ElasticLaunch elastic;
+    elastic.enabled = config.elastic.enabled;
+    elastic.max_restarts = static_cast<int>(config.elastic.max_restarts);
+    return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic);
   }
+  if (config.elastic.enabled) return train_elastic_rank(config, env);
   auto world = comm::init_world(env, config.comm);
   train::Trainer trainer(config, *world);
   train::TrainOptions options;

@@ -156,8 +156,16 @@ std::vector<Field> fields(Config& c) {
       int_field("sync", "staleness", c.sync.staleness),
       int_field("sync", "slow_rank", c.sync.slow_rank),
       double_field("sync", "slow_ms", c.sync.slow_ms),
+      bool_field("elastic", "enabled", c.elastic.enabled),
+      int_field("elastic", "heartbeat_ms", c.elastic.heartbeat_ms),
+      int_field("elastic", "failure_timeout_ms", c.elastic.failure_timeout_ms),
+      int_field("elastic", "min_replicas", c.elastic.min_replicas),
+      int_field("elastic", "max_restarts", c.elastic.max_restarts),
       int_field("debug", "fault_save_delay_ms", c.debug.checkpoint.save_delay_ms),
       bool_field("debug", "fault_commit_rename", c.debug.checkpoint.commit_rename),
+      string_field("debug", "elastic_kill", c.debug.elastic_kill),
+      string_field("debug", "elastic_stop", c.debug.elastic_stop),
+      bool_field("debug", "elastic_digest", c.debug.elastic_digest),
   };
 }
 

@@ -230,6 +230,30 @@ class ReplicatedAdamW : public ModelOptimizer {
     for (const auto& [key, st] : adamw_->state()) return static_cast<torch::optim::AdamWParamState&>(*st).step();
     return 0;
   }
+  std::vector<at::Tensor> live_state() override {
+    std::vector<at::Tensor> out;
+    const int64_t steps = step_count();
+    for (const auto& [name, t] : masters_) {
+      // torch creates a parameter's state at its first step; zero moments at step 0 are what it would create.
+      auto& slot = adamw_->state()[key_of(t)];
+      if (!slot) {
+        auto st = std::make_unique<torch::optim::AdamWParamState>();
+        st->step(steps);
+        st->exp_avg(torch::zeros_like(t, at::MemoryFormat::Preserve));
+        st->exp_avg_sq(torch::zeros_like(t, at::MemoryFormat::Preserve));
+        slot = std::move(st);
+      }
+      auto& st = static_cast<torch::optim::AdamWParamState&>(*slot);
+      out.push_back(t.detach());
+      out.push_back(st.exp_avg());
+      out.push_back(st.exp_avg_sq());
+    }
+    return out;
+  }
+  void set_step_count(int64_t steps) override {
+    live_state();  // every parameter has its state
+    for (auto& [key, st] : adamw_->state()) static_cast<torch::optim::AdamWParamState&>(*st).step(steps);
+  }
 
  private:
   std::pair<at::Tensor, at::Tensor> moments(const at::Tensor& t) const {
@@ -350,6 +374,11 @@ class ShardedAdamW : public ModelOptimizer {
     zero_->master_weights_changed();
   }
   int64_t step_count() const override { return zero_->step_count(); }
+  std::vector<at::Tensor> live_state() override {
+    throw UsageError("elastic training keeps whole replicas, but ZeRO shards the optimizer state over them: set "
+                     "parallel.zero = 0 (or train without elastic)");
+  }
+  void set_step_count(int64_t) override { live_state(); }
 
  private:
   comm::Communicator* group_;

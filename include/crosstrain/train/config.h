@@ -72,9 +72,24 @@ struct SyncConfig {
 
 // [debug]: switches for tests only, each the component's own struct; a run never needs them. Kept out of the
 // components' production settings so that no test switch hides in an environment variable.
+// [elastic] Training that survives failures and joins (docs/elastic.md): membership by heartbeats, a generation
+// of live replicas agreed at every step, state healed from a live peer. `crosstrain train --max-restarts N` or
+// `--nnodes MIN:MAX` turn it on as well.
+struct ElasticConfig {
+  bool enabled = false;
+  int64_t heartbeat_ms = 100;        // each rank's heartbeat period
+  int64_t failure_timeout_ms = 500;  // a rank silent this long is dead (its replica leaves)
+  int64_t min_replicas = 1;          // train on while at least this many replicas are live
+  int64_t max_restarts = 0;          // the launcher restarts failed ranks this many times in all
+};
+
 struct DebugConfig {
   // debug.fault_save_delay_ms, debug.fault_commit_rename: checkpoint storage faults (checkpoint/faults.h).
   checkpoint::StorageFaults checkpoint;
+  // debug.elastic_kill / elastic_stop = "RANK@STEP" (or "all@STEP"): the first process of that rank sends
+  // itself SIGKILL / SIGSTOP in the middle of that step, before its gradients are reduced (tests, chaos runs).
+  std::string elastic_kill, elastic_stop;
+  bool elastic_digest = false;  // debug.elastic_digest: print each rank's state digest when a generation starts
 };
 
 struct Config {
@@ -85,6 +100,7 @@ struct Config {
   ParallelConfig parallel;
   CommConfig comm;
   SyncConfig sync;
+  ElasticConfig elastic;
   DebugConfig debug;
 };
 

@@ -91,6 +91,13 @@ class ModelOptimizer {
   virtual void load(checkpoint::CheckpointReader& reader, const StatePlacement& where,
                     const std::vector<ExtraState>& extra) = 0;
   virtual int64_t step_count() const = 0;
+
+  // Elastic training: this rank's whole optimizer state as tensors it owns (parameters or fp32 masters, then each
+  // one's moments), in an order that is the same on every replica of the same (pp, tp) coordinate. Writing into
+  // them (then set_step_count and sync_tensors_changed) replaces the state. ZeRO shards the moments over the
+  // replicas, so a lost replica takes its shard along: it throws UsageError there.
+  virtual std::vector<at::Tensor> live_state() = 0;
+  virtual void set_step_count(int64_t steps) = 0;
 };
 
 // `units`: this rank's parameters grouped as ZeRO gathers them (embedding, blocks, head), in forward order.

@@ -1,0 +1,77 @@
+// The membership coordinator of an elastic job: runs beside the rendezvous store (in the launcher of node 0),
+// watches every rank's heartbeat counter and registration, and publishes each new generation (membership_logic.h
+// has the rules). It never trains and holds no model state, so it survives any rank's failure; a failure of the
+// launcher of node 0 ends the job (as with torchrun's c10d rendezvous host).
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "crosstrain/elastic/membership_logic.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace crosstrain::elastic {
+
+struct CoordinatorOptions {
+  int world_size = 1;
+  // The first generation starts with every rank, or with min_replicas once this long has passed since the first
+  // registration (nodes that join later: --nnodes MIN:MAX).
+  std::chrono::milliseconds settle{3000};
+  // Processes that left the job alive (a hung rank, or the rest of a failed replica), as (rank, pid): the launcher
+  // ends them so that they can be restarted. Called on the coordinator's thread; a process whose exit the launcher
+  // already reported is not listed.
+  std::function<void(const std::vector<std::pair<int, int>>& processes, const std::string& why)> exclude;
+  // One line per event ("generation 3 (failure): ..."), prefixed by the caller.
+  std::function<void(const std::string& line)> log;
+};
+
+class Coordinator {
+ public:
+  Coordinator(c10::intrusive_ptr<c10d::Store> store, CoordinatorOptions options);
+  ~Coordinator();  // stops the thread
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // The launcher reaped the process of `rank`: it is dead now (no need to wait for its heartbeat to stop).
+  void rank_exited(int rank);
+  // The newest generation published (0: none yet).
+  int64_t generation() const { return published_.load(); }
+
+ private:
+  void loop();
+  void tick(Clock::time_point now);
+  void read_registrations();
+  void observe_heartbeats(Clock::time_point now);
+  void publish(const Generation& next, Clock::time_point now);
+  void close_generation(const Generation& g, int64_t successor);
+  std::string describe_losses(const Generation& next, Clock::time_point now) const;
+
+  c10::intrusive_ptr<c10d::Store> store_;
+  CoordinatorOptions options_;
+  FailureDetector detector_;
+  Timing timing_;
+  std::map<int, Registration> registered_;
+  std::vector<Generation> open_;  // generations whose members may still vote (the newest last)
+  std::set<int64_t> closed_;
+  Clock::time_point first_registration_{};
+  Clock::time_point emptied_{};  // when a generation without replicas was published
+  std::mutex exited_mu_;
+  std::vector<int> exited_;
+  std::atomic<int64_t> published_{0};
+  bool finishing_ = false;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+}  // namespace crosstrain::elastic

@@ -1,0 +1,105 @@
+// A rank's side of elastic membership: it registers, beats its heartbeat, watches for new generations, votes on
+// each step, and builds the communicator of each generation it belongs to. The coordinator (coordinator.h)
+// decides; membership_logic.h has the rules both follow.
+//
+// Three store connections: the rank's own (votes, generation records, Gloo's rendezvous) and two light ones
+// that never wait on each other: the heartbeat, and the watcher that learns of new generations at once. A
+// failure generation raises abort_requested(), which every wait of the generation's communicator
+// (abortable.h) checks, so no member stays blocked in a collective with a dead peer.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "crosstrain/comm/communicator.h"
+#include "crosstrain/comm/config.h"
+#include "crosstrain/comm/rendezvous.h"
+#include "crosstrain/core/launch_env.h"
+#include "crosstrain/elastic/membership_logic.h"
+
+namespace c10d {
+class Store;
+}
+
+namespace crosstrain::elastic {
+
+// Thrown by a generation's communicator, and by vote(), when a failure ended the generation: the step in flight
+// is redone in the next one.
+class GenerationEnded : public CommError {
+ public:
+  GenerationEnded(const CommContext& context, int64_t successor)
+      : CommError(context, "a member failed; generation " + std::to_string(successor) + " takes over"),
+        successor_(successor) {}
+  int64_t successor() const { return successor_; }
+
+ private:
+  int64_t successor_;
+};
+
+struct MembershipOptions {
+  Timing timing;
+  int replica = 0;       // this rank's data-parallel slot in the full job
+  int replica_size = 1;  // ranks per replica (pp x tp)
+  comm::CommConfig comm;
+};
+
+class Membership {
+ public:
+  // Connects to the job's store (retrying while the store still holds this rank's previous process), starts the
+  // heartbeat and the watcher, and registers.
+  Membership(const LaunchEnv& env, MembershipOptions options);
+  ~Membership();
+  Membership(const Membership&) = delete;
+  Membership& operator=(const Membership&) = delete;
+
+  int rank() const { return env_.rank; }
+  int world_size() const { return env_.world_size; }
+  int replica() const { return options_.replica; }
+  const std::string& incarnation() const { return incarnation_; }
+
+  // Blocks (up to the job's timeout) until a generation newer than `after` that counts this process as a member
+  // is published; throws Error when the job goes on without it for that long.
+  Generation await_member_generation(int64_t after);
+  // The generation `id` (published already).
+  Generation generation(int64_t id);
+  // Collective over the generation's ranks: its world communicator (Gloo, plus shared memory and the algorithms
+  // as comm.* says), whose waits end with GenerationEnded when a failure ends the generation.
+  std::unique_ptr<comm::Communicator> build_world(const Generation& g);
+  // Marks the first step of `g`; false when the coordinator closed it first (a member failed meanwhile).
+  bool start(const Generation& g, int64_t step);
+  // This rank's vote for `step` of `g` once its gradients are reduced; returns the step's fate (every member gets
+  // the same one).
+  Decision vote(const Generation& g, int64_t step);
+  // The fate of a step this rank did not vote for (it was interrupted): waits for the coordinator's abort.
+  Decision await_decision(const Generation& g, int64_t step);
+  // True once a failure generation newer than `current` is published.
+  bool abort_requested(int64_t current) const { return failure_generation_.load() > current; }
+  int64_t latest_generation() const { return latest_.load(); }
+  // Training is over on this rank: its exit from now on is not a failure.
+  void finish();
+
+ private:
+  void heartbeat_loop();
+  void watch_loop();
+  std::string get(const std::string& key);
+  std::string wait_get(const std::string& key, std::chrono::milliseconds timeout);
+
+  LaunchEnv env_;
+  MembershipOptions options_;
+  std::string incarnation_;
+  std::shared_ptr<comm::Rendezvous> rendezvous_;  // this rank's own store connection
+  std::shared_ptr<comm::Rendezvous> beat_, watch_;
+  std::atomic<int64_t> latest_{0};
+  std::atomic<int64_t> failure_generation_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex error_mu_;
+  std::string watch_error_;
+  std::thread heartbeat_, watcher_;
+};
+
+}  // namespace crosstrain::elastic

@@ -1,0 +1,131 @@
+// The pure logic of elastic membership (no sockets, no threads): who is alive, which replicas form the next
+// generation, and how a step's fate is written in the store. The coordinator (coordinator.h) and the ranks
+// (membership.h) act on it; tests/unit/pure checks it.
+//
+// Failure domain: one data-parallel replica (the pp x tp ranks of one model copy). A generation is the set of
+// replicas that train together; it changes when a member stops answering (its whole replica leaves) or when a
+// complete replica registers (it joins). Every step of a generation ends with a vote in the store: each member
+// adds 1 to the step's counter once its gradients are reduced; the member that completes the count writes
+// "commit" (and the newest pending generation, if any), while the coordinator, when a member dies, adds a poison
+// value to the first incomplete step and writes "abort". The counter is one atomic add, so a step either
+// commits on every member or on none.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace crosstrain::elastic {
+
+using Clock = std::chrono::steady_clock;
+
+// Added to a step's vote counter by the coordinator: a count at or above it means the step was closed.
+constexpr int64_t kPoison = int64_t{1} << 40;
+
+struct Timing {
+  int heartbeat_ms = 100;        // each rank bumps its heartbeat counter this often
+  int failure_timeout_ms = 500;  // a rank whose counter has not moved for this long is declared dead
+  int min_replicas = 1;          // fewer live replicas than this: wait for joins (up to the job's timeout)
+};
+
+// Declares a rank dead when its heartbeat counter stops moving, or at once when its process is known to have
+// exited. Pure: the caller passes the time and the counters it read.
+class FailureDetector {
+ public:
+  explicit FailureDetector(std::chrono::milliseconds timeout) : timeout_(timeout) {}
+  void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
+  // The counter `value` read at `now` for `rank` (whose current process is `incarnation`).
+  void observe(int rank, const std::string& incarnation, int64_t value, Clock::time_point now);
+  // The process `pid` of `rank` is gone (the launcher reaped it): dead at once, when it is the incarnation watched.
+  void exited(int rank, int pid);
+  // Ranks whose incarnation is dead at `now`.
+  bool dead(int rank, const std::string& incarnation, Clock::time_point now) const;
+  // The launcher reported the exit of this incarnation.
+  bool has_exited(int rank, const std::string& incarnation) const;
+  // How long ago (at `now`) the last heartbeat of `rank` moved; 0 when never observed.
+  std::chrono::milliseconds silent_for(int rank, Clock::time_point now) const;
+
+ private:
+  struct Seen {
+    std::string incarnation;
+    int64_t value = -1;
+    Clock::time_point moved{};
+    bool exited = false;
+  };
+  std::chrono::milliseconds timeout_;
+  std::map<int, Seen> seen_;
+};
+
+// What a rank says about itself when it (re)joins: written by the rank, read by the coordinator.
+struct Registration {
+  int rank = 0;
+  int replica = 0;       // its data-parallel slot in the full job (the sampler's slot)
+  int replica_size = 1;  // ranks per replica (pp x tp)
+  std::string incarnation;  // unique per process start: "HOST/PID/START_MS" (incarnation_of)
+  Timing timing;
+};
+std::string incarnation_of(const std::string& host, int pid, int64_t start_ms);
+int pid_of_incarnation(const std::string& incarnation);  // -1 when it names none
+std::string encode_registration(const Registration& r);
+Registration decode_registration(const std::string& text);  // throws std::runtime_error on a malformed record
+
+// One generation: who trains together from which step.
+struct Generation {
+  int64_t id = 0;
+  std::vector<int> replicas;  // ascending slots
+  std::vector<int> ranks;     // world ranks of those replicas, ascending: new rank i is ranks[i]
+  std::vector<int> survivors; // replicas that were members of the previous generation (they hold live state)
+  std::map<int, std::string> incarnations;  // rank -> the process that is the member
+  std::string reason;         // "start", "failure", "join"
+  bool failure() const { return reason == "failure"; }
+  // Index of `rank` in ranks, or -1 when it is not a member.
+  int index_of(int rank) const;
+  bool has_replica(int replica) const;
+};
+std::string encode_generation(const Generation& g);
+Generation decode_generation(const std::string& text);  // throws std::runtime_error
+
+// What the coordinator knows when it decides: the current generation (id 0: none yet), every registration, and
+// which of them are dead.
+struct MembershipView {
+  const Generation* current = nullptr;
+  std::map<int, Registration> registered;  // by rank; the newest registration of each rank
+  std::set<int> dead;                      // ranks whose registered incarnation is dead
+  int world_size = 0;                      // ranks of the full job
+  bool settle_elapsed = false;             // the first generation may start with fewer replicas than the job has
+};
+
+// The next generation, or nullopt when nothing changes. A replica is a member when all its ranks are registered
+// and alive. The first generation waits for every replica (or, once `settle_elapsed`, for min_replicas); later
+// ones drop a replica with a dead rank or a member rank whose process was replaced, and add complete replicas.
+std::optional<Generation> next_generation(const MembershipView& view, int min_replicas);
+
+// A step's outcome as written in the store under the step's decision key.
+struct Decision {
+  bool commit = false;
+  int64_t next_generation = 0;  // commit: a pending generation to switch to after this step (0: none);
+                                // abort: the generation that redoes this step
+};
+std::string encode_decision(const Decision& d);
+Decision decode_decision(const std::string& text);  // throws std::runtime_error
+
+// Store keys, all under the job's "elastic/" prefix.
+std::string registration_key(int rank);
+std::string heartbeat_key(int rank);
+std::string generation_key(int64_t id);
+std::string latest_generation_key();  // the id of the newest generation (decimal)
+std::string vote_key(int64_t generation, int64_t step);
+std::string decision_key(int64_t generation, int64_t step);
+// The first step of a generation, written by its members when they start it, or "closed" by the coordinator when
+// a failure ended it first (compare-and-set: exactly one of the two wins).
+std::string start_key(int64_t generation);
+// Written by a rank that finished training: the job is ending, so the coordinator stops changing generations
+// (the ranks that finish later are past every collective and must not be aborted).
+std::string done_key(int rank);
+constexpr const char* kClosed = "closed";
+
+}  // namespace crosstrain::elastic

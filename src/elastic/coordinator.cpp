@@ -1,0 +1,189 @@
+#include "crosstrain/elastic/coordinator.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <algorithm>
+#include <sstream>
+
+namespace crosstrain::elastic {
+namespace {
+
+constexpr std::chrono::milliseconds kTick{5};
+
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string join(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(c10::intrusive_ptr<c10d::Store> store, CoordinatorOptions options)
+    : store_(std::move(store)), options_(std::move(options)), detector_(std::chrono::milliseconds(500)) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Coordinator::~Coordinator() {
+  stop_ = true;
+  if (thread_.joinable()) thread_.join();
+}
+
+void Coordinator::rank_exited(int rank) {
+  std::lock_guard<std::mutex> lock(exited_mu_);
+  exited_.push_back(rank);
+}
+
+void Coordinator::loop() {
+  while (!stop_) {
+    try {
+      tick(Clock::now());
+    } catch (const std::exception& e) {
+      // The store is in this process; an error here is a bug or a closed store (shutdown): report it once a tick.
+      if (options_.log) options_.log(std::string("coordinator error: ") + e.what());
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+    std::this_thread::sleep_for(kTick);
+  }
+}
+
+void Coordinator::read_registrations() {
+  for (int rank = 0; rank < options_.world_size; ++rank) {
+    const std::string key = registration_key(rank);
+    if (!store_->check({key})) continue;
+    Registration r;
+    try {
+      r = decode_registration(text_of(store_->get(key)));
+    } catch (const std::exception& e) {
+      continue;  // a half-written or hostile record is ignored, the rank stays unregistered
+    }
+    auto it = registered_.find(rank);
+    if (it != registered_.end() && it->second.incarnation == r.incarnation) continue;
+    if (registered_.empty()) {
+      first_registration_ = Clock::now();
+      timing_ = r.timing;
+      detector_.set_timeout(std::chrono::milliseconds(timing_.failure_timeout_ms));
+    }
+    registered_[rank] = r;
+  }
+}
+
+void Coordinator::observe_heartbeats(Clock::time_point now) {
+  std::vector<std::pair<int, int>> exited;
+  {
+    std::lock_guard<std::mutex> lock(exited_mu_);
+    for (int rank : exited_) {
+      auto it = registered_.find(rank);
+      if (it != registered_.end()) exited.push_back({rank, pid_of_incarnation(it->second.incarnation)});
+    }
+    exited_.clear();
+  }
+  for (const auto& [rank, r] : registered_)
+    detector_.observe(rank, r.incarnation, store_->add(heartbeat_key(rank), 0), now);
+  for (const auto& [rank, pid] : exited) detector_.exited(rank, pid);
+}
+
+void Coordinator::tick(Clock::time_point now) {
+  if (finishing_) return;
+  for (const auto& [rank, r] : registered_)
+    if (store_->check({done_key(rank)})) {
+      finishing_ = true;  // training is over: ranks leaving now are not failures
+      return;
+    }
+  observe_heartbeats(now);  // exits first: a restarted rank's new registration must not inherit them
+  read_registrations();
+  observe_heartbeats(now);
+  // Generations superseded by one their members already started take no more votes. (Before view.current points
+  // into open_: the erase moves its elements.)
+  while (open_.size() > 1 && store_->check({start_key(open_[1].id)})) open_.erase(open_.begin());
+  MembershipView view;
+  view.current = open_.empty() ? nullptr : &open_.back();
+  view.registered = registered_;
+  view.world_size = options_.world_size;
+  // The settle time counts from the first registration, or from the moment the last replica was lost.
+  view.settle_elapsed = !registered_.empty() && now - std::max(first_registration_, emptied_) >= options_.settle;
+  for (const auto& [rank, r] : registered_)
+    if (detector_.dead(rank, r.incarnation, now)) view.dead.insert(rank);
+  if (auto next = next_generation(view, std::max(1, timing_.min_replicas))) publish(*next, now);
+}
+
+std::string Coordinator::describe_losses(const Generation& next, Clock::time_point now) const {
+  if (open_.empty()) return "";
+  std::ostringstream out;
+  for (int rank : open_.back().ranks) {
+    if (next.index_of(rank) >= 0 && next.incarnations.at(rank) == open_.back().incarnations.at(rank)) continue;
+    auto it = registered_.find(rank);
+    out << "; rank " << rank;
+    if (it == registered_.end() || it->second.incarnation != open_.back().incarnations.at(rank))
+      out << " restarted";
+    else if (!detector_.dead(rank, it->second.incarnation, now))
+      out << " left with its replica " << it->second.replica;
+    else if (detector_.silent_for(rank, now).count() >= timing_.failure_timeout_ms)
+      out << " silent for " << detector_.silent_for(rank, now).count() << " ms";
+    else
+      out << " exited";
+  }
+  return out.str();
+}
+
+void Coordinator::publish(const Generation& next, Clock::time_point now) {
+  const Generation* current = open_.empty() ? nullptr : &open_.back();
+  std::vector<std::pair<int, int>> excluded;
+  if (current)
+    for (int rank : current->ranks) {
+      const std::string& member = current->incarnations.at(rank);
+      if (next.index_of(rank) >= 0 && next.incarnations.at(rank) == member) continue;
+      if (!detector_.has_exited(rank, member)) excluded.push_back({rank, pid_of_incarnation(member)});
+    }
+  const std::string losses = describe_losses(next, now);
+  // The launcher ends the excluded processes: none of them may be admitted again (the rest of a failed replica
+  // would otherwise rejoin with its restarted rank before the launcher has ended it).
+  for (const auto& [rank, pid] : excluded) {
+    auto it = registered_.find(rank);
+    if (it != registered_.end() && it->second.incarnation == current->incarnations.at(rank))
+      detector_.exited(rank, pid_of_incarnation(it->second.incarnation));
+  }
+  store_->set(generation_key(next.id), bytes_of(encode_generation(next)));
+  store_->set(latest_generation_key(), bytes_of(std::to_string(next.id)));
+  published_ = next.id;
+  if (next.failure()) {
+    for (const auto& g : open_)
+      if (!closed_.count(g.id)) close_generation(g, next.id);
+    open_.clear();
+  }
+  open_.push_back(next);
+  if (next.replicas.empty()) emptied_ = now;
+  if (options_.log) {
+    std::ostringstream line;
+    line << "[t=" << unix_ms() << "] generation " << next.id << " (" << next.reason << "): " << next.replicas.size()
+         << " replica" << (next.replicas.size() == 1 ? "" : "s") << " (" << join(next.replicas) << "), "
+         << next.ranks.size() << " rank" << (next.ranks.size() == 1 ? "" : "s") << losses;
+    options_.log(line.str());
+  }
+  if (!excluded.empty() && options_.exclude) options_.exclude(excluded, "left generation " + std::to_string(next.id));
+}
+
+// Ends generation `g`: the first step its members have not all voted for is aborted (they redo it in
+// `successor`); a generation no member started yet can no longer be started.
+void Coordinator::close_generation(const Generation& g, int64_t successor) {
+  closed_.insert(g.id);
+  const std::string start = text_of(store_->compareSet(start_key(g.id), {}, bytes_of(kClosed)));
+  if (start == kClosed) return;
+  const int64_t members = static_cast<int64_t>(g.ranks.size());
+  int64_t step = std::stoll(start);
+  for (int64_t guard = 0; guard < (int64_t{1} << 30); ++guard, ++step) {
+    const int64_t before = store_->add(vote_key(g.id, step), kPoison) - kPoison;
+    if (before >= members) continue;  // every member voted: that step committed
+    store_->set(decision_key(g.id, step), bytes_of(encode_decision({false, successor})));
+    return;
+  }
+}
+
+}  // namespace crosstrain::elastic

@@ -1,0 +1,190 @@
+#include "crosstrain/elastic/membership.h"
+
+#include <unistd.h>
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+
+#include "crosstrain/comm/algorithm_communicator.h"
+#include "crosstrain/comm/init.h"
+#include "crosstrain/comm/shm.h"
+#include "crosstrain/comm/store_auth.h"
+#include "crosstrain/elastic/abortable.h"
+
+namespace crosstrain::elastic {
+namespace {
+
+std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string host_name() {
+  char host[256] = {0};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// A restarted rank may reach the store before the store has noticed that its previous process is gone.
+std::shared_ptr<comm::Rendezvous> connect_retrying(const LaunchEnv& env, int rank, comm::Millis timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    try {
+      return comm::Rendezvous::connect(env.master_addr, env.master_port, rank, env.world_size, timeout,
+                                       comm::JobCredentials{env.job_id, env.secret});
+    } catch (const CommError& e) {
+      const bool taken = e.cause().find("already connected") != std::string::npos;
+      if (!taken || std::chrono::steady_clock::now() >= deadline) throw;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+}
+
+CommContext membership_context(int rank, const std::string& op, int64_t step = -1) {
+  CommContext c;
+  c.rank = rank;
+  c.op = op;
+  c.group = "elastic";
+  if (step >= 0) c.step = step;
+  return c;
+}
+
+}  // namespace
+
+Membership::Membership(const LaunchEnv& env, MembershipOptions options)
+    : env_(env), options_(std::move(options)),
+      incarnation_(incarnation_of(host_name(), static_cast<int>(getpid()), unix_ms())) {
+  const comm::Millis timeout = options_.comm.timeout();
+  rendezvous_ = connect_retrying(env_, env_.rank, timeout);
+  beat_ = connect_retrying(env_, -1, timeout);
+  watch_ = connect_retrying(env_, -1, timeout);
+  // Beat before registering: the coordinator starts watching the heartbeat as soon as it reads the registration.
+  beat_->store()->add(heartbeat_key(env_.rank), 1);
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  watcher_ = std::thread([this] { watch_loop(); });
+  Registration r;
+  r.rank = env_.rank;
+  r.replica = options_.replica;
+  r.replica_size = options_.replica_size;
+  r.incarnation = incarnation_;
+  r.timing = options_.timing;
+  rendezvous_->store()->set(registration_key(env_.rank), bytes_of(encode_registration(r)));
+}
+
+Membership::~Membership() {
+  stop_ = true;
+  if (heartbeat_.joinable()) heartbeat_.join();
+  if (watcher_.joinable()) watcher_.join();
+}
+
+void Membership::heartbeat_loop() {
+  const auto period = std::chrono::milliseconds(options_.timing.heartbeat_ms);
+  while (!stop_) {
+    try {
+      beat_->store()->add(heartbeat_key(env_.rank), 1);
+    } catch (const std::exception&) {
+      return;  // the store is gone: the job is over; the main thread finds out on its next store call
+    }
+    for (auto slept = std::chrono::milliseconds(0); slept < period && !stop_; slept += std::chrono::milliseconds(10))
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+}
+
+// Waits for each next generation record in turn; a failure generation raises the abort flag at once.
+void Membership::watch_loop() {
+  auto& store = *watch_->store();
+  while (!stop_) {
+    const int64_t next = latest_.load() + 1;
+    try {
+      store.wait({generation_key(next)}, std::chrono::milliseconds(250));
+    } catch (const CommError& e) {
+      if (e.timed_out()) continue;
+      return;
+    } catch (const std::exception&) {
+      return;
+    }
+    try {
+      const Generation g = decode_generation(text_of(store.get(generation_key(next))));
+      if (g.failure()) failure_generation_ = g.id;
+      latest_ = g.id;
+    } catch (const std::exception&) {
+      return;
+    }
+  }
+}
+
+void Membership::finish() { rendezvous_->store()->set(done_key(env_.rank), bytes_of("1")); }
+
+std::string Membership::get(const std::string& key) { return text_of(rendezvous_->store()->get(key)); }
+
+std::string Membership::wait_get(const std::string& key, std::chrono::milliseconds timeout) {
+  rendezvous_->store()->wait({key}, timeout);
+  return get(key);
+}
+
+Generation Membership::generation(int64_t id) { return decode_generation(get(generation_key(id))); }
+
+Generation Membership::await_member_generation(int64_t after) {
+  const auto timeout = options_.comm.timeout();
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (int64_t id = after + 1;; ++id) {
+    const auto left = std::chrono::duration_cast<comm::Millis>(deadline - std::chrono::steady_clock::now());
+    if (left <= comm::Millis(0))
+      throw CommError(membership_context(env_.rank, "join"),
+                      "no generation admitted this process within " + std::to_string(timeout.count() / 1000) +
+                          " s (are all ranks of its replica running? is the launcher's coordinator running: "
+                          "crosstrain run with --max-restarts or elastic.enabled?)",
+                      true);
+    Generation g = decode_generation(wait_get(generation_key(id), left));
+    auto it = g.incarnations.find(env_.rank);
+    if (it != g.incarnations.end() && it->second == incarnation_) return g;
+  }
+}
+
+std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g) {
+  const int index = g.index_of(env_.rank);
+  if (index < 0) throw Error("rank " + std::to_string(env_.rank) + " is not a member of generation " + std::to_string(g.id));
+  // A member that dies while the group forms must not hold the others for the whole job timeout.
+  const comm::Millis timeout = std::min(options_.comm.timeout(), comm::Millis(10000));
+  auto world = comm::make_gloo_communicator(rendezvous_, index, static_cast<int>(g.ranks.size()), timeout,
+                                            "elastic/g" + std::to_string(g.id));
+  if (options_.comm.shared_memory) world = comm::with_shared_memory(std::move(world));
+  world = comm::with_algorithms(std::move(world), options_.comm);
+  const int64_t id = g.id;
+  return make_abortable(std::move(world), [this, id] { return abort_requested(id) ? failure_generation_.load() : 0; });
+}
+
+bool Membership::start(const Generation& g, int64_t step) {
+  const std::string value = text_of(rendezvous_->store()->compareSet(start_key(g.id), {}, bytes_of(std::to_string(step))));
+  if (value == kClosed) return false;
+  if (value != std::to_string(step))
+    throw Error("generation " + std::to_string(g.id) + " started at step " + value + " on another member but at step " +
+                std::to_string(step) + " here: the members' states differ (a bug; please report it)");
+  return true;
+}
+
+Decision Membership::vote(const Generation& g, int64_t step) {
+  auto& store = *rendezvous_->store();
+  const int64_t count = store.add(vote_key(g.id, step), 1);
+  if (count == static_cast<int64_t>(g.ranks.size())) {
+    // The last vote: the step commits; a generation published meanwhile starts after it on every member.
+    Decision d;
+    d.commit = true;
+    const int64_t latest = std::stoll(get(latest_generation_key()));
+    d.next_generation = latest > g.id ? latest : 0;
+    store.set(decision_key(g.id, step), bytes_of(encode_decision(d)));
+    return d;
+  }
+  return await_decision(g, step);
+}
+
+Decision Membership::await_decision(const Generation& g, int64_t step) {
+  // The last voter writes it at once; the coordinator writes an abort within the failure timeout of a death.
+  return decode_decision(wait_get(decision_key(g.id, step), options_.comm.timeout()));
+}
+
+}  // namespace crosstrain::elastic

@@ -1,0 +1,245 @@
+#include "crosstrain/elastic/membership_logic.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace crosstrain::elastic {
+
+using json = nlohmann::json;
+
+void FailureDetector::observe(int rank, const std::string& incarnation, int64_t value, Clock::time_point now) {
+  Seen& s = seen_[rank];
+  if (s.incarnation != incarnation) s = Seen{incarnation, value, now, false};  // a new process: a fresh start
+  if (value != s.value) {
+    s.value = value;
+    s.moved = now;
+  }
+}
+
+void FailureDetector::exited(int rank, int pid) {
+  auto it = seen_.find(rank);
+  if (it != seen_.end() && pid_of_incarnation(it->second.incarnation) == pid) it->second.exited = true;
+}
+
+bool FailureDetector::dead(int rank, const std::string& incarnation, Clock::time_point now) const {
+  auto it = seen_.find(rank);
+  if (it == seen_.end() || it->second.incarnation != incarnation) return false;  // not watched yet
+  return it->second.exited || now - it->second.moved > timeout_;
+}
+
+bool FailureDetector::has_exited(int rank, const std::string& incarnation) const {
+  auto it = seen_.find(rank);
+  return it != seen_.end() && it->second.incarnation == incarnation && it->second.exited;
+}
+
+std::chrono::milliseconds FailureDetector::silent_for(int rank, Clock::time_point now) const {
+  auto it = seen_.find(rank);
+  if (it == seen_.end()) return std::chrono::milliseconds(0);
+  return std::chrono::duration_cast<std::chrono::milliseconds>(now - it->second.moved);
+}
+
+namespace {
+
+json parse(const std::string& text, const char* what) {
+  try {
+    return json::parse(text);
+  } catch (const std::exception& e) {
+    throw std::runtime_error(std::string("malformed elastic ") + what + " record '" + text.substr(0, 80) + "'");
+  }
+}
+
+template <typename T>
+T field(const json& j, const char* key, const char* what) {
+  if (!j.contains(key)) throw std::runtime_error(std::string("elastic ") + what + " record lacks '" + key + "'");
+  return j.at(key).get<T>();
+}
+
+}  // namespace
+
+std::string incarnation_of(const std::string& host, int pid, int64_t start_ms) {
+  return host + "/" + std::to_string(pid) + "/" + std::to_string(start_ms);
+}
+
+int pid_of_incarnation(const std::string& incarnation) {
+  const auto first = incarnation.find('/');
+  const auto second = first == std::string::npos ? std::string::npos : incarnation.find('/', first + 1);
+  if (second == std::string::npos) return -1;
+  try {
+    return std::stoi(incarnation.substr(first + 1, second - first - 1));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+std::string encode_registration(const Registration& r) {
+  return json{{"rank", r.rank},
+              {"replica", r.replica},
+              {"replica_size", r.replica_size},
+              {"incarnation", r.incarnation},
+              {"heartbeat_ms", r.timing.heartbeat_ms},
+              {"failure_timeout_ms", r.timing.failure_timeout_ms},
+              {"min_replicas", r.timing.min_replicas}}
+      .dump();
+}
+
+Registration decode_registration(const std::string& text) {
+  const json j = parse(text, "registration");
+  Registration r;
+  try {
+    r.rank = field<int>(j, "rank", "registration");
+    r.replica = field<int>(j, "replica", "registration");
+    r.replica_size = field<int>(j, "replica_size", "registration");
+    r.incarnation = field<std::string>(j, "incarnation", "registration");
+    r.timing.heartbeat_ms = j.value("heartbeat_ms", r.timing.heartbeat_ms);
+    r.timing.failure_timeout_ms = j.value("failure_timeout_ms", r.timing.failure_timeout_ms);
+    r.timing.min_replicas = j.value("min_replicas", r.timing.min_replicas);
+  } catch (const json::exception& e) {
+    throw std::runtime_error("malformed elastic registration record: " + std::string(e.what()));
+  }
+  if (r.rank < 0 || r.replica < 0 || r.replica_size < 1)
+    throw std::runtime_error("elastic registration record has a negative rank or replica: " + text.substr(0, 80));
+  return r;
+}
+
+int Generation::index_of(int rank) const {
+  auto it = std::lower_bound(ranks.begin(), ranks.end(), rank);
+  return it != ranks.end() && *it == rank ? static_cast<int>(it - ranks.begin()) : -1;
+}
+
+bool Generation::has_replica(int replica) const {
+  return std::binary_search(replicas.begin(), replicas.end(), replica);
+}
+
+std::string encode_generation(const Generation& g) {
+  json inc = json::object();
+  for (const auto& [rank, id] : g.incarnations) inc[std::to_string(rank)] = id;
+  return json{{"id", g.id}, {"replicas", g.replicas}, {"ranks", g.ranks}, {"survivors", g.survivors},
+              {"incarnations", inc}, {"reason", g.reason}}
+      .dump();
+}
+
+Generation decode_generation(const std::string& text) {
+  const json j = parse(text, "generation");
+  Generation g;
+  try {
+    g.id = field<int64_t>(j, "id", "generation");
+    g.replicas = field<std::vector<int>>(j, "replicas", "generation");
+    g.ranks = field<std::vector<int>>(j, "ranks", "generation");
+    g.survivors = field<std::vector<int>>(j, "survivors", "generation");
+    g.reason = field<std::string>(j, "reason", "generation");
+    for (const auto& [rank, id] : j.at("incarnations").items()) g.incarnations[std::stoi(rank)] = id.get<std::string>();
+  } catch (const std::exception& e) {
+    throw std::runtime_error("malformed elastic generation record: " + std::string(e.what()));
+  }
+  if (!std::is_sorted(g.ranks.begin(), g.ranks.end()) || !std::is_sorted(g.replicas.begin(), g.replicas.end()))
+    throw std::runtime_error("elastic generation record " + std::to_string(g.id) + " lists ranks out of order");
+  return g;
+}
+
+namespace {
+
+// Replica slot -> its registered ranks (alive or not).
+std::map<int, std::vector<const Registration*>> by_replica(const MembershipView& v) {
+  std::map<int, std::vector<const Registration*>> out;
+  for (const auto& [rank, r] : v.registered) out[r.replica].push_back(&r);
+  return out;
+}
+
+// A replica can be a member when every one of its ranks is registered and alive.
+bool complete(const std::vector<const Registration*>& ranks, const MembershipView& v) {
+  if (ranks.empty() || static_cast<int>(ranks.size()) != ranks.front()->replica_size) return false;
+  return std::none_of(ranks.begin(), ranks.end(), [&](const Registration* r) { return v.dead.count(r->rank) > 0; });
+}
+
+// A member replica stays while its member processes are the registered ones and none of them is dead.
+bool still_member(int replica, const std::vector<const Registration*>& ranks, const MembershipView& v) {
+  if (!complete(ranks, v)) return false;
+  for (const Registration* r : ranks) {
+    auto it = v.current->incarnations.find(r->rank);
+    if (it == v.current->incarnations.end() || it->second != r->incarnation) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+std::optional<Generation> next_generation(const MembershipView& v, int min_replicas) {
+  const auto replicas = by_replica(v);
+  // With no replica left (every one failed) the job starts over like the first generation: it waits for all
+  // ranks, or for min_replicas once the settle time has passed, rather than growing one replica at a time.
+  const bool first = v.current == nullptr || v.current->id == 0 || v.current->replicas.empty();
+  const bool restart = first && v.current != nullptr && v.current->id > 0;
+  Generation next;
+  next.id = v.current == nullptr ? 1 : v.current->id + 1;
+  bool lost = false, joined = false;
+  for (const auto& [replica, ranks] : replicas) {
+    const bool was = v.current != nullptr && v.current->has_replica(replica);
+    const bool keep = was ? still_member(replica, ranks, v) : complete(ranks, v);
+    if (was && !keep) lost = true;
+    if (!was && keep) joined = true;
+    if (!keep) continue;
+    next.replicas.push_back(replica);
+    if (was) next.survivors.push_back(replica);
+    for (const Registration* r : ranks) {
+      next.ranks.push_back(r->rank);
+      next.incarnations[r->rank] = r->incarnation;
+    }
+  }
+  // A member replica that no longer registers at all (should not happen: registrations are never deleted).
+  if (!first)
+    for (int replica : v.current->replicas)
+      if (!replicas.count(replica)) lost = true;
+  std::sort(next.ranks.begin(), next.ranks.end());
+  const int count = static_cast<int>(next.replicas.size());
+  if (first) {
+    const bool everyone = count > 0 && static_cast<int>(next.ranks.size()) == v.world_size;
+    if (!everyone && !(v.settle_elapsed && count >= min_replicas)) return std::nullopt;
+    next.reason = restart ? "restart" : "start";
+    return next;
+  }
+  if (!lost && !joined) return std::nullopt;
+  // Losing replicas cannot wait; joining ones wait until at least min_replicas can train.
+  if (!lost && count < min_replicas) return std::nullopt;
+  next.reason = lost ? "failure" : "join";
+  return next;
+}
+
+std::string encode_decision(const Decision& d) {
+  return std::string(d.commit ? "commit " : "abort ") + std::to_string(d.next_generation);
+}
+
+Decision decode_decision(const std::string& text) {
+  Decision d;
+  const auto space = text.find(' ');
+  const std::string verb = text.substr(0, space);
+  if ((verb != "commit" && verb != "abort") || space == std::string::npos)
+    throw std::runtime_error("malformed elastic step decision '" + text.substr(0, 40) + "'");
+  d.commit = verb == "commit";
+  try {
+    size_t used = 0;
+    d.next_generation = std::stoll(text.substr(space + 1), &used);
+    if (used != text.size() - space - 1) throw std::invalid_argument("trailing");
+  } catch (const std::exception&) {
+    throw std::runtime_error("malformed elastic step decision '" + text.substr(0, 40) + "'");
+  }
+  if (!d.commit && d.next_generation < 1) throw std::runtime_error("elastic abort decision names no generation");
+  return d;
+}
+
+std::string registration_key(int rank) { return "elastic/register/" + std::to_string(rank); }
+std::string heartbeat_key(int rank) { return "elastic/heartbeat/" + std::to_string(rank); }
+std::string generation_key(int64_t id) { return "elastic/generation/" + std::to_string(id); }
+std::string latest_generation_key() { return "elastic/generation/latest"; }
+std::string vote_key(int64_t generation, int64_t step) {
+  return "elastic/vote/" + std::to_string(generation) + "/" + std::to_string(step);
+}
+std::string decision_key(int64_t generation, int64_t step) {
+  return "elastic/decision/" + std::to_string(generation) + "/" + std::to_string(step);
+}
+
+std::string start_key(int64_t generation) { return "elastic/start/" + std::to_string(generation); }
+std::string done_key(int rank) { return "elastic/done/" + std::to_string(rank); }
+
+}  // namespace crosstrain::elastic

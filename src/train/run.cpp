@@ -1,0 +1,452 @@
+#include "run.h"
+
+#include <nlohmann/json.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "crosstrain/comm/algorithm_communicator.h"
+#include "crosstrain/comm/compression.h"
+#include "crosstrain/core/allocator.h"
+#include "crosstrain/core/error.h"
+#include "crosstrain/core/threads.h"
+#include "crosstrain/data/dataset.h"
+#include "crosstrain/data/sampler.h"
+#include "crosstrain/models/parallelize.h"
+#include "crosstrain/obs/metrics.h"
+#include "crosstrain/obs/step_log.h"
+#include "crosstrain/train/checkpoint.h"
+#include "crosstrain/train/lr_schedule.h"
+#include "crosstrain/train/optimizer.h"
+#include "crosstrain/train/sample.h"
+#include "crosstrain/train/stop_vote.h"
+#include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/train/test_hooks.h"
+
+namespace crosstrain::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using parallel::Axis;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+void need(bool ok, const std::string& message) {
+  if (!ok) throw UsageError(message);
+}
+
+// Single-thread matmul throughput: the denominator of MFU on a CPU, where no datasheet peak applies.
+double measure_peak_flops() {
+  torch::NoGradGuard no_grad;
+  const int64_t n = 512;
+  auto a = torch::randn({n, n}), b = torch::randn({n, n});
+  torch::matmul(a, b);
+  int iters = 0;
+  auto start = Clock::now();
+  while (seconds_since(start) < 0.3 || iters < 3) {
+    auto c = torch::matmul(a, b);
+    ++iters;
+  }
+  return 2.0 * n * n * n * iters / seconds_since(start);
+}
+
+double all_reduce(comm::Communicator* group, double value, comm::ReduceOp op) {
+  if (!group) return value;
+  at::Tensor t = at::full({1}, value, at::kDouble);
+  group->all_reduce(t, op)->wait();
+  return t.item<double>();
+}
+
+}  // namespace
+
+parallel::ParallelDims validate(const Config& c, int world) {
+  c.model.validate();
+  need(c.train.steps >= 1, "train.steps must be at least 1");
+  need(c.train.micro_batches >= 1, "train.micro_batches must be at least 1");
+  need(c.train.lr > 0 && c.train.min_lr >= 0, "train.lr must be positive and train.min_lr non-negative");
+  need(c.train.threads_per_rank >= 1, "train.threads_per_rank must be at least 1");
+  need(c.run.log_every >= 1, "run.log_every must be at least 1");
+  if (c.comm.compression != "none") comm::make_codec(c.comm.compression);  // throws on a bad spec
+  comm::validate(c.comm);
+  need(c.train.keep_checkpoints >= 0, "train.keep_checkpoints must be 0 (keep all) or more");
+  const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
+  check_sync_config(c.sync, dims.dp(), dims.pp(), dims.tp(), dims.zero);
+  need(c.train.precision == "fp32" || c.train.precision == "bf16",
+       "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
+  need(!(c.sync.mode == "sync" && c.sync.hierarchical) || c.train.precision == "fp32",
+       "sync.hierarchical averages fp32 gradients across clusters: set train.precision = \"fp32\", or use "
+       "sync.mode = \"diloco\", which runs in bf16");
+  need(dims.zero == 0 || c.comm.compression == "none",
+       "comm.compression applies to plain data parallel; set parallel.zero = 0 or comm.compression = \"none\"");
+  const int64_t replicas_x_micro = dims.dp() * dims.microbatches;
+  need(c.train.global_batch % replicas_x_micro == 0,
+       "train.global_batch = " + std::to_string(c.train.global_batch) + " is not divisible by " +
+           std::to_string(dims.dp()) + " data-parallel ranks x " + std::to_string(dims.microbatches) +
+           " micro-batches; use a multiple of " + std::to_string(replicas_x_micro));
+  need(c.model.vocab_size >= 256 || c.data.format == "bin", "model.vocab_size must be at least 256 for byte-level text");
+  return dims;
+}
+
+
+
+Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start)
+    : c_(c), world_(world), talk_(world.rank() == 0 && !options.quiet),
+      dims_(validate(c, world.size())), mesh_(world, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
+      tp_index_(mesh_.index(Axis::TP)),
+      checkpoints_(world, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
+                   c.comm.timeout_s, c.debug.checkpoint),
+      dump_(options.dump) {
+  splits_ = data::load_dataset(c.data, c.model.block_size);
+  if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());
+  if (static_cast<int64_t>(splits_.train.max_token()) >= c.model.vocab_size)
+    throw UsageError("data '" + c.data.path + "' holds token " + std::to_string(splits_.train.max_token()) +
+                     " but model.vocab_size is " + std::to_string(c.model.vocab_size));
+  // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
+  // Elastic: the slot in the full job and its global batch, so a replica keeps its share when others leave.
+  const int slot = start.slot >= 0 ? start.slot : dp_index_, slots = start.slots > 0 ? start.slots : dims_.dp();
+  sampler_ = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(splits_.train.size()),
+                                                        c.model.block_size, c.train.global_batch / dims_.dp() * slots,
+                                                        slot, slots, static_cast<int>(dims_.microbatches));
+  model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
+
+  // [sync] How replicas agree (docs/wan-training.md): the cluster groups first; the optimizer's gradient
+  // reduction runs over the strategy's group (all replicas, one cluster, or none), then the strategy keeps the
+  // optimizer's tensors in agreement.
+  SyncSetup setup;
+  setup.config = c.sync;
+  setup.dp = mesh_.group(Axis::DP);
+  setup.dp_index = dp_index_;
+  setup.dp_size = dims_.dp();
+  setup.world_rank = world.rank();
+  setup.steps = c.train.steps;
+  setup.cluster_hint = cluster_of_this_node(c.sync.topology);
+  setup.timeout = world.timeout();
+  sync_ = make_sync_strategy(std::move(setup));
+
+  OptimizerConfig oc;
+  oc.adam = {c.train.lr, c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
+  oc.zero = dims_.zero;
+  oc.dtype = compute_dtype();
+  oc.bucket_bytes = static_cast<int64_t>(c.parallel.bucket_mb * (1 << 20));
+  oc.compression = c.comm.compression;
+  std::vector<std::vector<NamedParameter>> units;
+  for (const auto& names : model_->unit_names()) {
+    units.emplace_back();
+    for (const auto& name : names) units.back().push_back({name, model_->shards().at(name)});
+  }
+  optimizer_ = make_optimizer(units, sync_->gradient_group(), oc);
+  if (parallel::UnitHooks* hooks = optimizer_->unit_hooks()) model_->chunks()[0]->set_unit_hooks(hooks);
+  ModelOptimizer* opt = optimizer_.get();
+  sync_->attach(optimizer_->sync_tensors(), optimizer_->sync_tensors_sharded(), [opt] { opt->sync_tensors_changed(); });
+
+  if (start.refuse_old_run_dir && !start.resume && checkpoint::latest_checkpoint(c.run.dir))
+    throw UsageError("run.dir '" + c.run.dir + "' already holds checkpoints of an earlier run; continue it with " +
+                     "--resume, or choose another run.dir (nothing was changed)");
+  if (start.resume) resume();
+  sync_->start(start_step_);
+  optimizer_->zero_grad();
+  peak_flops_ = c.train.peak_flops_per_rank > 0 ? c.train.peak_flops_per_rank
+                : start.peak_flops > 0           ? start.peak_flops
+                                                 : measure_peak_flops();
+  // Every rank measured its own; the mean makes MFU one number.
+  peak_flops_ = all_reduce(&world, peak_flops_, comm::ReduceOp::Avg);
+}
+
+StatePlacement Run::placement() const {
+  StatePlacement w;
+  w.global_shapes = model_->global_shapes();
+  // One plan for every tensor of the load (the reader calls this once per stored tensor-parallel shard).
+  auto plan = std::make_shared<const models::ParallelPlan>(c_.model);
+  w.split = [plan](const std::string& name, const at::Tensor& whole, int rank, int size) {
+    return models::shard_of(*plan, name, whole, rank, size);
+  };
+  w.tp_rank = tp_index_;
+  w.tp_size = dims_.tp();
+  const SyncStrategy::CheckpointCopy copy = sync_->checkpoint_copy();
+  w.copy = copy.copy;
+  w.writer = copy.writer;
+  w.writers = copy.writers;
+  return w;
+}
+
+// Every rank loads its own part of the newest checkpoint, whatever layout wrote it.
+void Run::resume() {
+  auto latest = checkpoint::latest_checkpoint(c_.run.dir);
+  if (!latest) throw UsageError("--resume: no checkpoint in '" + c_.run.dir + "/checkpoints'");
+  checkpoint::CheckpointReader reader(*latest);
+  CheckpointState st = state_from_info(reader);
+  check_resume_step(*latest, st.step, c_.train.steps);
+  optimizer_->load(reader, placement(), sync_->state());
+  sampler_->restore(st.sampler);
+  start_step_ = st.step + 1;
+  if (talk_)
+    std::printf("resumed from %s (step %lld, saved with dp=%d pp=%d tp=%d zero=%d)\n", latest->c_str(),
+                static_cast<long long>(st.step), st.dp, st.pp, st.tp, st.zero);
+}
+
+void Run::print_header() const {
+  if (!talk_) return;
+  std::printf("crosstrain train: %s, %lld parameters, layout %s, %s\n", c_.run.name.c_str(),
+              static_cast<long long>(c_.model.parameter_count()), dims_.describe().c_str(),
+              splits_.description.c_str());
+  std::printf("  %lld steps x %lld sequences x %lld tokens; %s; run dir %s\n", static_cast<long long>(c_.train.steps),
+              static_cast<long long>(c_.train.global_batch), static_cast<long long>(c_.model.block_size),
+              optimizer_->describe().c_str(), c_.run.dir.c_str());
+  std::printf("  sync: %s\n", sync_->describe().c_str());  // [sync]
+  std::fflush(stdout);
+}
+
+void Run::load_batches(const data::TokenStream& stream,
+                       const std::function<std::vector<int64_t>(int64_t)>& offsets_of) {
+  for (int64_t m = 0; m < dims_.microbatches; ++m)
+    data::make_batch(stream, offsets_of(m), c_.model.block_size, model_->inputs[m], model_->targets[m]);
+}
+
+// The replica's loss of the loaded micro-batches (training: with gradients reduced). Losses are summed inside
+// each replica and averaged over the replicas that reduce gradients together, so replicas that run apart
+// (asynchronous modes) never wait for each other here.
+double Run::forward_backward(bool training) {
+  parallel::GradReducer& reducer = optimizer_->reducer();
+  if (auto* pipeline = model_->pipeline()) {
+    const double local = training ? pipeline->train_step() : pipeline->eval_step();
+    const bool contributes = pipeline->holds_last_stage() && tp_index_ == 0;
+    const double replica = all_reduce(mesh_.replica_group(), contributes ? local : 0.0, comm::ReduceOp::Sum);
+    if (training) reducer.synchronize();
+    return training ? all_reduce(sync_->gradient_group(), replica, comm::ReduceOp::Avg) : replica;
+  }
+  const int64_t M = dims_.microbatches;
+  double loss = 0;
+  for (int64_t m = 0; m < M; ++m) {
+    const bool last = m == M - 1;
+    reducer.set_sync(last);
+    auto l = model_->loss(m) / static_cast<double>(M);
+    loss += l.item<double>();
+    if (!training) continue;
+    // The loss rides with the gradients: averaged over the data-parallel ranks in the same collective.
+    if (last) reducer.set_side_value(0, loss);
+    l.backward();
+  }
+  if (!training) return loss;
+  reducer.finish();
+  if (!sync_->gradient_group()) return loss;
+  // Replicated bf16 buckets would round the loss riding in them; it travels on its own then.
+  const bool exact_side_values = dims_.zero > 0 || compute_dtype() == at::kFloat;
+  return exact_side_values ? reducer.side_value(0) : all_reduce(sync_->gradient_group(), loss, comm::ReduceOp::Avg);
+}
+
+void Run::set_step(int64_t step) {
+  // Errors of any collective name the step: the world and every mesh group know it.
+  world_.set_step(step);
+  for (Axis axis : {Axis::DP, Axis::PP, Axis::TP})
+    if (comm::Communicator* group = mesh_.group(axis)) group->set_step(step);
+}
+
+StepRecord Run::train_step(int64_t step, const std::function<void()>& before_commit) {
+  const auto t0 = Clock::now();
+  StepRecord rec;
+  rec.step = step;
+  rec.lr = learning_rate(step, c_.train.warmup_steps, c_.train.steps, c_.train.lr, c_.train.min_lr);
+  // Dropout masks depend on (seed, rank, step) only, so a resumed run draws the same ones.
+  torch::manual_seed(c_.run.seed * 1000003ULL + static_cast<uint64_t>(world_.rank()) * 7919ULL +
+                     static_cast<uint64_t>(step));
+  sync_->before_step(step);  // [sync] ssp: wait for the slowest within the bound
+  load_batches(splits_.train, [&](int64_t m) { return sampler_->local_offsets(step, static_cast<int>(m)); });
+  rec.loss = sync_->after_backward(step, forward_backward(true));  // [sync] hierarchical: across clusters
+  if (!model_->partial_gradient_parameters().empty())
+    optimizer_->sum_partial_gradients(model_->partial_gradient_parameters(), *mesh_.group(Axis::TP));
+  // Replicated parameters count once: on tensor-parallel rank 0.
+  rec.grad_norm = optimizer_->gradient_norm(
+      [&](const std::string& name) { return tp_index_ == 0 || !model_->is_replicated(name); }, mesh_.replica_group());
+  if (c_.train.grad_clip > 0 && rec.grad_norm > c_.train.grad_clip)
+    optimizer_->reducer().scale_gradients(c_.train.grad_clip / (rec.grad_norm + 1e-6));
+  if (dump_ && step == c_.train.steps) dump_->gradients = optimizer_->gradients();
+  if (before_commit) before_commit();
+  optimizer_->step(rec.lr);
+  optimizer_->zero_grad();
+  sampler_->mark_done(step);
+  sync_->after_step(step, step == c_.train.steps);  // [sync] outer step, gossip round, push/pull
+  rec.step_time_s = seconds_since(t0);
+  rec.tokens_per_s = static_cast<double>(c_.train.global_batch * c_.model.block_size) / rec.step_time_s;
+  rec.comm_time_s = optimizer_->reducer().stats().comm_time_s;
+  rec.exposed_comm_time_s = optimizer_->reducer().stats().exposed_comm_time_s;
+  if (!std::isfinite(rec.loss))
+    throw Error("step " + std::to_string(step) + ": the loss is " + std::to_string(rec.loss) +
+                "; lower train.lr or check the data");
+  return rec;
+}
+
+// Fixed validation batches, split across replicas like training batches; the mean over every replica.
+double Run::evaluate() {
+  torch::NoGradGuard no_grad;
+  model_->train(false);
+  data::DistributedSampler val(c_.run.seed ^ 0x5eedULL, static_cast<int64_t>(splits_.val.size()), c_.model.block_size,
+                               c_.train.global_batch, dp_index_, dims_.dp(), static_cast<int>(dims_.microbatches));
+  double total = 0;
+  for (int64_t b = 0; b < c_.train.eval_batches; ++b) {
+    load_batches(splits_.val, [&](int64_t m) { return val.local_offsets(b, static_cast<int>(m)); });
+    const double replica = forward_backward(false);
+    // Every rank of a replica holds its loss: count it once per replica.
+    const bool counted = tp_index_ == 0 && mesh_.index(Axis::PP) == 0;
+    total += all_reduce(&world_, counted ? replica : 0.0, comm::ReduceOp::Sum) / dims_.dp();
+  }
+  model_->train(true);
+  return total / static_cast<double>(c_.train.eval_batches);
+}
+
+// A save on schedule and at the end; an asynchronous one is committed a step later, when its files have had a
+// step's time to be written.
+std::string Run::checkpoint_hooks(int64_t step) {
+  std::string saved = commit_pending();
+  const bool last = step == c_.train.steps;
+  if ((c_.train.checkpoint_every > 0 && step % c_.train.checkpoint_every == 0) || last) {
+    auto pieces = optimizer_->checkpoint_pieces(placement(), sync_->state());
+    nlohmann::json info = state_to_info(CheckpointState{step, sampler_->state(), to_toml(c_), dims_.dp(), dims_.pp(),
+                                                        dims_.tp(), dims_.zero});
+    info["optimizer_step"] = optimizer_->step_count();
+    info["sync_mode"] = c_.sync.mode;
+    checkpoints_.save(step, std::move(pieces), std::move(info));
+    if (last || !c_.train.async_checkpoint) saved = checkpoints_.commit();
+  }
+  return saved;
+}
+
+obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double checkpoint_s, double elapsed_s) {
+  obs::StepMetrics m;
+  m.step = rec.step;
+  m.total_steps = c_.train.steps;
+  m.loss = rec.loss;
+  m.val_loss = val_loss;
+  m.lr = rec.lr;
+  m.grad_norm = rec.grad_norm;
+  m.tokens_per_s = rec.tokens_per_s;
+  m.mfu = c_.model.flops_per_token() * rec.tokens_per_s / (peak_flops_ * world_.size());
+  m.step_time_s = rec.step_time_s;
+  m.comm_time_s = rec.comm_time_s;
+  m.exposed_comm_time_s = rec.exposed_comm_time_s;
+  const parallel::ReducerStats rs = optimizer_->reducer().stats();
+  m.extra["tokens"] = static_cast<double>(rec.step) * c_.train.global_batch * c_.model.block_size;
+  m.extra["checkpoint_s"] = checkpoint_s;
+  m.extra["time_s"] = elapsed_s;
+  m.counts["peak_rss_bytes"] = obs::peak_rss_bytes();
+  m.counts["comm_bytes"] = rs.bytes_sent;
+  m.counts["comm_bytes_uncompressed"] = rs.bytes_uncompressed;
+  // [sync] wide-area bytes and compute utilization (compute: step time not spent waiting on communication).
+  const SyncStats ss = sync_->stats();
+  compute_s_ += std::max(0.0, rec.step_time_s - rec.exposed_comm_time_s - (ss.blocked_s - sync_blocked_s_));
+  sync_blocked_s_ = ss.blocked_s;
+  m.labels["sync_mode"] = c_.sync.mode;
+  m.counts["wan_bytes"] = c_.sync.mode == "sync" && !c_.sync.hierarchical ? rs.bytes_sent * rec.step : ss.wan_bytes;
+  m.extra["sync_blocked_s"] = ss.blocked_s;
+  m.counts["sync_exchanges"] = ss.exchanges;
+  m.extra["compute_time_s"] = compute_s_;
+  m.extra["utilization"] = compute_s_ / std::max(1e-9, elapsed_s);
+  if (c_.sync.mode == "async" || c_.sync.mode == "ssp") {
+    m.extra["staleness_mean"] = ss.staleness_mean;
+    m.counts["staleness_max"] = ss.staleness_max;
+  }
+  const parallel::ModelStateBytes bytes = optimizer_->memory();
+  m.counts["param_bytes"] = bytes.parameters;
+  m.counts["grad_bytes"] = bytes.gradients;
+  m.counts["optimizer_bytes"] = bytes.optimizer;
+  m.counts["model_state_bytes"] = bytes.total();
+  if (dims_.zero == 3) m.counts["gathered_peak_bytes"] = bytes.gathered_peak;
+  if (auto* pipeline = model_->pipeline()) {
+    // The pipeline's timeline of this rank: compute time over step time shows the bubble.
+    double busy = 0;
+    for (const auto& e : pipeline->timeline())
+      if (e.action.type == parallel::ActionType::Forward || e.action.type == parallel::ActionType::Backward ||
+          e.action.type == parallel::ActionType::BackwardInput || e.action.type == parallel::ActionType::BackwardWeight)
+        busy += e.end_s - e.start_s;
+    m.extra["pipeline_compute_s"] = busy;
+  }
+  return m;
+}
+
+void Run::fill_dump() {
+  if (!dump_) return;
+  optimizer_->gather_parameters();  // ZeRO-3: whole parameters before they are read
+  dump_->shards.clear();
+  dump_->flat.clear();
+  for (const auto& [name, t] : model_->shards()) {
+    dump_->shards[name] = t.detach().clone();
+    auto flat = t.detach().reshape(-1).to(at::kFloat).contiguous();
+    dump_->flat.insert(dump_->flat.end(), flat.data_ptr<float>(), flat.data_ptr<float>() + flat.numel());
+  }
+}
+
+// ---- elastic training ----------------------------------------------------------------------------------
+
+LiveState Run::live_state(int64_t next_step) {
+  LiveState s;
+  s.tensors = optimizer_->live_state();
+  s.optimizer_steps = optimizer_->step_count();
+  s.next_step = next_step;
+  return s;
+}
+
+void Run::adopt(const LiveState& from) {
+  torch::NoGradGuard no_grad;
+  std::vector<at::Tensor> mine = optimizer_->live_state();
+  if (mine.size() != from.tensors.size())
+    throw Error("elastic: the state to adopt has " + std::to_string(from.tensors.size()) + " tensors, this rank " +
+                std::to_string(mine.size()) + " (the layout changed between generations: a bug)");
+  for (size_t i = 0; i < mine.size(); ++i) mine[i].copy_(from.tensors[i]);
+  optimizer_->set_step_count(from.optimizer_steps);
+  optimizer_->sync_tensors_changed();
+}
+
+HealStats Run::heal_from(int donor, int64_t& next_step) {
+  HealStats stats;
+  comm::Communicator* dp = mesh_.group(Axis::DP);
+  if (!dp) return stats;
+  torch::NoGradGuard no_grad;
+  at::Tensor scalars = at::tensor({next_step, optimizer_->step_count()}, at::kLong);
+  dp->broadcast(scalars, donor)->wait();
+  next_step = scalars[0].item<int64_t>();
+  // One flat buffer per dtype: a broadcast per tensor would pay the per-operation latency hundreds of times.
+  std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
+  for (at::Tensor& t : optimizer_->live_state()) by_dtype[t.scalar_type()].push_back(t);
+  dp->barrier()->wait();  // the transfer alone is timed, not the wait for the slowest member to arrive
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto& [dtype, tensors] : by_dtype) {
+    std::vector<at::Tensor> flat;
+    for (const auto& t : tensors) flat.push_back(t.reshape(-1));
+    at::Tensor buffer = at::cat(flat);
+    dp->broadcast(buffer, donor)->wait();
+    stats.bytes += buffer.numel() * static_cast<int64_t>(buffer.element_size());
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      t.copy_(buffer.narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+  }
+  stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  optimizer_->set_step_count(scalars[1].item<int64_t>());
+  optimizer_->sync_tensors_changed();
+  start_step_ = next_step;
+  return stats;
+}
+
+std::string Run::state_digest() {
+  uint64_t h = 1469598103934665603ULL;
+  auto mix = [&](const void* data, size_t n) {
+    const auto* p = static_cast<const unsigned char*>(data);
+    for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  };
+  for (const at::Tensor& t : optimizer_->live_state()) {
+    at::Tensor c = t.contiguous();
+    mix(c.data_ptr(), c.numel() * c.element_size());
+  }
+  const int64_t steps = optimizer_->step_count();
+  mix(&steps, sizeof steps);
+  char out[17];
+  std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
+  return out;
+}
+
+}  // namespace crosstrain::train

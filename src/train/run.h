@@ -1,0 +1,108 @@
+// Private to src/train: one rank's composed run (the Trainer runs one; elastic training one per generation).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "crosstrain/comm/communicator.h"
+#include "crosstrain/data/dataset.h"
+#include "crosstrain/data/sampler.h"
+#include "crosstrain/models/parallelize.h"
+#include "crosstrain/obs/metrics.h"
+#include "crosstrain/obs/step_log.h"
+#include "crosstrain/parallel/mesh.h"
+#include "crosstrain/train/checkpoint.h"
+#include "crosstrain/train/config.h"
+#include "crosstrain/train/optimizer.h"
+#include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/train/trainer.h"
+
+namespace crosstrain::train {
+
+struct ParameterDump;
+
+// Checks across keys and against the world size; ParallelDims and the model's plan check the layout.
+parallel::ParallelDims validate(const Config& c, int world);
+
+// Where a Run starts. The defaults are a plain run; elastic training (elastic_trainer.cpp) builds a Run per
+// generation of its membership and fills the rest.
+struct RunStart {
+  bool resume = false;            // load the newest checkpoint of run.dir
+  bool refuse_old_run_dir = true; // a run.dir with checkpoints needs resume (elastic: resumes by itself)
+  // Data order: this replica's slot among `slots` replicas (elastic: its slot in the full job, which keeps the
+  // sampler's order when replicas leave). -1: the mesh's own data-parallel index and size.
+  int slot = -1, slots = -1;
+  double peak_flops = 0;          // measured once per process; 0: measure now
+};
+
+// Everything a replica needs to continue: carried across generations, or sent to a joining replica.
+struct LiveState {
+  std::vector<at::Tensor> tensors;  // ModelOptimizer::live_state() of a Run kept alive by the caller
+  int64_t optimizer_steps = 0;
+  int64_t next_step = 1;
+  bool valid() const { return !tensors.empty(); }
+};
+
+struct HealStats {
+  int64_t bytes = 0;   // state bytes each receiver got
+  double seconds = 0;  // the transfer, from a barrier of the data-parallel group to the last byte
+};
+
+// One rank's composed run: layout, model, sync strategy, optimizer, data and checkpoints, built once.
+class Run {
+ public:
+  Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start = {});
+  int64_t start_step() const { return start_step_; }
+  // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes
+  // anything (elastic: the step's vote; it throws to abandon the step).
+  StepRecord train_step(int64_t step, const std::function<void()>& before_commit = {});
+  double evaluate();
+  std::string checkpoint_hooks(int64_t step);  // returns the directory committed this step, if any
+  obs::StepMetrics metrics(const StepRecord& rec, double val_loss, double checkpoint_s, double elapsed_s);
+  void print_header() const;
+  void fill_dump();  // tests: options.dump, when the run ends
+  std::string commit_pending() { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
+  void set_step(int64_t step);
+  bool lockstep() const { return c_.sync.mode == "sync"; }
+  at::ScalarType compute_dtype() const { return c_.train.precision == "bf16" ? at::kBFloat16 : at::kFloat; }
+  void resume();
+  double peak_flops() const { return peak_flops_; }
+
+  // ---- elastic training -------------------------------------------------------------------------------
+  // This rank's model and optimizer state (references into this Run), to continue at `next_step`.
+  LiveState live_state(int64_t next_step);
+  // Takes over `from` (a Run of the same rank layout): copies its tensors into this Run's.
+  void adopt(const LiveState& from);
+  // Collective over the data-parallel group: replica `donor` sends its state and step to every other replica.
+  HealStats heal_from(int donor, int64_t& next_step);
+  // FNV-1a over the live state (tests check that healed replicas match bit for bit).
+  std::string state_digest();
+  int dp_index() const { return dp_index_; }
+
+ private:
+  double forward_backward(bool training);
+  void load_batches(const data::TokenStream& stream, const std::function<std::vector<int64_t>(int64_t)>& offsets_of);
+  StatePlacement placement() const;
+
+  const Config& c_;
+  comm::Communicator& world_;
+  bool talk_;
+  parallel::ParallelDims dims_;
+  parallel::Mesh mesh_;
+  int dp_index_, tp_index_;
+  data::Splits splits_;
+  std::unique_ptr<data::DistributedSampler> sampler_;
+  std::unique_ptr<models::ParallelGPT> model_;
+  std::unique_ptr<SyncStrategy> sync_;
+  std::unique_ptr<ModelOptimizer> optimizer_;
+  CheckpointWriter checkpoints_;
+  ParameterDump* dump_;  // tests (test_hooks.h): parameters and last gradients, or null
+  int64_t start_step_ = 1;
+  double peak_flops_ = 0;
+  double sync_blocked_s_ = 0, compute_s_ = 0;  // [sync] for utilization
+};
+
+}  // namespace crosstrain::train

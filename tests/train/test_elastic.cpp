@@ -1,0 +1,155 @@
+// Elastic training as users run it (issue 13): real processes, a real launcher and coordinator. A rank killed
+// mid-step leaves with its replica and the survivors commit the next step without restarting; a restarted rank
+// rejoins with its peers' state bit for bit; a stopped (hung) rank is excluded within the failure timeout; with
+// every replica gone the job resumes from the newest checkpoint. The faults come from debug.elastic_kill and
+// debug.elastic_stop: the rank sends itself the signal at the start of that step, before its gradients are reduced,
+// so the others are waiting for it in the all-reduce.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <regex>
+#include <set>
+
+#include "cli_fixture.h"
+
+using namespace crosstrain::testing;
+using std::chrono::milliseconds;
+
+namespace {
+
+std::vector<std::string> elastic_args(const std::string& dir, int nproc, int steps, std::vector<std::string> extra) {
+  std::vector<std::string> a = tiny_args(dir, nproc, steps);
+  for (const char* s : {"elastic.enabled=true", "elastic.heartbeat_ms=50", "elastic.failure_timeout_ms=400",
+                        "debug.elastic_digest=true", "comm.timeout_s=30"}) {
+    a.push_back("--set");
+    a.push_back(s);
+  }
+  a.insert(a.end(), extra.begin(), extra.end());
+  return a;
+}
+
+// Each committed step appears once in metrics.jsonl, in order, up to `steps`.
+void expect_every_step_once(const std::string& dir, int steps) {
+  const auto rows = read_metrics(dir);
+  ASSERT_EQ(rows.size(), static_cast<size_t>(steps));
+  for (int i = 0; i < steps; ++i) EXPECT_EQ(rows[i]["step"].get<int>(), i + 1);
+}
+
+// "rank R generation G state digest D at step S" lines: generation -> rank -> digest.
+std::map<int, std::map<int, std::string>> digests(const std::string& output) {
+  std::map<int, std::map<int, std::string>> out;
+  const std::regex line(R"(rank (\d+) generation (\d+) state digest ([0-9a-f]+) at step)");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line); it != std::sregex_iterator(); ++it)
+    out[std::stoi((*it)[2])][std::stoi((*it)[1])] = (*it)[3];
+  return out;
+}
+
+// The first generation whose log line has `reason` ("failure", "join", "restart"), as "generation N (reason): ...".
+int generation_with(const std::string& output, const std::string& reason) {
+  std::smatch m;
+  const std::regex line("\\] generation (\\d+) \\(" + reason + "\\): ");
+  return std::regex_search(output, m, line) ? std::stoi(m[1]) : -1;
+}
+
+}  // namespace
+
+// Membership changes nothing when nothing fails: the same losses as plain data parallel training.
+TEST(ElasticCli, FaultFreeRunMatchesPlainTraining) {
+  const auto plain = fresh_dir("elastic-plain"), elastic = fresh_dir("elastic-same");
+  auto r1 = run_process(tiny_args(plain, 4, 8), {}, milliseconds(120000));
+  ASSERT_EQ(r1.exit_code(), 0) << r1.output;
+  auto r2 = run_process(elastic_args(elastic, 4, 8, {}), {}, milliseconds(120000));
+  ASSERT_EQ(r2.exit_code(), 0) << r2.output;
+  const auto a = read_metrics(plain), b = read_metrics(elastic);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-6) << i;
+  EXPECT_EQ(generation_with(r2.output, "failure"), -1) << r2.output;
+}
+
+// (a) One of 4 replicas is SIGKILLed mid-step; no process restarts; the other 3 redo that step and finish.
+TEST(ElasticCli, KilledReplicaLeavesAndSurvivorsCommitTheNextStep) {
+  const auto dir = fresh_dir("elastic-kill");
+  auto r = run_process(elastic_args(dir, 4, 12, {"--set", "debug.elastic_kill=2@5"}), {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 replicas (0,1,3), 3 ranks; rank 2 exited")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step 5 aborted in generation 1")) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 of 4 replicas train from step 5")) << r.output;
+  EXPECT_FALSE(contains(r.output, "restarting it")) << r.output;
+  expect_every_step_once(dir, 12);
+  // The survivors agree bit for bit when the new generation starts.
+  const auto d = digests(r.output);
+  ASSERT_TRUE(d.count(2)) << r.output;
+  EXPECT_EQ(d.at(2).size(), 3u);
+  for (const auto& [rank, digest] : d.at(2)) EXPECT_EQ(digest, d.at(2).begin()->second) << "rank " << rank;
+}
+
+// (b) The killed rank is restarted; it receives the live state from a healthy replica and matches its peers.
+TEST(ElasticCli, RestartedRankRejoinsWithItsPeersStateBitForBit) {
+  const auto dir = fresh_dir("elastic-heal");
+  auto r = run_process(elastic_args(dir, 4, 16, {"--max-restarts", "2", "--set", "debug.elastic_kill=1@4"}), {},
+                       milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 1 (pid")) << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting it (1 of 2 restarts)")) << r.output;
+  const int join = generation_with(r.output, "join");
+  ASSERT_GT(join, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "healed from replica 0:")) << r.output;
+  const auto d = digests(r.output);
+  ASSERT_TRUE(d.count(join));
+  ASSERT_EQ(d.at(join).size(), 4u) << r.output;  // the restarted rank 1 among them
+  for (const auto& [rank, digest] : d.at(join)) EXPECT_EQ(digest, d.at(join).at(0)) << "rank " << rank;
+  // The state it received is the one the survivors trained on, not the initial one.
+  EXPECT_NE(d.at(join).at(0), d.at(1).at(0));
+  expect_every_step_once(dir, 16);
+}
+
+// The failure domain is a replica: with tp = 2, losing one rank takes its tensor-parallel partner out too; both
+// restart and rejoin, each receiving the shard of its own tensor-parallel coordinate.
+TEST(ElasticCli, TensorParallelReplicaLeavesAndRejoinsAsAWhole) {
+  const auto dir = fresh_dir("elastic-tp");
+  auto r = run_process(elastic_args(dir, 4, 14, {"--max-restarts", "4", "--set", "parallel.tp=2", "--set",
+                                                 "debug.elastic_kill=3@4"}),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 1 replica (0), 2 ranks; rank 2 left with its replica 1; "
+                                 "rank 3 exited")) << r.output;
+  const int join = generation_with(r.output, "join");
+  ASSERT_GT(join, 2) << r.output;
+  const auto d = digests(r.output).at(join);
+  ASSERT_EQ(d.size(), 4u) << r.output;
+  EXPECT_EQ(d.at(0), d.at(2));  // tensor-parallel rank 0 of each replica
+  EXPECT_EQ(d.at(1), d.at(3));  // tensor-parallel rank 1
+  EXPECT_NE(d.at(0), d.at(1));
+  expect_every_step_once(dir, 14);
+}
+
+// (c) A stopped rank stays connected but its heartbeat stops: it is excluded within the failure timeout, ended by
+// the launcher, and the others finish; nothing waits for the long communication timeout.
+TEST(ElasticCli, StoppedRankIsDetectedExcludedAndNothingHangs) {
+  const auto dir = fresh_dir("elastic-stop");
+  auto r = run_process(elastic_args(dir, 4, 12, {"--set", "debug.elastic_stop=3@6", "--set", "comm.timeout_s=60"}), {},
+                       milliseconds(60000));
+  ASSERT_FALSE(r.timed_out) << r.output;
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"(rank 3 silent for (\d+) ms)"))) << r.output;
+  EXPECT_GE(std::stoi(m[1]), 400);
+  EXPECT_LT(std::stoi(m[1]), 1500);
+  EXPECT_TRUE(contains(r.output, "rank 3 (pid")) << r.output;  // the launcher ended the stopped process
+  expect_every_step_once(dir, 12);
+  EXPECT_LT(r.seconds, 45);  // far below comm.timeout_s = 60
+}
+
+// (e) Every replica is killed at once: the restarted job has no live state and resumes from the newest checkpoint.
+TEST(ElasticCli, LosingEveryReplicaFallsBackToTheNewestCheckpoint) {
+  const auto dir = fresh_dir("elastic-all");
+  auto r = run_process(elastic_args(dir, 4, 14, {"--max-restarts", "4", "--set", "train.checkpoint_every=5", "--set",
+                                                 "debug.elastic_kill=all@8"}),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  ASSERT_GT(generation_with(r.output, "restart"), 1) << r.output;
+  EXPECT_TRUE(contains(r.output, "no live replica holds the state: resumed from the newest checkpoint")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step_00000005 (step 5")) << r.output;
+  expect_every_step_once(dir, 14);
+}

@@ -95,6 +95,9 @@ void Coordinator::tick(Clock::time_point now) {
   for (const auto& [rank, r] : registered_)
     if (store_->check({done_key(rank)})) {
       finishing_ = true;  // training is over: ranks leaving now are not failures
+      store_->set(finished_key(), bytes_of("1"));
+      if (options_.log) options_.log("[t=" + std::to_string(unix_ms()) + "] training finished on rank " +
+                                     std::to_string(rank) + "; the membership no longer changes");
       return;
     }
   observe_heartbeats(now);  // exits first: a restarted rank's new registration must not inherit them

@@ -139,7 +139,16 @@ Generation Membership::await_member_generation(int64_t after) {
                           " s (are all ranks of its replica running? is the launcher's coordinator running: "
                           "crosstrain run with --max-restarts or elastic.enabled?)",
                       true);
-    Generation g = decode_generation(wait_get(generation_key(id), left));
+    // In slices: a job that finished while this process (re)started publishes no generation for it.
+    try {
+      rendezvous_->store()->wait({generation_key(id)}, std::min(left, comm::Millis(500)));
+    } catch (const CommError& e) {
+      if (!e.timed_out()) throw;
+      if (rendezvous_->store()->check({finished_key()})) throw JobFinished();
+      --id;
+      continue;
+    }
+    Generation g = decode_generation(get(generation_key(id)));
     auto it = g.incarnations.find(env_.rank);
     if (it != g.incarnations.end() && it->second == incarnation_) return g;
   }

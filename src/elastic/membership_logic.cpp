@@ -241,5 +241,6 @@ std::string decision_key(int64_t generation, int64_t step) {
 
 std::string start_key(int64_t generation) { return "elastic/start/" + std::to_string(generation); }
 std::string done_key(int rank) { return "elastic/done/" + std::to_string(rank); }
+std::string finished_key() { return "elastic/finished"; }
 
 }  // namespace crosstrain::elastic

@@ -330,7 +330,12 @@ TrainResult train_elastic(const Config& config, elastic::Membership& membership,
   limit_compute_threads(static_cast<int>(config.train.threads_per_rank));
   keep_freed_memory_for_reuse();
   ElasticLoop loop(config, membership, options);
-  return loop.run();
+  try {
+    return loop.run();
+  } catch (const elastic::JobFinished& e) {
+    if (!options.quiet) std::fprintf(stderr, "crosstrain elastic: rank %d: %s; nothing to do\n", membership.rank(), e.what());
+    return TrainResult{};
+  }
 }
 
 }  // namespace crosstrain::train

@@ -53,6 +53,17 @@ int generation_with(const std::string& output, const std::string& reason) {
 
 }  // namespace
 
+// A rank restarted after training ended has nothing to join: it learns so at once and exits cleanly.
+TEST(ElasticCli, ARankRestartedAfterTheEndExitsCleanly) {
+  const auto dir = fresh_dir("elastic-late");
+  auto r = run_process(elastic_args(dir, 4, 6, {"--max-restarts", "1", "--set", "debug.elastic_kill=1@5"}), {},
+                       milliseconds(60000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_LT(r.seconds, 25) << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting it (1 of 1 restarts)")) << r.output;
+  expect_every_step_once(dir, 6);
+}
+
 // Membership changes nothing when nothing fails: the same losses as plain data parallel training.
 TEST(ElasticCli, FaultFreeRunMatchesPlainTraining) {
   const auto plain = fresh_dir("elastic-plain"), elastic = fresh_dir("elastic-same");
@@ -84,10 +95,23 @@ TEST(ElasticCli, KilledReplicaLeavesAndSurvivorsCommitTheNextStep) {
   for (const auto& [rank, digest] : d.at(2)) EXPECT_EQ(digest, d.at(2).begin()->second) << "rank " << rank;
 }
 
+namespace {
+
+// Steps of at least 40 ms (the first rank of each generation sleeps): time for a restarted rank to come back.
+std::vector<std::string> paced(std::vector<std::string> extra) {
+  for (const char* s : {"sync.slow_rank=0", "sync.slow_ms=40"}) {
+    extra.push_back("--set");
+    extra.push_back(s);
+  }
+  return extra;
+}
+
+}  // namespace
+
 // (b) The killed rank is restarted; it receives the live state from a healthy replica and matches its peers.
 TEST(ElasticCli, RestartedRankRejoinsWithItsPeersStateBitForBit) {
   const auto dir = fresh_dir("elastic-heal");
-  auto r = run_process(elastic_args(dir, 4, 16, {"--max-restarts", "2", "--set", "debug.elastic_kill=1@4"}), {},
+  auto r = run_process(elastic_args(dir, 4, 60, paced({"--max-restarts", "2", "--set", "debug.elastic_kill=1@4"})), {},
                        milliseconds(120000));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 (pid")) << r.output;
@@ -101,15 +125,15 @@ TEST(ElasticCli, RestartedRankRejoinsWithItsPeersStateBitForBit) {
   for (const auto& [rank, digest] : d.at(join)) EXPECT_EQ(digest, d.at(join).at(0)) << "rank " << rank;
   // The state it received is the one the survivors trained on, not the initial one.
   EXPECT_NE(d.at(join).at(0), d.at(1).at(0));
-  expect_every_step_once(dir, 16);
+  expect_every_step_once(dir, 60);
 }
 
 // The failure domain is a replica: with tp = 2, losing one rank takes its tensor-parallel partner out too; both
 // restart and rejoin, each receiving the shard of its own tensor-parallel coordinate.
 TEST(ElasticCli, TensorParallelReplicaLeavesAndRejoinsAsAWhole) {
   const auto dir = fresh_dir("elastic-tp");
-  auto r = run_process(elastic_args(dir, 4, 14, {"--max-restarts", "4", "--set", "parallel.tp=2", "--set",
-                                                 "debug.elastic_kill=3@4"}),
+  auto r = run_process(elastic_args(dir, 4, 60, paced({"--max-restarts", "4", "--set", "parallel.tp=2", "--set",
+                                                       "debug.elastic_kill=3@4"})),
                        {}, milliseconds(120000));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_TRUE(contains(r.output, "generation 2 (failure): 1 replica (0), 2 ranks; rank 2 left with its replica 1; "
@@ -121,7 +145,7 @@ TEST(ElasticCli, TensorParallelReplicaLeavesAndRejoinsAsAWhole) {
   EXPECT_EQ(d.at(0), d.at(2));  // tensor-parallel rank 0 of each replica
   EXPECT_EQ(d.at(1), d.at(3));  // tensor-parallel rank 1
   EXPECT_NE(d.at(0), d.at(1));
-  expect_every_step_once(dir, 14);
+  expect_every_step_once(dir, 60);
 }
 
 // (c) A stopped rank stays connected but its heartbeat stops: it is excluded within the failure timeout, ended by

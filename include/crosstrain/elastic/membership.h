@@ -41,6 +41,12 @@ class GenerationEnded : public CommError {
   int64_t successor_;
 };
 
+// Thrown when a process joins a job whose training is already over (it was restarted near the end).
+class JobFinished : public Error {
+ public:
+  JobFinished() : Error("the job finished training before this process could join it") {}
+};
+
 struct MembershipOptions {
   Timing timing;
   int replica = 0;       // this rank's data-parallel slot in the full job
@@ -63,7 +69,7 @@ class Membership {
   const std::string& incarnation() const { return incarnation_; }
 
   // Blocks (up to the job's timeout) until a generation newer than `after` that counts this process as a member
-  // is published; throws Error when the job goes on without it for that long.
+  // is published; throws CommError when the job goes on without it for that long, JobFinished when it ended.
   Generation await_member_generation(int64_t after);
   // The generation `id` (published already).
   Generation generation(int64_t id);

@@ -126,6 +126,8 @@ std::string start_key(int64_t generation);
 // Written by a rank that finished training: the job is ending, so the coordinator stops changing generations
 // (the ranks that finish later are past every collective and must not be aborted).
 std::string done_key(int rank);
+// Set by the coordinator once a rank is done: processes still waiting to join learn that nothing is left to do.
+std::string finished_key();
 constexpr const char* kClosed = "closed";
 
 }  // namespace crosstrain::elastic

@@ -70,8 +70,10 @@ class AbortableCommunicator : public Communicator {
     return wrap("alltoall", inner_->all_to_all(in, out));
   }
   WorkPtr barrier() override { return wrap("barrier", inner_->barrier()); }
-  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return wrap("send", inner_->send(t, dst, tag), dst); }
-  WorkPtr recv(at::Tensor& t, int src, int tag) override { return wrap("recv", inner_->recv(t, src, tag), src); }
+  // Point to point is not wrapped: Gloo reports a send or recv complete only from inside its wait, so it cannot
+  // be polled. A dead peer's closed connection ends it with an error; a hung one within the group's timeout.
+  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
+  WorkPtr recv(at::Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
   std::unique_ptr<Communicator> split(const std::vector<int>& ranks) override {
     auto sub = inner_->split(ranks);
     return sub ? std::make_unique<AbortableCommunicator>(std::move(sub), ended_) : nullptr;

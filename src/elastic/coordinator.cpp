@@ -114,7 +114,13 @@ void Coordinator::tick(Clock::time_point now) {
   view.settle_elapsed = !registered_.empty() && now - std::max(first_registration_, emptied_) >= options_.settle;
   for (const auto& [rank, r] : registered_)
     if (detector_.dead(rank, r.incarnation, now)) view.dead.insert(rank);
-  if (auto next = next_generation(view, std::max(1, timing_.min_replicas))) publish(*next, now);
+  auto next = next_generation(view, std::max(1, timing_.min_replicas));
+  if (!next) return;
+  // One join at a time: a second one before the first has started could send joiners and members to different
+  // generations. Failures never wait.
+  const bool join_pending = !open_.empty() && open_.back().reason == "join" && !store_->check({start_key(open_.back().id)});
+  if (next->reason == "join" && join_pending) return;
+  publish(*next, now);
 }
 
 std::string Coordinator::describe_losses(const Generation& next, Clock::time_point now) const {

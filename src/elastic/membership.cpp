@@ -128,6 +128,11 @@ std::string Membership::wait_get(const std::string& key, std::chrono::millisecon
 
 Generation Membership::generation(int64_t id) { return decode_generation(get(generation_key(id))); }
 
+bool Membership::is_member(const Generation& g) const {
+  auto it = g.incarnations.find(env_.rank);
+  return it != g.incarnations.end() && it->second == incarnation_;
+}
+
 Generation Membership::await_member_generation(int64_t after) {
   const auto timeout = options_.comm.timeout();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
@@ -149,8 +154,13 @@ Generation Membership::await_member_generation(int64_t after) {
       continue;
     }
     Generation g = decode_generation(get(generation_key(id)));
-    auto it = g.incarnations.find(env_.rank);
-    if (it != g.incarnations.end() && it->second == incarnation_) return g;
+    if (!is_member(g)) continue;
+    // A newer generation that counts this process too is the one the others go to (an older one may be closed).
+    for (int64_t newest = std::stoll(get(latest_generation_key())); newest > g.id; --newest) {
+      Generation n = decode_generation(get(generation_key(newest)));
+      if (is_member(n)) return n;
+    }
+    return g;
   }
 }
 

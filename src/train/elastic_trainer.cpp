@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/core/allocator.h"
@@ -216,10 +217,11 @@ void ElasticLoop::bootstrap_state() {
   const at::Tensor rows = all.view({-1, 3});
   auto a = rows.accessor<int64_t, 2>();
   int64_t best = -1, donor = -1;
-  bool behind = false;
   for (int r = 0; r < world_->size(); ++r)
     if (a[r][0] && (a[r][1] > best || (a[r][1] == best && a[r][2] < donor))) best = a[r][1], donor = a[r][2];
-  for (int r = 0; r < world_->size(); ++r) behind = behind || !a[r][0] || a[r][1] != best;
+  std::set<int> behind;  // data-parallel indices of replicas without the newest state
+  for (int r = 0; r < world_->size(); ++r)
+    if (!a[r][0] || a[r][1] != best) behind.insert(static_cast<int>(a[r][2]));
   if (best < 0) {
     // No live state anywhere: the whole job (re)started.
     if (checkpoint::latest_checkpoint(c_.run.dir)) {
@@ -230,15 +232,14 @@ void ElasticLoop::bootstrap_state() {
   } else {
     if (carried_.valid()) run_->adopt(carried_);
     next_step_ = best;
-    if (behind) {
-      const HealStats h = run_->heal_from(static_cast<int>(donor), next_step_);
-      if (world_->rank() == 0) {
-        char line[160];
-        std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",
-                      static_cast<long long>(donor), static_cast<long long>(h.bytes), h.seconds,
-                      h.bytes / std::max(h.seconds, 1e-9) / 1e6);
-        note(line);
-      }
+    const std::vector<int> receivers(behind.begin(), behind.end());
+    const HealStats h = run_->heal_from(static_cast<int>(donor), receivers, next_step_);
+    if (behind.count(run_->dp_index()) && h.bytes > 0) {
+      char line[200];
+      std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",
+                    static_cast<long long>(donor), static_cast<long long>(h.bytes), h.seconds,
+                    h.bytes / std::max(h.seconds, 1e-9) / 1e6);
+      note(line);
     }
   }
   has_state_ = true;
@@ -249,6 +250,7 @@ void ElasticLoop::bootstrap_state() {
 
 bool ElasticLoop::train_steps() {
   const bool leader = world_->rank() == 0;
+  const int64_t first = next_step_;
   for (int64_t step = next_step_; step <= c_.train.steps; ++step) {
     run_->set_step(step);
     fault_if_asked(step);
@@ -260,6 +262,7 @@ bool ElasticLoop::train_steps() {
       if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
     });
     next_step_ = step + 1;
+    if (leader && step == first) note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
     result_.steps.push_back(rec);
     double val_loss = -1;
     if (c_.train.eval_every > 0 && (step % c_.train.eval_every == 0 || step == c_.train.steps) && c_.data.val_fraction > 0)

@@ -400,32 +400,56 @@ void Run::adopt(const LiveState& from) {
   optimizer_->sync_tensors_changed();
 }
 
-HealStats Run::heal_from(int donor, int64_t& next_step) {
+HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step) {
   HealStats stats;
   comm::Communicator* dp = mesh_.group(Axis::DP);
-  if (!dp) return stats;
+  const int me = dp_index_;
+  const bool receiving = std::find(receivers.begin(), receivers.end(), me) != receivers.end();
+  if (!dp || (me != donor && !receiving)) return stats;
   torch::NoGradGuard no_grad;
-  at::Tensor scalars = at::tensor({next_step, optimizer_->step_count()}, at::kLong);
-  dp->broadcast(scalars, donor)->wait();
-  next_step = scalars[0].item<int64_t>();
-  // One flat buffer per dtype: a broadcast per tensor would pay the per-operation latency hundreds of times.
+  // One flat buffer per dtype: a transfer per tensor would pay the per-message latency hundreds of times.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (at::Tensor& t : optimizer_->live_state()) by_dtype[t.scalar_type()].push_back(t);
-  dp->barrier()->wait();  // the transfer alone is timed, not the wait for the slowest member to arrive
-  const auto t0 = std::chrono::steady_clock::now();
-  for (auto& [dtype, tensors] : by_dtype) {
-    std::vector<at::Tensor> flat;
-    for (const auto& t : tensors) flat.push_back(t.reshape(-1));
-    at::Tensor buffer = at::cat(flat);
-    dp->broadcast(buffer, donor)->wait();
-    stats.bytes += buffer.numel() * static_cast<int64_t>(buffer.element_size());
-    int64_t offset = 0;
-    for (auto& t : tensors) {
-      t.copy_(buffer.narrow(0, offset, t.numel()).view_as(t));
-      offset += t.numel();
+  at::Tensor scalars = at::tensor({next_step, optimizer_->step_count()}, at::kLong);
+  auto transfer = [&](at::Tensor& t) {
+    if (me == donor) {
+      std::vector<comm::WorkPtr> sends;
+      for (int peer : receivers) sends.push_back(dp->send(t, peer, 0));
+      comm::wait_all(sends);
+    } else {
+      dp->recv(t, donor, 0)->wait();
     }
+  };
+  // Buffers first (the donor packs its state, a receiver allocates), so that the timing is the transfer alone.
+  std::vector<at::Tensor> buffers;
+  for (auto& [dtype, tensors] : by_dtype) {
+    int64_t numel = 0;
+    std::vector<at::Tensor> flat;
+    for (const auto& t : tensors) {
+      numel += t.numel();
+      if (me == donor) flat.push_back(t.reshape(-1));
+    }
+    // A receiver touches its pages now: page faults inside the transfer would halve the measured rate.
+    buffers.push_back(me == donor ? at::cat(flat) : at::zeros({numel}, at::TensorOptions().dtype(dtype)));
+  }
+  transfer(scalars);  // also lines the two sides up
+  const auto t0 = std::chrono::steady_clock::now();
+  for (at::Tensor& buffer : buffers) {
+    transfer(buffer);
+    stats.bytes += buffer.numel() * static_cast<int64_t>(buffer.element_size());
   }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (me == donor) return stats;
+  size_t b = 0;
+  for (auto& [dtype, tensors] : by_dtype) {
+    int64_t offset = 0;
+    for (auto& t : tensors) {
+      t.copy_(buffers[b].narrow(0, offset, t.numel()).view_as(t));
+      offset += t.numel();
+    }
+    ++b;
+  }
+  next_step = scalars[0].item<int64_t>();
   optimizer_->set_step_count(scalars[1].item<int64_t>());
   optimizer_->sync_tensors_changed();
   start_step_ = next_step;

@@ -47,8 +47,8 @@ struct LiveState {
 };
 
 struct HealStats {
-  int64_t bytes = 0;   // state bytes each receiver got
-  double seconds = 0;  // the transfer, from a barrier of the data-parallel group to the last byte
+  int64_t bytes = 0;   // state bytes sent to each receiver
+  double seconds = 0;  // the transfer, once both sides are there, to the last byte
 };
 
 // One rank's composed run: layout, model, sync strategy, optimizer, data and checkpoints, built once.
@@ -76,8 +76,9 @@ class Run {
   LiveState live_state(int64_t next_step);
   // Takes over `from` (a Run of the same rank layout): copies its tensors into this Run's.
   void adopt(const LiveState& from);
-  // Collective over the data-parallel group: replica `donor` sends its state and step to every other replica.
-  HealStats heal_from(int donor, int64_t& next_step);
+  // Replica `donor` sends its state and step to the `receivers` (data-parallel indices), point to point; the
+  // other replicas take no part. Stats are the donor's (sent) or the receiver's (received).
+  HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step);
   // FNV-1a over the live state (tests check that healed replicas match bit for bit).
   std::string state_digest();
   int dp_index() const { return dp_index_; }

@@ -90,6 +90,7 @@ class Membership {
   void finish();
 
  private:
+  bool is_member(const Generation& g) const;
   void heartbeat_loop();
   void watch_loop();
   std::string get(const std::string& key);

@@ -4,13 +4,18 @@
 // every replica gone the job resumes from the newest checkpoint. The faults come from debug.elastic_kill and
 // debug.elastic_stop: the rank sends itself the signal at the start of that step, before its gradients are reduced,
 // so the others are waiting for it in the all-reduce.
+// Two launchers with --nnodes 1:2 show a node joining a running job; a stranger without the job secret is refused
+// while a killed rank restarts and rejoins.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
 
 #include "cli_fixture.h"
+#include "crosstrain/comm/store_client.h"
+#include "crosstrain/core/error.h"
 
 using namespace crosstrain::testing;
 using std::chrono::milliseconds;
@@ -176,4 +181,116 @@ TEST(ElasticCli, LosingEveryReplicaFallsBackToTheNewestCheckpoint) {
   EXPECT_TRUE(contains(r.output, "no live replica holds the state: resumed from the newest checkpoint")) << r.output;
   EXPECT_TRUE(contains(r.output, "step_00000005 (step 5")) << r.output;
   expect_every_step_once(dir, 14);
+}
+
+namespace {
+
+// The training command a launcher runs for each of its ranks: `elastic_args` without the single-process
+// launcher's --nproc (a launched rank takes its world from the launcher's environment).
+std::vector<std::string> rank_command(const std::string& dir, int steps, std::vector<std::string> extra) {
+  std::vector<std::string> a = elastic_args(dir, 1, steps, std::move(extra));
+  for (size_t i = 0; i + 1 < a.size(); ++i)
+    if (a[i] == "--nproc") {
+      a.erase(a.begin() + static_cast<std::ptrdiff_t>(i), a.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      break;
+    }
+  return a;
+}
+
+// `crosstrain run LAUNCHER_ARGS -- COMMAND`.
+std::vector<std::string> launcher(std::vector<std::string> launcher_args, const std::vector<std::string>& command) {
+  launcher_args.insert(launcher_args.begin(), {kBin, "run"});
+  launcher_args.push_back("--");
+  launcher_args.insert(launcher_args.end(), command.begin(), command.end());
+  return launcher_args;
+}
+
+// Waits until metrics.jsonl has `rows` rows, reading `job`'s output meanwhile (a full pipe would stop it).
+bool wait_for_rows(Process& job, const std::string& dir, size_t rows, milliseconds deadline) {
+  const auto give_up = std::chrono::steady_clock::now() + deadline;
+  while (std::chrono::steady_clock::now() < give_up) {
+    if (std::filesystem::exists(std::filesystem::path(dir) / "metrics.jsonl") && read_metrics(dir).size() >= rows)
+      return true;
+    job.wait_for_output("\x01(never printed)", milliseconds(50));
+  }
+  return false;
+}
+
+// The CommError a client of `job` holding `secret` gets from the store at 127.0.0.1:port (test_secret_cli.cpp).
+std::string rogue_join(int port, const std::string& job, const std::string& secret) {
+  crosstrain::comm::store::Hello h;
+  h.rank = 1;  // claims a rank that a member holds: it must not even get that far
+  h.world_size = 4;
+  h.job = job;
+  try {
+    crosstrain::comm::store::StoreClient c("127.0.0.1", port, h, milliseconds(5000), secret);
+  } catch (const crosstrain::CommError& e) {
+    return e.what();
+  }
+  return "(admitted)";
+}
+
+}  // namespace
+
+// --nnodes MIN:MAX: node 0 starts alone (2 of 4 replicas once the coordinator's settle time passed); node 1's
+// launcher comes later, its ranks join the running job at a step boundary with the live state of replica 0.
+TEST(ElasticCli, ANodeJoinsARunningJob) {
+  const int steps = 60;
+  const auto dir = fresh_dir("elastic-nnodes");
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const auto command = rank_command(dir, steps, paced({}));
+  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-nnodes"}};
+  Process node0(launcher({"--nnodes", "1:2", "--node-rank", "0", "--nproc", "2", "--master", master}, command), env);
+  ASSERT_TRUE(wait_for_rows(node0, dir, 3, milliseconds(90000))) << node0.wait(milliseconds(1)).output;
+  Process node1(launcher({"--nnodes", "1:2", "--node-rank", "1", "--nproc", "2", "--master", master}, command), env);
+  auto r0 = node0.wait(milliseconds(180000));
+  auto r1 = node1.wait(milliseconds(60000));
+  ASSERT_EQ(r0.exit_code(), 0) << r0.output << "\n--- node 1 ---\n" << r1.output;
+  EXPECT_EQ(r1.exit_code(), 0) << r1.output;
+  EXPECT_TRUE(contains(r0.output, "generation 1 (start): 2 replicas (0,1), 2 ranks")) << r0.output;
+  // Node 1's replicas join as each completes its registration: in one generation or in two; the last counts all 4.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r0.output, m, std::regex(R"(\] generation (\d+) \(join\): 4 replicas \(0,1,2,3\), 4 ranks)")))
+      << r0.output << "\n--- node 1 ---\n" << r1.output;
+  const int join = std::stoi(m[1]);
+  EXPECT_GT(join, 1);
+  EXPECT_TRUE(contains(r0.output, "generation " + std::to_string(join) + " (join): 4 of 4 replicas train from step"))
+      << r0.output;
+  // Both of node 1's ranks (replicas 2 and 3) received the live state, and match node 0's ranks bit for bit.
+  EXPECT_TRUE(contains(r1.output, "rank 2: healed from replica 0:")) << r1.output;
+  EXPECT_TRUE(contains(r1.output, "rank 3: healed from replica 0:")) << r1.output;
+  auto d = digests(r0.output);
+  for (const auto& [g, by_rank] : digests(r1.output)) d[g].insert(by_rank.begin(), by_rank.end());
+  ASSERT_EQ(d[join].size(), 4u) << r0.output << "\n--- node 1 ---\n" << r1.output;
+  for (const auto& [rank, digest] : d.at(join)) EXPECT_EQ(digest, d.at(join).at(0)) << "rank " << rank;
+  expect_every_step_once(dir, steps);
+}
+
+// (d) with elastic training: a stranger with a wrong secret is refused (the line names its address) while a killed
+// rank restarts; the restarted process gets the job's secret too, so it rejoins.
+TEST(ElasticCli, AStrangerWithoutTheSecretIsRefusedWhileElasticTrainingGoesOn) {
+  const int steps = 60;
+  const auto dir = fresh_dir("elastic-secret");
+  const int port = free_port();
+  const auto command = rank_command(dir, steps, paced({"--set", "debug.elastic_kill=1@4"}));
+  Process job(launcher({"--nproc", "4", "--master", "127.0.0.1:" + std::to_string(port), "--max-restarts", "2"},
+                       command),
+              {{"CROSSTRAIN_SECRET", "s3cret"}, {"CROSSTRAIN_JOB_ID", "elastic-secret"}});
+  ASSERT_TRUE(wait_for_rows(job, dir, 2, milliseconds(90000))) << job.wait(milliseconds(1)).output;
+  const std::string wrong = rogue_join(port, "elastic-secret", "guess");
+  const size_t rows_after_rogue = read_metrics(dir).size();
+  auto r = job.wait(milliseconds(180000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_LT(rows_after_rogue, static_cast<size_t>(steps)) << "the stranger came after the run";
+  EXPECT_TRUE(contains(wrong, "refused this process: wrong job secret; set CROSSTRAIN_SECRET")) << wrong;
+  EXPECT_TRUE(contains(r.output, "crosstrain: refused a store connection from 127.0.0.1:")) << r.output;
+  EXPECT_TRUE(contains(r.output, ": it did not prove the job secret\n")) << r.output;
+  EXPECT_TRUE(contains(r.output, "restarting it (1 of 2 restarts)")) << r.output;
+  const int join = generation_with(r.output, "join");
+  ASSERT_GT(join, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation " + std::to_string(join) + " (join): 4 replicas (0,1,2,3), 4 ranks"))
+      << r.output;
+  EXPECT_TRUE(contains(r.output, "rank 1: healed from replica 0:")) << r.output;
+  EXPECT_FALSE(contains(r.output, "s3cret")) << "the secret was printed:\n" << r.output;
+  expect_every_step_once(dir, steps);
 }

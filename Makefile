@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos install clean
 
 all: build
 
@@ -71,6 +71,10 @@ bench-checkpoint: build
 # Every sync.mode across emulated clusters (2 x 2 hosts, 100 Mbit/s, 25 ms; needs root): wan bytes, time, loss.
 bench-wan: build
 	@BUILD=$(BUILD) bench/wan.sh
+
+# Elastic training under faults: gpt-tiny on 4 replicas while ranks are killed and stopped (several minutes).
+bench-chaos: build
+	@python3 bench/chaos.py --bin $(BUILD)/crosstrain
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

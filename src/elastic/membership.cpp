@@ -186,6 +186,8 @@ bool Membership::start(const Generation& g, int64_t step) {
   return true;
 }
 
+// Two store round trips per member and step: the add, then (all but the last voter) one get that waits on the
+// server for the decision. The last voter learns of a pending generation from the watcher, not from the store.
 Decision Membership::vote(const Generation& g, int64_t step) {
   auto& store = *rendezvous_->store();
   const int64_t count = store.add(vote_key(g.id, step), 1);
@@ -193,7 +195,7 @@ Decision Membership::vote(const Generation& g, int64_t step) {
     // The last vote: the step commits; a generation published meanwhile starts after it on every member.
     Decision d;
     d.commit = true;
-    const int64_t latest = std::stoll(get(latest_generation_key()));
+    const int64_t latest = latest_.load();
     d.next_generation = latest > g.id ? latest : 0;
     store.set(decision_key(g.id, step), bytes_of(encode_decision(d)));
     return d;
@@ -203,7 +205,7 @@ Decision Membership::vote(const Generation& g, int64_t step) {
 
 Decision Membership::await_decision(const Generation& g, int64_t step) {
   // The last voter writes it at once; the coordinator writes an abort within the failure timeout of a death.
-  return decode_decision(wait_get(decision_key(g.id, step), options_.comm.timeout()));
+  return decode_decision(get(decision_key(g.id, step)));  // the store's get waits for the key
 }
 
 }  // namespace crosstrain::elastic

@@ -6,12 +6,13 @@
 
 namespace crosstrain::apps {
 
-ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size,
+ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
                                      std::shared_ptr<comm::Rendezvous> store)
     : options_(options) {
   if (!store) return;
   elastic::CoordinatorOptions c;
   c.world_size = world_size;
+  c.min_start_ranks = options.min_nnodes * ranks_per_node;
   c.exclude = [this](const std::vector<std::pair<int, int>>& processes, const std::string&) {
     std::lock_guard<std::mutex> lock(mu_);
     excluded_.insert(excluded_.end(), processes.begin(), processes.end());

@@ -24,8 +24,9 @@ struct ElasticLaunch {
 
 class ElasticSupervisor {
  public:
-  // `store`: the rendezvous store this launcher hosts (node 0), or null.
-  ElasticSupervisor(const ElasticLaunch& options, int world_size, std::shared_ptr<comm::Rendezvous> store);
+  // `store`: the rendezvous store this launcher hosts (node 0), or null. `ranks_per_node`: for --nnodes MIN:MAX.
+  ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
+                    std::shared_ptr<comm::Rendezvous> store);
   ~ElasticSupervisor();
 
   // A rank failed (`how`: "signal 9 (Killed)"): the coordinator hears of it now; true when it should be

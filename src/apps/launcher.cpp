@@ -232,7 +232,8 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
       if (r.err.fd >= 0) { fds.push_back({r.err.fd, POLLIN, 0}); owners.push_back({&r, true}); }
     }
     if (all_exited && (fds.size() == 1 || Clock::now() - all_exited_at > std::chrono::milliseconds(500))) break;
-    poll(fds.data(), fds.size(), 100);
+    // Elastic: a dead rank is noticed here first (its exit), so look more often.
+    poll(fds.data(), fds.size(), elastic ? 20 : 100);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       Rank& r = *owners[i].first;
@@ -402,7 +403,7 @@ int launch(const LaunchOptions& o) {
   }
 
   std::unique_ptr<ElasticSupervisor> elastic;
-  if (o.elastic.enabled) elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, store);
+  if (o.elastic.enabled) elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store);
   const int result = supervise(ranks, with_job, elastic.get(), world, port);
   for (auto& r : ranks) {
     if (r.out.fd >= 0) close(r.out.fd);

@@ -110,6 +110,7 @@ void Coordinator::tick(Clock::time_point now) {
   view.current = open_.empty() ? nullptr : &open_.back();
   view.registered = registered_;
   view.world_size = options_.world_size;
+  view.min_start_ranks = options_.min_start_ranks;
   // The settle time counts from the first registration, or from the moment the last replica was lost.
   view.settle_elapsed = !registered_.empty() && now - std::max(first_registration_, emptied_) >= options_.settle;
   for (const auto& [rank, r] : registered_)

@@ -195,7 +195,8 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
   const int count = static_cast<int>(next.replicas.size());
   if (first) {
     const bool everyone = count > 0 && static_cast<int>(next.ranks.size()) == v.world_size;
-    if (!everyone && !(v.settle_elapsed && count >= min_replicas)) return std::nullopt;
+    const bool enough = count >= min_replicas && static_cast<int>(next.ranks.size()) >= v.min_start_ranks;
+    if (!everyone && !(v.settle_elapsed && enough)) return std::nullopt;
     next.reason = restart ? "restart" : "start";
     return next;
   }

@@ -114,6 +114,8 @@ class ElasticLoop {
   double peak_flops_ = 0;
   bool header_printed_ = false;
   std::unique_ptr<obs::MetricsWriter> metrics_;
+  double vote_s_ = 0;  // time in the per-step vote (the cost of membership on the critical path)
+  int64_t votes_ = 0;
   obs::ProgressPrinter progress_{false};
   Clock::time_point start_ = Clock::now();
   TrainResult result_;
@@ -257,7 +259,10 @@ bool ElasticLoop::train_steps() {
     decided_ = false;
     elastic::Decision d;
     const StepRecord rec = run_->train_step(step, [&] {
+      const auto vote_start = Clock::now();
       d = m_.vote(gen_, step);
+      vote_s_ += seconds_since(vote_start);
+      ++votes_;
       decided_ = true;
       if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
     });
@@ -287,7 +292,11 @@ void ElasticLoop::finish() {
   m_.finish();
   run_->commit_pending();
   const bool talk = world_->rank() == 0 && !o_.quiet;
-  if (talk) std::printf("trained to step %lld in %.1f s\n", static_cast<long long>(c_.train.steps), seconds_since(start_));
+  if (talk) {
+    std::printf("trained to step %lld in %.1f s\n", static_cast<long long>(c_.train.steps), seconds_since(start_));
+    if (votes_ > 0) note("membership: " + std::to_string(votes_) + " step votes, " +
+                         std::to_string(1000 * vote_s_ / static_cast<double>(votes_)) + " ms each on average");
+  }
   run_->fill_dump();
   if (world_->rank() == 0 && c_.train.sample_tokens > 0) {
     result_.sample = sample_text(c_, *checkpoint::latest_checkpoint(c_.run.dir));

@@ -28,6 +28,7 @@ struct CoordinatorOptions {
   // The first generation starts with every rank, or with min_replicas once this long has passed since the first
   // registration (nodes that join later: --nnodes MIN:MAX).
   std::chrono::milliseconds settle{3000};
+  int min_start_ranks = 0;  // the first generation needs at least this many ranks (--nnodes MIN:MAX)
   // Processes that left the job alive (a hung rank, or the rest of a failed replica), as (rank, pid): the launcher
   // ends them so that they can be restarted. Called on the coordinator's thread; a process whose exit the launcher
   // already reported is not listed.

@@ -29,7 +29,8 @@ constexpr int64_t kPoison = int64_t{1} << 40;
 struct Timing {
   int heartbeat_ms = 100;        // each rank bumps its heartbeat counter this often
   int failure_timeout_ms = 500;  // a rank whose counter has not moved for this long is declared dead
-  int min_replicas = 1;          // fewer live replicas than this: wait for joins (up to the job's timeout)
+  int min_replicas = 1;          // the job (re)starts, and joins are admitted, once this many replicas are live;
+                                 // a failure is published whatever is left (the survivors then wait for joins)
 };
 
 // Declares a rank dead when its heartbeat counter stops moving, or at once when its process is known to have
@@ -97,6 +98,7 @@ struct MembershipView {
   std::set<int> dead;                      // ranks whose registered incarnation is dead
   int world_size = 0;                      // ranks of the full job
   bool settle_elapsed = false;             // the first generation may start with fewer replicas than the job has
+  int min_start_ranks = 0;                 // ... but with at least this many ranks (--nnodes MIN:MAX: MIN nodes')
 };
 
 // The next generation, or nullopt when nothing changes. A replica is a member when all its ranks are registered

@@ -471,3 +471,17 @@ TEST(MembershipNextGeneration, ReplicaSizeMismatchIsIncomplete) {
   ASSERT_TRUE(g);
   EXPECT_EQ(g->ranks, (std::vector<int>{2}));
 }
+
+// --nnodes MIN:MAX: after the settle time the first generation still waits for MIN nodes' ranks.
+TEST(MembershipNextGeneration, FirstGenerationWaitsForTheMinimumRanksAfterSettling) {
+  auto all = layout(4);
+  std::map<int, Registration> one_node{{0, all.at(0)}, {1, all.at(1)}};
+  MembershipView v = view_of(one_node, 4);
+  v.settle_elapsed = true;
+  v.min_start_ranks = 4;  // --nnodes 2:2 with 2 ranks a node
+  EXPECT_FALSE(next_generation(v, 1).has_value());
+  v.min_start_ranks = 2;  // --nnodes 1:2
+  auto g = next_generation(v, 1);
+  ASSERT_TRUE(g.has_value());
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 1}));
+}

@@ -9,8 +9,9 @@ and the ranks' own log lines (each carries [t=unix_ms]) and from metrics.jsonl:
   resume   that generation -> the next step committed
   lost     steps aborted per failure (the step in flight)
   heal     state bytes / transfer time of each rejoin, next to `crosstrain bench comm --op sendrecv` for that size
-  loss     final validation loss of the chaos run against the plain run (same steps; the chaos run trains on fewer
-           sequences while replicas are missing, which the 'tokens' column shows)
+  loss     final validation loss of the chaos run against a plain run with the same token budget (the chaos run
+           trains on fewer sequences while replicas are missing; that run has as many steps of the full batch as
+           the chaos run's tokens fill), and against the plain run of the same step count
 """
 import argparse, json, os, random, re, signal, statistics, subprocess, sys, time
 
@@ -167,6 +168,11 @@ def main():
     print(f"# membership cost: {cost:+.1f}% tokens/s (mean of {args.rounds} rounds)", flush=True)
     chaos, faults, text = run_chaos(args)
     rows, heals = analyse(faults, text)
+    # The fault-free run with the chaos run's token budget: fewer steps of the full global batch.
+    ratio = chaos["tokens"] / plain["tokens"]
+    budget_steps = max(1, round(args.steps * ratio))
+    same_tokens = run_plain(argparse.Namespace(**{**vars(args), "steps": budget_steps}), "plain-same-tokens", False)
+    print(f"# plain with the chaos run's tokens ({budget_steps} steps): val {same_tokens['val_loss']:.4f}", flush=True)
     print(f"# chaos:   {chaos['wall_s']:.0f} s, val {chaos['val_loss']:.4f}, {chaos['tokens'] / plain['tokens']:.3f} of "
           f"the plain run's tokens")
     print(f"#{'t_ms':>15} {'rank':>5} {'kind':>5} {'detect_ms':>10} {'resume_ms':>10} {'lost':>5}")
@@ -183,7 +189,8 @@ def main():
     print(f"detect_p99_ms={p99([r['detect_ms'] for r in detected])} "
           f"resume_p99_ms={p99([r['resume_ms'] for r in detected if r.get('resume_ms') is not None])} "
           f"steps_lost_max={max((r['lost'] for r in detected), default=0)} heal_MBps={heal_rate:.0f} kills={len(faults)} "
-          f"loss_vs_clean={100 * (chaos['val_loss'] / plain['val_loss'] - 1):+.2f}% "
+          f"loss_vs_clean={100 * (chaos['val_loss'] / same_tokens['val_loss'] - 1):+.2f}% "
+          f"loss_vs_same_steps={100 * (chaos['val_loss'] / plain['val_loss'] - 1):+.2f}% "
           f"membership_cost={cost:+.1f}%")
 
 if __name__ == "__main__":

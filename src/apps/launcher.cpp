@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "crosstrain/comm/rendezvous.h"
@@ -99,7 +101,7 @@ int exit_code_of(int status) {
 bool failed(int status) { return !(WIFEXITED(status) && WEXITSTATUS(status) == 0); }
 
 pid_t spawn(const std::vector<std::string>& command, const std::map<std::string, std::string>& env, int out_fd,
-            int err_fd) {
+            int err_fd, int nice) {
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -109,6 +111,8 @@ pid_t spawn(const std::vector<std::string>& command, const std::map<std::string,
   // Child: ends with the launcher, however the launcher ends (SIGKILL too: nothing can catch that one). The
   // check after prctl covers a launcher that died before it.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  // Ranks run at the priority the launcher was started with, whatever the launcher gave itself (elastic below).
+  setpriority(PRIO_PROCESS, 0, nice);
   if (getppid() != launcher) _exit(1);
   // Its own process group, so that stopping a rank also stops what it started.
   setpgid(0, 0);
@@ -173,7 +177,7 @@ void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o)
   env["MASTER_PORT"] = std::to_string(port);
   env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   if (!getenv("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
-  r.pid = spawn(o.command, env, out[1], err[1]);
+  r.pid = spawn(o.command, env, out[1], err[1], o.rank_nice);
   const int fork_errno = errno;
   close(out[1]);
   close(err[1]);
@@ -204,6 +208,14 @@ void restart_rank(Rank& r, int world, int port, const LaunchOptions& o) {
     }
   ++r.restarts;
   start_rank(r, r.local, world, port, o);
+}
+
+// Linux keeps a priority per thread: every thread of the launcher (the store's acceptor, whose connection threads
+// inherit it, and the coordinator) gets `nice`. Quietly nothing without the privilege to raise it.
+void raise_priority(int nice) {
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec))
+    setpriority(PRIO_PROCESS, static_cast<id_t>(std::stoi(task.path().filename().string())), nice);
 }
 
 // Elastic: ends the ranks the coordinator excluded alive; they are then restarted like any failed rank.
@@ -385,6 +397,16 @@ int launch(const LaunchOptions& o) {
     close(g_signal_pipe[1]);
   };
 
+  errno = 0;
+  const int own_nice = getpriority(PRIO_PROCESS, 0);
+  with_job.rank_nice = errno == 0 ? own_nice : 0;
+  std::unique_ptr<ElasticSupervisor> elastic;
+  if (o.elastic.enabled) {
+    elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store);
+    // Every step's vote is two requests to the store this launcher serves: on a machine whose cores the ranks
+    // fill, its threads would wait for a time slice. A higher priority needs privileges; without them it stays.
+    if (store) raise_priority(with_job.rank_nice - 5);
+  }
   std::vector<Rank> ranks(o.nproc);
   for (int local = 0; local < o.nproc; ++local) {
     Rank& r = ranks[local];
@@ -402,8 +424,6 @@ int launch(const LaunchOptions& o) {
     }
   }
 
-  std::unique_ptr<ElasticSupervisor> elastic;
-  if (o.elastic.enabled) elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store);
   const int result = supervise(ranks, with_job, elastic.get(), world, port);
   for (auto& r : ranks) {
     if (r.out.fd >= 0) close(r.out.fd);

@@ -27,6 +27,7 @@ struct LaunchOptions {
   std::string secret;                  // the job secret ("": CROSSTRAIN_SECRET, if set); passed in the environment
   std::string job_id;                  // "": CROSSTRAIN_JOB_ID / TORCHELASTIC_RUN_ID, else made up (one node)
   ElasticLaunch elastic;               // restart failed ranks, run the membership coordinator (node 0)
+  int rank_nice = 0;                   // set by launch(): the priority ranks run at (the launcher's own at start)
   bool prefix_output = true;           // "[rank N] " before each line
   bool prefix_rank0_stdout = true;     // off when rank 0 prints a report (bench, train)
   RankNeeds rank_needs;                // checked against the machine before anything starts

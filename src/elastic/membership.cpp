@@ -154,12 +154,11 @@ Generation Membership::await_member_generation(int64_t after) {
       continue;
     }
     Generation g = decode_generation(get(generation_key(id)));
+    // The first one that counts this process and that a failure has not closed: the members of the last
+    // generation go there too (a join published after a failure waits until the failure's generation started).
     if (!is_member(g)) continue;
-    // A newer generation that counts this process too is the one the others go to (an older one may be closed).
-    for (int64_t newest = std::stoll(get(latest_generation_key())); newest > g.id; --newest) {
-      Generation n = decode_generation(get(generation_key(newest)));
-      if (is_member(n)) return n;
-    }
+    auto& store = *rendezvous_->store();
+    if (store.check({start_key(g.id)}) && get(start_key(g.id)) == kClosed) continue;
     return g;
   }
 }

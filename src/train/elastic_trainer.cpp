@@ -313,6 +313,10 @@ void check_elastic_config(const Config& c, int world) {
   if (c.sync.mode != "sync" || c.sync.hierarchical)
     throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) for now; sync.mode = \"" +
                      c.sync.mode + "\" restarts from the newest checkpoint instead (--resume)");
+  if (c.comm.backend != "gloo")
+    throw UsageError("elastic training rebuilds its groups without the lost ranks, which needs comm.backend = "
+                     "\"gloo\" (MPI cannot shrink a communicator without the ULFM extension, which Debian's Open MPI "
+                     "lacks); got \"" + c.comm.backend + "\"");
   if (c.parallel.zero != 0)
     throw UsageError("elastic training keeps whole replicas, but ZeRO shards the optimizer state over them: set "
                      "parallel.zero = 0");

@@ -294,3 +294,21 @@ TEST(ElasticCli, AStrangerWithoutTheSecretIsRefusedWhileElasticTrainingGoesOn) {
   EXPECT_FALSE(contains(r.output, "s3cret")) << "the secret was printed:\n" << r.output;
   expect_every_step_once(dir, steps);
 }
+
+// What elastic training cannot do is refused before any rank starts, with the fix in the message.
+TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"parallel.zero=1", "set parallel.zero = 0"},
+      {"sync.mode=diloco", "elastic training runs with sync.mode = \"sync\""},
+      {"comm.backend=mpi", "comm.backend = \"gloo\""},
+      {"elastic.failure_timeout_ms=60", "elastic.failure_timeout_ms at least twice"},
+      {"elastic.min_replicas=5", "elastic.min_replicas = 5 must be between 1 and the 4 replicas"},
+  };
+  for (const auto& [set, message] : cases) {
+    const auto dir = fresh_dir("elastic-refused");
+    auto r = run_process(elastic_args(dir, 4, 4, {"--max-restarts", "1", "--set", set}), {}, milliseconds(60000));
+    EXPECT_NE(r.exit_code(), 0) << set;
+    EXPECT_TRUE(contains(r.output, message)) << set << "\n" << r.output;
+    EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "metrics.jsonl")) << set;
+  }
+}

@@ -8,6 +8,9 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <optional>
 
 #include "crosstrain/comm/init.h"
 
@@ -44,6 +47,7 @@ class GlooWork : public Work {
            std::function<void()> finish);
   void wait(Millis timeout) override;
   bool is_completed() override { return done_ || work_->isCompleted(); }
+  std::optional<bool> wait_unless(Millis timeout, const std::function<bool()>& give_up) override;
 
  private:
   GlooCommunicator* comm_;
@@ -374,6 +378,40 @@ void GlooWork::wait(Millis timeout) {
   }
   if (finish_) finish_();
   done_ = true;
+}
+
+// The future of a collective completes on Gloo's thread, which then wakes this one: no polling, no hand-off.
+// Sends and receives have no future (Gloo completes them inside wait): std::nullopt.
+std::optional<bool> GlooWork::wait_unless(Millis timeout, const std::function<bool()>& give_up) {
+  if (done_) return true;
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work_->getFuture();
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  if (!future) return std::nullopt;
+  struct Signal {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false;
+  };
+  auto signal = std::make_shared<Signal>();  // outlives this Work when the wait is abandoned
+  future->addCallback([signal](c10::ivalue::Future&) {
+    std::lock_guard<std::mutex> lock(signal->mu);
+    signal->done = true;
+    signal->cv.notify_all();
+  });
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  {
+    std::unique_lock<std::mutex> lock(signal->mu);
+    while (!signal->cv.wait_for(lock, Millis(20), [&] { return signal->done; })) {
+      if (give_up()) return false;
+      if (std::chrono::steady_clock::now() > deadline) break;  // wait() below reports the timeout
+    }
+  }
+  wait(timeout);
+  return true;
 }
 
 }  // namespace

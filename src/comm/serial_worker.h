@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -42,6 +43,17 @@ class DeferredWork : public Work {
   bool is_completed() override {
     std::lock_guard<std::mutex> lock(mutex_);
     return done_;
+  }
+  std::optional<bool> wait_unless(Millis timeout, const std::function<bool()>& give_up) override {
+    const auto deadline = std::chrono::steady_clock::now() + 2 * timeout + Millis(1000);
+    std::unique_lock<std::mutex> lock(mutex_);
+    while (!cv_.wait_for(lock, Millis(20), [&] { return done_; })) {
+      if (give_up()) return false;
+      if (std::chrono::steady_clock::now() > deadline) break;  // wait() below reports it, as it always does
+    }
+    lock.unlock();
+    wait(timeout);
+    return true;
   }
   void complete(std::exception_ptr error) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -16,10 +16,10 @@ using comm::Millis;
 using comm::ReduceOp;
 using comm::WorkPtr;
 
-// Waits for the wrapped operations on a thread of its own, one at a time, so that the training thread can sleep on
-// a condition variable that either the completion or a short check of `ended` ends. Polling the operation instead
-// cost ~6% of a gpt-tiny step on 2 cores (the wake-ups of 4 ranks compete with their compute); this costs two
-// thread hand-offs per wait. A wait abandoned by an ended generation keeps the thread until Gloo gives up on it;
+// For works that cannot wake the waiting thread themselves (Work::wait_unless): waits for them on a thread of its
+// own, one at a time, so that the training thread can sleep on a condition variable that either the completion or
+// a short check of `ended` ends. Polling the operation instead cost ~6% of a gpt-tiny step on 2 cores (the
+// wake-ups of 4 ranks compete with their compute); this costs two thread hand-offs per wait. A wait abandoned by an ended generation keeps the thread until Gloo gives up on it;
 // the generation's communicators are dropped by then (elastic_trainer.cpp), so nothing waits behind it.
 class Waiter {
  public:
@@ -97,6 +97,12 @@ class AbortableWork : public comm::Work {
 
   void wait(Millis timeout) override {
     if (inner_->is_completed()) return inner_->wait(timeout);
+    // The back end wakes this thread itself when it can; the waiter thread stands in when it cannot.
+    const std::optional<bool> done = inner_->wait_unless(timeout, [this] { return ended_() != 0; });
+    if (done.has_value()) {
+      if (!*done) throw GenerationEnded(context_, ended_());
+      return;
+    }
     waiter_->wait(inner_, timeout, ended_, context_);
   }
   bool is_completed() override { return inner_->is_completed(); }

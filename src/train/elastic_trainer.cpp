@@ -145,8 +145,8 @@ TrainResult ElasticLoop::run() {
     try {
       if (run_generation()) break;
       carried_ = run_->live_state(next_step_);  // a committed step named the next generation
-      gen_ = m_.generation(switch_to_);
-      if (gen_.index_of(m_.rank()) < 0) throw Error("generation " + std::to_string(gen_.id) + " excludes this rank");
+      // That one, unless a failure closed it meanwhile (then the failure's generation, as for everyone else).
+      gen_ = m_.await_member_generation(switch_to_ - 1);
     } catch (const elastic::GenerationEnded& e) {
       recover(e, e.successor());
     } catch (const CommError& e) {

@@ -14,7 +14,7 @@
 #include <set>
 
 #include "cli_fixture.h"
-#include "crosstrain/comm/store_client.h"
+#include "rogue_client.h"
 #include "crosstrain/core/error.h"
 
 using namespace crosstrain::testing;
@@ -216,19 +216,6 @@ bool wait_for_rows(Process& job, const std::string& dir, size_t rows, millisecon
   return false;
 }
 
-// The CommError a client of `job` holding `secret` gets from the store at 127.0.0.1:port (test_secret_cli.cpp).
-std::string rogue_join(int port, const std::string& job, const std::string& secret) {
-  crosstrain::comm::store::Hello h;
-  h.rank = 1;  // claims a rank that a member holds: it must not even get that far
-  h.world_size = 4;
-  h.job = job;
-  try {
-    crosstrain::comm::store::StoreClient c("127.0.0.1", port, h, milliseconds(5000), secret);
-  } catch (const crosstrain::CommError& e) {
-    return e.what();
-  }
-  return "(admitted)";
-}
 
 }  // namespace
 
@@ -277,7 +264,7 @@ TEST(ElasticCli, AStrangerWithoutTheSecretIsRefusedWhileElasticTrainingGoesOn) {
                        command),
               {{"CROSSTRAIN_SECRET", "s3cret"}, {"CROSSTRAIN_JOB_ID", "elastic-secret"}});
   ASSERT_TRUE(wait_for_rows(job, dir, 2, milliseconds(90000))) << job.wait(milliseconds(1)).output;
-  const std::string wrong = rogue_join(port, "elastic-secret", "guess");
+  const std::string wrong = rogue_join(port, "elastic-secret", "guess", 4);
   const size_t rows_after_rogue = read_metrics(dir).size();
   auto r = job.wait(milliseconds(180000));
   ASSERT_EQ(r.exit_code(), 0) << r.output;

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "cli_fixture.h"
-#include "crosstrain/comm/store_client.h"
+#include "rogue_client.h"
 #include "crosstrain/core/error.h"
 
 using namespace crosstrain::testing;
@@ -16,19 +16,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-// The CommError a client of `job` holding `secret` gets from the store at 127.0.0.1:port.
-std::string rogue_join(int port, const std::string& job, const std::string& secret) {
-  crosstrain::comm::store::Hello h;
-  h.rank = 1;  // claims a rank that a member holds: it must not even get that far
-  h.world_size = 2;
-  h.job = job;
-  try {
-    crosstrain::comm::store::StoreClient c("127.0.0.1", port, h, milliseconds(5000), secret);
-  } catch (const crosstrain::CommError& e) {
-    return e.what();
-  }
-  return "(admitted)";
-}
 
 size_t metric_rows(const std::string& dir) {
   std::ifstream in(std::filesystem::path(dir) / "metrics.jsonl");
@@ -59,9 +46,9 @@ TEST(SecretCli, StrangersAreRefusedMidRunAndTrainingGoesOn) {
   while (metric_rows(dir) == 0 && std::chrono::steady_clock::now() < give_up)
     std::this_thread::sleep_for(milliseconds(20));
   ASSERT_GT(metric_rows(dir), 0u) << "training never started";
-  const std::string wrong = rogue_join(port, "secret-test", "guess");
-  const std::string none = rogue_join(port, "secret-test", "");
-  const std::string other = rogue_join(port, "another-job", "s3cret");
+  const std::string wrong = rogue_join(port, "secret-test", "guess", 2);
+  const std::string none = rogue_join(port, "secret-test", "", 2);
+  const std::string other = rogue_join(port, "another-job", "s3cret", 2);
   const size_t rows_after_rogues = metric_rows(dir);
 
   auto res = job.wait(milliseconds(240000));

@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +40,12 @@ class Work {
   virtual void wait(Millis timeout) = 0;
   // True once the operation finished (successfully or not); never blocks.
   virtual bool is_completed() = 0;
+  // Like wait(timeout), but returns false as soon as `give_up()` returns true (checked every 20 ms or so) and
+  // true once the operation is done (its error thrown as wait() throws it). Works that cannot sleep until either
+  // happens return std::nullopt at once without waiting: the caller must find another way (elastic/abortable.h).
+  virtual std::optional<bool> wait_unless(Millis timeout, const std::function<bool()>& give_up) {
+    return std::nullopt;
+  }
 
  private:
   Millis default_timeout_;

@@ -10,13 +10,7 @@ namespace {
 
 constexpr std::chrono::milliseconds kTick{5};
 
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
-std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
 
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string join(const std::vector<int>& values) {
   std::string out;
@@ -60,7 +54,7 @@ void Coordinator::read_registrations() {
     if (!store_->check({key})) continue;
     Registration r;
     try {
-      r = decode_registration(text_of(store_->get(key)));
+      r = decode_registration(from_bytes(store_->get(key)));
     } catch (const std::exception& e) {
       continue;  // a half-written or hostile record is ignored, the rank stays unregistered
     }
@@ -95,7 +89,7 @@ void Coordinator::tick(Clock::time_point now) {
   for (const auto& [rank, r] : registered_)
     if (store_->check({done_key(rank)})) {
       finishing_ = true;  // training is over: ranks leaving now are not failures
-      store_->set(finished_key(), bytes_of("1"));
+      store_->set(finished_key(), to_bytes("1"));
       if (options_.log) options_.log("[t=" + std::to_string(unix_ms()) + "] training finished on rank " +
                                      std::to_string(rank) + "; the membership no longer changes");
       return;
@@ -160,8 +154,8 @@ void Coordinator::publish(const Generation& next, Clock::time_point now) {
     if (it != registered_.end() && it->second.incarnation == current->incarnations.at(rank))
       detector_.exited(rank, pid_of_incarnation(it->second.incarnation));
   }
-  store_->set(generation_key(next.id), bytes_of(encode_generation(next)));
-  store_->set(latest_generation_key(), bytes_of(std::to_string(next.id)));
+  store_->set(generation_key(next.id), to_bytes(encode_generation(next)));
+  store_->set(latest_generation_key(), to_bytes(std::to_string(next.id)));
   published_ = next.id;
   if (next.failure()) {
     for (const auto& g : open_)
@@ -184,14 +178,14 @@ void Coordinator::publish(const Generation& next, Clock::time_point now) {
 // `successor`); a generation no member started yet can no longer be started.
 void Coordinator::close_generation(const Generation& g, int64_t successor) {
   closed_.insert(g.id);
-  const std::string start = text_of(store_->compareSet(start_key(g.id), {}, bytes_of(kClosed)));
+  const std::string start = from_bytes(store_->compareSet(start_key(g.id), {}, to_bytes(kClosed)));
   if (start == kClosed) return;
   const int64_t members = static_cast<int64_t>(g.ranks.size());
   int64_t step = std::stoll(start);
   for (int64_t guard = 0; guard < (int64_t{1} << 30); ++guard, ++step) {
     const int64_t before = store_->add(vote_key(g.id, step), kPoison) - kPoison;
     if (before >= members) continue;  // every member voted: that step committed
-    store_->set(decision_key(g.id, step), bytes_of(encode_decision({false, successor})));
+    store_->set(decision_key(g.id, step), to_bytes(encode_decision({false, successor})));
     return;
   }
 }

@@ -15,13 +15,7 @@
 namespace crosstrain::elastic {
 namespace {
 
-std::vector<uint8_t> bytes_of(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
-std::string text_of(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
 
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 std::string host_name() {
   char host[256] = {0};
@@ -72,7 +66,7 @@ Membership::Membership(const LaunchEnv& env, MembershipOptions options)
   r.replica_size = options_.replica_size;
   r.incarnation = incarnation_;
   r.timing = options_.timing;
-  rendezvous_->store()->set(registration_key(env_.rank), bytes_of(encode_registration(r)));
+  rendezvous_->store()->set(registration_key(env_.rank), to_bytes(encode_registration(r)));
 }
 
 Membership::~Membership() {
@@ -108,7 +102,7 @@ void Membership::watch_loop() {
       return;
     }
     try {
-      const Generation g = decode_generation(text_of(store.get(generation_key(next))));
+      const Generation g = decode_generation(from_bytes(store.get(generation_key(next))));
       if (g.failure()) failure_generation_ = g.id;
       latest_ = g.id;
     } catch (const std::exception&) {
@@ -117,9 +111,9 @@ void Membership::watch_loop() {
   }
 }
 
-void Membership::finish() { rendezvous_->store()->set(done_key(env_.rank), bytes_of("1")); }
+void Membership::finish() { rendezvous_->store()->set(done_key(env_.rank), to_bytes("1")); }
 
-std::string Membership::get(const std::string& key) { return text_of(rendezvous_->store()->get(key)); }
+std::string Membership::get(const std::string& key) { return from_bytes(rendezvous_->store()->get(key)); }
 
 std::string Membership::wait_get(const std::string& key, std::chrono::milliseconds timeout) {
   rendezvous_->store()->wait({key}, timeout);
@@ -177,7 +171,7 @@ std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g)
 }
 
 bool Membership::start(const Generation& g, int64_t step) {
-  const std::string value = text_of(rendezvous_->store()->compareSet(start_key(g.id), {}, bytes_of(std::to_string(step))));
+  const std::string value = from_bytes(rendezvous_->store()->compareSet(start_key(g.id), {}, to_bytes(std::to_string(step))));
   if (value == kClosed) return false;
   if (value != std::to_string(step))
     throw Error("generation " + std::to_string(g.id) + " started at step " + value + " on another member but at step " +
@@ -196,7 +190,7 @@ Decision Membership::vote(const Generation& g, int64_t step) {
     d.commit = true;
     const int64_t latest = latest_.load();
     d.next_generation = latest > g.id ? latest : 0;
-    store.set(decision_key(g.id, step), bytes_of(encode_decision(d)));
+    store.set(decision_key(g.id, step), to_bytes(encode_decision(d)));
     return d;
   }
   return await_decision(g, step);

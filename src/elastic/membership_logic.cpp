@@ -229,6 +229,14 @@ Decision decode_decision(const std::string& text) {
   return d;
 }
 
+std::vector<uint8_t> to_bytes(const std::string& text) { return std::vector<uint8_t>(text.begin(), text.end()); }
+std::string from_bytes(const std::vector<uint8_t>& bytes) { return std::string(bytes.begin(), bytes.end()); }
+
+int64_t unix_ms() {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
 std::string registration_key(int rank) { return "elastic/register/" + std::to_string(rank); }
 std::string heartbeat_key(int rank) { return "elastic/heartbeat/" + std::to_string(rank); }
 std::string generation_key(int64_t id) { return "elastic/generation/" + std::to_string(id); }

@@ -28,10 +28,6 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-int64_t unix_ms() {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 // "RANK@STEP" or "all@STEP"; rank -2: no fault.
 struct Fault {
@@ -97,6 +93,7 @@ class ElasticLoop {
   const TrainOptions& o_;
   const int slots_;
   const Fault kill_, stop_;
+  const bool first_incarnation_ = first_incarnation();  // read once, not on every step
   elastic::Generation gen_;
   // A generation's objects: Gloo cannot cancel an operation in flight, so a failed generation's communicator
   // and the tensors its operations were given stay allocated until the process ends (leaked on purpose).
@@ -129,12 +126,12 @@ ElasticLoop::~ElasticLoop() {
 
 void ElasticLoop::note(const std::string& line) const {
   if (o_.quiet) return;
-  std::fprintf(stderr, "crosstrain elastic: [t=%lld] rank %d: %s\n", static_cast<long long>(unix_ms()), m_.rank(),
+  std::fprintf(stderr, "crosstrain elastic: [t=%lld] rank %d: %s\n", static_cast<long long>(elastic::unix_ms()), m_.rank(),
                line.c_str());
 }
 
 void ElasticLoop::fault_if_asked(int64_t step) const {
-  if (!first_incarnation()) return;
+  if (!first_incarnation_) return;
   if (kill_.hits(m_.rank(), step)) raise(SIGKILL);
   if (stop_.hits(m_.rank(), step)) raise(SIGSTOP);
 }

@@ -93,11 +93,32 @@ TEST(ElasticCli, KilledReplicaLeavesAndSurvivorsCommitTheNextStep) {
   EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 of 4 replicas train from step 5")) << r.output;
   EXPECT_FALSE(contains(r.output, "restarting it")) << r.output;
   expect_every_step_once(dir, 12);
+  // The survivors were blocked in the all-reduce with the dead rank: the failure generation ends that wait, so the
+  // redone step commits long before the generation's 10 s communication timeout would have.
+  std::smatch failed, committed;
+  ASSERT_TRUE(std::regex_search(r.output, failed, std::regex(R"(\[t=(\d+)\] generation 2 \(failure\))")));
+  ASSERT_TRUE(std::regex_search(r.output, committed, std::regex(R"(\[t=(\d+)\] rank \d+: generation 2: step 5 committed)")));
+  EXPECT_LT(std::stoll(committed[1]) - std::stoll(failed[1]), 5000) << r.output;
   // The survivors agree bit for bit when the new generation starts.
   const auto d = digests(r.output);
   ASSERT_TRUE(d.count(2)) << r.output;
   EXPECT_EQ(d.at(2).size(), 3u);
   for (const auto& [rank, digest] : d.at(2)) EXPECT_EQ(digest, d.at(2).begin()->second) << "rank " << rank;
+}
+
+// Gloo alone (no shared memory): a survivor whose ring neighbours are alive but gave up on the all-reduce gets no
+// error from its sockets; only the failure generation ends its wait (abortable.h), well before the 10 s timeout.
+TEST(ElasticCli, AWaitOnPeersThatGaveUpEndsWithTheGeneration) {
+  const auto dir = fresh_dir("elastic-gloo");
+  auto r = run_process(elastic_args(dir, 4, 10, {"--set", "comm.shared_memory=false", "--set", "debug.elastic_kill=2@5"}),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  std::smatch failed, committed;
+  ASSERT_TRUE(std::regex_search(r.output, failed, std::regex(R"(\[t=(\d+)\] generation 2 \(failure\))"))) << r.output;
+  ASSERT_TRUE(std::regex_search(r.output, committed, std::regex(R"(\[t=(\d+)\] rank \d+: generation 2: step 5 committed)")))
+      << r.output;
+  EXPECT_LT(std::stoll(committed[1]) - std::stoll(failed[1]), 5000) << r.output;
+  expect_every_step_once(dir, 10);
 }
 
 namespace {

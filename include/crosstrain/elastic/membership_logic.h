@@ -115,6 +115,12 @@ struct Decision {
 std::string encode_decision(const Decision& d);
 Decision decode_decision(const std::string& text);  // throws std::runtime_error
 
+// Store values are bytes (c10d::Store); records are text.
+std::vector<uint8_t> to_bytes(const std::string& text);
+std::string from_bytes(const std::vector<uint8_t>& bytes);
+// Milliseconds since the epoch: the "[t=...]" of log lines, comparable across processes (bench/chaos.py).
+int64_t unix_ms();
+
 // Store keys, all under the job's "elastic/" prefix.
 std::string registration_key(int rank);
 std::string heartbeat_key(int rank);

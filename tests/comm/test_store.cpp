@@ -349,7 +349,18 @@ TEST(StoreServer, AnnouncedMessagesCostNothingAndArrivingOnesStayWithinTheBudget
   for (int fd : ranks) close(fd);
   for (int fd : probes) close(fd);
   EXPECT_EQ(server.bytes_in_flight(), 0u);
-  EXPECT_EQ(client(server, 0, 8)->add("alive", 1), 1);
+  // Rank 0 comes back once the server has reaped its dropped connection (a moment on a loaded machine).
+  c10::intrusive_ptr<StoreClient> again;
+  const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!again) {
+    try {
+      again = client(server, 0, 8);
+    } catch (const crosstrain::CommError& e) {
+      if (std::chrono::steady_clock::now() > give_up || !contains(e.what(), "already connected")) throw;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
+  EXPECT_EQ(again->add("alive", 1), 1);
 }
 
 TEST(StoreServer, DropsAMessageThatTricklesInPastItsDeadline) {

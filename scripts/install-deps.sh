@@ -2,11 +2,14 @@
 # Installs the Debian packages crosstrain needs, only when some are missing.
 # Idempotent and quiet when everything is present. Not root: prints the command instead.
 # Usage: scripts/install-deps.sh [extra-package ...]
+# libcpp-httplib-dev serves the live metrics; libjs-chart.js is inlined into the run report; chromium renders
+# the report in its test (headless).
 # libopenblas0-pthread replaces Debian's reference BLAS behind libtorch: about 10x faster CPU matmuls.
 # fortunes brings the English text the demo trains on (/usr/share/games/fortunes).
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
-          libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes "$@")
+          libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes
+          libcpp-httplib-dev libjs-chart.js chromium "$@")
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

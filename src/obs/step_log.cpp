@@ -29,6 +29,7 @@ std::string metrics_row(const StepMetrics& m) {
   for (const auto& [key, value] : m.extra) row[key] = value;
   for (const auto& [key, value] : m.counts) row[key] = value;
   for (const auto& [key, value] : m.labels) row[key] = value;
+  for (const auto& [key, values] : m.series) row[key] = values;
   return row.dump();
 }
 

@@ -161,11 +161,21 @@ std::vector<Field> fields(Config& c) {
       int_field("elastic", "failure_timeout_ms", c.elastic.failure_timeout_ms),
       int_field("elastic", "min_replicas", c.elastic.min_replicas),
       int_field("elastic", "max_restarts", c.elastic.max_restarts),
+      bool_field("obs", "trace", c.obs.trace),
+      int_field("obs", "trace_flush_every", c.obs.trace_flush_every),
+      int_field("obs", "trace_buffer_events", c.obs.trace_buffer_events),
+      int_field("obs", "flight_records", c.obs.flight_records),
+      int_field("obs", "straggler_every", c.obs.straggler_every),
+      double_field("obs", "straggler_margin", c.obs.straggler_margin),
+      int_field("obs", "straggler_windows", c.obs.straggler_windows),
+      int_field("obs", "metrics_port", c.obs.metrics_port),
+      string_field("obs", "metrics_host", c.obs.metrics_host),
       int_field("debug", "fault_save_delay_ms", c.debug.checkpoint.save_delay_ms),
       bool_field("debug", "fault_commit_rename", c.debug.checkpoint.commit_rename),
       string_field("debug", "elastic_kill", c.debug.elastic_kill),
       string_field("debug", "elastic_stop", c.debug.elastic_stop),
       bool_field("debug", "elastic_digest", c.debug.elastic_digest),
+      string_field("debug", "skip_collective", c.debug.skip_collective),
   };
 }
 
@@ -297,6 +307,16 @@ void check_ranges(const Config& c) {
   // and a week is longer than any step should wait.
   need(c.comm.timeout_s <= 604800, "comm.timeout_s", c.comm.timeout_s,
        "must be at most 604800 (7 days): the seconds a collective may wait for a peer before the run fails");
+  need(c.obs.trace_flush_every >= 1, "obs.trace_flush_every", c.obs.trace_flush_every, "must be at least 1");
+  need(c.obs.trace_buffer_events >= 1000, "obs.trace_buffer_events", c.obs.trace_buffer_events,
+       "must be at least 1000");
+  need(c.obs.flight_records >= 1, "obs.flight_records", c.obs.flight_records, "must be at least 1");
+  need(c.obs.straggler_every >= 0, "obs.straggler_every", c.obs.straggler_every, "must be 0 (off) or more");
+  need(c.obs.straggler_margin > 0, "obs.straggler_margin", c.obs.straggler_margin,
+       "must be positive: the fraction by which a straggler's busy time exceeds the median");
+  need(c.obs.straggler_windows >= 1, "obs.straggler_windows", c.obs.straggler_windows, "must be at least 1");
+  need(c.obs.metrics_port >= 0 && c.obs.metrics_port <= 65535, "obs.metrics_port", c.obs.metrics_port,
+       "must be a TCP port (1-65535), or 0 for no metrics endpoint");
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");
 }

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <map>
 #include <string>
+#include <vector>
 
 namespace crosstrain::obs {
 
@@ -20,6 +21,7 @@ struct StepMetrics {
   std::map<std::string, double> extra;
   std::map<std::string, int64_t> counts;       // whole numbers: bytes, exchanges
   std::map<std::string, std::string> labels;  // text fields, e.g. sync_mode
+  std::map<std::string, std::vector<double>> series;  // one value per rank, e.g. rank_busy_s, straggler_score
 };
 
 // One metrics.jsonl line (no newline).

@@ -12,6 +12,7 @@
 #include "crosstrain/comm/config.h"
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/models/gpt_config.h"
+#include "crosstrain/obs/config.h"
 #include "crosstrain/parallel/parallel_dims.h"
 
 namespace crosstrain::train {
@@ -90,6 +91,9 @@ struct DebugConfig {
   // itself SIGKILL / SIGSTOP in the middle of that step, before its gradients are reduced (tests, chaos runs).
   std::string elastic_kill, elastic_stop;
   bool elastic_digest = false;  // debug.elastic_digest: print each rank's state digest when a generation starts
+  // debug.skip_collective = "RANK@STEP": that rank holds back its first collective of that step and sleeps in
+  // it without issuing it (tests of the hang diagnosis: the others time out and must name it).
+  std::string skip_collective;
 };
 
 struct Config {
@@ -101,6 +105,7 @@ struct Config {
   CommConfig comm;
   SyncConfig sync;
   ElasticConfig elastic;
+  obs::ObsConfig obs;
   DebugConfig debug;
 };
 

@@ -1,0 +1,22 @@
+// [obs]: what a run records about itself (docs/observability.md): always-on traces, the flight recorder of
+// collectives for hang diagnosis, online straggler detection and the live metrics endpoint.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace crosstrain::obs {
+
+struct ObsConfig {
+  bool trace = true;                    // each rank writes run.dir/traces/rank-R.json (Chrome/Perfetto JSON)
+  int64_t trace_flush_every = 200;      // steps between appends to the trace file (and at the end)
+  int64_t trace_buffer_events = 200000; // events held in memory between appends; beyond it the oldest are dropped
+  int64_t flight_records = 64;          // the last N collectives of each rank, named in a timeout's diagnosis
+  int64_t straggler_every = 5;          // steps between exchanges of per-rank step timings (0: off)
+  double straggler_margin = 0.25;       // a rank busier than the median by this fraction ...
+  int64_t straggler_windows = 2;        // ... in this many exchanges in a row is named a straggler
+  int64_t metrics_port = 0;             // rank 0 serves Prometheus text on http://metrics_host:port/metrics (0: off)
+  std::string metrics_host = "127.0.0.1";
+};
+
+}  // namespace crosstrain::obs

@@ -16,6 +16,7 @@
 #include "crosstrain/core/allocator.h"
 #include "crosstrain/core/threads.h"
 #include "crosstrain/models/parallelize.h"
+#include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/sample.h"
 #include "run.h"
@@ -111,6 +112,7 @@ class ElasticLoop {
   double peak_flops_ = 0;
   bool header_printed_ = false;
   std::unique_ptr<obs::MetricsWriter> metrics_;
+  std::unique_ptr<obs::MetricsServer> live_metrics_;  // while this process is rank 0 (obs.metrics_port)
   double vote_s_ = 0;  // time in the per-step vote (the cost of membership on the critical path)
   int64_t votes_ = 0;
   obs::ProgressPrinter progress_{false};
@@ -179,6 +181,7 @@ bool ElasticLoop::run_generation() {
   configs_.push_back(std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_)));
   worlds_.push_back(m_.build_world(gen_));
   world_ = worlds_.back().get();
+  if (world_->rank() != 0) live_metrics_.reset();  // a rank 0 of an earlier generation serves no stale figures
   RunStart start;
   start.refuse_old_run_dir = false;
   start.slot = m_.replica();
@@ -204,6 +207,14 @@ void ElasticLoop::open_metrics() {
   fs::create_directories(c_.run.dir);
   if (!metrics_) std::ofstream(fs::path(c_.run.dir) / "config.toml") << to_toml(c_);
   metrics_ = std::make_unique<obs::MetricsWriter>((fs::path(c_.run.dir) / "metrics.jsonl").string(), next_step_);
+  if (live_metrics_) return;
+  try {
+    live_metrics_ = obs::start_metrics_server(c_.obs, o_.quiet);
+  } catch (const UsageError& e) {
+    // A new rank 0 may find the port still held by the last one's process: an elastic job goes on without the
+    // endpoint rather than fail (and be restarted, and fail again) over a monitor.
+    note(std::string("no live metrics in this generation: ") + e.what());
+  }
 }
 
 // Who holds what: live state carried from the last generation (the newest step wins), else the newest checkpoint,
@@ -275,6 +286,7 @@ bool ElasticLoop::train_steps() {
       if (!saved.empty() && !o_.quiet) std::printf("saved checkpoint %s\n", saved.c_str());
       const obs::StepMetrics m = run_->metrics(rec, val_loss, seconds_since(checkpoint_start), seconds_since(start_));
       metrics_->write(obs::metrics_row(m));
+      if (live_metrics_) live_metrics_->publish(m);
       if (!o_.quiet && (step % c_.run.log_every == 0 || step == c_.train.steps || val_loss >= 0)) progress_.print(m);
     }
     if (d.next_generation > gen_.id) {

@@ -11,6 +11,7 @@
 #include "crosstrain/core/threads.h"
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/obs/metrics.h"
+#include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/sample.h"
 #include "crosstrain/train/stop_vote.h"
@@ -63,11 +64,13 @@ TrainResult Trainer::run(const TrainOptions& options) {
   Run run(c, world, options, start);
 
   std::unique_ptr<obs::MetricsWriter> metrics;
+  std::unique_ptr<obs::MetricsServer> live_metrics;  // obs.metrics_port: the same rows over HTTP
   if (leader) {
     fs::create_directories(c.run.dir);
     std::ofstream(fs::path(c.run.dir) / "config.toml") << to_toml(c);
     metrics = std::make_unique<obs::MetricsWriter>((fs::path(c.run.dir) / "metrics.jsonl").string(),
                                                    options.resume ? run.start_step() : 0);
+    live_metrics = obs::start_metrics_server(c.obs, options.quiet);
   }
   run.print_header();
   obs::ProgressPrinter progress(options.progress_bar);
@@ -94,6 +97,7 @@ TrainResult Trainer::run(const TrainOptions& options) {
     if (!leader) continue;
     const obs::StepMetrics m = run.metrics(rec, val_loss, seconds_since(checkpoint_start), seconds_since(run_start));
     metrics->write(obs::metrics_row(m));
+    if (live_metrics) live_metrics->publish(m);
     if (!options.quiet && (step % c.run.log_every == 0 || step == c.train.steps || val_loss >= 0)) progress.print(m);
   }
   stop_vote.finish();

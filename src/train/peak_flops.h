@@ -1,0 +1,45 @@
+// The denominator of MFU: this machine's best sustained matrix-multiply rate for one thread, measured at the
+// shapes the model itself multiplies, in the run's compute dtype (docs/observability.md, "MFU: how the denominator
+// is measured"). A single square product says little: a 512x512 fp32 product and the model's tall, thin
+// tokens x n_embd products run at different rates, and bf16 runs at a third rate again.
+#pragma once
+
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "crosstrain/models/gpt_config.h"
+
+namespace crosstrain::train {
+
+// One product as the model runs it: x [m, k] times a weight of k inputs and n outputs (at::linear).
+struct GemmShape {
+  std::string name;  // qkv, proj, mlp_up, mlp_down, head
+  int64_t m = 0, k = 0, n = 0;
+  bool bias = true;  // the block's linears add a bias (fused into the product); the head has none
+  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n); }
+  std::string describe() const;  // "qkv 2048x128x384"
+};
+
+// The forward products of one micro-batch of `model` (tokens_per_micro_batch rows each): the attention's qkv and
+// output projections, the MLP's two, and the head (the attention's own T x T products are smaller; left out).
+std::vector<GemmShape> gpt_gemm_shapes(const models::GPTConfig& model, int64_t tokens_per_micro_batch);
+
+struct GemmPeak {
+  double best_flops = 0;  // the denominator: the highest of by_shape
+  std::string best_shape;
+  std::vector<std::pair<std::string, double>> by_shape;  // FLOP/s per shape (GemmShape::describe), in order
+};
+
+// Times each of gpt_gemm_shapes in `dtype` on the calling thread's intra-op threads (one, in a rank) for at least
+// `seconds_per_shape` after a warm-up, and keeps the best rate. Takes about 1.5 x seconds_per_shape per shape.
+GemmPeak measure_gemm_peak(const models::GPTConfig& model, int64_t tokens_per_micro_batch, at::ScalarType dtype,
+                           double seconds_per_shape = 0.1);
+
+// "best 12.3 GFLOP/s (head 2048x128x256); qkv 2048x128x384 10.1, proj ... GFLOP/s"
+std::string describe(const GemmPeak& peak);
+
+}  // namespace crosstrain::train

@@ -1,0 +1,72 @@
+// The MFU denominator (src/train/peak_flops.h): which products are timed for a model, and what is reported.
+#include <gtest/gtest.h>
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+
+#include "crosstrain/core/error.h"
+#include "peak_flops.h"
+
+namespace crosstrain::train {
+namespace {
+
+models::GPTConfig gpt_tiny() {  // recipes/gpt-tiny.toml's model
+  models::GPTConfig c;
+  c.n_layer = 4;
+  c.n_head = 4;
+  c.n_embd = 128;
+  c.block_size = 128;
+  c.vocab_size = 256;
+  return c;
+}
+
+TEST(GemmPeak, ShapesAreTheModelsForwardProducts) {
+  // gpt-tiny on 2 ranks: 16 sequences / 2 replicas / 1 micro-batch = 8 sequences of 128 tokens.
+  const auto shapes = gpt_gemm_shapes(gpt_tiny(), 8 * 128);
+  ASSERT_EQ(shapes.size(), 5u);
+  std::vector<std::string> described;
+  for (const auto& s : shapes) described.push_back(s.describe());
+  EXPECT_EQ(described, (std::vector<std::string>{"qkv 1024x128x384", "proj 1024x128x128", "mlp_up 1024x128x512",
+                                                 "mlp_down 1024x512x128", "head 1024x128x256"}));
+  EXPECT_TRUE(shapes[0].bias);
+  EXPECT_FALSE(shapes[4].bias);  // lm_head has no bias
+  EXPECT_DOUBLE_EQ(shapes[0].flops(), 2.0 * 1024 * 128 * 384);
+}
+
+TEST(GemmPeak, FollowsTheConfig) {
+  models::GPTConfig c = gpt_tiny();
+  c.n_embd = 64;
+  c.vocab_size = 50304;
+  const auto shapes = gpt_gemm_shapes(c, 3 * 32);
+  EXPECT_EQ(shapes[3].describe(), "mlp_down 96x256x64");
+  EXPECT_EQ(shapes[4].describe(), "head 96x64x50304");
+}
+
+TEST(GemmPeak, NoTokensIsAUsageError) { EXPECT_THROW(gpt_gemm_shapes(gpt_tiny(), 0), UsageError); }
+
+// Timing is not checked, only that the best is the best of what was measured, in both compute dtypes.
+TEST(GemmPeak, BestIsTheHighestMeasuredRate) {
+  at::set_num_threads(1);
+  models::GPTConfig c = gpt_tiny();
+  c.n_embd = 32;
+  c.vocab_size = 64;
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+    const GemmPeak peak = measure_gemm_peak(c, 64, dtype, 0.002);
+    ASSERT_EQ(peak.by_shape.size(), 5u);
+    double best = 0;
+    std::string best_shape;
+    for (const auto& [shape, flops] : peak.by_shape) {
+      EXPECT_GT(flops, 0) << shape;
+      if (flops > best) best = flops, best_shape = shape;
+    }
+    EXPECT_EQ(peak.best_flops, best);
+    EXPECT_EQ(peak.best_shape, best_shape);
+    EXPECT_EQ(peak.by_shape[0].first, "qkv 64x32x96");
+    EXPECT_EQ(describe(peak).rfind("best ", 0), 0u) << describe(peak);
+  }
+}
+
+}  // namespace
+}  // namespace crosstrain::train

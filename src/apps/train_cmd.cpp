@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "crosstrain/comm/hang_doctor.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/error.h"
@@ -109,6 +110,13 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   train::Trainer trainer(config, *world);
   train::TrainOptions options;
   options.resume = cmd.resume;
+  // A timeout asks the other ranks, through the job's store, which of them never got there (MPI jobs have no
+  // store of ours; a single process has nobody to ask).
+  std::unique_ptr<comm::HangDoctor> doctor;
+  if (config.comm.backend == "gloo" && env.source != LaunchSource::Single && env.world_size > 1) {
+    doctor = std::make_unique<comm::HangDoctor>(env, comm::Millis(1500), config.comm.timeout());
+    options.hang_doctor = doctor.get();
+  }
   const char* tty = std::getenv("CROSSTRAIN_TTY");
   options.progress_bar = (tty && std::string(tty) == "1") || (env.source == LaunchSource::Single && isatty(STDOUT_FILENO));
   if (stoppable) {

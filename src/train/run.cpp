@@ -10,6 +10,9 @@
 #include <fstream>
 
 #include "crosstrain/comm/algorithm_communicator.h"
+#include "crosstrain/comm/clock_sync.h"
+#include "crosstrain/comm/hang_doctor.h"
+#include "crosstrain/comm/recording.h"
 #include "crosstrain/comm/compression.h"
 #include "crosstrain/core/allocator.h"
 #include "crosstrain/core/error.h"
@@ -55,6 +58,106 @@ double measure_peak_flops() {
   return 2.0 * n * n * n * iters / seconds_since(start);
 }
 
+// debug.skip_collective = "RANK@STEP": the step at which this rank holds back a collective (-1: never).
+int64_t hold_back_step(const std::string& spec, int rank) {
+  if (spec.empty()) return -1;
+  const auto at = spec.find('@');
+  try {
+    if (at == std::string::npos) throw std::invalid_argument(spec);
+    return std::stoi(spec.substr(0, at)) == rank ? std::stoll(spec.substr(at + 1)) : -1;
+  } catch (const std::exception&) {
+    throw UsageError("debug.skip_collective = '" + spec + "': use RANK@STEP, e.g. 1@5");
+  }
+}
+
+comm::RecordingOptions recording_options(const Config& c, int rank, comm::HangDoctor* doctor,
+                                         std::shared_ptr<comm::FlightRecorder> recorder) {
+  comm::RecordingOptions o;
+  o.recorder = std::move(recorder);
+  o.doctor = doctor;
+  o.hold_back_step = hold_back_step(c.debug.skip_collective, rank);
+  return o;
+}
+
+// A phase of the training thread: a span in the trace and, while it lasts, what the flight recorder says this
+// rank is doing (a peer's hang diagnosis reads it).
+class Phase {
+ public:
+  Phase(obs::Tracer* tracer, comm::FlightRecorder& recorder, obs::SpanKind kind, const char* name, int64_t step,
+        int mb = -1, int stage = -1)
+      : scope_(tracer, kind, name, step, mb, stage), recorder_(recorder), outer_(recorder.activity()) {
+    recorder_.set_activity(name);
+  }
+  ~Phase() { recorder_.set_activity(outer_); }
+  Phase(const Phase&) = delete;
+  Phase& operator=(const Phase&) = delete;
+
+ private:
+  obs::Tracer::Scope scope_;
+  comm::FlightRecorder& recorder_;
+  const char* outer_;
+};
+
+obs::SpanKind span_kind(parallel::ActionType type) {
+  using parallel::ActionType;
+  switch (type) {
+    case ActionType::Forward:
+    case ActionType::Backward:
+    case ActionType::BackwardInput:
+    case ActionType::BackwardWeight: return obs::SpanKind::Compute;
+    default: return obs::SpanKind::P2P;
+  }
+}
+
+const char* span_name(parallel::ActionType type) {
+  using parallel::ActionType;
+  switch (type) {
+    case ActionType::Forward: return "forward";
+    case ActionType::Backward: return "backward";
+    case ActionType::BackwardInput: return "backward_input";
+    case ActionType::BackwardWeight: return "backward_weight";
+    case ActionType::RecvActivation: return "recv_activation";
+    case ActionType::SendActivation: return "send_activation";
+    case ActionType::RecvGrad: return "recv_grad";
+    case ActionType::SendGrad: return "send_grad";
+  }
+  return "?";
+}
+
+obs::Span wait_span(const comm::OpRecord& r, int group, int64_t from_us, int64_t to_us) {
+  obs::Span wait;
+  wait.kind = obs::SpanKind::Wait;
+  wait.name = "wait";
+  wait.op = r.op;
+  wait.ts_us = from_us;
+  wait.dur_us = to_us - from_us;
+  wait.step = r.step;
+  wait.group = group;
+  wait.seq = r.seq;
+  return wait;
+}
+
+// A finished operation of the recorded communicators: its span from issue to completion (on a lane of its
+// group), and the parts a thread spent blocked on it: in the call that issued it (some paths do their work
+// there), then in its wait. Waits too short to matter are left out to keep traces small.
+void trace_operation(obs::Tracer& tracer, comm::FlightRecorder& recorder, const comm::OpRecord& r) {
+  obs::Span span;
+  span.kind = obs::SpanKind::Comm;
+  span.name = r.op;
+  span.ts_us = r.issued_us;
+  span.dur_us = std::max<int64_t>(0, r.finished_us - r.issued_us);
+  span.step = r.step;
+  span.peer = r.peer;
+  span.group = tracer.group(recorder.group_name(r.group));
+  span.seq = r.seq;
+  span.bytes = r.bytes;
+  span.state = comm::to_string(r.state);
+  tracer.add(span);
+  if (r.issue_end_us - r.issued_us >= 20) tracer.add(wait_span(r, span.group, r.issued_us, r.issue_end_us));
+  if (r.wait_start_us >= 0 && r.finished_us - r.wait_start_us >= 5)
+    tracer.add(wait_span(r, span.group, r.wait_start_us, r.finished_us));
+}
+
 double all_reduce(comm::Communicator* group, double value, comm::ReduceOp op) {
   if (!group) return value;
   at::Tensor t = at::full({1}, value, at::kDouble);
@@ -95,12 +198,15 @@ parallel::ParallelDims validate(const Config& c, int world) {
 
 
 Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start)
-    : c_(c), world_(world), talk_(world.rank() == 0 && !options.quiet),
-      dims_(validate(c, world.size())), mesh_(world, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
+    : c_(c), recorder_(std::make_shared<comm::FlightRecorder>(world.rank(), static_cast<size_t>(c.obs.flight_records))),
+      recorded_world_(comm::make_recording(world, recording_options(c, world.rank(), options.hang_doctor, recorder_))),
+      world_(*recorded_world_), talk_(world.rank() == 0 && !options.quiet),
+      dims_(validate(c, world.size())), mesh_(world_, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
       tp_index_(mesh_.index(Axis::TP)),
-      checkpoints_(world, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
+      checkpoints_(world_, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
                    c.comm.timeout_s, c.debug.checkpoint),
-      dump_(options.dump) {
+      dump_(options.dump), stragglers_(c.obs.straggler_margin, static_cast<int>(c.obs.straggler_windows)) {
+  if (options.hang_doctor) options.hang_doctor->watch(recorder_);
   splits_ = data::load_dataset(c.data, c.model.block_size);
   if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());
   if (static_cast<int64_t>(splits_.train.max_token()) >= c.model.vocab_size)
@@ -154,7 +260,73 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
                 : start.peak_flops > 0           ? start.peak_flops
                                                  : measure_peak_flops();
   // Every rank measured its own; the mean makes MFU one number.
-  peak_flops_ = all_reduce(&world, peak_flops_, comm::ReduceOp::Avg);
+  peak_flops_ = all_reduce(&world_, peak_flops_, comm::ReduceOp::Avg);
+  start_trace(start);
+}
+
+Run::~Run() {
+  // Works of a failed generation may finish later: they must not reach a tracer that is gone.
+  recorder_->set_sink({});
+  if (tracer_) flush_trace();
+}
+
+// Traces (docs/observability.md): the clock offset to rank 0 first, then every finished operation of the
+// recorded communicators becomes a span, and so does every wait a thread spent on one.
+void Run::start_trace(const RunStart& start) {
+  if (!c_.obs.trace) return;
+  const comm::ClockOffset clock = world_.size() > 1 ? comm::estimate_clock_offset(world_) : comm::ClockOffset{};
+  obs::TraceIdentity id;
+  id.rank = world_.rank();
+  id.world_size = world_.size();
+  id.dp = dims_.dp();
+  id.pp = dims_.pp();
+  id.tp = dims_.tp();
+  id.dp_index = dp_index_;
+  id.pp_index = mesh_.index(Axis::PP);
+  id.tp_index = tp_index_;
+  id.offset_us = clock.offset_us;
+  id.rtt_us = clock.rtt_us;
+  id.unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
+                   std::chrono::system_clock::now().time_since_epoch()).count() - comm::monotonic_us();
+  // A fresh run starts its trace over; a resumed run and elastic generations add to it.
+  const bool append = start.resume || !start.refuse_old_run_dir;
+  const std::string path = (fs::path(c_.run.dir) / "traces" / ("rank-" + std::to_string(world_.rank()) + ".json")).string();
+  tracer_ = std::make_unique<obs::Tracer>(path, id, static_cast<size_t>(c_.obs.trace_buffer_events), append);
+  obs::Tracer* tracer = tracer_.get();
+  comm::FlightRecorder* recorder = recorder_.get();
+  recorder_->set_sink([tracer, recorder](const comm::OpRecord& r) { trace_operation(*tracer, *recorder, r); });
+}
+
+void Run::flush_trace() {
+  if (!tracer_) return;
+  obs::MemorySample m;
+  m.rss_bytes = obs::rss_bytes();
+  m.peak_rss_bytes = obs::peak_rss_bytes();
+  m.model_state_bytes = optimizer_->memory().total();
+  tracer_->flush(m);
+}
+
+// The pipeline runtime keeps its own timeline of the step (seconds since it started): each action a span.
+void Run::trace_pipeline_step(int64_t step, int64_t started_us) {
+  auto* pipeline = model_->pipeline();
+  if (!tracer_ || !pipeline) return;
+  const int stages = pipeline->spec().stages, stage = mesh_.index(Axis::PP);
+  for (const auto& e : pipeline->timeline()) {
+    obs::Span span;
+    span.kind = span_kind(e.action.type);
+    span.name = span_name(e.action.type);
+    span.ts_us = started_us + static_cast<int64_t>(e.start_s * 1e6);
+    span.dur_us = static_cast<int64_t>((e.end_s - e.start_s) * 1e6);
+    span.step = step;
+    span.mb = e.action.microbatch;
+    span.stage = e.action.chunk * stages + stage;
+    if (span.kind == obs::SpanKind::P2P) {
+      const bool towards_next = e.action.type == parallel::ActionType::SendActivation ||
+                                e.action.type == parallel::ActionType::RecvGrad;
+      span.peer = (stage + (towards_next ? 1 : stages - 1)) % stages;
+    }
+    tracer_->add(span);
+  }
 }
 
 StatePlacement Run::placement() const {
@@ -213,7 +385,13 @@ void Run::load_batches(const data::TokenStream& stream,
 double Run::forward_backward(bool training) {
   parallel::GradReducer& reducer = optimizer_->reducer();
   if (auto* pipeline = model_->pipeline()) {
-    const double local = training ? pipeline->train_step() : pipeline->eval_step();
+    const int64_t started_us = comm::monotonic_us();
+    double local = 0;
+    {
+      Phase phase(nullptr, *recorder_, obs::SpanKind::Compute, training ? "pipeline step" : "pipeline eval", step_);
+      local = training ? pipeline->train_step() : pipeline->eval_step();
+    }
+    if (training) trace_pipeline_step(step_, started_us);
     const bool contributes = pipeline->holds_last_stage() && tp_index_ == 0;
     const double replica = all_reduce(mesh_.replica_group(), contributes ? local : 0.0, comm::ReduceOp::Sum);
     if (training) reducer.synchronize();
@@ -224,11 +402,16 @@ double Run::forward_backward(bool training) {
   for (int64_t m = 0; m < M; ++m) {
     const bool last = m == M - 1;
     reducer.set_sync(last);
-    auto l = model_->loss(m) / static_cast<double>(M);
-    loss += l.item<double>();
+    at::Tensor l;
+    {
+      Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Compute, "forward", step_, static_cast<int>(m));
+      l = model_->loss(m) / static_cast<double>(M);
+      loss += l.item<double>();
+    }
     if (!training) continue;
     // The loss rides with the gradients: averaged over the data-parallel ranks in the same collective.
     if (last) reducer.set_side_value(0, loss);
+    Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Compute, "backward", step_, static_cast<int>(m));
     l.backward();
   }
   if (!training) return loss;
@@ -248,28 +431,14 @@ void Run::set_step(int64_t step) {
 
 StepRecord Run::train_step(int64_t step, const std::function<void()>& before_commit) {
   const auto t0 = Clock::now();
+  const double blocked_before = recorder_->blocked_seconds();
+  step_ = step;
+  recorder_->set_step(step);
   StepRecord rec;
-  rec.step = step;
-  rec.lr = learning_rate(step, c_.train.warmup_steps, c_.train.steps, c_.train.lr, c_.train.min_lr);
-  // Dropout masks depend on (seed, rank, step) only, so a resumed run draws the same ones.
-  torch::manual_seed(c_.run.seed * 1000003ULL + static_cast<uint64_t>(world_.rank()) * 7919ULL +
-                     static_cast<uint64_t>(step));
-  sync_->before_step(step);  // [sync] ssp: wait for the slowest within the bound
-  load_batches(splits_.train, [&](int64_t m) { return sampler_->local_offsets(step, static_cast<int>(m)); });
-  rec.loss = sync_->after_backward(step, forward_backward(true));  // [sync] hierarchical: across clusters
-  if (!model_->partial_gradient_parameters().empty())
-    optimizer_->sum_partial_gradients(model_->partial_gradient_parameters(), *mesh_.group(Axis::TP));
-  // Replicated parameters count once: on tensor-parallel rank 0.
-  rec.grad_norm = optimizer_->gradient_norm(
-      [&](const std::string& name) { return tp_index_ == 0 || !model_->is_replicated(name); }, mesh_.replica_group());
-  if (c_.train.grad_clip > 0 && rec.grad_norm > c_.train.grad_clip)
-    optimizer_->reducer().scale_gradients(c_.train.grad_clip / (rec.grad_norm + 1e-6));
-  if (dump_ && step == c_.train.steps) dump_->gradients = optimizer_->gradients();
-  if (before_commit) before_commit();
-  optimizer_->step(rec.lr);
-  optimizer_->zero_grad();
-  sampler_->mark_done(step);
-  sync_->after_step(step, step == c_.train.steps);  // [sync] outer step, gossip round, push/pull
+  {
+    Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Step, "step", step);
+    rec = step_phases(step, before_commit);
+  }
   rec.step_time_s = seconds_since(t0);
   rec.tokens_per_s = static_cast<double>(c_.train.global_batch * c_.model.block_size) / rec.step_time_s;
   rec.comm_time_s = optimizer_->reducer().stats().comm_time_s;
@@ -277,11 +446,79 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
   if (!std::isfinite(rec.loss))
     throw Error("step " + std::to_string(step) + ": the loss is " + std::to_string(rec.loss) +
                 "; lower train.lr or check the data");
+  window_busy_s_ += std::max(0.0, rec.step_time_s - (recorder_->blocked_seconds() - blocked_before));
+  if (window_steps_++ == 0) window_first_step_ = step;
+  if (lockstep() && c_.obs.straggler_every > 0 && step % c_.obs.straggler_every == 0) exchange_straggler_timings(step);
+  if (step % c_.obs.trace_flush_every == 0) flush_trace();
   return rec;
+}
+
+StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_commit) {
+  using obs::SpanKind;
+  obs::Tracer* t = tracer_.get();
+  StepRecord rec;
+  rec.step = step;
+  rec.lr = learning_rate(step, c_.train.warmup_steps, c_.train.steps, c_.train.lr, c_.train.min_lr);
+  // Dropout masks depend on (seed, rank, step) only, so a resumed run draws the same ones.
+  torch::manual_seed(c_.run.seed * 1000003ULL + static_cast<uint64_t>(world_.rank()) * 7919ULL +
+                     static_cast<uint64_t>(step));
+  {
+    Phase phase(t, *recorder_, SpanKind::Sync, "sync.before_step", step);
+    sync_->before_step(step);  // [sync] ssp: wait for the slowest within the bound
+  }
+  {
+    Phase phase(t, *recorder_, SpanKind::Data, "data", step);
+    load_batches(splits_.train, [&](int64_t m) { return sampler_->local_offsets(step, static_cast<int>(m)); });
+  }
+  const double replica_loss = forward_backward(true);
+  {
+    Phase phase(t, *recorder_, SpanKind::Sync, "sync.after_backward", step);
+    rec.loss = sync_->after_backward(step, replica_loss);  // [sync] hierarchical: across clusters
+  }
+  {
+    Phase phase(t, *recorder_, SpanKind::Optimizer, "grad_norm", step);
+    if (!model_->partial_gradient_parameters().empty())
+      optimizer_->sum_partial_gradients(model_->partial_gradient_parameters(), *mesh_.group(Axis::TP));
+    // Replicated parameters count once: on tensor-parallel rank 0.
+    rec.grad_norm = optimizer_->gradient_norm(
+        [&](const std::string& name) { return tp_index_ == 0 || !model_->is_replicated(name); }, mesh_.replica_group());
+    if (c_.train.grad_clip > 0 && rec.grad_norm > c_.train.grad_clip)
+      optimizer_->reducer().scale_gradients(c_.train.grad_clip / (rec.grad_norm + 1e-6));
+  }
+  if (dump_ && step == c_.train.steps) dump_->gradients = optimizer_->gradients();
+  if (before_commit) {
+    Phase phase(t, *recorder_, SpanKind::Elastic, "vote", step);
+    before_commit();
+  }
+  {
+    Phase phase(t, *recorder_, SpanKind::Optimizer, "optimizer", step);
+    optimizer_->step(rec.lr);
+    optimizer_->zero_grad();
+  }
+  sampler_->mark_done(step);
+  Phase phase(t, *recorder_, SpanKind::Sync, "sync.after_step", step);
+  sync_->after_step(step, step == c_.train.steps);  // [sync] outer step, gossip round, push/pull
+  return rec;
+}
+
+// Every straggler_every steps (lockstep training): each rank's busy time per step, a few bytes from each.
+void Run::exchange_straggler_timings(int64_t step) {
+  at::Tensor mine = at::full({1}, window_busy_s_ / std::max<int64_t>(1, window_steps_), at::kDouble);
+  at::Tensor all = at::zeros({world_.size()}, at::kDouble);
+  world_.all_gather(mine, all)->wait();
+  std::vector<double> busy(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
+  last_verdict_ = stragglers_.update(busy);
+  verdict_fresh_ = true;
+  if (world_.rank() == 0 && (last_verdict_.named_now || last_verdict_.cleared_now))
+    std::fprintf(stderr, "crosstrain: warning: %s\n",
+                 obs::straggler_warning(last_verdict_, window_first_step_, step).c_str());
+  window_busy_s_ = 0;
+  window_steps_ = 0;
 }
 
 // Fixed validation batches, split across replicas like training batches; the mean over every replica.
 double Run::evaluate() {
+  Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Eval, "evaluate", step_);
   torch::NoGradGuard no_grad;
   model_->train(false);
   data::DistributedSampler val(c_.run.seed ^ 0x5eedULL, static_cast<int64_t>(splits_.val.size()), c_.model.block_size,
@@ -301,6 +538,7 @@ double Run::evaluate() {
 // A save on schedule and at the end; an asynchronous one is committed a step later, when its files have had a
 // step's time to be written.
 std::string Run::checkpoint_hooks(int64_t step) {
+  Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Checkpoint, "checkpoint", step);
   std::string saved = commit_pending();
   const bool last = step == c_.train.steps;
   if ((c_.train.checkpoint_every > 0 && step % c_.train.checkpoint_every == 0) || last) {
@@ -354,6 +592,14 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
   m.counts["grad_bytes"] = bytes.gradients;
   m.counts["optimizer_bytes"] = bytes.optimizer;
   m.counts["model_state_bytes"] = bytes.total();
+  if (verdict_fresh_) {
+    // Only on the steps that exchanged timings: each rank's busy time and its score against the others.
+    m.series["rank_busy_s"] = last_verdict_.busy_s;
+    m.series["straggler_score"] = last_verdict_.scores;
+    m.counts["straggler_rank"] = last_verdict_.straggler;
+    verdict_fresh_ = false;
+  }
+  if (tracer_) m.counts["trace_dropped_events"] = tracer_->dropped();
   if (dims_.zero == 3) m.counts["gathered_peak_bytes"] = bytes.gathered_peak;
   if (auto* pipeline = model_->pipeline()) {
     // The pipeline's timeline of this rank: compute time over step time shows the bubble.

@@ -8,11 +8,14 @@
 #include <string>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/comm/flight_recorder.h"
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/data/sampler.h"
 #include "crosstrain/models/parallelize.h"
 #include "crosstrain/obs/metrics.h"
 #include "crosstrain/obs/step_log.h"
+#include "crosstrain/obs/straggler.h"
+#include "crosstrain/obs/trace.h"
 #include "crosstrain/parallel/mesh.h"
 #include "crosstrain/train/checkpoint.h"
 #include "crosstrain/train/config.h"
@@ -55,6 +58,9 @@ struct HealStats {
 class Run {
  public:
   Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start = {});
+  ~Run();
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
   int64_t start_step() const { return start_step_; }
   // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes
   // anything (elastic: the step's vote; it throws to abandon the step).
@@ -70,6 +76,12 @@ class Run {
   at::ScalarType compute_dtype() const { return c_.train.precision == "bf16" ? at::kBFloat16 : at::kFloat; }
   void resume();
   double peak_flops() const { return peak_flops_; }
+  // Observability (docs/observability.md): the trace of this rank (null when obs.trace = false) and the flight
+  // recorder of its communicators.
+  obs::Tracer* tracer() { return tracer_.get(); }
+  comm::FlightRecorder& recorder() { return *recorder_; }
+  // Appends the buffered spans to the trace file now (the end of a run; every obs.trace_flush_every steps).
+  void flush_trace();
 
   // ---- elastic training -------------------------------------------------------------------------------
   // This rank's model and optimizer state (references into this Run), to continue at `next_step`.
@@ -87,8 +99,15 @@ class Run {
   double forward_backward(bool training);
   void load_batches(const data::TokenStream& stream, const std::function<std::vector<int64_t>(int64_t)>& offsets_of);
   StatePlacement placement() const;
+  void start_trace(const RunStart& start);
+  void trace_pipeline_step(int64_t step, int64_t started_us);
+  void exchange_straggler_timings(int64_t step);
+  StepRecord step_phases(int64_t step, const std::function<void()>& before_commit);
 
   const Config& c_;
+  // Every operation of the run goes through the recorded world (comm/recording.h); world_ refers to it.
+  std::shared_ptr<comm::FlightRecorder> recorder_;
+  std::unique_ptr<comm::Communicator> recorded_world_;
   comm::Communicator& world_;
   bool talk_;
   parallel::ParallelDims dims_;
@@ -102,8 +121,16 @@ class Run {
   CheckpointWriter checkpoints_;
   ParameterDump* dump_;  // tests (test_hooks.h): parameters and last gradients, or null
   int64_t start_step_ = 1;
+  int64_t step_ = 0;  // the step in progress (spans of the phases that do not take it)
   double peak_flops_ = 0;
   double sync_blocked_s_ = 0, compute_s_ = 0;  // [sync] for utilization
+  std::unique_ptr<obs::Tracer> tracer_;
+  // Straggler detection: busy time (step time less the time blocked in waits) since the last exchange.
+  obs::StragglerDetector stragglers_;
+  double window_busy_s_ = 0;
+  int64_t window_steps_ = 0, window_first_step_ = 0;
+  obs::StragglerVerdict last_verdict_;
+  bool verdict_fresh_ = false;
 };
 
 }  // namespace crosstrain::train

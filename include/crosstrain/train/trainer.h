@@ -10,6 +10,10 @@
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/train/config.h"
 
+namespace crosstrain::comm {
+class HangDoctor;  // comm/hang_doctor.h
+}
+
 namespace crosstrain::train {
 
 struct ParameterDump;  // test_hooks.h
@@ -40,6 +44,9 @@ struct TrainOptions {
   // after the next whole step, committing a pending asynchronous checkpoint and starting no new one.
   std::function<bool()> stop_requested;
   ParameterDump* dump = nullptr;   // tests (see test_hooks.h): filled with this rank's parameters when the run ends
+  // Asks the other ranks through the control plane, when a collective times out, which of them never reached
+  // it (comm/hang_doctor.h). Null: timeouts name this rank's side only.
+  comm::HangDoctor* hang_doctor = nullptr;
 };
 
 // Checks a config for a job of `world` ranks without building anything (layout, batch divisibility, model

@@ -1,0 +1,38 @@
+// Online straggler detection (pure): every few steps the ranks share their busy time per step (step time not
+// spent blocked in communication); a rank busier than the median of the others by a margin, in several exchanges
+// in a row, is named. In lockstep training every rank's step takes as long as the slowest's, so busy time, not
+// step time, tells them apart: the straggler computes while the others wait for it.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace crosstrain::obs {
+
+struct StragglerVerdict {
+  std::vector<double> busy_s;  // each rank's busy seconds per step over the window
+  std::vector<double> scores;  // busy time over the median of the other ranks' (1: as busy as the rest)
+  int straggler = -1;          // the rank named (-1: none)
+  bool named_now = false;      // it became the straggler in this exchange (print the warning)
+  bool cleared_now = false;    // the previous straggler is no longer one
+  int previous = -1;           // the rank that cleared_now refers to
+};
+
+class StragglerDetector {
+ public:
+  // `margin`: 0.25 names a rank 25% busier than the others' median; `windows`: exchanges in a row.
+  StragglerDetector(double margin, int windows) : margin_(margin), windows_(windows) {}
+  StragglerVerdict update(const std::vector<double>& busy_s);
+  int straggler() const { return straggler_; }
+
+ private:
+  double margin_;
+  int windows_;
+  std::vector<int> above_, below_;  // exchanges in a row above / not above the bar, per rank
+  int straggler_ = -1;
+};
+
+// "straggler: rank 1 is busy 1.92x the median of the others (61.0 ms vs 31.8 ms a step) over steps 6-10"
+std::string straggler_warning(const StragglerVerdict& v, long long first_step, long long last_step);
+
+}  // namespace crosstrain::obs

@@ -1,0 +1,65 @@
+#include "crosstrain/obs/straggler.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace crosstrain::obs {
+namespace {
+
+double median_of_others(const std::vector<double>& values, size_t skip) {
+  std::vector<double> others;
+  for (size_t i = 0; i < values.size(); ++i)
+    if (i != skip) others.push_back(values[i]);
+  if (others.empty()) return values[skip];
+  std::sort(others.begin(), others.end());
+  const size_t n = others.size();
+  return n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+}
+
+}  // namespace
+
+StragglerVerdict StragglerDetector::update(const std::vector<double>& busy_s) {
+  StragglerVerdict v;
+  v.busy_s = busy_s;
+  above_.resize(busy_s.size(), 0);
+  below_.resize(busy_s.size(), 0);
+  for (size_t r = 0; r < busy_s.size(); ++r) {
+    const double median = median_of_others(busy_s, r);
+    v.scores.push_back(median > 0 ? busy_s[r] / median : 1.0);
+    const bool slow = v.scores[r] > 1 + margin_;
+    above_[r] = slow ? above_[r] + 1 : 0;
+    below_[r] = slow ? 0 : below_[r] + 1;
+  }
+  // Named after `windows` slow exchanges in a row, cleared after as many normal ones (one noisy window flips
+  // neither way); of several, the slowest, as the others wait for it.
+  int named = straggler_ >= 0 && straggler_ < static_cast<int>(busy_s.size()) && below_[straggler_] < windows_
+                  ? straggler_
+                  : -1;
+  for (size_t r = 0; r < busy_s.size(); ++r)
+    if (busy_s.size() > 1 && above_[r] >= windows_ && (named < 0 || v.scores[r] > v.scores[named]))
+      named = static_cast<int>(r);
+  v.straggler = named;
+  v.named_now = named >= 0 && named != straggler_;
+  v.cleared_now = straggler_ >= 0 && named != straggler_;
+  v.previous = straggler_;
+  straggler_ = named;
+  return v;
+}
+
+std::string straggler_warning(const StragglerVerdict& v, long long first_step, long long last_step) {
+  char text[256];
+  if (v.straggler < 0) {
+    std::snprintf(text, sizeof text, "straggler: rank %d is no longer slower than the others (steps %lld-%lld)",
+                  v.previous, first_step, last_step);
+    return text;
+  }
+  const size_t r = static_cast<size_t>(v.straggler);
+  const double others = v.scores[r] > 0 ? v.busy_s[r] / v.scores[r] : 0;
+  std::snprintf(text, sizeof text,
+                "straggler: rank %d is busy %.2fx the median of the others (%.1f ms vs %.1f ms a step) over steps "
+                "%lld-%lld; every collective waits for it",
+                v.straggler, v.scores[r], 1000 * v.busy_s[r], 1000 * others, first_step, last_step);
+  return text;
+}
+
+}  // namespace crosstrain::obs

@@ -17,6 +17,7 @@
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
+#include "report_cmd.h"
 #include "train_cmd.h"
 
 using namespace crosstrain;
@@ -252,6 +253,23 @@ void add_ckpt_command(CLI::App& app, CkptCli& ckpt) {
   ckpt.export_cmd->add_flag("--optimizer", ckpt.optimizer, "also export the Adam moments");
 }
 
+// `crosstrain report` and `crosstrain trace merge`.
+struct ReportCli {
+  CLI::App* report = nullptr;
+  CLI::App* trace_merge = nullptr;
+  std::string run_dir, out;
+};
+
+void add_report_commands(CLI::App& app, ReportCli& cli) {
+  cli.report = app.add_subcommand("report", "HTML run report (charts, per-rank time, stragglers) and a summary");
+  cli.report->add_option("run_dir", cli.run_dir, "run directory (run.dir)")->required();
+  cli.report->add_option("--out", cli.out, "HTML file to write (default RUN_DIR/report.html)");
+  auto* trace = app.add_subcommand("trace", "work with the ranks' traces (run.dir/traces)");
+  trace->require_subcommand(1);
+  cli.trace_merge = trace->add_subcommand("merge", "one timeline on rank 0's clock: RUN_DIR/traces/merged.json");
+  cli.trace_merge->add_option("run_dir", cli.run_dir, "run directory (run.dir)")->required();
+}
+
 // Every command with its options, declared in the order `crosstrain --help` lists them.
 struct CommandLine {
   CLI::App app{"crosstrain: train large neural networks across devices, machines and clusters"};
@@ -262,6 +280,7 @@ struct CommandLine {
   TrainCli train;
   DemoCli demo;
   CkptCli ckpt;
+  ReportCli report;
 
   CommandLine() {
     app.require_subcommand(1);
@@ -274,6 +293,7 @@ struct CommandLine {
     add_train_command(app, train);
     add_demo_command(app, demo);
     add_ckpt_command(app, ckpt);
+    add_report_commands(app, report);
   }
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
@@ -289,8 +309,8 @@ bool is_command(const CLI::App& app, const std::string& name) {
 // on one line), or nothing when the chosen command should run.
 std::optional<int> parse_command_line(CommandLine& cli, int argc, char** argv, const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(cli.app, args[0])) {
-    std::cerr << "crosstrain: unknown command '" << args[0] << "'; the commands are train, run, bench, ckpt, demo"
-              << " (crosstrain --help)" << std::endl;
+    std::cerr << "crosstrain: unknown command '" << args[0]
+              << "'; the commands are train, run, bench, ckpt, report, trace, demo (crosstrain --help)" << std::endl;
     return 2;
   }
   try {
@@ -314,6 +334,8 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.train.cmd) return apps::train_command(cli.train.options, args);
   if (*cli.ckpt.info) return apps::ckpt_info(cli.ckpt.path, cli.ckpt.tensors, cli.ckpt.verify);
   if (*cli.ckpt.export_cmd) return apps::ckpt_export(cli.ckpt.path, cli.ckpt.output, cli.ckpt.optimizer);
+  if (*cli.report.report) return apps::report_command(cli.report.run_dir, cli.report.out);
+  if (*cli.report.trace_merge) return apps::trace_merge_command(cli.report.run_dir);
   return 0;
 }
 

@@ -104,7 +104,7 @@ void skip_without_chromium() {
     GTEST_SKIP() << kChromium << " is absent: apt-get install chromium (the README's test command installs it)";
 }
 
-ProcessResult crosstrain(const std::vector<std::string>& args, int seconds = 120) {
+ProcessResult run_crosstrain(const std::vector<std::string>& args, int seconds = 120) {
   std::vector<std::string> argv = {kBin};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv, {}, std::chrono::seconds(seconds));
@@ -125,12 +125,12 @@ TEST(ReportBrowser, SyntheticRunShowsEveryChart) {
   const fs::path run = work / "run";
   write_synthetic_run(run, 20);
 
-  const ProcessResult merged = crosstrain({"trace", "merge", run.string()});
+  const ProcessResult merged = run_crosstrain({"trace", "merge", run.string()});
   ASSERT_EQ(merged.exit_code(), 0) << merged.output;
   EXPECT_TRUE(contains(merged.output, "merged 2 ranks, 288 events")) << merged.output;
   EXPECT_TRUE(fs::exists(run / "traces" / "merged.json"));
 
-  const ProcessResult report = crosstrain({"report", run.string()});
+  const ProcessResult report = run_crosstrain({"report", run.string()});
   ASSERT_EQ(report.exit_code(), 0) << report.output;
   EXPECT_TRUE(contains(report.output, "rank 1: compute 70.0% | exposed comm 15.0% | idle 15.0%")) << report.output;
   EXPECT_TRUE(contains(report.output, "report: " + (run / "report.html").string())) << report.output;
@@ -147,13 +147,13 @@ TEST(ReportBrowser, MetricsWithoutTracesSaysSo) {
   const fs::path run = work / "run";
   write_synthetic_run(run, 5, false);
   const fs::path out = work / "elsewhere.html";
-  const ProcessResult report = crosstrain({"report", run.string(), "--out", out.string()});
+  const ProcessResult report = run_crosstrain({"report", run.string(), "--out", out.string()});
   ASSERT_EQ(report.exit_code(), 0) << report.output;
   EXPECT_TRUE(contains(report.output, "traces: no traces")) << report.output;
   const std::string dom = check_in_browser(out, work, "report-metrics-only.png");
   EXPECT_TRUE(contains(dom, "id=\"no-traces\""));
 
-  const ProcessResult merged = crosstrain({"trace", "merge", run.string()});
+  const ProcessResult merged = run_crosstrain({"trace", "merge", run.string()});
   EXPECT_EQ(merged.exit_code(), 2) << merged.output;
   EXPECT_TRUE(contains(merged.output, "obs.trace = true")) << merged.output;
 }
@@ -166,10 +166,10 @@ TEST(ReportBrowser, RealTwoRankRun) {
   const ProcessResult train = run_process(tiny_args(run, 2, 20), {}, std::chrono::seconds(240));
   ASSERT_EQ(train.exit_code(), 0) << train.output;
 
-  const ProcessResult merged = crosstrain({"trace", "merge", run});
+  const ProcessResult merged = run_crosstrain({"trace", "merge", run});
   ASSERT_EQ(merged.exit_code(), 0) << merged.output;
   EXPECT_TRUE(contains(merged.output, "merged 2 ranks")) << merged.output;
-  const ProcessResult report = crosstrain({"report", run});
+  const ProcessResult report = run_crosstrain({"report", run});
   ASSERT_EQ(report.exit_code(), 0) << report.output;
   std::printf("%s", report.output.c_str());  // the summary, for the log
   for (const char* line : {"steps: 20", "rank 0: compute", "rank 1: compute", "overlap: ", "straggler: "})

@@ -43,21 +43,6 @@ void need(bool ok, const std::string& message) {
   if (!ok) throw UsageError(message);
 }
 
-// Single-thread matmul throughput: the denominator of MFU on a CPU, where no datasheet peak applies.
-double measure_peak_flops() {
-  torch::NoGradGuard no_grad;
-  const int64_t n = 512;
-  auto a = torch::randn({n, n}), b = torch::randn({n, n});
-  torch::matmul(a, b);
-  int iters = 0;
-  auto start = Clock::now();
-  while (seconds_since(start) < 0.3 || iters < 3) {
-    auto c = torch::matmul(a, b);
-    ++iters;
-  }
-  return 2.0 * n * n * n * iters / seconds_since(start);
-}
-
 // debug.skip_collective = "RANK@STEP": the step at which this rank holds back a collective (-1: never).
 int64_t hold_back_step(const std::string& spec, int rank) {
   if (spec.empty()) return -1;
@@ -256,9 +241,15 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   if (start.resume) resume();
   sync_->start(start_step_);
   optimizer_->zero_grad();
-  peak_flops_ = c.train.peak_flops_per_rank > 0 ? c.train.peak_flops_per_rank
-                : start.peak_flops > 0           ? start.peak_flops
-                                                 : measure_peak_flops();
+  // MFU's denominator (docs/observability.md): the best sustained one-thread GEMM rate at the model's own shapes.
+  if (c.train.peak_flops_per_rank > 0) {
+    peak_flops_ = c.train.peak_flops_per_rank;
+  } else if (start.peak_flops > 0) {
+    peak_flops_ = start.peak_flops;
+  } else {
+    gemm_peak_ = measure_gemm_peak(c.model, sampler_->local_micro_batch() * c.model.block_size, compute_dtype());
+    peak_flops_ = gemm_peak_.best_flops;
+  }
   // Every rank measured its own; the mean makes MFU one number.
   peak_flops_ = all_reduce(&world_, peak_flops_, comm::ReduceOp::Avg);
   start_trace(start);
@@ -370,6 +361,8 @@ void Run::print_header() const {
               static_cast<long long>(c_.train.global_batch), static_cast<long long>(c_.model.block_size),
               optimizer_->describe().c_str(), c_.run.dir.c_str());
   std::printf("  sync: %s\n", sync_->describe().c_str());  // [sync]
+  if (gemm_peak_.best_flops > 0)
+    std::printf("  MFU peak per thread (%s): %s\n", c_.train.precision.c_str(), describe(gemm_peak_).c_str());
   std::fflush(stdout);
 }
 
@@ -562,7 +555,10 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
   m.lr = rec.lr;
   m.grad_norm = rec.grad_norm;
   m.tokens_per_s = rec.tokens_per_s;
-  m.mfu = c_.model.flops_per_token() * rec.tokens_per_s / (peak_flops_ * world_.size());
+  const double achieved = c_.model.flops_per_token() * rec.tokens_per_s / world_.size();
+  m.mfu = achieved / peak_flops_;
+  m.extra["gemm_peak_flops"] = peak_flops_;
+  m.extra["achieved_flops_per_rank"] = achieved;
   m.step_time_s = rec.step_time_s;
   m.comm_time_s = rec.comm_time_s;
   m.exposed_comm_time_s = rec.exposed_comm_time_s;

@@ -22,6 +22,7 @@
 #include "crosstrain/train/optimizer.h"
 #include "crosstrain/train/sync_strategy.h"
 #include "crosstrain/train/trainer.h"
+#include "peak_flops.h"
 
 namespace crosstrain::train {
 
@@ -123,6 +124,7 @@ class Run {
   int64_t start_step_ = 1;
   int64_t step_ = 0;  // the step in progress (spans of the phases that do not take it)
   double peak_flops_ = 0;
+  GemmPeak gemm_peak_;  // measured here (empty when given or carried over)
   double sync_blocked_s_ = 0, compute_s_ = 0;  // [sync] for utilization
   std::unique_ptr<obs::Tracer> tracer_;
   // Straggler detection: busy time (step time less the time blocked in waits) since the last exchange.

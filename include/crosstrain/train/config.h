@@ -43,7 +43,7 @@ struct TrainConfig {
   int64_t keep_checkpoints = 3;   // the newest K complete checkpoints are kept; 0 keeps all
   bool async_checkpoint = false;  // write checkpoints on a background thread while training continues
   int64_t sample_tokens = 200;    // generated at the end by rank 0; 0 disables
-  double peak_flops_per_rank = 0; // for MFU; 0 measures a single-thread matmul at start
+  double peak_flops_per_rank = 0; // for MFU; 0: this rank's best one-thread GEMM rate at the model's shapes
   int64_t threads_per_rank = 1;
   std::string precision = "fp32"; // fp32, or bf16: bf16 parameters and gradients, fp32 master weights (any layout)
 };

@@ -1,0 +1,14 @@
+# The recording side of issue 14: flight recorder, hang diagnosis, recording communicator, stragglers, the trace
+# writer (unit); and real jobs: traces of a 2-rank and a pp=2 x tp=2 run merged onto one clock, a slowed rank
+# named, a clean run without warnings, a held-back collective named by the others' timeout error (train).
+add_executable(obs_trace_tests obs/test_obs_logic.cpp)
+target_link_libraries(obs_trace_tests PRIVATE crosstrain nlohmann_json::nlohmann_json GTest::gtest_main)
+gtest_discover_tests(obs_trace_tests PROPERTIES LABELS unit TIMEOUT 120 DISCOVERY_TIMEOUT 60)
+
+add_executable(obs_trace_cli_tests obs/test_trace_cli.cpp)
+target_include_directories(obs_trace_cli_tests PRIVATE obs train)
+target_link_libraries(obs_trace_cli_tests PRIVATE ct_test_support nlohmann_json::nlohmann_json GTest::gtest_main)
+target_compile_definitions(obs_trace_cli_tests PRIVATE
+  CT_CROSSTRAIN_BIN="$<TARGET_FILE:crosstrain_app>" CT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_dependencies(obs_trace_cli_tests crosstrain_app)
+gtest_discover_tests(obs_trace_cli_tests PROPERTIES LABELS train TIMEOUT 300 DISCOVERY_TIMEOUT 60)

@@ -228,9 +228,13 @@ std::string html_escape(const std::string& text) {
 using Row = std::vector<std::string>;
 
 std::string html_table(const std::string& id, const Row& headers, const std::vector<Row>& rows) {
-  std::string html = "<table id=\"" + id + "\"><thead><tr>";
-  for (const auto& h : headers) html += "<th>" + html_escape(h) + "</th>";
-  html += "</tr></thead><tbody>";
+  std::string html = "<table id=\"" + id + "\">";
+  if (!headers.empty()) {
+    html += "<thead><tr>";
+    for (const auto& h : headers) html += "<th>" + html_escape(h) + "</th>";
+    html += "</tr></thead>";
+  }
+  html += "<tbody>";
   for (const auto& row : rows) {
     html += "<tr>";
     for (const auto& cell : row) html += "<td>" + html_escape(cell) + "</td>";
@@ -260,7 +264,7 @@ std::string summary_table(const RunData& run) {
     rows.push_back({"pipeline bubble", bubble_text(*run.trace)});
     rows.push_back({"straggler", straggler_text(*run.trace)});
   }
-  return html_table("summary", {"", ""}, rows);
+  return html_table("summary", {}, rows);
 }
 
 std::string index_text(int index) { return index < 0 ? "-" : std::to_string(index); }
@@ -286,7 +290,8 @@ std::string straggler_table(const TraceAnalysis& trace) {
   std::vector<Row> rows;
   for (const RankTimes& r : trace.ranks)
     rows.push_back({std::to_string(r.rank), fmt("%.2f", r.busy_per_step_us / 1000), fmt("%.2f", r.straggler_ratio),
-                    r.rank == trace.straggler_rank ? "straggler" : r.rank == trace.busiest_rank ? "busiest" : ""});
+                    r.rank == trace.straggler_rank ? "straggler"
+                    : r.rank == trace.busiest_rank && r.straggler_ratio > 1 ? "busiest" : ""});
   return html_table("stragglers", {"rank", "busy ms/step", "ratio to median", ""}, rows);
 }
 
@@ -295,8 +300,11 @@ std::string online_straggler_text(const std::vector<nlohmann::json>& metrics) {
   for (auto row = metrics.rbegin(); row != metrics.rend(); ++row) {
     if (!row->contains("straggler_score")) continue;
     const int rank = row->value("straggler_rank", -1);
-    return "<p>Online detector (metrics.jsonl, step " + std::to_string(row->value("step", 0)) + "): busy/median " +
-           html_escape((*row)["straggler_score"].dump()) + "; straggler: " +
+    std::string scores;
+    for (const auto& score : (*row)["straggler_score"])
+      scores += (scores.empty() ? "" : ", ") + (score.is_number() ? fmt("%.2f", score.get<double>()) : score.dump());
+    return "<p>Online detector (metrics.jsonl, step " + std::to_string(row->value("step", 0)) + "): busy over median " +
+           html_escape(scores) + " (by rank); straggler: " +
            (rank < 0 ? std::string("none") : "rank " + std::to_string(rank)) + ".</p>\n";
   }
   return "";
@@ -422,7 +430,8 @@ constexpr const char* kScript = R"JS(
   }
   function axis(title, more) { return Object.assign({title: {display: true, text: title}}, more || {}); }
   function lineChart(canvas, datasets, yTitle, moreScales) {
-    var scales = Object.assign({x: axis('step', {type: 'linear'}), y: axis(yTitle)}, moreScales || {});
+    var scales = Object.assign({x: axis('step', {type: 'linear'}), y: axis(yTitle, {beginAtZero: true})},
+                               moreScales || {});
     return new Chart(canvas, {type: 'line', data: {datasets: datasets}, options: {scales: scales}});
   }
   function barChart(canvas, datasets, yTitle, stacked) {
@@ -433,12 +442,12 @@ constexpr const char* kScript = R"JS(
     loss: function (canvas) {
       var sets = [series('loss', data.loss, '#1f77b4')];
       if (data.val_loss.length) sets.push(series('validation loss', data.val_loss, '#d62728', {pointRadius: 3}));
-      return lineChart(canvas, sets, 'loss');
+      return lineChart(canvas, sets, 'loss', {y: axis('loss')});  // near its minimum, not from zero
     },
     throughput: function (canvas) {
       return lineChart(canvas, [series('tokens/s', data.tokens_per_s, '#2ca02c'),
                                 series('MFU %', data.mfu_pct, '#9467bd', {yAxisID: 'y1'})], 'tokens/s',
-                       {y1: axis('MFU %', {position: 'right', grid: {drawOnChartArea: false}})});
+                       {y1: axis('MFU %', {position: 'right', beginAtZero: true, grid: {drawOnChartArea: false}})});
     },
     time_split: function (canvas) {
       var r = data.ranks;

@@ -100,7 +100,7 @@ void add_counter(const nlohmann::json& event, RankSpans& spans, RankTimes& times
     times.peak_rss_bytes = number(args, "peak_rss_bytes");
     times.model_state_bytes = number(args, "model_state_bytes");
   } else if (name == "dropped_events") {
-    times.dropped_events = std::max(times.dropped_events, static_cast<int64_t>(number(args, "count")));
+    times.dropped_events += static_cast<int64_t>(number(args, "count"));  // each append counts its own
   }
 }
 

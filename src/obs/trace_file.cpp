@@ -149,9 +149,11 @@ nlohmann::json align_and_sort(const std::vector<nlohmann::json>& rank_events) {
   nlohmann::json metadata = nlohmann::json::array();
   std::vector<nlohmann::json> timed;
   for (const auto& events : rank_events) {
-    const double offset_us = clock_of(events).offset_us;
+    // A resumed run appends to the file with a clock event of its own: each applies to the events after it.
+    double offset_us = clock_of(events).offset_us;
     for (nlohmann::json event : events) {
       if (event.value("ph", "") == "M") {
+        if (event.value("name", "") == "crosstrain_clock") offset_us = clock_of(nlohmann::json::array({event})).offset_us;
         metadata.push_back(std::move(event));
         continue;
       }

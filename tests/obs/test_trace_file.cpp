@@ -132,3 +132,16 @@ TEST(TraceMerge, KeepsIntegerTimestampsWhole) {
   EXPECT_EQ(events[3]["ts"], 10);
   EXPECT_EQ(events[3]["name"], "memory");
 }
+
+// A resumed run appends to the file: its events follow a clock event of its own, with another offset.
+TEST(TraceMerge, EachClockEventAppliesToTheEventsAfterIt) {
+  nlohmann::json rank1 = nlohmann::json::array(
+      {{{"ph", "M"}, {"pid", 1}, {"name", "crosstrain_clock"}, {"args", {{"offset_us", 100}}}},
+       {{"ph", "X"}, {"pid", 1}, {"ts", 1}, {"dur", 1}},
+       {{"ph", "M"}, {"pid", 1}, {"name", "crosstrain_clock"}, {"args", {{"offset_us", 5000}}}},
+       {{"ph", "X"}, {"pid", 1}, {"ts", 2}, {"dur", 1}}});
+  const auto events = align_and_sort({rank1});
+  ASSERT_EQ(events.size(), 4u);
+  EXPECT_EQ(events[2]["ts"], 101);
+  EXPECT_EQ(events[3]["ts"], 5002);
+}

@@ -42,7 +42,7 @@ struct RankTimes {
   // The last `memory` counter.
   bool has_memory = false;
   double rss_bytes = 0, peak_rss_bytes = 0, model_state_bytes = 0;
-  int64_t dropped_events = 0;   // the largest `dropped_events` count (0: the trace is whole)
+  int64_t dropped_events = 0;   // sum of the `dropped_events` counters, one per append (0: the trace is whole)
 };
 
 struct TraceAnalysis {

@@ -34,8 +34,9 @@ struct ClockInfo {
 };
 ClockInfo clock_of(const nlohmann::json& events);
 
-// Events of several ranks on one clock: each rank's timed events shifted by its offset, then all the timed events
-// (X, C, ...) sorted by ts after every metadata (M) event, which keeps its place.
+// Events of several ranks on one clock: each rank's timed events shifted by its offset (that of the latest
+// crosstrain_clock event before them: a resumed run appends one of its own), then all the timed events (X, C, ...)
+// sorted by ts after every metadata (M) event, which keeps its place.
 nlohmann::json align_and_sort(const std::vector<nlohmann::json>& rank_events);
 
 struct MergeSummary {

@@ -6,17 +6,22 @@
 namespace crosstrain::obs {
 namespace {
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t n = values.size();
+  return n == 0 ? 0 : n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+}
+
 double median_of_others(const std::vector<double>& values, size_t skip) {
   std::vector<double> others;
   for (size_t i = 0; i < values.size(); ++i)
     if (i != skip) others.push_back(values[i]);
-  if (others.empty()) return values[skip];
-  std::sort(others.begin(), others.end());
-  const size_t n = others.size();
-  return n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+  return others.empty() ? values[skip] : median(others);
 }
 
 }  // namespace
+
+double median_step(const std::vector<double>& busy_per_step) { return median(busy_per_step); }
 
 StragglerVerdict StragglerDetector::update(const std::vector<double>& busy_s) {
   StragglerVerdict v;
@@ -24,9 +29,9 @@ StragglerVerdict StragglerDetector::update(const std::vector<double>& busy_s) {
   above_.resize(busy_s.size(), 0);
   below_.resize(busy_s.size(), 0);
   for (size_t r = 0; r < busy_s.size(); ++r) {
-    const double median = median_of_others(busy_s, r);
-    v.scores.push_back(median > 0 ? busy_s[r] / median : 1.0);
-    const bool slow = v.scores[r] > 1 + margin_;
+    const double others = median_of_others(busy_s, r);
+    v.scores.push_back(others > 0 ? busy_s[r] / others : 1.0);
+    const bool slow = v.scores[r] > 1 + margin_ && busy_s[r] - others >= min_excess_s_;
     above_[r] = slow ? above_[r] + 1 : 0;
     below_[r] = slow ? 0 : below_[r] + 1;
   }

@@ -167,6 +167,7 @@ std::vector<Field> fields(Config& c) {
       int_field("obs", "flight_records", c.obs.flight_records),
       int_field("obs", "straggler_every", c.obs.straggler_every),
       double_field("obs", "straggler_margin", c.obs.straggler_margin),
+      double_field("obs", "straggler_min_ms", c.obs.straggler_min_ms),
       int_field("obs", "straggler_windows", c.obs.straggler_windows),
       int_field("obs", "metrics_port", c.obs.metrics_port),
       string_field("obs", "metrics_host", c.obs.metrics_host),
@@ -314,6 +315,7 @@ void check_ranges(const Config& c) {
   need(c.obs.straggler_every >= 0, "obs.straggler_every", c.obs.straggler_every, "must be 0 (off) or more");
   need(c.obs.straggler_margin > 0, "obs.straggler_margin", c.obs.straggler_margin,
        "must be positive: the fraction by which a straggler's busy time exceeds the median");
+  need(c.obs.straggler_min_ms >= 0, "obs.straggler_min_ms", c.obs.straggler_min_ms, "must be 0 or more");
   need(c.obs.straggler_windows >= 1, "obs.straggler_windows", c.obs.straggler_windows, "must be at least 1");
   need(c.obs.metrics_port >= 0 && c.obs.metrics_port <= 65535, "obs.metrics_port", c.obs.metrics_port,
        "must be a TCP port (1-65535), or 0 for no metrics endpoint");

@@ -190,7 +190,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
       tp_index_(mesh_.index(Axis::TP)),
       checkpoints_(world_, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
                    c.comm.timeout_s, c.debug.checkpoint),
-      dump_(options.dump), stragglers_(c.obs.straggler_margin, static_cast<int>(c.obs.straggler_windows)) {
+      dump_(options.dump), stragglers_(c.obs.straggler_margin, static_cast<int>(c.obs.straggler_windows), c.obs.straggler_min_ms / 1000) {
   if (options.hang_doctor) options.hang_doctor->watch(recorder_);
   splits_ = data::load_dataset(c.data, c.model.block_size);
   if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());
@@ -439,8 +439,8 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
   if (!std::isfinite(rec.loss))
     throw Error("step " + std::to_string(step) + ": the loss is " + std::to_string(rec.loss) +
                 "; lower train.lr or check the data");
-  window_busy_s_ += std::max(0.0, rec.step_time_s - (recorder_->blocked_seconds() - blocked_before));
-  if (window_steps_++ == 0) window_first_step_ = step;
+  if (window_busy_s_.empty()) window_first_step_ = step;
+  window_busy_s_.push_back(std::max(0.0, rec.step_time_s - (recorder_->blocked_seconds() - blocked_before)));
   if (lockstep() && c_.obs.straggler_every > 0 && step % c_.obs.straggler_every == 0) exchange_straggler_timings(step);
   if (step % c_.obs.trace_flush_every == 0) flush_trace();
   return rec;
@@ -496,7 +496,7 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
 
 // Every straggler_every steps (lockstep training): each rank's busy time per step, a few bytes from each.
 void Run::exchange_straggler_timings(int64_t step) {
-  at::Tensor mine = at::full({1}, window_busy_s_ / std::max<int64_t>(1, window_steps_), at::kDouble);
+  at::Tensor mine = at::full({1}, obs::median_step(window_busy_s_), at::kDouble);
   at::Tensor all = at::zeros({world_.size()}, at::kDouble);
   world_.all_gather(mine, all)->wait();
   std::vector<double> busy(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
@@ -505,8 +505,7 @@ void Run::exchange_straggler_timings(int64_t step) {
   if (world_.rank() == 0 && (last_verdict_.named_now || last_verdict_.cleared_now))
     std::fprintf(stderr, "crosstrain: warning: %s\n",
                  obs::straggler_warning(last_verdict_, window_first_step_, step).c_str());
-  window_busy_s_ = 0;
-  window_steps_ = 0;
+  window_busy_s_.clear();
 }
 
 // Fixed validation batches, split across replicas like training batches; the mean over every replica.

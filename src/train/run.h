@@ -129,8 +129,8 @@ class Run {
   std::unique_ptr<obs::Tracer> tracer_;
   // Straggler detection: busy time (step time less the time blocked in waits) since the last exchange.
   obs::StragglerDetector stragglers_;
-  double window_busy_s_ = 0;
-  int64_t window_steps_ = 0, window_first_step_ = 0;
+  std::vector<double> window_busy_s_;  // per step
+  int64_t window_first_step_ = 0;
   obs::StragglerVerdict last_verdict_;
   bool verdict_fresh_ = false;
 };

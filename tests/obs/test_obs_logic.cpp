@@ -228,6 +228,13 @@ TEST(StragglerDetector, NoiseBelowTheMarginAndASingleRankNameNobody) {
   EXPECT_EQ(alone.update({0.5}).straggler, -1);
 }
 
+TEST(StragglerDetector, ExcessBelowTheFloorIsNoise) {
+  obs::StragglerDetector d(0.25, 1, 0.002);
+  EXPECT_EQ(d.update({0.003, 0.0045}).straggler, -1) << "1.5x, but 1.5 ms a step";
+  EXPECT_EQ(d.update({0.003, 0.0055}).straggler, 1);
+  EXPECT_DOUBLE_EQ(obs::median_step({0.004, 0.1, 0.003, 0.005, 0.0035}), 0.004) << "one preempted step is ignored";
+}
+
 TEST(StragglerDetector, WarningNamesRankRatioAndSteps) {
   obs::StragglerDetector d(0.25, 1);
   const auto v = d.update({0.0318, 0.0610});

@@ -94,7 +94,8 @@ TEST(Traces, TwoRanksRecordEverySpanKindAndMergeOntoOneClock) {
         ++comm_with_fields;
       memory = memory || e.value("name", "") == "memory";
     }
-    EXPECT_EQ(forward, 12) << "one forward per micro-batch and step";
+    // One per micro-batch and step, and one per validation batch: at steps 5, 10 and 12, 4 batches each.
+    EXPECT_EQ(forward, 12 + 3 * 4);
     EXPECT_GT(comm_with_fields, 12);
     EXPECT_TRUE(memory);
   }
@@ -147,12 +148,12 @@ TEST(Stragglers, SlowedRankIsNamedWithinTenSteps) {
 }
 
 TEST(Stragglers, NoWarningInAThousandCleanSteps) {
-  const std::string dir = fresh_dir("straggler-clean");
+  const std::string dir = fresh_dir("clean-1000");
   auto args = tiny_args(dir, 2, 1000);
   args.insert(args.end(), {"--set", "train.eval_every=0", "--set", "run.log_every=1000"});
   const ProcessResult r = run_process(args, {}, std::chrono::minutes(4));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
-  EXPECT_FALSE(contains(r.output, "straggler")) << r.output;
+  EXPECT_FALSE(contains(r.output, "warning: straggler")) << r.output;
   int exchanges = 0;
   for (const auto& row : read_metrics(dir))
     if (row.contains("straggler_rank")) {

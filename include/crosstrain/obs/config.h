@@ -14,6 +14,7 @@ struct ObsConfig {
   int64_t flight_records = 64;          // the last N collectives of each rank, named in a timeout's diagnosis
   int64_t straggler_every = 5;          // steps between exchanges of per-rank step timings (0: off)
   double straggler_margin = 0.25;       // a rank busier than the median by this fraction ...
+  double straggler_min_ms = 2;          // ... and by at least this much a step (noise on millisecond steps) ...
   int64_t straggler_windows = 2;        // ... in this many exchanges in a row is named a straggler
   int64_t metrics_port = 0;             // rank 0 serves Prometheus text on http://metrics_host:port/metrics (0: off)
   std::string metrics_host = "127.0.0.1";

@@ -1,5 +1,6 @@
 // Online straggler detection (pure): every few steps the ranks share their busy time per step (step time not
-// spent blocked in communication); a rank busier than the median of the others by a margin, in several exchanges
+// spent blocked in communication; the median step of the window, so that one step preempted by the OS does not
+// count); a rank busier than the median of the others by a margin, in several exchanges
 // in a row, is named. In lockstep training every rank's step takes as long as the slowest's, so busy time, not
 // step time, tells them apart: the straggler computes while the others wait for it.
 #pragma once
@@ -20,17 +21,23 @@ struct StragglerVerdict {
 
 class StragglerDetector {
  public:
-  // `margin`: 0.25 names a rank 25% busier than the others' median; `windows`: exchanges in a row.
-  StragglerDetector(double margin, int windows) : margin_(margin), windows_(windows) {}
+  // `margin`: 0.25 names a rank 25% busier than the others' median, when that is also `min_excess_s` or more
+  // (a millisecond of scheduling noise is 30% of a 3 ms step); `windows`: exchanges in a row.
+  StragglerDetector(double margin, int windows, double min_excess_s = 0)
+      : margin_(margin), windows_(windows), min_excess_s_(min_excess_s) {}
   StragglerVerdict update(const std::vector<double>& busy_s);
   int straggler() const { return straggler_; }
 
  private:
   double margin_;
   int windows_;
+  double min_excess_s_;
   std::vector<int> above_, below_;  // exchanges in a row above / not above the bar, per rank
   int straggler_ = -1;
 };
+
+// The median of a window's per-step busy times (what a rank shares).
+double median_step(const std::vector<double>& busy_per_step);
 
 // "straggler: rank 1 is busy 1.92x the median of the others (61.0 ms vs 31.8 ms a step) over steps 6-10"
 std::string straggler_warning(const StragglerVerdict& v, long long first_step, long long last_step);

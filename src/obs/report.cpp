@@ -186,7 +186,9 @@ std::string metrics_summary(const RunData& run) {
   text += "\nthroughput: " + (f.tokens_per_s ? fmt("%.0f", *f.tokens_per_s) : std::string("n/a")) +
           " tokens/s | MFU " + (f.mfu ? fmt("%.2f%%", 100 * *f.mfu) : std::string("n/a")) + " (medians over steps)";
   if (!f.sync_mode.empty()) text += " | sync " + f.sync_mode;
-  if (f.wan_bytes) text += " | wide-area " + fmt("%.1f MiB", *f.wan_bytes / (1 << 20));
+  // Only where something crossed (or could cross) the wide area: a pipeline or one cluster's plain sync sends none.
+  if (f.wan_bytes && (*f.wan_bytes > 0 || f.sync_mode != "sync"))
+    text += " | wide-area " + fmt("%.1f MiB", *f.wan_bytes / (1 << 20));
   if (f.staleness_mean) text += " | staleness " + fmt("%.2f", *f.staleness_mean);
   return text + "\n";
 }

@@ -446,9 +446,9 @@ constexpr const char* kScript = R"JS(
       if (data.val_loss.length) sets.push(series('validation loss', data.val_loss, '#d62728', {pointRadius: 3}));
       return lineChart(canvas, sets, 'loss', {y: axis('loss')});  // near its minimum, not from zero
     },
-    throughput: function (canvas) {
+    throughput: function (canvas) {  // MFU follows tokens/s: dashed, it shows where the lines coincide
       return lineChart(canvas, [series('tokens/s', data.tokens_per_s, '#2ca02c'),
-                                series('MFU %', data.mfu_pct, '#9467bd', {yAxisID: 'y1'})], 'tokens/s',
+                                series('MFU %', data.mfu_pct, '#9467bd', {yAxisID: 'y1', borderDash: [6, 4]})], 'tokens/s',
                        {y1: axis('MFU %', {position: 'right', beginAtZero: true, grid: {drawOnChartArea: false}})});
     },
     time_split: function (canvas) {

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace install clean
 
 all: build
 
@@ -75,6 +75,10 @@ bench-wan: build
 # Elastic training under faults: gpt-tiny on 4 replicas while ranks are killed and stopped (several minutes).
 bench-chaos: build
 	@python3 bench/chaos.py --bin $(BUILD)/crosstrain
+
+# Cost of always-on traces: gpt-tiny on 2 ranks with obs.trace on and off in alternating rounds; trace size.
+bench-trace: build
+	@python3 bench/trace.py --bin $(BUILD)/crosstrain
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

@@ -114,7 +114,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   // store of ours; a single process has nobody to ask).
   std::unique_ptr<comm::HangDoctor> doctor;
   if (config.comm.backend == "gloo" && env.source != LaunchSource::Single && env.world_size > 1) {
-    doctor = std::make_unique<comm::HangDoctor>(env, comm::Millis(1500), config.comm.timeout());
+    doctor = std::make_unique<comm::HangDoctor>(env, comm::Millis(1000), config.comm.timeout());
     options.hang_doctor = doctor.get();
   }
   const char* tty = std::getenv("CROSSTRAIN_TTY");

@@ -73,6 +73,8 @@ void FlightRecorder::finish(OpRecord r, OpState state) {
     if (!r.p2p && r.seq == g.collectives) g.last_state = state;
     OpRecord& slot = ring_[r.id % capacity_];
     if (slot.id == r.id) slot = r;
+    if (state == OpState::Failed && first_failure_.empty())
+      first_failure_ = std::string(r.op) + " #" + std::to_string(r.seq) + " on '" + g.name + "'";
     sink = sink_;
   }
   if (sink) sink(r);
@@ -84,6 +86,7 @@ RankStatus FlightRecorder::status() const {
   s.activity = activity_.load(std::memory_order_relaxed);
   s.step = step_.load(std::memory_order_relaxed);
   std::lock_guard<std::mutex> lock(mu_);
+  s.failure = first_failure_;
   for (const Group& g : groups_)
     s.groups.push_back({g.name, g.members, g.collectives, g.completed, g.last_op, to_string(g.last_state)});
   for (const OpRecord& r : ring_)
@@ -106,7 +109,7 @@ std::vector<OpRecord> FlightRecorder::recent() const {
 // ---- the answers, as JSON through the store ----------------------------------------------------------------
 
 std::string to_json(const RankStatus& s) {
-  nlohmann::json j = {{"rank", s.rank}, {"activity", s.activity}, {"step", s.step}};
+  nlohmann::json j = {{"rank", s.rank}, {"activity", s.activity}, {"step", s.step}, {"failure", s.failure}};
   j["groups"] = nlohmann::json::array();
   for (const GroupProgress& g : s.groups)
     j["groups"].push_back({{"name", g.name}, {"members", g.members}, {"issued", g.issued},
@@ -140,6 +143,7 @@ RankStatus rank_status_from_json(const std::string& text) {
     s.rank = j.at("rank").get<int>();
     s.activity = j.at("activity").get<std::string>();
     s.step = j.at("step").get<int64_t>();
+    s.failure = j.value("failure", "");
     for (const auto& g : j.at("groups"))
       s.groups.push_back({g.at("name").get<std::string>(), g.at("members").get<std::vector<int>>(),
                           g.at("issued").get<int64_t>(), g.at("completed").get<int64_t>(),
@@ -165,8 +169,29 @@ RankStatus rank_status_from_json(const std::string& text) {
 
 namespace {
 
-std::string doing(const RankStatus& s) {
-  std::string out = s.activity.empty() ? "between phases" : "in " + s.activity;
+// "all_reduce #67 on 'world.g3', recv #12 (peer 0) on 'pp'": what a rank waits for (at most three).
+std::string pending_ops(const RankStatus& s, const std::string& only_group, bool other_groups) {
+  std::string out;
+  int listed = 0;
+  for (size_t i = 0; i < s.pending.size() && listed < 3; ++i) {
+    const bool same = s.pending_groups[i] == only_group;
+    if (same == other_groups) continue;
+    const OpRecord& r = s.pending[i];
+    out += std::string(listed++ ? ", " : "") + r.op + " #" + std::to_string(r.seq) +
+           (r.p2p && r.peer >= 0 ? " (peer " + std::to_string(r.peer) + ")" : "") +
+           (other_groups ? " on '" + s.pending_groups[i] + "'" : "");
+  }
+  return out;
+}
+
+// What a rank is doing: its phase, and the operations of other groups it waits in (the next link of a chain).
+std::string doing(const RankStatus& s, const std::string& group) {
+  // A rank whose own operation failed first (it timed out as well, a moment earlier): that is the next link.
+  if (!s.failure.empty())
+    return "failed in " + s.failure + (s.step >= 0 ? " at step " + std::to_string(s.step) : "");
+  const std::string elsewhere = pending_ops(s, group, true);
+  std::string out = s.activity.empty() ? (elsewhere.empty() ? "between phases" : "waiting in " + elsewhere)
+                                       : "in " + s.activity + (elsewhere.empty() ? "" : ", waiting in " + elsewhere);
   if (s.step >= 0) out += " at step " + std::to_string(s.step);
   return out;
 }
@@ -185,26 +210,22 @@ std::string list_ranks(const std::vector<int>& ranks) {
 
 std::string describe_member(const RankStatus& s, const OpRecord& stuck, const std::string& group) {
   const GroupProgress* g = find_group(s, group);
-  if (!g) return "rank " + std::to_string(s.rank) + " has no group '" + group + "' (" + doing(s) + ")";
+  if (!g) return "rank " + std::to_string(s.rank) + " has no group '" + group + "' (" + doing(s, group) + ")";
   if (g->issued < stuck.seq) {
     std::string last = g->issued == 0 ? "no collective there yet"
                                       : "its last there: #" + std::to_string(g->issued) + " " + g->last_op + ", " +
                                             g->last_state;
-    return "rank " + std::to_string(s.rank) + " never reached it (" + last + "; now " + doing(s) + ")";
+    return "rank " + std::to_string(s.rank) + " never reached it (" + last + "; now " + doing(s, group) + ")";
   }
   if (g->completed >= stuck.seq)
-    return "rank " + std::to_string(s.rank) + " completed it (now " + doing(s) + ")";
+    return "rank " + std::to_string(s.rank) + " completed it (now " + doing(s, group) + ")";
   return "";  // waiting in it too: listed together
 }
 
 std::string describe_p2p_peer(const RankStatus& s, const std::string& group) {
-  std::string out = "peer rank " + std::to_string(s.rank) + " is " + doing(s);
-  std::string pending;
-  for (size_t i = 0; i < s.pending.size(); ++i)
-    if (s.pending_groups[i] == group)
-      pending += std::string(pending.empty() ? "" : ", ") + s.pending[i].op + " #" + std::to_string(s.pending[i].seq) +
-                 (s.pending[i].peer >= 0 ? " (peer " + std::to_string(s.pending[i].peer) + ")" : "");
-  return out + (pending.empty() ? ", with nothing pending in that group" : ", with pending " + pending);
+  const std::string here = pending_ops(s, group, false);
+  return "peer rank " + std::to_string(s.rank) + (s.failure.empty() ? " is " : " ") + doing(s, group) +
+         (here.empty() ? ", with nothing pending in that group" : ", with pending " + here);
 }
 
 }  // namespace

@@ -31,7 +31,10 @@ class RecordingWork : public Work {
  public:
   RecordingWork(WorkPtr inner, OpRecord record, std::shared_ptr<const GroupInfo> info, Millis timeout)
       : Work(timeout), inner_(std::move(inner)), record_(record), info_(std::move(info)) {}
-  ~RecordingWork() override { finish(OpState::Completed); }
+  // Never waited for: completed if the back end says so, else abandoned (an error unwound past it).
+  ~RecordingWork() override {
+    if (!finished_.load()) finish(inner_->is_completed() ? OpState::Completed : OpState::Failed);
+  }
 
   void wait(Millis timeout) override {
     if (finished_.load()) return inner_->wait(timeout);

@@ -135,6 +135,34 @@ TEST(HangDiagnosis, PointToPointAsksTheOnePeer) {
   EXPECT_EQ(text.find("rank 0"), std::string::npos) << "only the peer is asked about: " << text;
 }
 
+TEST(HangDiagnosis, APeerThatFailedFirstIsNamedWithItsFailure) {
+  FlightRecorder rec(2, 8);
+  const int g = rec.register_group("world.g3", {2, 3});
+  rec.finish(rec.issue(op("all_reduce", g)), OpState::Failed);
+  const RankStatus peer = comm::rank_status_from_json(comm::to_json(rec.status()));
+  OpRecord stuck = op("recv", 0, true);
+  stuck.seq = 51;
+  stuck.peer = 1;
+  const std::string text = comm::diagnose_hang(stuck, "world.g0", {0, 2}, 0, {peer}, 1.0);
+  EXPECT_NE(text.find("peer rank 2 failed in all_reduce #1 on 'world.g3'"), std::string::npos) << text;
+}
+
+TEST(HangDiagnosis, NamesWhatAPeerWaitsForInAnotherGroup) {
+  OpRecord stuck = op("recv", 0, true);
+  stuck.seq = 51;
+  stuck.peer = 1;
+  RankStatus peer = answer(2, 66, 66, "");
+  OpRecord elsewhere = op("all_reduce", 0);
+  elsewhere.seq = 67;
+  peer.pending.push_back(elsewhere);
+  peer.pending_groups.push_back("world.g3");
+  const std::string text = comm::diagnose_hang(stuck, "world.g0", {0, 2}, 0, {peer}, 1.0);
+  EXPECT_NE(text.find("peer rank 2 is waiting in all_reduce #67 on 'world.g3' at step 5, with nothing pending in "
+                      "that group"),
+            std::string::npos)
+      << text;
+}
+
 // ---- the recording communicator over the in-process back end ----------------------------------------------
 
 TEST(RecordingCommunicator, SameSequenceNumbersOnEveryRankAndBlockedTimeOfTheEarlyOne) {

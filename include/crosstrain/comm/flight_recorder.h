@@ -47,6 +47,7 @@ struct GroupProgress {
 struct RankStatus {
   int rank = -1;
   std::string activity;      // "forward" ... ("" when between phases)
+  std::string failure;       // its first failed operation ("all_reduce #67 on 'world.g3'"), "" when none
   int64_t step = -1;
   std::vector<GroupProgress> groups;
   std::vector<OpRecord> pending;  // operations issued and not finished (with group names resolved in `pending_groups`)
@@ -97,6 +98,7 @@ class FlightRecorder {
   std::vector<Group> groups_;
   std::vector<OpRecord> ring_;  // ring_[id % capacity]
   uint64_t next_id_ = 1;
+  std::string first_failure_;
   std::atomic<int64_t> blocked_us_{0};
   std::atomic<const char*> activity_{""};
   std::atomic<int64_t> step_{-1};

@@ -3,13 +3,14 @@
 # Idempotent and quiet when everything is present. Not root: prints the command instead.
 # Usage: scripts/install-deps.sh [extra-package ...]
 # libcpp-httplib-dev serves the live metrics; libjs-chart.js is inlined into the run report; chromium renders
-# the report in its test (headless).
+# the report in its test (headless; with the fonts and the software GL driver it recommends, as recommends are
+# not installed here).
 # libopenblas0-pthread replaces Debian's reference BLAS behind libtorch: about 10x faster CPU matmuls.
 # fortunes brings the English text the demo trains on (/usr/share/games/fortunes).
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
           libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes
-          libcpp-httplib-dev libjs-chart.js chromium "$@")
+          libcpp-httplib-dev libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri "$@")
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

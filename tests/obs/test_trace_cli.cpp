@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
@@ -180,6 +181,8 @@ TEST(HangDiagnosis, RankThatSkipsACollectiveIsNamedByTheOthersWithinTwoSecondsOf
   EXPECT_TRUE(contains(r.output, "[rank 0] crosstrain: error:")) << r.output;
   EXPECT_TRUE(contains(r.output, "rank 1 never reached it")) << r.output;
   EXPECT_TRUE(contains(r.output, "debug.skip_collective")) << "what rank 1 was doing: " << r.output;
+  std::cout << "[ measure  ] the others' error named rank 1 " << seconds << " s after it held back (timeout "
+            << timeout_s << " s)" << std::endl;
   // The step itself takes a few milliseconds; the rest is the timeout and the diagnosis.
   EXPECT_LT(seconds, timeout_s + 2) << r.output;
 }

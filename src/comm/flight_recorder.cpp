@@ -11,11 +11,6 @@
 
 namespace crosstrain::comm {
 
-int64_t monotonic_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
 const char* to_string(OpState s) {
   switch (s) {
     case OpState::Issued: return "issued";
@@ -60,6 +55,7 @@ OpRecord FlightRecorder::issue(OpRecord r) {
     g.last_state = OpState::Issued;
   }
   ring_[r.id % capacity_] = r;
+  in_flight_[r.id] = r;
   return r;
 }
 
@@ -73,6 +69,7 @@ void FlightRecorder::finish(OpRecord r, OpState state) {
     if (!r.p2p && r.seq == g.collectives) g.last_state = state;
     OpRecord& slot = ring_[r.id % capacity_];
     if (slot.id == r.id) slot = r;
+    in_flight_.erase(r.id);
     if (state == OpState::Failed && first_failure_.empty())
       first_failure_ = std::string(r.op) + " #" + std::to_string(r.seq) + " on '" + g.name + "'";
     sink = sink_;
@@ -89,11 +86,11 @@ RankStatus FlightRecorder::status() const {
   s.failure = first_failure_;
   for (const Group& g : groups_)
     s.groups.push_back({g.name, g.members, g.collectives, g.completed, g.last_op, to_string(g.last_state)});
-  for (const OpRecord& r : ring_)
-    if (r.id != 0 && r.state == OpState::Issued) {
-      s.pending.push_back(r);
-      s.pending_groups.push_back(groups_.at(r.group).name);
-    }
+  for (const auto& [id, r] : in_flight_) {
+    if (s.pending.size() == 32) break;  // the oldest: what the rank is stuck on
+    s.pending.push_back(r);
+    s.pending_groups.push_back(groups_.at(r.group).name);
+  }
   return s;
 }
 

@@ -23,7 +23,7 @@ std::shared_ptr<Rendezvous> connect_tool(const LaunchEnv& env, Millis timeout) {
 }  // namespace
 
 HangDoctor::HangDoctor(const LaunchEnv& env, Millis answer_within, Millis timeout)
-    : rank_(env.rank), world_size_(env.world_size), answer_within_(answer_within),
+    : env_(env), timeout_(timeout), rank_(env.rank), world_size_(env.world_size), answer_within_(answer_within),
       asking_(connect_tool(env, timeout)), answering_(connect_tool(env, timeout)) {
   answerer_ = std::thread([this] { answer_loop(); });
 }
@@ -48,15 +48,18 @@ RankStatus HangDoctor::status() const {
 }
 
 // Questions are numbered; each rank answers them in order, waiting for the next in short slices so that it
-// notices when it should stop.
+// notices when it should stop. A wait that fails at once (not by its 200 ms timeout) means the connection broke
+// (the store's host ended): the loop then sleeps and reconnects, rather than spin on a dead socket.
 void HangDoctor::answer_loop() {
   auto store = answering_->store();
   int64_t next = 1;
   while (!stop_) {
+    const auto asked = std::chrono::steady_clock::now();
     try {
       store->wait({request_key(next)}, std::chrono::milliseconds(200));
     } catch (const std::exception&) {
-      continue;  // no question yet (or the store is gone: the training thread will find out itself)
+      if (std::chrono::steady_clock::now() - asked < std::chrono::milliseconds(150)) store = reconnect();
+      continue;
     }
     try {
       store->set(answer_key(next, rank_), bytes(to_json(status())));
@@ -64,6 +67,15 @@ void HangDoctor::answer_loop() {
     }
     ++next;
   }
+}
+
+c10::intrusive_ptr<c10d::Store> HangDoctor::reconnect() {
+  for (int i = 0; i < 5 && !stop_; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  try {
+    answering_ = connect_tool(env_, std::min(timeout_, Millis(1000)));
+  } catch (const std::exception&) {
+  }
+  return answering_->store();
 }
 
 std::string HangDoctor::diagnose(const OpRecord& stuck, const std::string& group, const std::vector<int>& members) {

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <typeinfo>
 
 #include "crosstrain/comm/hang_doctor.h"
 
@@ -20,9 +21,11 @@ struct GroupInfo {
   std::vector<int> members;
 };
 
-// A timeout gets the hang doctor's diagnosis (which ranks never reached the operation) added to its cause.
+// Inside a catch block only. A timeout gets the hang doctor's diagnosis (which ranks never reached the operation)
+// added to its cause; anything else, and any subclass of CommError (it means something to its catcher, e.g.
+// elastic's GenerationEnded), is rethrown as it is.
 [[noreturn]] void rethrow_diagnosed(const CommError& e, const OpRecord& record, const GroupInfo& info) {
-  if (!e.timed_out() || !info.doctor) throw e;
+  if (!e.timed_out() || !info.doctor || typeid(e) != typeid(CommError)) throw;
   const std::string diagnosis = info.doctor->diagnose(record, info.name, info.members);
   throw CommError(e.context(), e.cause() + ". " + diagnosis, true);
 }
@@ -31,63 +34,70 @@ class RecordingWork : public Work {
  public:
   RecordingWork(WorkPtr inner, OpRecord record, std::shared_ptr<const GroupInfo> info, Millis timeout)
       : Work(timeout), inner_(std::move(inner)), record_(record), info_(std::move(info)) {}
-  // Never waited for: completed if the back end says so, else abandoned (an error unwound past it).
+  // Never waited for: completed if the back end says so, else abandoned (an error unwound past it). Nothing may
+  // escape a destructor.
   ~RecordingWork() override {
-    if (!finished_.load()) finish(inner_->is_completed() ? OpState::Completed : OpState::Failed);
+    try {
+      if (!finished_.load()) finish(inner_->is_completed() ? OpState::Completed : OpState::Failed);
+    } catch (...) {
+    }
   }
 
   void wait(Millis timeout) override {
     if (finished_.load()) return inner_->wait(timeout);
-    const int64_t t0 = monotonic_us();
-    if (record_.wait_start_us < 0) record_.wait_start_us = t0;
-    try {
+    blocked_in([&] {
       inner_->wait(timeout);
-    } catch (const CommError& e) {
-      info_->recorder->add_blocked(monotonic_us() - t0);
-      fail(e);
-    }
-    info_->recorder->add_blocked(monotonic_us() - t0);
-    finish(OpState::Completed);
+      return true;
+    });
   }
 
   bool is_completed() override {
     const bool done = inner_->is_completed();
-    if (done && finished_at_ < 0) finished_at_ = monotonic_us();
+    int64_t unset = -1;
+    if (done) finished_at_.compare_exchange_strong(unset, monotonic_us());
     return done;
   }
 
   std::optional<bool> wait_unless(Millis timeout, const std::function<bool()>& give_up) override {
-    const int64_t t0 = monotonic_us();
-    if (record_.wait_start_us < 0) record_.wait_start_us = t0;
-    std::optional<bool> done;
-    try {
-      done = inner_->wait_unless(timeout, give_up);
-    } catch (const CommError& e) {
-      info_->recorder->add_blocked(monotonic_us() - t0);
-      fail(e);
-    }
-    info_->recorder->add_blocked(monotonic_us() - t0);
-    if (done && *done) finish(OpState::Completed);
-    return done;
+    return blocked_in([&] { return inner_->wait_unless(timeout, give_up); });
   }
 
  private:
+  // Runs a wait of the inner work, counting the time blocked; finishes the record when it is done.
+  template <typename Wait>
+  auto blocked_in(Wait wait) -> decltype(wait()) {
+    const int64_t t0 = monotonic_us();
+    int64_t unset = -1;
+    wait_start_.compare_exchange_strong(unset, t0);
+    try {
+      auto done = wait();
+      info_->recorder->add_blocked(monotonic_us() - t0);
+      if (is_done(done)) finish(OpState::Completed);
+      return done;
+    } catch (const CommError& e) {
+      info_->recorder->add_blocked(monotonic_us() - t0);
+      finish(OpState::Failed);
+      rethrow_diagnosed(e, record_, *info_);
+    }
+  }
+  static bool is_done(bool done) { return done; }
+  static bool is_done(const std::optional<bool>& done) { return done && *done; }
+
   void finish(OpState state) {
     if (finished_.exchange(true)) return;
-    record_.finished_us = finished_at_ >= 0 ? finished_at_ : monotonic_us();
-    info_->recorder->finish(record_, state);
-  }
-
-  [[noreturn]] void fail(const CommError& e) {
-    finish(OpState::Failed);
-    rethrow_diagnosed(e, record_, *info_);
+    OpRecord r = record_;
+    const int64_t at = finished_at_.load();
+    r.finished_us = at >= 0 ? at : monotonic_us();
+    r.wait_start_us = wait_start_.load();
+    info_->recorder->finish(r, state);
   }
 
   WorkPtr inner_;
-  OpRecord record_;
+  const OpRecord record_;
   std::shared_ptr<const GroupInfo> info_;
   std::atomic<bool> finished_{false};
-  int64_t finished_at_ = -1;
+  // Written by whichever thread polls or waits, read by the one that finishes.
+  std::atomic<int64_t> finished_at_{-1}, wait_start_{-1};
 };
 
 class RecordingCommunicator : public Communicator {
@@ -164,7 +174,7 @@ class RecordingCommunicator : public Communicator {
     r.group = info_->group;
     r.peer = peer;
     r.bytes = bytes;
-    r.step = step_;
+    r.step = step_.load();
     r.issued_us = monotonic_us();
     r = info_->recorder->issue(r);
     WorkPtr inner;
@@ -183,10 +193,10 @@ class RecordingCommunicator : public Communicator {
   }
 
   // debug.skip_collective: this rank never issues its first collective of the step and stays in it, as a rank
-  // lost in other work would; its peers time out and must name it. Bounded, like every wait.
+  // lost in other work would; its peers time out and must name it. It gives up after 10 minutes (the peers'
+  // timeout ends the job long before).
   void hold_back_if_asked(const char* op) {
-    if (options_.hold_back_step < 0 || step_ != options_.hold_back_step || held_back_) return;
-    held_back_ = true;
+    if (options_.hold_back_step < 0 || step_.load() != options_.hold_back_step || held_back_.exchange(true)) return;
     options_.recorder->set_activity("a held-back collective (debug.skip_collective)");
     const auto until = std::chrono::steady_clock::now() + std::chrono::minutes(10);
     while (std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -197,8 +207,8 @@ class RecordingCommunicator : public Communicator {
   std::unique_ptr<Communicator> owned_;
   RecordingOptions options_;
   std::shared_ptr<const GroupInfo> info_;
-  int64_t step_ = -1;
-  bool held_back_ = false;
+  std::atomic<int64_t> step_{-1};    // set by the training thread, read by any thread that issues
+  std::atomic<bool> held_back_{false};
 };
 
 }  // namespace

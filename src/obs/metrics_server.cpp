@@ -4,6 +4,7 @@
 
 #include <cctype>
 #include <cerrno>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -176,6 +177,7 @@ struct MetricsServer::Impl {
   int port = 0;
   httplib::Server server;
   std::thread thread;
+  std::atomic<bool> listening_done{false};
   std::mutex mutex;  // guards the two below: the training thread publishes while the server thread serves
   std::string text = prometheus_up_text();
   StepMetrics last;
@@ -224,7 +226,10 @@ MetricsServer::MetricsServer(const std::string& host, int port) : impl_(std::mak
                      "; set obs.metrics_port to a free port (or 0 to turn the endpoint off), or obs.metrics_host "
                      "to an address of this machine");
   }
-  s.thread = std::thread([&s] { s.server.listen_after_bind(); });
+  s.thread = std::thread([&s] {
+    s.server.listen_after_bind();
+    s.listening_done = true;
+  });
   // stop() does nothing until the accept loop runs: wait for it, so that the destructor can always end it.
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
   while (!s.server.is_running() && std::chrono::steady_clock::now() < deadline)
@@ -232,7 +237,11 @@ MetricsServer::MetricsServer(const std::string& host, int port) : impl_(std::mak
 }
 
 MetricsServer::~MetricsServer() {
-  impl_->server.stop();
+  // stop() is lost if the accept loop has not started yet (a very slow start): ask until the loop is over.
+  do {
+    impl_->server.stop();
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  } while (!impl_->listening_done);
   impl_->thread.join();
 }
 

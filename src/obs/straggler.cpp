@@ -12,10 +12,10 @@ double median(std::vector<double> values) {
   return n == 0 ? 0 : n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
-double median_of_others(const std::vector<double>& values, size_t skip) {
+double median_of_others(const std::vector<double>& values, size_t skip, const std::vector<int>& peers) {
   std::vector<double> others;
   for (size_t i = 0; i < values.size(); ++i)
-    if (i != skip) others.push_back(values[i]);
+    if (i != skip && (peers.empty() || peers[i] == peers[skip])) others.push_back(values[i]);
   return others.empty() ? values[skip] : median(others);
 }
 
@@ -23,13 +23,13 @@ double median_of_others(const std::vector<double>& values, size_t skip) {
 
 double median_step(const std::vector<double>& busy_per_step) { return median(busy_per_step); }
 
-StragglerVerdict StragglerDetector::update(const std::vector<double>& busy_s) {
+StragglerVerdict StragglerDetector::update(const std::vector<double>& busy_s, const std::vector<int>& peers) {
   StragglerVerdict v;
   v.busy_s = busy_s;
   above_.resize(busy_s.size(), 0);
   below_.resize(busy_s.size(), 0);
   for (size_t r = 0; r < busy_s.size(); ++r) {
-    const double others = median_of_others(busy_s, r);
+    const double others = median_of_others(busy_s, r, peers.size() == busy_s.size() ? peers : std::vector<int>{});
     v.scores.push_back(others > 0 ? busy_s[r] / others : 1.0);
     const bool slow = v.scores[r] > 1 + margin_ && busy_s[r] - others >= min_excess_s_;
     above_[r] = slow ? above_[r] + 1 : 0;

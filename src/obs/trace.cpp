@@ -6,17 +6,13 @@
 #include <filesystem>
 #include <fstream>
 
+#include "crosstrain/core/clock.h"
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::obs {
 namespace fs = std::filesystem;
 
 namespace {
-
-int64_t now_us() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
 
 // Group names are the only free text in an event: escape what JSON needs.
 std::string quoted(const std::string& text) {
@@ -154,7 +150,7 @@ void Tracer::add(Span span) {
 void Tracer::flush(const MemorySample& memory) {
   Batch batch;
   batch.memory = memory;
-  batch.ts_us = now_us();
+  batch.ts_us = monotonic_us();
   {
     std::lock_guard<std::mutex> lock(mu_);
     batch.spans.swap(buffer_);
@@ -232,12 +228,12 @@ Tracer::Scope::Scope(Tracer* tracer, SpanKind kind, const char* name, int64_t st
   span_.step = step;
   span_.mb = mb;
   span_.stage = stage;
-  span_.ts_us = now_us();
+  span_.ts_us = monotonic_us();
 }
 
 Tracer::Scope::~Scope() {
   if (!tracer_) return;
-  span_.dur_us = now_us() - span_.ts_us;
+  span_.dur_us = monotonic_us() - span_.ts_us;
   tracer_->add(span_);
 }
 

@@ -171,6 +171,8 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
   }
   if (started_) note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id));
   if (has_state_ && run_) carried_ = run_->live_state(next_step_);
+  // Its Run is kept (never destroyed: the abandoned operations hold its buffers), so its trace is written now.
+  if (run_) run_->flush_trace();
   run_ = nullptr;
   world_ = nullptr;
   gen_ = m_.await_member_generation(std::max(gen_.id, successor - 1));
@@ -300,6 +302,7 @@ bool ElasticLoop::train_steps() {
 void ElasticLoop::finish() {
   m_.finish();
   run_->commit_pending();
+  run_->flush_trace();
   const bool talk = world_->rank() == 0 && !o_.quiet;
   if (talk) {
     std::printf("trained to step %lld in %.1f s\n", static_cast<long long>(c_.train.steps), seconds_since(start_));

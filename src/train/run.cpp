@@ -282,10 +282,11 @@ void Run::start_trace(const RunStart& start) {
   // A fresh run starts its trace over; a resumed run and elastic generations add to it.
   const bool append = start.resume || !start.refuse_old_run_dir;
   const std::string path = (fs::path(c_.run.dir) / "traces" / ("rank-" + std::to_string(world_.rank()) + ".json")).string();
-  tracer_ = std::make_unique<obs::Tracer>(path, id, static_cast<size_t>(c_.obs.trace_buffer_events), append);
-  obs::Tracer* tracer = tracer_.get();
+  tracer_ = std::make_shared<obs::Tracer>(path, id, static_cast<size_t>(c_.obs.trace_buffer_events), append);
+  // The sink holds the tracer: a work another thread finishes while this Run is destroyed still has it. The
+  // recorder is the one calling, so it is alive.
   comm::FlightRecorder* recorder = recorder_.get();
-  recorder_->set_sink([tracer, recorder](const comm::OpRecord& r) { trace_operation(*tracer, *recorder, r); });
+  recorder_->set_sink([tracer = tracer_, recorder](const comm::OpRecord& r) { trace_operation(*tracer, *recorder, r); });
 }
 
 void Run::flush_trace() {
@@ -496,11 +497,17 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
 
 // Every straggler_every steps (lockstep training): each rank's busy time per step, a few bytes from each.
 void Run::exchange_straggler_timings(int64_t step) {
-  at::Tensor mine = at::full({1}, obs::median_step(window_busy_s_), at::kDouble);
-  at::Tensor all = at::zeros({world_.size()}, at::kDouble);
+  // Each rank's busy time and its pipeline stage: stages do different work, so ranks are compared within theirs.
+  at::Tensor mine = at::tensor({obs::median_step(window_busy_s_), static_cast<double>(mesh_.index(Axis::PP))}, at::kDouble);
+  at::Tensor all = at::zeros({2 * world_.size()}, at::kDouble);
   world_.all_gather(mine, all)->wait();
-  std::vector<double> busy(all.data_ptr<double>(), all.data_ptr<double>() + all.numel());
-  last_verdict_ = stragglers_.update(busy);
+  std::vector<double> busy;
+  std::vector<int> stage;
+  for (int r = 0; r < world_.size(); ++r) {
+    busy.push_back(all[2 * r].item<double>());
+    stage.push_back(static_cast<int>(all[2 * r + 1].item<double>()));
+  }
+  last_verdict_ = stragglers_.update(busy, stage);
   verdict_fresh_ = true;
   if (world_.rank() == 0 && (last_verdict_.named_now || last_verdict_.cleared_now))
     std::fprintf(stderr, "crosstrain: warning: %s\n",

@@ -126,7 +126,7 @@ class Run {
   double peak_flops_ = 0;
   GemmPeak gemm_peak_;  // measured here (empty when given or carried over)
   double sync_blocked_s_ = 0, compute_s_ = 0;  // [sync] for utilization
-  std::unique_ptr<obs::Tracer> tracer_;
+  std::shared_ptr<obs::Tracer> tracer_;  // shared with the recorder's sink, which other threads may be in
   // Straggler detection: busy time (step time less the time blocked in waits) since the last exchange.
   obs::StragglerDetector stragglers_;
   std::vector<double> window_busy_s_;  // per step

@@ -8,14 +8,16 @@
 #include <atomic>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
 
+#include "crosstrain/core/clock.h"
+
 namespace crosstrain::comm {
 
-// Microseconds of the monotonic clock (the same clock in every process of a machine; traces use it too).
-int64_t monotonic_us();
+using crosstrain::monotonic_us;  // core/clock.h: the clock of traces and records
 
 enum class OpState : uint8_t { Issued, Completed, Failed };
 const char* to_string(OpState s);
@@ -97,6 +99,7 @@ class FlightRecorder {
   Sink sink_;
   std::vector<Group> groups_;
   std::vector<OpRecord> ring_;  // ring_[id % capacity]
+  std::map<uint64_t, OpRecord> in_flight_;  // issued and not finished, whatever the ring kept
   uint64_t next_id_ = 1;
   std::string first_failure_;
   std::atomic<int64_t> blocked_us_{0};

@@ -16,11 +16,10 @@
 
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/comm/flight_recorder.h"
+#include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/core/launch_env.h"
 
 namespace crosstrain::comm {
-
-class Rendezvous;
 
 class HangDoctor {
  public:
@@ -39,8 +38,11 @@ class HangDoctor {
 
  private:
   void answer_loop();
+  c10::intrusive_ptr<c10d::Store> reconnect();
   RankStatus status() const;
 
+  LaunchEnv env_;
+  Millis timeout_;
   int rank_, world_size_;
   mutable std::mutex mu_;
   std::shared_ptr<FlightRecorder> recorder_;

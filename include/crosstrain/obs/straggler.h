@@ -12,7 +12,7 @@ namespace crosstrain::obs {
 
 struct StragglerVerdict {
   std::vector<double> busy_s;  // each rank's busy seconds per step over the window
-  std::vector<double> scores;  // busy time over the median of the other ranks' (1: as busy as the rest)
+  std::vector<double> scores;  // busy time over the median of the other ranks' of its stage (1: as busy as they)
   int straggler = -1;          // the rank named (-1: none)
   bool named_now = false;      // it became the straggler in this exchange (print the warning)
   bool cleared_now = false;    // the previous straggler is no longer one
@@ -25,7 +25,9 @@ class StragglerDetector {
   // (a millisecond of scheduling noise is 30% of a 3 ms step); `windows`: exchanges in a row.
   StragglerDetector(double margin, int windows, double min_excess_s = 0)
       : margin_(margin), windows_(windows), min_excess_s_(min_excess_s) {}
-  StragglerVerdict update(const std::vector<double>& busy_s);
+  // `peers`: a class per rank (the pipeline stage); a rank is compared with the others of its class only, since
+  // stages do different work (empty: one class). A rank alone in its class scores 1.
+  StragglerVerdict update(const std::vector<double>& busy_s, const std::vector<int>& peers = {});
   int straggler() const { return straggler_; }
 
  private:

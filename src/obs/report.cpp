@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/obs/median.h"
 #include "crosstrain/obs/trace_file.h"
 
 namespace crosstrain::obs {
@@ -95,11 +96,8 @@ std::optional<double> number_at(const nlohmann::json& row, const char* key) {
   return std::isfinite(value) ? std::optional<double>(value) : std::nullopt;
 }
 
-std::optional<double> median_of(std::vector<double> values) {
-  if (values.empty()) return std::nullopt;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
+std::optional<double> median_of(const std::vector<double>& values) {
+  return values.empty() ? std::nullopt : std::optional<double>(median(values));
 }
 
 std::vector<double> column(const std::vector<nlohmann::json>& rows, const char* key) {

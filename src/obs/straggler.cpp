@@ -3,14 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "crosstrain/obs/median.h"
+
 namespace crosstrain::obs {
 namespace {
-
-double median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n == 0 ? 0 : n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
-}
 
 double median_of_others(const std::vector<double>& values, size_t skip, const std::vector<int>& peers) {
   std::vector<double> others;

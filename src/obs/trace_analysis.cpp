@@ -4,6 +4,8 @@
 #include <map>
 #include <string>
 
+#include "crosstrain/obs/median.h"
+
 namespace crosstrain::obs {
 
 Intervals merged(Intervals spans) {
@@ -129,13 +131,6 @@ void fill_times(const RankSpans& spans, int pp, RankTimes& times) {
   if (times.comm_us > 0) times.overlap = std::clamp(1 - times.exposed_us / times.comm_us, 0.0, 1.0);
   if (pp > 1 && times.step_us > 0) times.bubble = 1 - times.compute_us / times.step_us;
   if (times.steps > 0) times.busy_per_step_us = (times.step_us - times.exposed_us) / static_cast<double>(times.steps);
-}
-
-double median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 ? values[n / 2] : (values[n / 2 - 1] + values[n / 2]) / 2;
 }
 
 // Ratios to the median busy time; the busiest rank is a straggler when beyond the margin.

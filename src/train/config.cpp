@@ -10,6 +10,8 @@
 
 #include "crosstrain/core/error.h"
 
+#include "debug_fault.h"
+
 namespace crosstrain::train {
 namespace {
 
@@ -319,6 +321,10 @@ void check_ranges(const Config& c) {
   need(c.obs.straggler_windows >= 1, "obs.straggler_windows", c.obs.straggler_windows, "must be at least 1");
   need(c.obs.metrics_port >= 0 && c.obs.metrics_port <= 65535, "obs.metrics_port", c.obs.metrics_port,
        "must be a TCP port (1-65535), or 0 for no metrics endpoint");
+  // Malformed debug specs are refused before any rank starts (each rank would refuse it again).
+  parse_debug_fault(c.debug.elastic_kill, "elastic_kill");
+  parse_debug_fault(c.debug.elastic_stop, "elastic_stop");
+  parse_debug_fault(c.debug.skip_collective, "skip_collective");
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");
 }

@@ -19,6 +19,7 @@
 #include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/sample.h"
+#include "debug_fault.h"
 #include "run.h"
 
 namespace crosstrain::train {
@@ -29,28 +30,6 @@ namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-
-// "RANK@STEP" or "all@STEP"; rank -2: no fault.
-struct Fault {
-  int rank = -2;
-  int64_t step = -1;
-  bool hits(int r, int64_t s) const { return step == s && (rank == -1 || rank == r); }
-};
-
-Fault parse_fault(const std::string& spec, const char* key) {
-  Fault f;
-  if (spec.empty()) return f;
-  const auto at = spec.find('@');
-  try {
-    if (at == std::string::npos) throw std::invalid_argument(spec);
-    const std::string who = spec.substr(0, at);
-    f.rank = who == "all" ? -1 : std::stoi(who);
-    f.step = std::stoll(spec.substr(at + 1));
-  } catch (const std::exception&) {
-    throw UsageError(std::string("debug.") + key + " = '" + spec + "': use RANK@STEP or all@STEP, e.g. 2@7");
-  }
-  return f;
-}
 
 // The first process of a rank only: a restarted one must not fail again at the same step.
 bool first_incarnation() {
@@ -74,8 +53,8 @@ Config generation_config(const Config& c, int live, int slots) {
 class ElasticLoop {
  public:
   ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o)
-      : c_(c), m_(m), o_(o), slots_(job_replicas(c, m.world_size())), kill_(parse_fault(c.debug.elastic_kill, "elastic_kill")),
-        stop_(parse_fault(c.debug.elastic_stop, "elastic_stop")) {}
+      : c_(c), m_(m), o_(o), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
+        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")) {}
   ~ElasticLoop();
   TrainResult run();
 
@@ -93,7 +72,7 @@ class ElasticLoop {
   elastic::Membership& m_;
   const TrainOptions& o_;
   const int slots_;
-  const Fault kill_, stop_;
+  const DebugFault kill_, stop_;
   const bool first_incarnation_ = first_incarnation();  // read once, not on every step
   elastic::Generation gen_;
   // A generation's objects: Gloo cannot cancel an operation in flight, so a failed generation's communicator

@@ -29,6 +29,7 @@
 #include "crosstrain/train/stop_vote.h"
 #include "crosstrain/train/sync_strategy.h"
 #include "crosstrain/train/test_hooks.h"
+#include "debug_fault.h"
 
 namespace crosstrain::train {
 namespace fs = std::filesystem;
@@ -43,24 +44,13 @@ void need(bool ok, const std::string& message) {
   if (!ok) throw UsageError(message);
 }
 
-// debug.skip_collective = "RANK@STEP": the step at which this rank holds back a collective (-1: never).
-int64_t hold_back_step(const std::string& spec, int rank) {
-  if (spec.empty()) return -1;
-  const auto at = spec.find('@');
-  try {
-    if (at == std::string::npos) throw std::invalid_argument(spec);
-    return std::stoi(spec.substr(0, at)) == rank ? std::stoll(spec.substr(at + 1)) : -1;
-  } catch (const std::exception&) {
-    throw UsageError("debug.skip_collective = '" + spec + "': use RANK@STEP, e.g. 1@5");
-  }
-}
-
 comm::RecordingOptions recording_options(const Config& c, int rank, comm::HangDoctor* doctor,
                                          std::shared_ptr<comm::FlightRecorder> recorder) {
   comm::RecordingOptions o;
   o.recorder = std::move(recorder);
   o.doctor = doctor;
-  o.hold_back_step = hold_back_step(c.debug.skip_collective, rank);
+  // debug.skip_collective = "RANK@STEP": the step at which this rank holds back a collective.
+  o.hold_back_step = parse_debug_fault(c.debug.skip_collective, "skip_collective").step_for(rank);
   return o;
 }
 

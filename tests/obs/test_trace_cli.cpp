@@ -2,7 +2,9 @@
 // named as the straggler; a clean run without a warning; a held-back collective named by the others' timeout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -87,8 +89,16 @@ TEST(Traces, TwoRanksRecordEverySpanKindAndMergeOntoOneClock) {
     for (const char* kind : {"step", "data", "compute", "optimizer", "wait", "comm", "sync", "checkpoint", "eval"})
       EXPECT_TRUE(cats.count(kind)) << "rank " << rank << " has no '" << kind << "' span";
     int forward = 0, comm_with_fields = 0;
-    bool memory = false;
+    bool memory = false, clock = false;
     for (const auto& e : events) {
+      if (e.value("name", "") == "crosstrain_clock") {
+        // Rank 1 measured its offset by ping-pongs over loopback: a round trip takes time, and on one machine
+        // (one monotonic clock) the true offset is 0, so the estimate is within half a round trip of it.
+        const auto rtt = e["args"]["rtt_us"].get<int64_t>(), offset = e["args"]["offset_us"].get<int64_t>();
+        if (rank == 1) EXPECT_GT(rtt, 0);
+        EXPECT_LE(std::abs(offset), rtt / 2 + 1) << e.dump();
+        clock = true;
+      }
       if (e.value("name", "") == "forward") ++forward;
       if (e.value("cat", "") == "comm" && e["args"].contains("seq") && e["args"].contains("bytes") &&
           e["args"].contains("group"))
@@ -99,8 +109,30 @@ TEST(Traces, TwoRanksRecordEverySpanKindAndMergeOntoOneClock) {
     EXPECT_EQ(forward, 12 + 3 * 4);
     EXPECT_GT(comm_with_fields, 12);
     EXPECT_TRUE(memory);
+    EXPECT_TRUE(clock);
   }
   expect_merged_timeline(merge(dir), 2);
+}
+
+// Item 6: with no train.peak_flops_per_rank, the denominator is measured at the model's GEMM shapes and printed,
+// and MFU is the achieved rate over it.
+TEST(Mfu, DenominatorIsTheMeasuredGemmPeakAtTheModelsShapes) {
+  const std::string dir = fresh_dir("mfu-measured");
+  auto args = tiny_args(dir, 1, 3);
+  const auto peak = std::find(args.begin(), args.end(), "train.peak_flops_per_rank=1e9");
+  ASSERT_NE(peak, args.end());
+  args.erase(peak - 1, peak + 1);
+  const ProcessResult r = run_process(args, {}, std::chrono::minutes(2));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "MFU peak per thread (fp32):")) << r.output;
+  const auto rows = read_metrics(dir);
+  ASSERT_EQ(rows.size(), 3u);
+  for (const auto& row : rows) {
+    const double gemm = row["gemm_peak_flops"].get<double>(), achieved = row["achieved_flops_per_rank"].get<double>();
+    EXPECT_GT(gemm, 1e8) << "any CPU multiplies faster than 0.1 GFLOP/s: not measured?";
+    EXPECT_NE(gemm, 1e9);
+    EXPECT_NEAR(row["mfu"].get<double>(), achieved / gemm, 1e-12);
+  }
 }
 
 TEST(Traces, PipelineAndTensorParallelRanksRecordStagesAndTransfers) {

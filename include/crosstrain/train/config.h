@@ -91,8 +91,8 @@ struct DebugConfig {
   // itself SIGKILL / SIGSTOP in the middle of that step, before its gradients are reduced (tests, chaos runs).
   std::string elastic_kill, elastic_stop;
   bool elastic_digest = false;  // debug.elastic_digest: print each rank's state digest when a generation starts
-  // debug.skip_collective = "RANK@STEP" (or "all@STEP"): that rank holds back its first collective of that step and sleeps in
-  // it without issuing it (tests of the hang diagnosis: the others time out and must name it).
+  // debug.skip_collective = "RANK@STEP" (or "all@STEP"): that rank holds back its first collective of that step
+  // and sleeps in it without issuing it (tests of the hang diagnosis: the others time out and must name it).
   std::string skip_collective;
 };
 

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale install clean
 
 all: build
 
@@ -79,6 +79,15 @@ bench-chaos: build
 # Cost of always-on traces: gpt-tiny on 2 ranks with obs.trace on and off in alternating rounds; trace size.
 bench-trace: build
 	@python3 bench/trace.py --bin $(BUILD)/crosstrain
+
+# Fused causal attention against the reference path (matmul, mask, softmax, matmul), forward + backward.
+bench-attention: build
+	@BIN=$(BUILD)/crosstrain bench/attention.sh
+
+# A GPT of about 350M parameters on 4 ranks (pp=2 x tp=2): each rank's peak RSS against one process's need;
+# full recompute's activation bytes and step time against none.
+bench-scale: build
+	@BIN=$(BUILD)/crosstrain bench/scale.sh
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

@@ -4,6 +4,9 @@
 Trains the same nanoGPT-style decoder as the C++ trainer (op for op) on random
 tokens over gloo, and prints one line on stdout:
     pytorch_ddp tokens_per_s=<float> step_time_s=<float> params=<int>
+With --bf16 the forward pass runs under CPU bf16 autocast (torch.autocast("cpu",
+dtype=torch.bfloat16)): fp32 weights, gradients and all-reduce, bf16 matmuls;
+PyTorch's own recipe for mixed precision on CPU.
 Run with /usr/bin/python3 (Debian's PyTorch 1.13).
 """
 import os
@@ -131,7 +134,8 @@ def worker(rank, a):
 
     def step(i):
         opt.zero_grad(set_to_none=True)
-        loss = ddp(xs[i], ys[i])
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.bf16):
+            loss = ddp(xs[i], ys[i])
         loss.backward()
         torch.nn.utils.clip_grad_norm_(ddp.parameters(), 1.0)
         opt.step()
@@ -151,7 +155,7 @@ def worker(rank, a):
         tps = a.nproc * a.batch * a.context * a.steps / sec
         print(f"rank0 final loss {loss.item():.4f}", file=sys.stderr)
         print(f"pytorch_ddp tokens_per_s={tps:.1f} step_time_s={sec / a.steps:.6f} "
-              f"params={params}", flush=True)
+              f"params={params} precision={'bf16-autocast' if a.bf16 else 'fp32'}", flush=True)
     dist.destroy_process_group()
 
 
@@ -173,6 +177,7 @@ def main():
     ap.add_argument("--dropout", type=float, default=0.0)
     ap.add_argument("--steps", type=int, default=20, help="timed steps")
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps")
+    ap.add_argument("--bf16", action="store_true", help="forward under CPU bf16 autocast")
     ap.add_argument("--port", type=int, default=None)
     ap.add_argument("--timeout", type=float, default=600, help="whole-run limit, seconds")
     a = ap.parse_args()

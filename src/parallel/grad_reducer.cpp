@@ -50,13 +50,18 @@ BucketedAllReduce::BucketedAllReduce(std::vector<at::Tensor> parameters, comm::C
     const int64_t side = &b == &buckets_.back() ? kSideValues : 0;
     b.flat = at::zeros({numel + side}, parameters_[b.params[0]].options().requires_grad(false));
     b.grads = b.flat.narrow(0, 0, numel);
+    // bf16 gradients are summed in fp32: a bf16 sum would round at every hop, and the optimizer wants fp32.
+    const bool low = b.flat.scalar_type() == at::kBFloat16 || b.flat.scalar_type() == at::kHalf;
+    b.wide = low ? at::zeros({numel + side}, b.flat.options().dtype(at::kFloat)) : b.flat;
+    b.wide_grads = b.wide.narrow(0, 0, numel);
     int64_t offset = 0;
     for (size_t q : b.params) {
       const at::Tensor& p = parameters_[q];
       b.views.push_back(b.flat.narrow(0, offset, p.numel()).view(p.sizes()));
+      b.wide_views.push_back(b.wide.narrow(0, offset, p.numel()).view(p.sizes()));
       offset += p.numel();
     }
-    stats_.bytes += numel * static_cast<int64_t>(b.flat.element_size());
+    stats_.bytes += numel * static_cast<int64_t>(b.wide.element_size());
   }
   stats_.buckets = static_cast<int>(buckets_.size());
   attach_views();
@@ -86,25 +91,41 @@ void BucketedAllReduce::zero_grad() {
   attach_views();
 }
 
+// On the reduced gradients, which are fp32 whatever the model's dtype.
 double BucketedAllReduce::gradient_norm() const {
   double sum = 0;
-  for (const auto& b : buckets_) sum += b.grads.pow(2).sum().item<double>();
+  for (const auto& b : buckets_) sum += b.wide_grads.pow(2).sum().item<double>();
   return std::sqrt(sum);
 }
 
 void BucketedAllReduce::scale_gradients(double factor) {
-  for (auto& b : buckets_) b.grads.mul_(factor);
+  for (auto& b : buckets_) b.wide_grads.mul_(factor);
 }
 
+at::Tensor BucketedAllReduce::reduced_gradient(const at::Tensor& parameter) const {
+  for (const auto& b : buckets_)
+    for (size_t i = 0; i < b.params.size(); ++i)
+      if (parameters_[b.params[i]].is_same(parameter)) return b.wide_views[i];
+  throw Error("reduced_gradient: the parameter is not one of this reducer's (a bug in the caller)");
+}
+
+int64_t BucketedAllReduce::local_gradient_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& b : buckets_)
+    if (!b.wide.is_same(b.flat)) bytes += b.grads.numel() * static_cast<int64_t>(b.flat.element_size());
+  return bytes;
+}
+
+// The side values live in the reduced (fp32) buffer: a bf16 bucket would round the loss to 3 digits.
 void BucketedAllReduce::set_side_value(int index, double value) {
   if (index < 0 || index >= kSideValues) throw UsageError("side value index out of range");
-  const at::Tensor& flat = buckets_.back().flat;
-  flat[flat.numel() - kSideValues + index].fill_(value);
+  const at::Tensor& wide = buckets_.back().wide;
+  wide[wide.numel() - kSideValues + index].fill_(value);
 }
 
 double BucketedAllReduce::side_value(int index) const {
-  const at::Tensor& flat = buckets_.back().flat;
-  return flat[flat.numel() - kSideValues + index].item<double>();
+  const at::Tensor& wide = buckets_.back().wide;
+  return wide[wide.numel() - kSideValues + index].item<double>();
 }
 
 void BucketedAllReduce::reset_pass() {
@@ -148,8 +169,9 @@ void BucketedAllReduce::launch(Bucket& b) {
       p.mutable_grad() = b.views[i];
     }
   }
+  if (!b.wide.is_same(b.flat)) b.wide_grads.copy_(b.grads);  // widened once; the side values are already there
   if (comm_ && comm_->size() > 1 && !codec_) {
-    b.work = comm_->all_reduce(b.flat, comm::ReduceOp::Avg);
+    b.work = comm_->all_reduce(b.wide, comm::ReduceOp::Avg);
   } else if (comm_ && comm_->size() > 1) {
     // Compressed: exchanged in finish(), in bucket order.
   } else {
@@ -175,15 +197,15 @@ void BucketedAllReduce::finish() {
   const int n = comm_ ? comm_->size() : 1;
   stats_.bytes_sent = stats_.bytes_uncompressed = 0;
   for (auto& b : buckets_)
-    stats_.bytes_uncompressed += n > 1 ? 2 * (n - 1) * b.flat.numel() * static_cast<int64_t>(b.flat.element_size()) / n : 0;
+    stats_.bytes_uncompressed += n > 1 ? 2 * (n - 1) * b.wide.numel() * static_cast<int64_t>(b.wide.element_size()) / n : 0;
   if (codec_ && n > 1) {
     for (size_t i = 0; i < buckets_.size(); ++i) {
       Bucket& b = buckets_[i];
-      auto st = comm::compressed_all_reduce(*comm_, b.grads, *codec_, &feedback_, static_cast<int64_t>(i));
+      auto st = comm::compressed_all_reduce(*comm_, b.wide_grads, *codec_, &feedback_, static_cast<int64_t>(i));
       stats_.bytes_sent += st.bytes_sent;
-      if (b.flat.numel() > b.grads.numel()) {
+      if (b.wide.numel() > b.wide_grads.numel()) {
         // The side values (the loss) are averaged exactly, not through the codec.
-        at::Tensor side = b.flat.narrow(0, b.grads.numel(), b.flat.numel() - b.grads.numel());
+        at::Tensor side = b.wide.narrow(0, b.wide_grads.numel(), b.wide.numel() - b.wide_grads.numel());
         comm_->all_reduce(side, comm::ReduceOp::Avg)->wait();
       }
       b.done = true;

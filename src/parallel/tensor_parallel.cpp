@@ -182,8 +182,9 @@ at::Tensor reduce_scatter_to_sequence(const at::Tensor& x, comm::Communicator* g
 
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
                                         comm::Communicator* group) {
+  // In fp32 whatever the logits' dtype (as the vocabulary-parallel path below): a bf16 loss keeps 3 digits.
   if (!group)
-    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}), targets.reshape({-1}));
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
   return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, handle(group));
 }
 

@@ -80,7 +80,9 @@ std::string key_of(const at::Tensor& t) { return c10::guts::to_string(t.unsafeGe
 class ReplicatedAdamW : public ModelOptimizer {
  public:
   // With a low-precision dtype the model's parameters and gradients become that dtype and AdamW steps fp32
-  // master copies (mixed precision, like ZeRO's bf16 mode without the sharding).
+  // master copies (mixed precision, like ZeRO's bf16 mode without the sharding). The reducer averages the bf16
+  // gradients in fp32, and each master's .grad is a view of that fp32 result: the norm, clipping, a
+  // cross-cluster average (hierarchical sync) and AdamW all read and write fp32, with no per-step copy.
   ReplicatedAdamW(const std::vector<std::vector<NamedParameter>>& units, comm::Communicator* group,
                   const OptimizerConfig& c)
       : mixed_(c.dtype != at::kFloat) {
@@ -97,6 +99,7 @@ class ReplicatedAdamW : public ModelOptimizer {
         all.push_back(p.tensor);
         params_[p.name] = p.tensor;
         masters_[p.name] = master;
+        name_of_[p.tensor.unsafeGetTensorImpl()] = p.name;
       }
     auto options = [&](double wd) {
       return std::make_unique<torch::optim::AdamWOptions>(
@@ -110,6 +113,8 @@ class ReplicatedAdamW : public ModelOptimizer {
     buckets.bucket_bytes = c.bucket_bytes;
     buckets.compression = c.compression;
     reducer_ = std::make_unique<parallel::BucketedAllReduce>(all, group, buckets);
+    if (mixed_)
+      for (auto& [name, master] : masters_) master.mutable_grad() = reducer_->reduced_gradient(params_.at(name));
   }
   std::string describe() const override {
     return std::string(mixed_ ? "AdamW with fp32 master weights" : "AdamW") + " on every replica, " +
@@ -118,25 +123,22 @@ class ReplicatedAdamW : public ModelOptimizer {
   parallel::GradReducer& reducer() override { return *reducer_; }
   void step(double lr) override {
     for (auto& g : adamw_->param_groups()) static_cast<torch::optim::AdamWOptions&>(g.options()).lr(lr);
-    if (mixed_)
-      for (auto& [name, master] : masters_) {
-        const at::Tensor& g = params_.at(name).grad();
-        if (g.defined()) master.mutable_grad() = g.to(at::kFloat);
-      }
     adamw_->step();
     if (mixed_) sync_tensors_changed();
   }
+  // The reduced gradients are the masters' (fp32; the parameters' own with fp32 training).
   void sum_partial_gradients(const std::vector<at::Tensor>& partial, comm::Communicator& tp) override {
     for (const auto& p : partial) {
-      at::Tensor g = p.grad().contiguous();
+      at::Tensor& reduced = masters_.at(name_of_.at(p.unsafeGetTensorImpl())).mutable_grad();
+      at::Tensor g = reduced.contiguous();
       tp.all_reduce(g, comm::ReduceOp::Sum)->wait();
-      const_cast<at::Tensor&>(p).mutable_grad().copy_(g);
+      reduced.copy_(g);
     }
   }
   double gradient_norm(const std::function<bool(const std::string&)>& counted, comm::Communicator* replica) override {
     if (!replica) return reducer_->gradient_norm();  // one rank per replica: the flat buckets are the model
     double sq = 0;
-    for (const auto& [name, t] : params_)
+    for (const auto& [name, t] : masters_)
       if (counted(name) && t.grad().defined()) sq += t.grad().to(at::kFloat).pow(2).sum().item<double>();
     at::Tensor total = at::full({1}, sq, at::kDouble);
     replica->all_reduce(total, comm::ReduceOp::Sum)->wait();
@@ -145,12 +147,9 @@ class ReplicatedAdamW : public ModelOptimizer {
   parallel::ModelStateBytes memory() const override {
     parallel::ModelStateBytes m;
     for (const auto& [name, t] : params_) m.parameters += t.numel() * static_cast<int64_t>(t.element_size());
-    if (mixed_)  // the fp32 masters and the fp32 copies of their gradients that AdamW reads
-      for (const auto& [name, t] : masters_) {
-        m.optimizer += t.numel() * static_cast<int64_t>(t.element_size());
-        if (t.grad().defined()) m.gradients += t.grad().numel() * static_cast<int64_t>(t.grad().element_size());
-      }
-    m.gradients += reducer_->stats().bytes;
+    if (mixed_)  // the fp32 masters; the gradients: the local bf16 ones and the fp32 reduced ones AdamW reads
+      for (const auto& [name, t] : masters_) m.optimizer += t.numel() * static_cast<int64_t>(t.element_size());
+    m.gradients += reducer_->stats().bytes + reducer_->local_gradient_bytes();
     for (const auto& [key, st] : adamw_->state()) {
       auto& a = static_cast<torch::optim::AdamWParamState&>(*st);
       for (const auto& t : {a.exp_avg(), a.exp_avg_sq()})
@@ -160,7 +159,7 @@ class ReplicatedAdamW : public ModelOptimizer {
   }
   std::map<std::string, at::Tensor> gradients() const override {
     std::map<std::string, at::Tensor> g;
-    for (const auto& [name, t] : params_)
+    for (const auto& [name, t] : masters_)
       if (t.grad().defined()) g[name] = t.grad().clone();
     return g;
   }
@@ -266,6 +265,7 @@ class ReplicatedAdamW : public ModelOptimizer {
   bool mixed_;
   std::map<std::string, at::Tensor> params_;   // the model's (bf16 with mixed precision)
   std::map<std::string, at::Tensor> masters_;  // what AdamW steps: fp32 (the parameters themselves in fp32)
+  std::map<const c10::TensorImpl*, std::string> name_of_;  // the model's parameters
   std::unique_ptr<torch::optim::AdamW> adamw_;
   std::unique_ptr<parallel::BucketedAllReduce> reducer_;
 };

@@ -154,11 +154,9 @@ parallel::ParallelDims validate(const Config& c, int world) {
   need(c.train.keep_checkpoints >= 0, "train.keep_checkpoints must be 0 (keep all) or more");
   const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
   check_sync_config(c.sync, dims.dp(), dims.pp(), dims.tp(), dims.zero);
+  // bf16 runs with every layout and sync mode: gradients are reduced in fp32 (inside and across clusters).
   need(c.train.precision == "fp32" || c.train.precision == "bf16",
        "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
-  need(!(c.sync.mode == "sync" && c.sync.hierarchical) || c.train.precision == "fp32",
-       "sync.hierarchical averages fp32 gradients across clusters: set train.precision = \"fp32\", or use "
-       "sync.mode = \"diloco\", which runs in bf16");
   need(dims.zero == 0 || c.comm.compression == "none",
        "comm.compression applies to plain data parallel; set parallel.zero = 0 or comm.compression = \"none\"");
   const int64_t replicas_x_micro = dims.dp() * dims.microbatches;

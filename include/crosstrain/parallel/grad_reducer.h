@@ -63,7 +63,10 @@ struct BucketConfig {
 };
 
 // DDP-style reducer. Gradients live in flat per-bucket buffers (each parameter's .grad is a view), so
-// accumulation and averaging happen in place with no copies. Buckets hold parameters in reverse
+// accumulation and averaging happen in place with no copies. Low-precision (bf16) gradients are reduced in
+// fp32: each bucket is widened once into an fp32 buffer when its all-reduce starts, averaged there, and the
+// result stays fp32 (reduced_gradient()); the norm, clipping and the side values work on it. The parameters'
+// own .grad then keeps this rank's local sum. Buckets hold parameters in reverse
 // registration order (the order backward produces them); a bucket's all-reduce starts from a gradient
 // hook as soon as its last gradient is accumulated, while backward continues. Buckets are always started
 // in the same order on every rank, so a parameter that gets no gradient (its bucket is started at the end
@@ -87,12 +90,20 @@ class BucketedAllReduce : public GradReducer {
   double side_value(int index) const override;
   static constexpr int kSideValues = 4;
   int bucket_count() const { return static_cast<int>(buckets_.size()); }
+  // The averaged gradient of `parameter` (one of those given, requiring a gradient) after a syncing backward or
+  // synchronize(): a view of the fp32 buffer it was reduced in (for fp32 parameters, its .grad itself).
+  at::Tensor reduced_gradient(const at::Tensor& parameter) const;
+  // Bytes of the local gradient buffers that are not also the reduction buffers (bf16 gradients: 2 per element).
+  int64_t local_gradient_bytes() const;
 
  private:
   using Clock = std::chrono::steady_clock;
   struct Bucket {
     at::Tensor flat;                   // gradients, then (last bucket only) the side values
     at::Tensor grads;                  // the gradient part of flat
+    at::Tensor wide;                   // what is reduced: flat itself when fp32, else an fp32 copy of it
+    at::Tensor wide_grads;             // the gradient part of wide
+    std::vector<at::Tensor> wide_views;  // per parameter, into wide
     std::vector<size_t> params;  // indices into parameters_
     std::vector<at::Tensor> views;
     int pending = 0;

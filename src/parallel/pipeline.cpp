@@ -24,6 +24,17 @@ PipelineRuntime::PipelineRuntime(ScheduleSpec spec, comm::Communicator* group, i
 
 bool PipelineRuntime::holds_last_stage() const { return stage_ == spec_.stages - 1; }
 
+// The loss (last virtual stage) starts its own backward; other outputs take the received gradient.
+torch::autograd::variable_list PipelineRuntime::output_grads(const Slot& s, bool last) {
+  return last ? torch::autograd::variable_list{} : torch::autograd::variable_list{s.output_grad};
+}
+
+void PipelineRuntime::run_backward(Slot& s, bool last) {
+  torch::autograd::backward({s.output}, output_grads(s, last));
+  if (s.input.defined()) s.input_grad = s.input.grad();
+  s.output = at::Tensor();  // free the stage's graph
+}
+
 int PipelineRuntime::tag(ActionType kind, int mb, int vs) const {
   // One tag per (direction, receiving virtual stage, micro-batch): messages cannot be confused.
   const int direction = kind == ActionType::SendActivation || kind == ActionType::RecvActivation ? 0 : 1;
@@ -62,25 +73,35 @@ void PipelineRuntime::execute(const Action& a, std::map<std::pair<int, int>, Slo
       break;
     }
     case ActionType::Backward: {
-      torch::autograd::backward({s.output}, last ? torch::autograd::variable_list{} : torch::autograd::variable_list{s.output_grad});
-      if (s.input.defined()) s.input_grad = s.input.grad();
-      s.output = at::Tensor();  // free the stage's graph
+      run_backward(s, last);
       break;
     }
     case ActionType::BackwardInput: {
-      // Input gradient only; the graph is kept for the weight pass.
-      if (s.input.defined()) {
-        auto grads = torch::autograd::grad({s.output}, {s.input},
-                                           last ? torch::autograd::variable_list{} : torch::autograd::variable_list{s.output_grad},
-                                           /*retain_graph=*/true);
+      if (model_.weight_grads) {
+        // One backward: input and small parameters' gradients now, the linear layers' weight gradients kept.
+        model_.weight_grads->begin_capture({a.microbatch, a.chunk});
+        try {
+          run_backward(s, last);
+        } catch (...) {
+          model_.weight_grads->end_capture();
+          throw;
+        }
+        model_.weight_grads->end_capture();
+      } else if (s.input.defined()) {
+        // Input gradient only; the graph is kept for the weight pass.
+        auto grads = torch::autograd::grad({s.output}, {s.input}, output_grads(s, last), /*retain_graph=*/true);
         s.input_grad = grads[0];
       }
       break;
     }
     case ActionType::BackwardWeight: {
-      torch::autograd::backward({s.output}, last ? torch::autograd::variable_list{} : torch::autograd::variable_list{s.output_grad},
-                                /*retain_graph=*/false, /*create_graph=*/false, model_.parameters(a.chunk));
-      s.output = at::Tensor();
+      if (model_.weight_grads) {
+        model_.weight_grads->apply({a.microbatch, a.chunk});
+      } else {
+        torch::autograd::backward({s.output}, output_grads(s, last), /*retain_graph=*/false, /*create_graph=*/false,
+                                  model_.parameters(a.chunk));
+        s.output = at::Tensor();
+      }
       break;
     }
     case ActionType::SendGrad: {
@@ -97,6 +118,7 @@ double PipelineRuntime::train_step() {
   std::vector<comm::WorkPtr> sends;
   double loss = 0;
   timeline_.clear();
+  if (model_.weight_grads) model_.weight_grads->clear();  // nothing kept from a step that failed
   const auto start = Clock::now();
   auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - start).count(); };
   for (const Action& a : actions_) {

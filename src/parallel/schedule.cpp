@@ -134,7 +134,7 @@ std::string where(int rank, int pos, const Action& a) {
 // Per-rank checks: ranges, counts, and the order of the actions of each (micro-batch, chunk).
 std::string check_rank(const ScheduleSpec& spec, int rank, const std::vector<Action>& actions) {
   const int m = spec.microbatches, v = spec.chunks, last = last_stage(spec);
-  const bool zb = spec.kind == ScheduleKind::ZeroBubbleH1;
+  const bool zb = splits_backward(spec.kind);
   std::vector<UnitPositions> units(static_cast<size_t>(m) * v);
   for (int i = 0; i < static_cast<int>(actions.size()); ++i) {
     const Action& a = actions[i];
@@ -269,6 +269,8 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "zb-h1") return ScheduleKind::ZeroBubbleH1;
   throw UsageError("unknown pipeline schedule '" + name + "'; valid schedules: " + kScheduleNames);
 }
+
+bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::ZeroBubbleH1; }
 
 const char* to_string(ScheduleKind kind) {
   switch (kind) {

@@ -10,12 +10,14 @@ at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight,
                                   const TensorParallel& t) {
   // Entering the region: every rank needs the whole input (its backward sums the ranks' input gradients).
   at::Tensor in = t.sequence_parallel ? tp::gather_from_sequence(x, t.group) : tp::copy_to_region(x, t.group);
-  return at::linear(in, weight, bias);
+  return linear_with_store(in, weight, bias, t.weight_grads);
 }
 
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                const TensorParallel& t) {
-  at::Tensor partial = at::linear(x, weight);
+  // Without a group the bias stays in the fused product, as in the single-device layer.
+  if (!t.group) return linear_with_store(x, weight, bias, t.weight_grads);
+  at::Tensor partial = linear_with_store(x, weight, at::Tensor(), t.weight_grads);
   at::Tensor out = t.sequence_parallel ? tp::reduce_scatter_to_sequence(partial, t.group)
                                        : tp::reduce_from_region(partial, t.group);
   return bias.defined() ? out + bias : out;

@@ -12,6 +12,7 @@
 
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/parallel/schedule.h"
+#include "crosstrain/parallel/weight_grad_store.h"
 
 namespace crosstrain::parallel {
 
@@ -22,6 +23,10 @@ struct PipelineModel {
   std::function<at::Tensor(int chunk, int mb, const at::Tensor& input)> forward;
   // Parameters of a chunk (the weight-gradient pass of zero-bubble schedules computes only these).
   std::function<std::vector<at::Tensor>(int chunk)> parameters;
+  // Zero-bubble schedules: the store the model's linear layers defer their weight gradients to. With it the
+  // input pass is one backward that keeps (X, dY) per linear layer and frees the graph, and the weight pass is
+  // one product per layer; without it (null) the input pass keeps the graph and the weight pass walks it again.
+  WeightGradStore* weight_grads = nullptr;
   // Shape and dtype of the activations passed between stages.
   std::vector<int64_t> activation_shape;
   at::ScalarType activation_dtype = at::kFloat;
@@ -52,6 +57,9 @@ class PipelineRuntime {
     at::Tensor input, output, output_grad, input_grad;
   };
   int tag(ActionType kind, int mb, int virtual_stage) const;
+  static std::vector<at::Tensor> output_grads(const Slot& s, bool last);
+  // Backward of the slot's output (input and parameter gradients); frees its graph.
+  static void run_backward(Slot& s, bool last);
   void execute(const Action& a, std::map<std::pair<int, int>, Slot>& slots, double& loss,
                std::vector<comm::WorkPtr>& sends);
 

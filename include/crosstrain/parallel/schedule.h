@@ -32,6 +32,8 @@ enum class ScheduleKind {
 // "gpipe", "1f1b", "interleaved", "zb-h1". Throws UsageError listing the valid names.
 ScheduleKind parse_schedule(const std::string& name);
 const char* to_string(ScheduleKind kind);
+// Whether the schedule splits backward into input (BackwardInput) and weight (BackwardWeight) actions.
+bool splits_backward(ScheduleKind kind);
 
 enum class ActionType {
   Forward,

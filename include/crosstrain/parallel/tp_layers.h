@@ -8,6 +8,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/parallel/weight_grad_store.h"
 
 namespace crosstrain::parallel {
 
@@ -16,6 +17,8 @@ struct TensorParallel {
   int rank = 0;
   int size = 1;
   bool sequence_parallel = false;       // activations outside the layers are split along the sequence (dim 1)
+  // Zero-bubble schedules: the linear layers defer their weight gradients to this store (null: plain layers).
+  WeightGradStore* weight_grads = nullptr;
 };
 
 // x (replicated, or a sequence shard) -> this rank's slice of the output features.

@@ -6,10 +6,11 @@
 # the report in its test (headless; with the fonts and the software GL driver it recommends, as recommends are
 # not installed here).
 # libopenblas0-pthread replaces Debian's reference BLAS behind libtorch: about 10x faster CPU matmuls.
+# libblas-dev: cblas.h and the link library for the fused attention's tile GEMMs (OpenBLAS answers at run time).
 # fortunes brings the English text the demo trains on (/usr/share/games/fortunes).
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
-          libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread fortunes
+          libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread libblas-dev fortunes
           libcpp-httplib-dev libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri "$@")
 missing=()
 for p in "${packages[@]}"; do

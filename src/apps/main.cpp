@@ -9,6 +9,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "bench_attention.h"
 #include "bench_comm.h"
 #include "bench_cost_model.h"
 #include "bench_pipeline.h"
@@ -161,6 +162,24 @@ void add_bench_cost_model_command(CLI::App& bench, BenchCostModelCli& model) {
   cmd->add_option("--backend", o.backend, "gloo, or mpi (under mpirun)")->check(CLI::IsMember({"gloo", "mpi"}));
 }
 
+// `crosstrain bench attention`.
+struct BenchAttentionCli {
+  CLI::App* cmd = nullptr;
+  apps::BenchAttentionOptions options;
+};
+
+void add_bench_attention_command(CLI::App& bench, BenchAttentionCli& attention) {
+  apps::BenchAttentionOptions& o = attention.options;
+  CLI::App* cmd = attention.cmd = bench.add_subcommand(
+      "attention", "fused causal attention against the dense path, forward+backward, at several lengths");
+  cmd->add_option("--lengths", o.lengths, "sequence lengths (repeatable; default 128 512 1024 2048)");
+  cmd->add_option("--batch", o.batch, "sequences")->check(CLI::PositiveNumber);
+  cmd->add_option("--heads", o.heads, "attention heads")->check(CLI::PositiveNumber);
+  cmd->add_option("--head-dim", o.head_dim, "width of one head")->check(CLI::PositiveNumber);
+  cmd->add_option("--repeat", o.repeat, "timed repetitions (the table shows medians)")->check(CLI::PositiveNumber);
+  cmd->add_option("--threads", o.threads, "compute threads")->check(CLI::PositiveNumber);
+}
+
 // `crosstrain bench pipeline`.
 struct BenchPipelineCli {
   CLI::App* cmd = nullptr;
@@ -277,6 +296,7 @@ struct CommandLine {
   BenchCommCli bench_comm;
   BenchCostModelCli bench_cost_model;
   BenchPipelineCli bench_pipeline;
+  BenchAttentionCli bench_attention;
   TrainCli train;
   DemoCli demo;
   CkptCli ckpt;
@@ -290,6 +310,7 @@ struct CommandLine {
     add_bench_comm_command(*bench, bench_comm);
     add_bench_cost_model_command(*bench, bench_cost_model);
     add_bench_pipeline_command(*bench, bench_pipeline);
+    add_bench_attention_command(*bench, bench_attention);
     add_train_command(app, train);
     add_demo_command(app, demo);
     add_ckpt_command(app, ckpt);
@@ -331,6 +352,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.bench_comm.cmd) return run_bench_comm(cli.bench_comm, args);
   if (*cli.demo.cmd) return apps::demo_comm(cli.demo.nproc, args);
   if (*cli.bench_pipeline.cmd) return run_bench_pipeline(cli.bench_pipeline, args);
+  if (*cli.bench_attention.cmd) return apps::bench_attention(cli.bench_attention.options);
   if (*cli.train.cmd) return apps::train_command(cli.train.options, args);
   if (*cli.ckpt.info) return apps::ckpt_info(cli.ckpt.path, cli.ckpt.tensors, cli.ckpt.verify);
   if (*cli.ckpt.export_cmd) return apps::ckpt_export(cli.ckpt.path, cli.ckpt.output, cli.ckpt.optimizer);

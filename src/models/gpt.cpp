@@ -5,6 +5,7 @@
 #include <set>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/models/fused_attention.h"
 
 namespace crosstrain::models {
 
@@ -45,12 +46,14 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   auto parts = qkv.split(C, 2);
   // [B, T, C] -> [B, H, T, hd]
   auto heads = [&](const torch::Tensor& t) { return t.view({B, T, n_head_, hd}).transpose(1, 2); };
-  // Scaling q ([T, hd]) instead of the scores ([T, T]) saves a pass over the largest activation.
-  auto q = heads(parts[0]) * (1.0 / std::sqrt(static_cast<double>(hd))), k = heads(parts[1]), v = heads(parts[2]);
-  auto att = torch::matmul(q, k.transpose(-2, -1));
-  att = att.masked_fill(mask_.slice(0, 0, T).slice(1, 0, T), -std::numeric_limits<float>::infinity());
-  att = attn_dropout(torch::softmax(att, -1));
-  auto y = torch::matmul(att, v).transpose(1, 2).contiguous().view({B, T, C});
+  // Unscaled: both attentions scale by 1/sqrt(hd) themselves.
+  auto q = heads(parts[0]), k = heads(parts[1]), v = heads(parts[2]);
+  // The fused kernel (fused_attention.h) has no dropout: attention dropout in training takes the dense path.
+  const double p = attn_dropout->options.p();
+  const bool dense = !fused_attention_enabled() || (p > 0 && attn_dropout->is_training());
+  auto att = dense ? reference_causal_attention(q, k, v, mask_, p, attn_dropout->is_training())
+                   : causal_attention(q, k, v);
+  auto y = att.transpose(1, 2).contiguous().view({B, T, C});
   return resid_dropout(row_linear(y, c_proj, tp_));
 }
 

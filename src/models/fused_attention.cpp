@@ -36,8 +36,7 @@ std::atomic<bool> fused_enabled{true};
 // the Cephes polynomial (relative error ~2e-7), 2^n put into the exponent bits. Inputs below -87 give ~1e-38 (the
 // callers write exact zeros where keys are hidden); NaN stays NaN.
 inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
+  x = std::min(std::max(x, -87.0f), 88.0f);
   // Adding 1.5 * 2^23 rounds x / ln2 to an integer held in the low mantissa bits (no rounding instruction).
   const float magic = 12582912.0f;
   const float t = x * 1.44269504088896341f + magic;
@@ -61,7 +60,7 @@ inline float fast_exp(float x) {
 CT_VECTOR_CLONES float row_max(const float* x, int64_t n) {
   float m = kNegInf;
 #pragma omp simd reduction(max : m)
-  for (int64_t i = 0; i < n; ++i) m = std::max(m, x[i]);
+  for (int64_t i = 0; i < n; ++i) m = x[i] > m ? x[i] : m;  // (std::max's form does not vectorise here)
   return m;
 }
 

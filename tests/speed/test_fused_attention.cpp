@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -129,6 +130,16 @@ TEST(FusedAttention, FutureTokensDoNotLeak) {
 TEST(FusedAttention, OneTokenAttendsToItself) {
   auto q = at::randn({2, 3, 1, 8}), k = at::randn({2, 3, 1, 8}), v = at::randn({2, 3, 1, 8});
   EXPECT_TRUE(at::allclose(causal_attention(q, k, v), v, 0, 1e-6));
+}
+
+// A NaN in a key reaches every output that sees it, as in the dense path (divergence checks look for it), and
+// no output before it.
+TEST(FusedAttention, NanPropagatesToTheOutputsThatSeeIt) {
+  auto q = at::randn({1, 1, 100, 16}), k = at::randn({1, 1, 100, 16}), v = at::randn({1, 1, 100, 16});
+  k[0][0][70][3] = std::numeric_limits<float>::quiet_NaN();
+  auto out = causal_attention(q, k, v);
+  EXPECT_FALSE(out.slice(2, 0, 70).isnan().any().item<bool>());
+  EXPECT_TRUE(out.slice(2, 70).isnan().all().item<bool>());
 }
 
 TEST(FusedAttention, MismatchedShapesAreRejected) {

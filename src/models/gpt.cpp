@@ -6,6 +6,7 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/fused_attention.h"
+#include "crosstrain/models/mixed_precision.h"
 
 namespace crosstrain::models {
 
@@ -75,8 +76,8 @@ BlockImpl::BlockImpl(const GPTConfig& c, const parallel::TensorParallel& tp, tor
 }
 
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
-  x = x + attn(ln_1(x));
-  return x + mlp(ln_2(x));
+  x = x + attn(layer_norm(ln_1, x));
+  return x + mlp(layer_norm(ln_2, x));
 }
 
 GPTImpl::GPTImpl(const GPTConfig& c, uint64_t seed) : config_(c) {
@@ -120,7 +121,7 @@ torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
   auto x = drop(wte(tokens) + wpe(pos));
   for (const auto& block : *h) x = block->as<Block>()->forward(x);
-  return torch::linear(ln_f(x), lm_head->weight);
+  return torch::linear(layer_norm(ln_f, x), lm_head->weight);
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {

@@ -1,6 +1,7 @@
 #include "crosstrain/models/gpt_parallel.h"
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/models/mixed_precision.h"
 #include "crosstrain/parallel/tensor_parallel.h"
 
 namespace crosstrain::models {
@@ -90,7 +91,7 @@ torch::Tensor GPTStageImpl::loss(const torch::Tensor& input, const torch::Tensor
 torch::Tensor GPTStageImpl::head(const torch::Tensor& hidden, const torch::Tensor& targets) {
   const int unit = (spec_.has_embedding ? 1 : 0) + static_cast<int>(blocks_.size());
   return run_unit(unit, hidden, [&](const torch::Tensor& x) {
-    auto logits = parallel::column_parallel_linear(ln_f(x), lm_head->weight, torch::Tensor(), tp_);
+    auto logits = parallel::column_parallel_linear(layer_norm(ln_f, x), lm_head->weight, torch::Tensor(), tp_);
     return tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * lm_head->weight.size(0), tp_.group);
   });
 }

@@ -9,8 +9,10 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace crosstrain::models {
@@ -22,7 +24,13 @@ namespace {
 constexpr int64_t kTile = 64;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-std::atomic<bool> fused_enabled{true};
+// CROSSTRAIN_FUSED_ATTENTION=0 starts the process with the dense path (to rule the kernel in or out of a problem
+// without rebuilding).
+bool fused_by_default() {
+  const char* value = std::getenv("CROSSTRAIN_FUSED_ATTENTION");
+  return value == nullptr || std::string(value) != "0";
+}
+std::atomic<bool> fused_enabled{fused_by_default()};
 
 // The elementwise loops are compiled twice, for AVX2+FMA and for baseline x86-64, and the loader picks the one
 // this CPU runs (GCC's target_clones): the library stays portable, the exponentials run 8 wide where they can.

@@ -196,9 +196,11 @@ GPTConfig small_gpt(double dropout) {
   return c;
 }
 
-struct ForcedReference {
-  ForcedReference() { set_fused_attention(false); }
-  ~ForcedReference() { set_fused_attention(true); }
+// Sets the fused-attention switch for a scope (CROSSTRAIN_FUSED_ATTENTION=0 may have turned it off).
+struct FusedSwitch {
+  bool before = fused_attention_enabled();
+  explicit FusedSwitch(bool on) { set_fused_attention(on); }
+  ~FusedSwitch() { set_fused_attention(before); }
 };
 
 // GPT's logits, loss and parameter gradients with the fused attention equal the dense path's within 1e-5.
@@ -213,9 +215,9 @@ TEST(FusedAttention, GptMatchesReferencePath) {
     loss.backward();
     return std::make_tuple(logits.detach(), loss.detach(), model->h[0]->as<Block>()->attn->c_attn->weight.grad().clone());
   };
-  ASSERT_TRUE(fused_attention_enabled());
+  FusedSwitch fused_on(true);
   auto [logits, loss, grad] = pass();
-  ForcedReference dense;
+  FusedSwitch dense(false);
   auto [ref_logits, ref_loss, ref_grad] = pass();
   expect_close(logits, ref_logits, 1e-5, 1e-5, "logits");
   expect_close(loss, ref_loss, 1e-5, 1e-5, "loss");
@@ -225,6 +227,7 @@ TEST(FusedAttention, GptMatchesReferencePath) {
 // With attention dropout in training GPT takes the dense path (the fused kernel has none): the same dropout
 // draws give the same logits, fused switch on or off.
 TEST(FusedAttention, GptTrainingWithDropoutUsesTheReference) {
+  FusedSwitch fused_on(true);
   GPT model(small_gpt(0.2), 7);
   model->train();
   auto tokens = at::randint(0, 50, {2, 40});
@@ -232,14 +235,14 @@ TEST(FusedAttention, GptTrainingWithDropoutUsesTheReference) {
   auto with_switch_on = model->forward(tokens).detach();
   at::Tensor dense;
   {
-    ForcedReference forced;
+    FusedSwitch forced(false);
     at::manual_seed(5);
     dense = model->forward(tokens).detach();
   }
   EXPECT_TRUE(at::equal(with_switch_on, dense));
   model->eval();  // no dropout: the fused kernel again, still within 1e-5
   auto fused_eval = model->forward(tokens).detach();
-  ForcedReference forced;
+  FusedSwitch forced(false);
   expect_close(fused_eval, model->forward(tokens).detach(), 1e-5, 1e-5, "eval logits");
 }
 

@@ -25,7 +25,7 @@ at::Tensor reference_causal_attention(const at::Tensor& q, const at::Tensor& k, 
                                       const at::Tensor& mask = {}, double dropout = 0.0, bool train = false);
 
 // Process-wide switch for models (GPT's attention): false makes them take reference_causal_attention. For
-// comparisons and debugging; on by default.
+// comparisons and debugging; on unless the environment sets CROSSTRAIN_FUSED_ATTENTION=0.
 void set_fused_attention(bool enabled);
 bool fused_attention_enabled();
 

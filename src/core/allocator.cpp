@@ -11,4 +11,6 @@ void keep_freed_memory_for_reuse() {
   mallopt(M_TOP_PAD, 64 << 20);
 }
 
+void return_freed_memory() { malloc_trim(0); }
+
 }  // namespace crosstrain

@@ -2,9 +2,9 @@
 
 #include <cmath>
 #include <limits>
-#include <set>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/fused_attention.h"
 #include "crosstrain/models/mixed_precision.h"
 
@@ -94,25 +94,11 @@ GPTImpl::GPTImpl(const GPTConfig& c, uint64_t seed) : config_(c) {
 }
 
 void GPTImpl::initialize(uint64_t seed) {
-  // A private generator: the result depends on the seed and the parameter order only.
-  auto gen = at::detail::createCPUGenerator(seed);
-  const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config_.n_layer));
-  // Told apart by the modules that hold them, not by name: the projections into the residual stream (one per
-  // residual add, hence the smaller std) and the LayerNorm gains.
-  std::set<const void*> residual, gains{ln_f->weight.unsafeGetTensorImpl()};
-  for (const auto& module : *h) {
-    auto block = module->as<Block>();
-    residual.insert({block->attn->c_proj->weight.unsafeGetTensorImpl(), block->mlp->c_proj->weight.unsafeGetTensorImpl()});
-    gains.insert({block->ln_1->weight.unsafeGetTensorImpl(), block->ln_2->weight.unsafeGetTensorImpl()});
-  }
+  // Each parameter from its own generator, by name and shape (gpt_init.h): a pipeline stage or a tensor-parallel
+  // rank draws exactly these values for the parameters it holds without building this model.
+  const ParallelPlan plan(config_);
   torch::NoGradGuard no_grad;
-  for (auto& p : parameters()) {
-    const void* impl = p.unsafeGetTensorImpl();
-    if (p.dim() >= 2)  // weights and embeddings
-      p.normal_(0.0, residual.count(impl) ? residual_std : 0.02, gen);
-    else  // biases and LayerNorm parameters
-      gains.count(impl) ? p.fill_(1.0) : p.zero_();
-  }
+  for (auto& item : named_parameters()) fill_initial(item.value(), plan.at(item.key()), seed);
 }
 
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {

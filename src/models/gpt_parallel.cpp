@@ -1,6 +1,7 @@
 #include "crosstrain/models/gpt_parallel.h"
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/mixed_precision.h"
 #include "crosstrain/parallel/tensor_parallel.h"
 
@@ -8,22 +9,18 @@ namespace crosstrain::models {
 namespace tp = parallel::tp;
 
 torch::Tensor shard_of(const ParallelPlan& plan, const std::string& name, const torch::Tensor& full, int r, int n) {
-  const ShardSlice s = shard_slice(plan.at(name), r, n);
-  if (s.dim < 0) return full;
-  std::vector<torch::Tensor> pieces;
-  for (const auto& range : s.ranges) pieces.push_back(full.narrow(s.dim, range.start, range.length));
-  return pieces.size() == 1 ? pieces[0] : torch::cat(pieces, s.dim);
+  return shard_of(plan.at(name), full, r, n);
 }
 
 torch::Tensor shard_of(const std::string& name, const torch::Tensor& full, const GPTConfig& c, int r, int n) {
   return shard_of(ParallelPlan(c), name, full, r, n);
 }
 
-GPTStageImpl::GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParallelContext tp, GPT& full)
+GPTStageImpl::GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParallelContext tp, uint64_t seed)
     : config_(config), spec_(spec), tp_(tp), plan_(config) {
   check_parallel_plan(config, tp.size, tp.sequence_parallel, 1);
   build_modules(causal_mask(config.block_size));  // one mask for all the stage's blocks
-  copy_shards(full);
+  initialize_shards(seed);
 }
 
 // The same modules as the single-device GPT, at this rank's shard size, registered in its parameter order.
@@ -46,12 +43,12 @@ void GPTStageImpl::build_modules(const torch::Tensor& mask) {
   }
 }
 
-// Every layout starts from the same model: this rank's shards of the single-device one.
-void GPTStageImpl::copy_shards(GPT& full) {
+// Every layout starts from the same model: each parameter is drawn whole from its own generator (gpt_init.h),
+// as the single-device GPT draws it, and only this rank's shard is kept. One full parameter is alive at a time.
+void GPTStageImpl::initialize_shards(uint64_t seed) {
   torch::NoGradGuard no_grad;
-  auto reference = full->named_parameters();
   for (auto& item : named_parameters()) {
-    torch::Tensor shard = shard_of(plan_, item.key(), reference[item.key()], tp_.rank, tp_.size);
+    torch::Tensor shard = initial_shard(plan_.at(item.key()), seed, tp_.rank, tp_.size);
     if (shard.sizes() != item.value().sizes())
       throw Error("GPT stage: '" + item.key() + "' is built as " + c10::str(item.value().sizes()) +
                   " but the plan's shard is " + c10::str(shard.sizes()));

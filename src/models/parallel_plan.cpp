@@ -1,6 +1,7 @@
 #include "crosstrain/models/parallel_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 #include "crosstrain/core/error.h"
@@ -17,38 +18,42 @@ const char* to_string(Split split) {
   return "?";
 }
 
-// The table itself: the only place that says how each parameter of the GPT is split.
+// The table itself: the only place that says how each parameter of the GPT is split and initialised.
 ParallelPlan::ParallelPlan(const GPTConfig& c) : config_(c) {
   const int64_t d = c.n_embd;
-  add("wte.weight", {c.vocab_size, d}, Split::Vocabulary, Part::Embedding, -1);
-  add("wpe.weight", {c.block_size, d}, Split::Replicated, Part::Embedding, -1);
+  const double w = 0.02, residual = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  constexpr Init N = Init::Normal, ONE = Init::Ones, ZERO = Init::Zeros;
+  add("wte.weight", {c.vocab_size, d}, Split::Vocabulary, N, w, Part::Embedding, -1);
+  add("wpe.weight", {c.block_size, d}, Split::Replicated, N, w, Part::Embedding, -1);
   for (int64_t i = 0; i < c.n_layer; ++i) {
     const std::string h = "h." + std::to_string(i) + ".";
-    add(h + "ln_1.weight", {d}, Split::Replicated, Part::Block, i);
-    add(h + "ln_1.bias", {d}, Split::Replicated, Part::Block, i);
-    add(h + "attn.c_attn.weight", {3 * d, d}, Split::Column, Part::Block, i, 3);
-    add(h + "attn.c_attn.bias", {3 * d}, Split::Column, Part::Block, i, 3);
-    add(h + "attn.c_proj.weight", {d, d}, Split::Row, Part::Block, i);
-    add(h + "attn.c_proj.bias", {d}, Split::Replicated, Part::Block, i);  // added once, after the reduction
-    add(h + "ln_2.weight", {d}, Split::Replicated, Part::Block, i);
-    add(h + "ln_2.bias", {d}, Split::Replicated, Part::Block, i);
-    add(h + "mlp.c_fc.weight", {4 * d, d}, Split::Column, Part::Block, i);
-    add(h + "mlp.c_fc.bias", {4 * d}, Split::Column, Part::Block, i);
-    add(h + "mlp.c_proj.weight", {d, 4 * d}, Split::Row, Part::Block, i);
-    add(h + "mlp.c_proj.bias", {d}, Split::Replicated, Part::Block, i);
+    add(h + "ln_1.weight", {d}, Split::Replicated, ONE, 0, Part::Block, i);
+    add(h + "ln_1.bias", {d}, Split::Replicated, ZERO, 0, Part::Block, i);
+    add(h + "attn.c_attn.weight", {3 * d, d}, Split::Column, N, w, Part::Block, i, 3);
+    add(h + "attn.c_attn.bias", {3 * d}, Split::Column, ZERO, 0, Part::Block, i, 3);
+    add(h + "attn.c_proj.weight", {d, d}, Split::Row, N, residual, Part::Block, i);
+    add(h + "attn.c_proj.bias", {d}, Split::Replicated, ZERO, 0, Part::Block, i);  // added once, after the reduction
+    add(h + "ln_2.weight", {d}, Split::Replicated, ONE, 0, Part::Block, i);
+    add(h + "ln_2.bias", {d}, Split::Replicated, ZERO, 0, Part::Block, i);
+    add(h + "mlp.c_fc.weight", {4 * d, d}, Split::Column, N, w, Part::Block, i);
+    add(h + "mlp.c_fc.bias", {4 * d}, Split::Column, ZERO, 0, Part::Block, i);
+    add(h + "mlp.c_proj.weight", {d, 4 * d}, Split::Row, N, residual, Part::Block, i);
+    add(h + "mlp.c_proj.bias", {d}, Split::Replicated, ZERO, 0, Part::Block, i);
   }
-  add("ln_f.weight", {d}, Split::Replicated, Part::Head, -1);
-  add("ln_f.bias", {d}, Split::Replicated, Part::Head, -1);
-  add("lm_head.weight", {c.vocab_size, d}, Split::Column, Part::Head, -1);  // columns = the vocabulary
+  add("ln_f.weight", {d}, Split::Replicated, ONE, 0, Part::Head, -1);
+  add("ln_f.bias", {d}, Split::Replicated, ZERO, 0, Part::Head, -1);
+  add("lm_head.weight", {c.vocab_size, d}, Split::Column, N, w, Part::Head, -1);  // columns = the vocabulary
 }
 
-void ParallelPlan::add(std::string name, std::vector<int64_t> shape, Split split, Part part, int64_t layer,
-                       int64_t fused) {
+void ParallelPlan::add(std::string name, std::vector<int64_t> shape, Split split, Init init, double init_std,
+                       Part part, int64_t layer, int64_t fused) {
   ParameterPlan p;
   p.name = std::move(name);
   p.shape = std::move(shape);
   p.split = split;
   p.fused = fused;
+  p.init = init;
+  p.init_std = init_std;
   // Under sequence parallelism every replicated parameter (LayerNorms, row-parallel biases, wpe) sees only
   // this rank's tokens; the split ones see every token through the gathers of their regions.
   p.partial_under_sp = split == Split::Replicated;

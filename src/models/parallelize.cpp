@@ -34,14 +34,15 @@ std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, 
                                          const parallel::Mesh& mesh, int64_t local_batch, at::ScalarType compute_dtype) {
   using parallel::Axis;
   std::unique_ptr<ParallelGPT> m(new ParallelGPT());
-  GPT full(model, seed);
-  for (const auto& item : full->named_parameters()) m->global_shapes_[item.key()] = item.value().sizes().vec();
+  // The unsplit shapes from the plan: no rank builds the full model (the stages draw their own shards).
+  const ParallelPlan plan(model);
+  for (const auto& p : plan.parameters()) m->global_shapes_[p.name] = p.shape;
   TensorParallelContext tp{mesh.group(Axis::TP), mesh.index(Axis::TP), dims.tp(), dims.sequence_parallel};
   const int pp = dims.pp(), stage = mesh.index(Axis::PP), virtual_stages = dims.virtual_stages();
   for (int64_t k = 0; k < dims.chunks; ++k) {
     const int vs = static_cast<int>(k * pp + stage);
     StageSpec spec{dims.bounds[vs], dims.bounds[vs + 1], vs == 0, vs == virtual_stages - 1};
-    m->chunks_.emplace_back(model, spec, tp, full);
+    m->chunks_.emplace_back(model, spec, tp, seed);
     for (const auto& [name, t] : m->chunks_.back()->named_shards()) m->shards_[name] = t;
     for (auto& p : m->chunks_.back()->partial_gradient_parameters()) m->partial_.push_back(p);
   }

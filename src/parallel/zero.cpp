@@ -67,19 +67,13 @@ ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Co
     u.shard = u.padded / ranks_;
     const Range owned{rank_ * u.shard, (rank_ + 1) * u.shard};
     u.parts = owned_parts(u.sizes, owned);
-    // The master slice is taken from the fp32 values before the parameters are converted.
-    at::Tensor values = at::zeros({u.padded}, at::kFloat);
-    {
-      int64_t offset = 0;
-      for (size_t i = 0; i < u.params.size(); ++i) {
-        values.narrow(0, offset, u.sizes[i]).copy_(u.params[i].tensor.detach().reshape(-1));
-        offset += u.sizes[i];
-      }
-    }
+    // The master slice is taken from the fp32 values before the parameters are converted; in fp32 stages 1-2 it
+    // is a view of the full buffer instead.
+    const bool fp32 = config_.dtype == at::kFloat, own_master = !fp32 || config_.stage == 3;
+    if (own_master) u.master = owned_values(u);
     u.full = at::zeros({u.padded}, at::TensorOptions().dtype(config_.dtype));
     rebind_parameters(u);
-    const bool fp32 = config_.dtype == at::kFloat;
-    u.master = fp32 && config_.stage < 3 ? u.full.narrow(0, owned.begin, u.shard) : values.narrow(0, owned.begin, u.shard).clone();
+    if (!own_master) u.master = u.full.narrow(0, owned.begin, u.shard);
     if (!fp32 && config_.stage == 3) u.low = u.master.to(config_.dtype);
     u.exp_avg = at::zeros({u.shard}, at::kFloat);
     u.exp_avg_sq = at::zeros({u.shard}, at::kFloat);
@@ -95,10 +89,10 @@ ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Co
       u.grad_shard = at::zeros({u.shard}, at::TensorOptions().dtype(config_.dtype));
     }
     units_.push_back(std::move(u));
+    // Stage 3 frees each full unit at once, so building never holds more than one beside the slices.
+    if (config_.stage == 3) release(unit_count() - 1);
   }
   if (units_.empty()) throw UsageError("ZeRO got no parameters");
-  if (config_.stage == 3)
-    for (int i = 0; i < unit_count(); ++i) release(i);
   side_ = at::zeros({kSideValues}, at::kDouble);
   attach_hooks();
   zero_grad();
@@ -119,6 +113,14 @@ void ZeroOptimizer::attach_hooks() {
   // A unit is reduced once all its gradients are in; what is left, at the end of backward.
   hooks_ = std::make_unique<GradientHooks>(
       params, [this, unit_of](size_t k) { return on_gradient_ready(unit_of[k]); }, [this] { finish(); });
+}
+
+at::Tensor ZeroOptimizer::owned_values(const Unit& u) const {
+  at::Tensor values = at::zeros({u.shard}, at::kFloat);  // the padding stays zero
+  for (const auto& part : u.parts)
+    values.narrow(0, part.shard_offset, part.size)
+        .copy_(u.params[part.param].tensor.detach().reshape(-1).narrow(0, part.param_offset, part.size));
+  return values;
 }
 
 void ZeroOptimizer::rebind_parameters(Unit& u) {
@@ -267,6 +269,7 @@ void ZeroOptimizer::launch(Unit& u) {
     }
     if (ranks_ > 1) u.work = comm_->all_reduce(u.full_grads, comm::ReduceOp::Avg);
   } else {
+    absorb_finished_reductions(u);
     // Gather the fresh gradients into one buffer, drop the full ones, reduce-scatter to the owners.
     u.reduce_in = at::zeros({u.padded}, at::TensorOptions().dtype(config_.dtype));
     int64_t offset = 0;
@@ -290,6 +293,33 @@ void ZeroOptimizer::launch(Unit& u) {
   }
 }
 
+void ZeroOptimizer::absorb_reduction(Unit& u) {
+  if (!u.reduce_out.defined()) return;
+  if (!u.done) {
+    u.work->wait();
+    u.done = true;
+    u.completed = Clock::now();
+  }
+  u.grad_shard.add_(u.reduce_out);
+  u.reduce_in = u.reduce_out = at::Tensor();
+}
+
+void ZeroOptimizer::absorb_finished_reductions(const Unit& next) {
+  // Stages 2-3 would otherwise keep every unit's full-size reduction buffer until the end of backward: a whole
+  // model's gradients, what ZeRO-2 exists to avoid. Finished ones are folded into the owned slices now; of those
+  // still in flight only the last launched one stays (it overlaps the backward of the unit now launching), so
+  // at most two units' buffers exist at once.
+  // (A finished work still needs its wait(): the back end completes an average there.)
+  const Unit* newest = nullptr;
+  for (auto& u : units_) {
+    if (&u == &next || !u.reduce_out.defined()) continue;
+    if (u.done || u.work->is_completed()) absorb_reduction(u);
+    else if (!newest || u.launched > newest->launched) newest = &u;
+  }
+  for (auto& u : units_)
+    if (&u != &next && &u != newest) absorb_reduction(u);
+}
+
 void ZeroOptimizer::synchronize() {
   if (!hooks_->in_pass()) {
     if (config_.stage != 1) return;  // stages 2-3 reduced at the end of every backward already
@@ -306,14 +336,14 @@ void ZeroOptimizer::finish() {
   for (auto& u : units_) u.pending = 0;
   launch_ready();
   for (auto& u : units_) {
+    if (config_.stage != 1) {
+      absorb_reduction(u);
+      continue;
+    }
     if (!u.done) {
       u.work->wait();
       u.done = true;
       u.completed = Clock::now();
-    }
-    if (config_.stage != 1) {
-      u.grad_shard.add_(u.reduce_out);
-      u.reduce_in = u.reduce_out = at::Tensor();
     }
   }
   if (ranks_ > 1 && sync_) comm_->all_reduce(side_, comm::ReduceOp::Avg)->wait();

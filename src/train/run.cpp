@@ -191,6 +191,9 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   sampler_ = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(splits_.train.size()),
                                                         c.model.block_size, c.train.global_batch / dims_.dp() * slots,
                                                         slot, slots, static_cast<int>(dims_.microbatches));
+  // bench-memory's baseline: what the process holds before the model, its optimizer and activations exist.
+  return_freed_memory();
+  rss_before_model_ = obs::rss_bytes();
   model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
 
   // [sync] How replicas agree (docs/wan-training.md): the cluster groups first; the optimizer's gradient
@@ -561,6 +564,7 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
   m.extra["checkpoint_s"] = checkpoint_s;
   m.extra["time_s"] = elapsed_s;
   m.counts["peak_rss_bytes"] = obs::peak_rss_bytes();
+  m.counts["rss_before_model_bytes"] = rss_before_model_;
   m.counts["comm_bytes"] = rs.bytes_sent;
   m.counts["comm_bytes_uncompressed"] = rs.bytes_uncompressed;
   // [sync] wide-area bytes and compute utilization (compute: step time not spent waiting on communication).

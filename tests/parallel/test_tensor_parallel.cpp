@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include "crosstrain/comm/fake.h"
+#include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/parallel/mesh.h"
 #include "crosstrain/parallel/tensor_parallel.h"
@@ -34,10 +35,9 @@ void check_tp(int tp, bool sequence_parallel) {
 
   comm::FakeWorld::run(tp, [&](comm::Communicator& world) {
     parallel::Mesh mesh(world, parallel::MeshShape{1, 1, tp});
-    models::GPT full(config, 7);
     models::TensorParallelContext ctx{mesh.group(parallel::Axis::TP), mesh.index(parallel::Axis::TP), tp,
                                       sequence_parallel};
-    models::GPTStage stage(config, models::StageSpec{0, config.n_layer, true, true}, ctx, full);
+    models::GPTStage stage(config, models::StageSpec{0, config.n_layer, true, true}, ctx, 7);
     auto loss = stage->loss(x, y);
     loss.backward();
     // Replicated parameters see only a sequence slice with sequence parallelism: sum their gradients.
@@ -158,7 +158,7 @@ TEST(GPTStage, HoldsTheSingleDeviceBlocksUnderPlainNames) {
   auto config = small();
   models::GPT full(config, 7);
   models::StageSpec spec{1, 2, false, true};
-  models::GPTStage stage(config, spec, models::TensorParallelContext{}, full);
+  models::GPTStage stage(config, spec, models::TensorParallelContext{}, 7);
   std::vector<std::string> names;
   for (const auto& item : stage->named_parameters()) names.push_back(item.key());
   EXPECT_EQ(names, stage->plan().stage_parameters(spec));
@@ -175,10 +175,9 @@ TEST(GPTStage, HoldsTheSingleDeviceBlocksUnderPlainNames) {
 }
 
 TEST(GPTInit, GPT2SchemeFromTheSeedAlone) {
-  // The scheme written out by parameter name, drawing in parameter order from the seed's generator.
+  // The scheme written out by parameter name, each parameter drawn from its own generator (seed and name).
   auto config = small();
   models::GPT model(config, 7);
-  auto gen = at::detail::createCPUGenerator(7);
   const double residual_std = 0.02 / std::sqrt(2.0 * static_cast<double>(config.n_layer));
   for (const auto& item : model->named_parameters()) {
     const std::string& name = item.key();
@@ -189,8 +188,15 @@ TEST(GPTInit, GPT2SchemeFromTheSeedAlone) {
     } else if (has(".bias")) {
       want.zero_();
     } else {
+      auto gen = at::detail::createCPUGenerator(models::parameter_seed(7, name));
       want.normal_(0.0, has("c_proj.weight") ? residual_std : 0.02, gen);
     }
     EXPECT_TRUE(torch::equal(item.value(), want)) << name;
   }
+  // Another seed, another model; the same name under another seed, another stream.
+  models::GPT other(config, 8);
+  const std::string fc = "h.0.mlp.c_fc.weight";
+  EXPECT_FALSE(torch::equal(other->named_parameters()[fc], model->named_parameters()[fc]));
+  EXPECT_NE(models::parameter_seed(7, "wte.weight"), models::parameter_seed(8, "wte.weight"));
+  EXPECT_NE(models::parameter_seed(7, "h.0.mlp.c_fc.weight"), models::parameter_seed(7, "h.1.mlp.c_fc.weight"));
 }

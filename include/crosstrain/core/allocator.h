@@ -8,4 +8,8 @@ namespace crosstrain {
 // here). Applies to this process; call once at start.
 void keep_freed_memory_for_reuse();
 
+// Hands the heap's free pages back to the kernel now (malloc_trim), so that RSS read right after counts only
+// live memory: a baseline taken while freed memory is still mapped would hide the growth after it.
+void return_freed_memory();
+
 }  // namespace crosstrain

@@ -68,7 +68,8 @@ TORCH_MODULE(Block);
 class GPTImpl : public torch::nn::Module {
  public:
   // Initializes every parameter from `seed` alone (GPT-2 scheme: N(0, 0.02), residual projections
-  // N(0, 0.02/sqrt(2 n_layer)), zero biases, unit LayerNorm), so every rank and layout builds the same model.
+  // N(0, 0.02/sqrt(2 n_layer)), zero biases, unit LayerNorm), each parameter from its own generator seeded by
+  // its name (gpt_init.h), so every rank and layout draws the same values for the parameters it holds.
   GPTImpl(const GPTConfig& config, uint64_t seed);
 
   // tokens [B, T] (int64) -> logits [B, T, vocab]

@@ -29,9 +29,9 @@ torch::Tensor shard_of(const std::string& name, const torch::Tensor& full, const
 
 class GPTStageImpl : public torch::nn::Module {
  public:
-  // Copies this rank's shards from `full` (the single-device model built from the seed), so every layout starts
-  // from the same model.
-  GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParallelContext tp, GPT& full);
+  // Draws this rank's shards of the single-device model of `seed` (gpt_init.h), one full parameter at a time,
+  // so every layout starts from the same model without any rank building all of it.
+  GPTStageImpl(const GPTConfig& config, StageSpec spec, TensorParallelContext tp, uint64_t seed);
 
   // First stage: tokens [B, T] -> hidden. Middle: hidden -> hidden. Hidden is [B, T, d], or [B, T/tp, d] with
   // sequence parallelism.
@@ -68,7 +68,7 @@ class GPTStageImpl : public torch::nn::Module {
 
  private:
   void build_modules(const torch::Tensor& mask);
-  void copy_shards(GPT& full);
+  void initialize_shards(uint64_t seed);
   // tokens -> the first hidden state (this rank's sequence slice under sequence parallelism).
   torch::Tensor embed(const torch::Tensor& tokens);
   // Final LayerNorm, head and vocabulary-parallel loss.

@@ -31,6 +31,10 @@ const char* to_string(Split split);
 // The part of the model a parameter belongs to.
 enum class Part { Embedding, Block, Head };
 
+// How a parameter starts (GPT-2 scheme): weights and embeddings N(0, init_std), LayerNorm gains 1, biases 0.
+// Kept in the plan so the single-device GPT and every stage draw the same values (gpt_init.h).
+enum class Init { Normal, Ones, Zeros };
+
 struct ParameterPlan {
   std::string name;            // plain name in the single-device GPT: "h.3.attn.c_attn.weight"
   std::vector<int64_t> shape;  // unsplit
@@ -42,6 +46,10 @@ struct ParameterPlan {
   Part part = Part::Block;
   int64_t layer = -1;          // the block, for Part::Block
   int64_t unit = 0;            // ZeRO unit, model-wide: 0 the embedding, 1 + layer a block, n_layer + 1 the head
+  Init init = Init::Zeros;
+  // Init::Normal: 0.02, or 0.02 / sqrt(2 n_layer) for the projections into the residual stream (one per
+  // residual add, so the stream's variance does not grow with depth).
+  double init_std = 0.0;
 };
 
 // A pipeline stage (or, with one stage, the whole model) of a virtual stage index.
@@ -88,7 +96,8 @@ class ParallelPlan {
   std::vector<std::string> partial_gradient_parameters(const StageSpec& stage, int tp, bool sequence_parallel) const;
 
  private:
-  void add(std::string name, std::vector<int64_t> shape, Split split, Part part, int64_t layer, int64_t fused = 1);
+  void add(std::string name, std::vector<int64_t> shape, Split split, Init init, double init_std, Part part,
+           int64_t layer, int64_t fused = 1);
 
   GPTConfig config_;
   std::vector<ParameterPlan> params_;

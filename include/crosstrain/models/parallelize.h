@@ -1,7 +1,8 @@
 // The GPT under a parallel layout: the model-specific step between the resolved dimensions (parallel_dims.h) and
 // the training loop, as torchtitan's `parallelize` functions are. It checks the model against the layout, builds
-// this rank's stages (its pipeline chunks, tensor-parallel shards of them) from the same seeded full model, and
-// the pipeline runner that drives them. The trainer and `crosstrain bench pipeline` both start here.
+// this rank's stages (its pipeline chunks, tensor-parallel shards of them), each drawing only its own shards of
+// the seeded model, and the pipeline runner that drives them. The trainer and `crosstrain bench pipeline` both
+// start here.
 #pragma once
 
 #include <torch/torch.h>
@@ -59,7 +60,8 @@ class ParallelGPT {
   std::unique_ptr<parallel::PipelineRuntime> pipeline_;
 };
 
-// Builds this rank's stages from the full model of `seed` (every layout starts from the same model), and with
+// Builds this rank's stages, holding its shards of the model of `seed` (every layout starts from the same model,
+// and no rank materialises more than its shards plus one full parameter), and with
 // pp > 1 the pipeline runtime over the mesh's pipeline group. `local_batch`: sequences per micro-batch;
 // `compute_dtype`: of the activations the stages pass (bf16 with mixed precision).
 std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, const parallel::ParallelDims& dims,

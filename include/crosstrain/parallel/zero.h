@@ -168,7 +168,11 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
     comm::WorkPtr gather_work;
   };
 
+  at::Tensor owned_values(const Unit& u) const;  // the owned slice of the parameters' values, fp32
   void rebind_parameters(Unit& u);
+  // Stages 2-3: waits for a unit's reduce-scatter, adds it to the owned gradient slice and frees its buffers.
+  void absorb_reduction(Unit& u);
+  void absorb_finished_reductions(const Unit& next);
   void attach_hooks();
   bool on_gradient_ready(int unit);
   void launch_ready();

@@ -8,9 +8,9 @@ namespace crosstrain::apps {
 struct BenchPipelineOptions {
   std::vector<int> stages{2, 4};
   std::vector<int> microbatches{4, 8};
-  std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved", "zb-h1"};
+  std::vector<std::string> schedules{"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"};
   int layers = 8, width = 256, heads = 4, context = 128, batch = 4;  // batch: sequences per micro-batch
-  int steps = 3;
+  int steps = 5;
   std::string trace_dir;  // when set: one Chrome/Perfetto trace per (schedule, p, m), a track per stage
 };
 

@@ -193,7 +193,7 @@ void add_bench_pipeline_command(CLI::App& bench, BenchPipelineCli& pipe) {
       bench.add_subcommand("pipeline", "pipeline bubble of each schedule, measured against theory");
   cmd->add_option("--stages", pipe.stages, "pipeline depths, e.g. 2,4 (default 2,4)");
   cmd->add_option("--microbatches", pipe.microbatches, "micro-batch counts, e.g. 4,8 (default 4,8)");
-  cmd->add_option("--schedule", o.schedules, "gpipe, 1f1b, interleaved, zb-h1 (repeatable; default all)");
+  cmd->add_option("--schedule", o.schedules, "gpipe, 1f1b, interleaved, zb-h1, zb-h2 (repeatable; default all)");
   cmd->add_option("--layers", o.layers, "GPT layers");
   cmd->add_option("--width", o.width, "GPT width");
   cmd->add_option("--context", o.context, "sequence length");

@@ -11,7 +11,7 @@ namespace crosstrain::parallel {
 
 namespace {
 
-constexpr const char* kScheduleNames = "gpipe, 1f1b, interleaved, zb-h1";
+constexpr const char* kScheduleNames = "gpipe, 1f1b, interleaved, zb-h1, zb-h2";
 
 int last_stage(const ScheduleSpec& spec) { return spec.stages * spec.chunks - 1; }
 
@@ -87,6 +87,70 @@ std::vector<Action> zero_bubble_h1(const ScheduleSpec& spec, int rank) {
   return prog.take();
 }
 
+// ZB-H2: more forwards in the warm-up fill the time before the first input gradient arrives, and weight gradients
+// fill the rest; every rank may hold 2p-1 micro-batches until their weight gradients are done (the paper's bound;
+// with rank r's bound shrinking with r, as 1F1B's does, the last stages stall on their own weight gradients).
+// The order comes from running every rank with unit costs (F = B_input = W = 1, messages free): a free rank runs
+// the input gradient that has arrived, else the next forward whose input has arrived if the bound allows, else
+// its oldest pending weight gradient, else waits. Forwards and input gradients go in micro-batch order, so
+// every pair of ranks sends and receives in the same order.
+struct GreedyRank {
+  int next_forward = 0, next_backward = 0, in_flight = 0, limit = 1;
+  std::vector<int> pending_weights;
+  std::vector<std::pair<ActionType, int>> order;
+};
+
+std::vector<std::vector<std::pair<ActionType, int>>> zero_bubble_h2_orders(const ScheduleSpec& spec) {
+  const int p = spec.stages, m = spec.microbatches;
+  constexpr int kNever = 1 << 30;
+  // Time each rank's forward / input gradient of each micro-batch ends (kNever: not yet run).
+  std::vector<std::vector<int>> forward_end(p, std::vector<int>(m, kNever)), backward_end = forward_end;
+  std::vector<GreedyRank> ranks(p);
+  for (int r = 0; r < p; ++r) ranks[r].limit = std::min(m, 2 * p - 1);
+  int remaining = 3 * m * p;
+  for (int t = 0; remaining > 0; ++t) {
+    for (int r = 0; r < p; ++r) {
+      GreedyRank& g = ranks[r];
+      const int b = g.next_backward, f = g.next_forward;
+      const bool b_ready = b < m && forward_end[r][b] <= t && (r == p - 1 || backward_end[r + 1][b] <= t);
+      const bool f_ready = f < m && g.in_flight < g.limit && (r == 0 || forward_end[r - 1][f] <= t);
+      if (b_ready) {
+        backward_end[r][b] = t + 1;
+        g.order.push_back({ActionType::BackwardInput, b});
+        g.pending_weights.push_back(b);
+        ++g.next_backward;
+      } else if (f_ready) {
+        forward_end[r][f] = t + 1;
+        g.order.push_back({ActionType::Forward, f});
+        ++g.in_flight;
+        ++g.next_forward;
+      } else if (!g.pending_weights.empty()) {
+        g.order.push_back({ActionType::BackwardWeight, g.pending_weights.front()});
+        g.pending_weights.erase(g.pending_weights.begin());
+        --g.in_flight;
+      } else {
+        continue;  // idle this time unit
+      }
+      --remaining;
+    }
+    if (t > 3 * m * p + 2 * p) throw Error("zb-h2: the unit-cost construction did not finish (a bug)");
+  }
+  std::vector<std::vector<std::pair<ActionType, int>>> orders;
+  for (auto& g : ranks) orders.push_back(std::move(g.order));
+  return orders;
+}
+
+std::vector<Action> zero_bubble_h2(const ScheduleSpec& spec, int rank) {
+  RankProgram prog(spec, rank);
+  const auto orders = zero_bubble_h2_orders(spec);  // every rank's: the order comes from running them together
+  for (const auto& [type, mb] : orders[rank]) {
+    if (type == ActionType::Forward) prog.forward(mb, 0);
+    if (type == ActionType::BackwardInput) prog.backward(mb, 0, ActionType::BackwardInput);
+    if (type == ActionType::BackwardWeight) prog.backward_weight(mb, 0);
+  }
+  return prog.take();
+}
+
 // Interleaved 1F1B (Megatron): the k-th computation of a rank walks micro-batches through its chunks in groups
 // of p: p micro-batches through chunk 0, the same p through chunk 1, ..., then the next group. Backwards walk the
 // chunks in reverse. With the groups the same on every rank, the chunk a rank sends to next is the chunk its
@@ -144,11 +208,11 @@ std::string check_rank(const ScheduleSpec& spec, int rank, const std::vector<Act
     const int s = virtual_stage(spec, rank, a.chunk);
     switch (a.type) {
       case ActionType::Backward:
-        if (zb) return where(rank, i, a) + ": ZB-H1 splits every backward into BackwardInput and BackwardWeight";
+        if (zb) return where(rank, i, a) + ": zero-bubble schedules split every backward into BackwardInput and BackwardWeight";
         break;
       case ActionType::BackwardInput:
       case ActionType::BackwardWeight:
-        if (!zb) return where(rank, i, a) + ": only ZB-H1 splits the backward";
+        if (!zb) return where(rank, i, a) + ": only zero-bubble schedules split the backward";
         break;
       case ActionType::RecvActivation:
         if (s == 0) return where(rank, i, a) + ": virtual stage 0 reads its input from data, not from a peer";
@@ -267,10 +331,13 @@ ScheduleKind parse_schedule(const std::string& name) {
   if (name == "1f1b") return ScheduleKind::OneFOneB;
   if (name == "interleaved") return ScheduleKind::Interleaved1F1B;
   if (name == "zb-h1") return ScheduleKind::ZeroBubbleH1;
+  if (name == "zb-h2") return ScheduleKind::ZeroBubbleH2;
   throw UsageError("unknown pipeline schedule '" + name + "'; valid schedules: " + kScheduleNames);
 }
 
-bool splits_backward(ScheduleKind kind) { return kind == ScheduleKind::ZeroBubbleH1; }
+bool splits_backward(ScheduleKind kind) {
+  return kind == ScheduleKind::ZeroBubbleH1 || kind == ScheduleKind::ZeroBubbleH2;
+}
 
 const char* to_string(ScheduleKind kind) {
   switch (kind) {
@@ -278,6 +345,7 @@ const char* to_string(ScheduleKind kind) {
     case ScheduleKind::OneFOneB: return "1f1b";
     case ScheduleKind::Interleaved1F1B: return "interleaved";
     case ScheduleKind::ZeroBubbleH1: return "zb-h1";
+    case ScheduleKind::ZeroBubbleH2: return "zb-h2";
   }
   return "unknown";
 }
@@ -351,6 +419,7 @@ std::vector<std::vector<Action>> build_schedule(const ScheduleSpec& spec) {
     case ScheduleKind::OneFOneB: build = one_f_one_b; break;
     case ScheduleKind::Interleaved1F1B: build = interleaved; break;
     case ScheduleKind::ZeroBubbleH1: build = zero_bubble_h1; break;
+    case ScheduleKind::ZeroBubbleH2: build = zero_bubble_h2; break;
   }
   std::vector<std::vector<Action>> actions;
   for (int rank = 0; rank < spec.stages; ++rank) actions.push_back(build(spec, rank));
@@ -363,6 +432,7 @@ int activation_bound(const ScheduleSpec& spec, int rank) {
     case ScheduleKind::GPipe: return m;
     case ScheduleKind::OneFOneB: return std::min(m, p - rank);
     case ScheduleKind::ZeroBubbleH1: return std::min(m, p);
+    case ScheduleKind::ZeroBubbleH2: return std::min(m, 2 * p - 1);
     case ScheduleKind::Interleaved1F1B:
       return std::min(m * spec.chunks, (spec.chunks - 1) * p + 2 * (p - 1 - rank) + 1);
   }
@@ -486,6 +556,9 @@ double theoretical_bubble(const ScheduleSpec& spec) {
     case ScheduleKind::OneFOneB: return (p - 1) / m;
     case ScheduleKind::Interleaved1F1B: return (p - 1) / (v * m);
     case ScheduleKind::ZeroBubbleH1: return (p - 1) / (3 * m);
+    // Within one synchronous step the last stage still starts (p-1) forwards late; the paper's zero bubble also
+    // drops the optimizer's synchronisation between steps, which a step with a global gradient norm keeps.
+    case ScheduleKind::ZeroBubbleH2: return (p - 1) / (3 * m);
   }
   return 0;
 }

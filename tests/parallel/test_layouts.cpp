@@ -138,6 +138,10 @@ TEST(Layouts, Pipeline2GPipe) { check_layout({1, 2, 1, "gpipe"}, "pp2_gpipe"); }
 TEST(Layouts, Pipeline2OneFOneB) { check_layout({1, 2, 1, "1f1b", false, 4}, "pp2_1f1b"); }
 TEST(Layouts, Pipeline2Interleaved) { check_layout({1, 2, 1, "interleaved", false, 4}, "pp2_interleaved"); }
 TEST(Layouts, Pipeline2ZeroBubble) { check_layout({1, 2, 1, "zb-h1", false, 4}, "pp2_zbh1"); }
+// Zero-bubble with the weight-gradient store through tensor-parallel linears (+SP) and with data-parallel
+// reduction hooks fired by the deferred weight gradients.
+TEST(Layouts, Pipeline2Tensor2ZeroBubble) { check_layout({1, 2, 2, "zb-h1", true, 4}, "pp2_tp2_sp_zbh1"); }
+TEST(Layouts, Data2Pipeline2ZeroBubble) { check_layout({2, 2, 1, "zb-h1", false, 4}, "dp2_pp2_zbh1"); }
 TEST(Layouts, Pipeline4Interleaved) { check_layout({1, 4, 1, "interleaved", false, 4}, "pp4_interleaved"); }
 TEST(Layouts, Pipeline2ExplicitUnevenStages) { check_layout({1, 2, 1, "1f1b", false, 2, "6,2"}, "pp2_explicit"); }
 TEST(Layouts, Data2Tensor2) { check_layout({2, 1, 2}, "dp2_tp2"); }

@@ -19,7 +19,7 @@ struct ParallelConfig {
   int64_t pp = 1;                 // pipeline stages
   int64_t tp = 1;                 // tensor-parallel ranks per stage
   bool sequence_parallel = false; // shard LayerNorm/dropout regions along the sequence (needs tp > 1)
-  std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb-h1
+  std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb-h1, zb-h2
   int64_t microbatches = 0;       // pipeline micro-batches; 0: max(train.micro_batches, pp)
   int64_t chunks = 0;             // model chunks per stage (interleaved); 0: 2 for interleaved, else 1
   std::string stage_layers;       // blocks per virtual stage, e.g. "3,3,2"; empty: balanced by cost

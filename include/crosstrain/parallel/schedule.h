@@ -27,9 +27,10 @@ enum class ScheduleKind {
   OneFOneB,         // 1F1B (PipeDream-flush / Megatron): at most p - r micro-batches in flight on rank r
   Interleaved1F1B,  // Megatron's interleaved 1F1B over v >= 2 chunks per rank: bubble / v
   ZeroBubbleH1,     // ZB-H1 (Qi et al. 2023): backward split into input and weight grads, weight grads fill bubbles
+  ZeroBubbleH2,     // ZB-H2: ZB-H1 with a longer warm-up (up to 2p-1 in flight on every rank) filling the start
 };
 
-// "gpipe", "1f1b", "interleaved", "zb-h1". Throws UsageError listing the valid names.
+// "gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2". Throws UsageError listing the valid names.
 ScheduleKind parse_schedule(const std::string& name);
 const char* to_string(ScheduleKind kind);
 // Whether the schedule splits backward into input (BackwardInput) and weight (BackwardWeight) actions.
@@ -88,6 +89,7 @@ std::vector<std::vector<Action>> build_schedule(const ScheduleSpec& spec);
 // gradients included) that the built schedules meet, and reach, on `rank`:
 //   GPipe         m
 //   1F1B          min(m, p - rank)
+//   ZB-H2         min(m, 2p - 1): the extra warm-up forwards (and weight gradients kept for the bubbles)
 //   ZB-H1         min(m, p): deferring rank r's weight gradients by r micro-batches is what fills the bubble,
 //                 so every rank holds as many as rank 0 does in 1F1B (the paper's "same peak memory as 1F1B")
 //   Interleaved   min(m*v, (v-1)*p + 2*(p-1-rank) + 1) chunk activations (Megatron's warm-up + 1); each chunk
@@ -134,8 +136,11 @@ SimulationResult simulate(const ScheduleSpec& spec, const std::vector<std::vecto
 //   GPipe, 1F1B   (p-1)/m       (Huang et al. 2019; Narayanan et al. 2021)
 //   Interleaved   (p-1)/(v*m)   (Narayanan et al. 2021)
 //   ZB-H1         (p-1)/(3m)    (Qi et al. 2023: (p-1)(f + b_input - b_weight) / (m(f + b)); for m >= p)
+//   ZB-H2         (p-1)/(3m)    ((p-1)f / (m(f + b)): rank p-1's start-up only, whatever b_input and b_weight;
+//                               the paper's zero also overlaps steps by dropping the optimizer's synchronisation)
 // simulate() reaches these exactly. The first three hold for any f and b; ZB-H1's depends on the costs (and
-// is never below (p-1)f/(m(f+b)), rank p-1's start-up), so simulate the costs you have.
+// is never below (p-1)f/(m(f+b)), rank p-1's start-up, which ZB-H2 reaches when b_weight < b_input), so
+// simulate the costs you have.
 double theoretical_bubble(const ScheduleSpec& spec);
 
 }  // namespace crosstrain::parallel

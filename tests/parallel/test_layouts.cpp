@@ -141,6 +141,7 @@ TEST(Layouts, Pipeline2ZeroBubble) { check_layout({1, 2, 1, "zb-h1", false, 4}, 
 // Zero-bubble with the weight-gradient store through tensor-parallel linears (+SP) and with data-parallel
 // reduction hooks fired by the deferred weight gradients.
 TEST(Layouts, Pipeline2Tensor2ZeroBubble) { check_layout({1, 2, 2, "zb-h1", true, 4}, "pp2_tp2_sp_zbh1"); }
+TEST(Layouts, Pipeline2ZeroBubbleH2) { check_layout({1, 2, 1, "zb-h2", false, 4}, "pp2_zbh2"); }
 TEST(Layouts, Data2Pipeline2ZeroBubble) { check_layout({2, 2, 1, "zb-h1", false, 4}, "dp2_pp2_zbh1"); }
 TEST(Layouts, Pipeline4Interleaved) { check_layout({1, 4, 1, "interleaved", false, 4}, "pp4_interleaved"); }
 TEST(Layouts, Pipeline2ExplicitUnevenStages) { check_layout({1, 2, 1, "1f1b", false, 2, "6,2"}, "pp2_explicit"); }

@@ -4,8 +4,8 @@
 #include <limits>
 
 #include "crosstrain/core/error.h"
-#include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/fused_attention.h"
+#include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/mixed_precision.h"
 
 namespace crosstrain::models {
@@ -20,8 +20,7 @@ torch::Tensor column_linear(const torch::Tensor& x, const torch::nn::Linear& lay
 // Row-parallel: the partial products are reduced and the bias is added once, after the reduction. On one
 // device the bias stays in the fused addmm.
 torch::Tensor row_linear(const torch::Tensor& x, const torch::nn::Linear& layer, const parallel::TensorParallel& tp) {
-  return tp.group ? parallel::row_parallel_linear(x, layer->weight, layer->bias, tp)
-                  : torch::linear(x, layer->weight, layer->bias);
+  return parallel::row_parallel_linear(x, layer->weight, layer->bias, tp);
 }
 }  // namespace
 
@@ -42,6 +41,12 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c, const paral
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // This rank's heads of q, k and v, over the whole sequence.
   auto qkv = column_linear(x, c_attn, tp_);
+  auto core = [this](const torch::Tensor& t) { return attention_core(t); };
+  auto y = recompute_core ? recomputed(core, qkv, {}) : attention_core(qkv);
+  return resid_dropout(row_linear(y, c_proj, tp_));
+}
+
+torch::Tensor CausalSelfAttentionImpl::attention_core(const torch::Tensor& qkv) {
   const auto B = qkv.size(0), T = qkv.size(1), C = qkv.size(2) / 3;  // C: this rank's width, n_head_ * hd
   const auto hd = C / n_head_;
   auto parts = qkv.split(C, 2);
@@ -54,8 +59,7 @@ torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   const bool dense = !fused_attention_enabled() || (p > 0 && attn_dropout->is_training());
   auto att = dense ? reference_causal_attention(q, k, v, mask_, p, attn_dropout->is_training())
                    : causal_attention(q, k, v);
-  auto y = att.transpose(1, 2).contiguous().view({B, T, C});
-  return resid_dropout(row_linear(y, c_proj, tp_));
+  return att.transpose(1, 2).contiguous().view({B, T, C});
 }
 
 MLPImpl::MLPImpl(const GPTConfig& c, const parallel::TensorParallel& tp) : tp_(tp) {
@@ -75,7 +79,17 @@ BlockImpl::BlockImpl(const GPTConfig& c, const parallel::TensorParallel& tp, tor
   mlp = register_module("mlp", MLP(c, tp));
 }
 
+void BlockImpl::set_recompute(Recompute r) {
+  recompute_ = r;
+  attn->recompute_core = r == Recompute::Selective;
+}
+
 torch::Tensor BlockImpl::forward(torch::Tensor x) {
+  if (recompute_ != Recompute::Full) return residual_branches(x);
+  return recomputed([this](const torch::Tensor& t) { return residual_branches(t); }, x, parameters());
+}
+
+torch::Tensor BlockImpl::residual_branches(torch::Tensor x) {
   x = x + attn(layer_norm(ln_1, x));
   return x + mlp(layer_norm(ln_2, x));
 }

@@ -39,6 +39,11 @@ std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, 
   for (const auto& p : plan.parameters()) m->global_shapes_[p.name] = p.shape;
   TensorParallelContext tp{mesh.group(Axis::TP), mesh.index(Axis::TP), dims.tp(), dims.sequence_parallel};
   const int pp = dims.pp(), stage = mesh.index(Axis::PP), virtual_stages = dims.virtual_stages();
+  if (pp > 1 && parallel::splits_backward(dims.schedule_spec().kind)) {
+    // Zero-bubble: the linear layers keep what their weight gradients need for the schedule's weight actions.
+    m->weight_grads_ = std::make_unique<parallel::WeightGradStore>();
+    tp.weight_grads = m->weight_grads_.get();
+  }
   for (int64_t k = 0; k < dims.chunks; ++k) {
     const int vs = static_cast<int>(k * pp + stage);
     StageSpec spec{dims.bounds[vs], dims.bounds[vs + 1], vs == 0, vs == virtual_stages - 1};
@@ -59,6 +64,7 @@ std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, 
   const int64_t seq = dims.sequence_parallel ? model.block_size / dims.tp() : model.block_size;
   runner.activation_shape = {local_batch, seq, model.n_embd};
   runner.activation_dtype = compute_dtype;
+  runner.weight_grads = m->weight_grads_.get();
   m->pipeline_ = std::make_unique<parallel::PipelineRuntime>(dims.schedule_spec(), mesh.group(Axis::PP), stage, runner);
   return m;
 }

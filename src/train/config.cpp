@@ -127,6 +127,7 @@ std::vector<Field> fields(Config& c) {
       double_field("train", "peak_flops_per_rank", c.train.peak_flops_per_rank),
       int_field("train", "threads_per_rank", c.train.threads_per_rank),
       string_field("train", "precision", c.train.precision),
+      string_field("train", "recompute", c.train.recompute),
       int_field("parallel", "dp", c.parallel.dp),
       int_field("parallel", "pp", c.parallel.pp),
       int_field("parallel", "tp", c.parallel.tp),

@@ -19,6 +19,7 @@
 #include "crosstrain/core/threads.h"
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/data/sampler.h"
+#include "crosstrain/core/memory_counter.h"
 #include "crosstrain/models/parallelize.h"
 #include "crosstrain/obs/metrics.h"
 #include "crosstrain/obs/step_log.h"
@@ -155,6 +156,7 @@ parallel::ParallelDims validate(const Config& c, int world) {
   const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
   check_sync_config(c.sync, dims.dp(), dims.pp(), dims.tp(), dims.zero);
   // bf16 runs with every layout and sync mode: gradients are reduced in fp32 (inside and across clusters).
+  models::parse_recompute(c.train.recompute);  // throws naming the choices
   need(c.train.precision == "fp32" || c.train.precision == "bf16",
        "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
   need(dims.zero == 0 || c.comm.compression == "none",
@@ -194,7 +196,9 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   // bench-memory's baseline: what the process holds before the model, its optimizer and activations exist.
   return_freed_memory();
   rss_before_model_ = obs::rss_bytes();
+  install_memory_counter();  // tensors allocated from here on are counted (activation_peak_bytes)
   model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
+  model_->set_recompute(models::parse_recompute(c.train.recompute));
 
   // [sync] How replicas agree (docs/wan-training.md): the cluster groups first; the optimizer's gradient
   // reduction runs over the strategy's group (all replicas, one cluster, or none), then the strategy keeps the
@@ -455,7 +459,9 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
     Phase phase(t, *recorder_, SpanKind::Data, "data", step);
     load_batches(splits_.train, [&](int64_t m) { return sampler_->local_offsets(step, static_cast<int>(m)); });
   }
+  MemoryWatermark activations;  // tensors allocated by forward and backward above those the step began with
   const double replica_loss = forward_backward(true);
+  activation_peak_bytes_ = activations.peak_above_baseline();
   {
     Phase phase(t, *recorder_, SpanKind::Sync, "sync.after_backward", step);
     rec.loss = sync_->after_backward(step, replica_loss);  // [sync] hierarchical: across clusters
@@ -586,6 +592,9 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
   m.counts["grad_bytes"] = bytes.gradients;
   m.counts["optimizer_bytes"] = bytes.optimizer;
   m.counts["model_state_bytes"] = bytes.total();
+  // Saved activations (and backward's temporaries) at their peak, counted at the allocator: what
+  // train.recompute trades for compute.
+  m.counts["activation_peak_bytes"] = activation_peak_bytes_;
   if (verdict_fresh_) {
     // Only on the steps that exchanged timings: each rank's busy time and its score against the others.
     m.series["rank_busy_s"] = last_verdict_.busy_s;

@@ -124,6 +124,7 @@ class Run {
   int64_t start_step_ = 1;
   int64_t step_ = 0;  // the step in progress (spans of the phases that do not take it)
   double peak_flops_ = 0;
+  int64_t activation_peak_bytes_ = 0;  // of the last training step (core/memory_counter.h)
   int64_t rss_before_model_ = 0;  // RSS (freed memory returned) just before the model was built
   GemmPeak gemm_peak_;  // measured here (empty when given or carried over)
   double sync_blocked_s_ = 0, compute_s_ = 0;  // [sync] for utilization

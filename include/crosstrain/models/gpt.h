@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "crosstrain/models/gpt_config.h"
+#include "crosstrain/models/recompute.h"
 #include "crosstrain/parallel/tp_layers.h"
 
 #include <cstdint>
@@ -33,8 +34,11 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};  // column-parallel by heads, row-parallel
   torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
+  bool recompute_core = false;  // selective recomputation: q, k, v -> attention output redone in backward
 
  private:
+  // q, k, v [B, T, 3C] -> the heads' attention output [B, T, C] (before the output projection).
+  torch::Tensor attention_core(const torch::Tensor& qkv);
   int64_t n_head_;  // heads on this rank
   parallel::TensorParallel tp_;
   torch::Tensor mask_;
@@ -58,10 +62,16 @@ class BlockImpl : public torch::nn::Module {
  public:
   explicit BlockImpl(const GPTConfig& config, const parallel::TensorParallel& tp = {}, torch::Tensor mask = {});
   torch::Tensor forward(torch::Tensor x);
+  // train.recompute: full redoes the whole block in backward, selective its attention core.
+  void set_recompute(Recompute r);
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};
+
+ private:
+  torch::Tensor residual_branches(torch::Tensor x);
+  Recompute recompute_ = Recompute::None;
 };
 TORCH_MODULE(Block);
 

@@ -59,6 +59,10 @@ class GPTStageImpl : public torch::nn::Module {
   void set_unit_hooks(parallel::UnitHooks* hooks) { hooks_ = hooks; }
 
   const ParallelPlan& plan() const { return plan_; }
+  // train.recompute for every block of the stage (recompute.h).
+  void set_recompute(Recompute r) {
+    for (auto& block : blocks_) block->set_recompute(r);
+  }
 
   // Submodules, present as the spec says (null otherwise); blocks are registered under "h.<layer>".
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // vocabulary-parallel, replicated

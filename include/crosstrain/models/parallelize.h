@@ -48,6 +48,10 @@ class ParallelGPT {
   parallel::PipelineRuntime* pipeline() { return pipeline_.get(); }
   torch::Tensor loss(int64_t m) { return chunks_[0]->loss(inputs[m], targets[m]); }
   void train(bool on);
+  // train.recompute for every block of every chunk.
+  void set_recompute(Recompute r) {
+    for (auto& chunk : chunks_) chunk->set_recompute(r);
+  }
 
  private:
   friend std::unique_ptr<ParallelGPT> parallelize(const GPTConfig&, uint64_t, const parallel::ParallelDims&,
@@ -57,6 +61,7 @@ class ParallelGPT {
   std::map<std::string, torch::Tensor> shards_;
   std::map<std::string, std::vector<int64_t>> global_shapes_;
   std::vector<torch::Tensor> partial_;
+  std::unique_ptr<parallel::WeightGradStore> weight_grads_;  // zero-bubble schedules only
   std::unique_ptr<parallel::PipelineRuntime> pipeline_;
 };
 

@@ -41,18 +41,25 @@ int PipelineRuntime::tag(ActionType kind, int mb, int vs) const {
   return (direction * spec_.stages * spec_.chunks + vs) * spec_.microbatches + mb;
 }
 
+PipelineRuntime::Received PipelineRuntime::post_receive(const Action& a) const {
+  const Peer peer = peer_of(spec_, stage_, a);
+  const int vs = virtual_stage(spec_, stage_, a.chunk);
+  Received r;
+  r.buffer = at::empty(model_.activation_shape, at::TensorOptions().dtype(model_.activation_dtype));
+  r.work = group_->recv(r.buffer, peer.rank, tag(a.type, a.microbatch, vs));
+  return r;
+}
+
 void PipelineRuntime::execute(const Action& a, std::map<std::pair<int, int>, Slot>& slots, double& loss,
-                              std::vector<comm::WorkPtr>& sends) {
+                              std::vector<comm::WorkPtr>& sends, Received* early) {
   Slot& s = slots[{a.microbatch, a.chunk}];
   const int vs = virtual_stage(spec_, stage_, a.chunk);
   const bool last = vs == spec_.stages * spec_.chunks - 1;
-  auto options = at::TensorOptions().dtype(model_.activation_dtype);
   switch (a.type) {
     case ActionType::RecvActivation: {
-      Peer peer = peer_of(spec_, stage_, a);
-      s.input = at::empty(model_.activation_shape, options);
-      group_->recv(s.input, peer.rank, tag(a.type, a.microbatch, vs))->wait();
-      s.input.requires_grad_(true);
+      Received r = early ? std::move(*early) : post_receive(a);
+      r.work->wait();
+      s.input = r.buffer.requires_grad_(true);
       break;
     }
     case ActionType::Forward: {
@@ -67,9 +74,9 @@ void PipelineRuntime::execute(const Action& a, std::map<std::pair<int, int>, Slo
       break;
     }
     case ActionType::RecvGrad: {
-      Peer peer = peer_of(spec_, stage_, a);
-      s.output_grad = at::empty(model_.activation_shape, options);
-      group_->recv(s.output_grad, peer.rank, tag(a.type, a.microbatch, vs))->wait();
+      Received r = early ? std::move(*early) : post_receive(a);
+      r.work->wait();
+      s.output_grad = r.buffer;
       break;
     }
     case ActionType::Backward: {
@@ -121,10 +128,24 @@ double PipelineRuntime::train_step() {
   if (model_.weight_grads) model_.weight_grads->clear();  // nothing kept from a step that failed
   const auto start = Clock::now();
   auto since = [&](Clock::time_point t) { return std::chrono::duration<double>(t - start).count(); };
-  for (const Action& a : actions_) {
+  // Receives are posted up to kReceiveLookahead actions ahead, in list order (so per peer in the order the
+  // schedule checked): the transfer runs during the computations before the one that needs it, instead of
+  // starting when the stage asks for it. Few enough that the buffers stay a handful of activations.
+  constexpr size_t kReceiveLookahead = 6;
+  std::map<size_t, Received> early;
+  size_t next_to_post = 0;
+  for (size_t i = 0; i < actions_.size(); ++i) {
+    for (; next_to_post < actions_.size() && next_to_post <= i + kReceiveLookahead; ++next_to_post) {
+      const ActionType t = actions_[next_to_post].type;
+      if (t == ActionType::RecvActivation || t == ActionType::RecvGrad)
+        early[next_to_post] = post_receive(actions_[next_to_post]);
+    }
+    const Action& a = actions_[i];
+    auto posted = early.find(i);
     const auto t0 = Clock::now();
-    execute(a, slots, loss, sends);
+    execute(a, slots, loss, sends, posted == early.end() ? nullptr : &posted->second);
     timeline_.push_back({a, since(t0), since(Clock::now())});
+    if (posted != early.end()) early.erase(posted);
   }
   comm::wait_all(sends);
   return loss;

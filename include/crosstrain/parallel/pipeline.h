@@ -60,8 +60,15 @@ class PipelineRuntime {
   static std::vector<at::Tensor> output_grads(const Slot& s, bool last);
   // Backward of the slot's output (input and parameter gradients); frees its graph.
   static void run_backward(Slot& s, bool last);
+  // A receive in flight: its buffer and the work to wait for.
+  struct Received {
+    at::Tensor buffer;
+    comm::WorkPtr work;
+  };
+  Received post_receive(const Action& a) const;
+  // `early`: the receive of a Recv action posted ahead of time (null: posted now).
   void execute(const Action& a, std::map<std::pair<int, int>, Slot>& slots, double& loss,
-               std::vector<comm::WorkPtr>& sends);
+               std::vector<comm::WorkPtr>& sends, Received* early = nullptr);
 
   ScheduleSpec spec_;
   comm::Communicator* group_;

@@ -12,12 +12,12 @@
 
 #include <cmath>
 #include <functional>
-#include <mutex>
 
 #include "crosstrain/comm/fake.h"
 #include "crosstrain/parallel/grad_reducer.h"
 #include "crosstrain/train/test_hooks.h"
 #include "crosstrain/train/trainer.h"
+#include "in_process_run.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;
@@ -35,24 +35,14 @@ struct Outcome {
 };
 
 Outcome train_with(const train::Config& config, int ranks) {
+  const auto runs = crosstrain::testing::train_in_process(config, ranks, comm::Millis(30000));
   Outcome run;
-  std::mutex m;
-  comm::FakeWorld::run(ranks, [&](comm::Communicator& c) {
-    train::Trainer trainer(config, c);
-    train::TrainOptions options;
-    options.quiet = true;
-    train::ParameterDump dump;
-    options.dump = &dump;
-    auto result = trainer.run(options);
-    std::lock_guard<std::mutex> lock(m);
-    if (c.rank() != 0) return;
-    for (const auto& s : result.steps) {
-      run.losses.push_back(s.loss);
-      run.grad_norms.push_back(s.grad_norm);
-    }
-    run.gradients = std::move(dump.gradients);
-    run.val_loss = result.val_loss;
-  });
+  for (const auto& s : runs[0].result.steps) {
+    run.losses.push_back(s.loss);
+    run.grad_norms.push_back(s.grad_norm);
+  }
+  run.gradients = runs[0].dump.gradients;
+  run.val_loss = runs[0].result.val_loss;
   return run;
 }
 

@@ -5,14 +5,11 @@
 #include <torch/torch.h>
 
 #include <fstream>
-#include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "crosstrain/comm/fake.h"
 #include "crosstrain/core/memory_counter.h"
 #include "crosstrain/models/recompute.h"
-#include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "in_process_run.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;
@@ -50,22 +47,12 @@ train::Config config_for(const std::string& tag, const Layout& l, const std::str
 
 Outcome run(const train::Config& c, int world) {
   Outcome out;
-  out.params.resize(world);
-  out.gradients.resize(world);
-  std::mutex m;
-  comm::FakeWorld::run(world, [&](comm::Communicator& comm) {
-    train::Trainer trainer(c, comm);
-    train::TrainOptions o;
-    o.quiet = true;
-    train::ParameterDump dump;
-    o.dump = &dump;
-    auto r = trainer.run(o);
-    std::lock_guard<std::mutex> lock(m);
-    out.params[comm.rank()] = dump.flat;
-    out.gradients[comm.rank()] = dump.gradients;
-    if (comm.rank() == 0)
-      for (const auto& s : r.steps) out.losses.push_back(s.loss);
-  }, comm::Millis(120000));
+  const auto ranks = crosstrain::testing::train_in_process(c, world);
+  for (const auto& s : ranks[0].result.steps) out.losses.push_back(s.loss);
+  for (const auto& r : ranks) {
+    out.params.push_back(r.dump.flat);
+    out.gradients.push_back(r.dump.gradients);
+  }
   return out;
 }
 

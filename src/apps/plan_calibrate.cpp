@@ -1,0 +1,254 @@
+#include "plan_calibrate.h"
+
+#include <ATen/ATen.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <future>
+#include <sstream>
+
+#include "crosstrain/comm/init.h"
+#include "crosstrain/comm/rendezvous.h"
+#include "crosstrain/core/error.h"
+#include "crosstrain/core/threads.h"
+
+namespace crosstrain::apps {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using planner::GemmPoint;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double median_of(std::vector<double> v) { return comm::median(std::move(v)); }
+
+at::ScalarType scalar_type(const std::string& dtype) {
+  if (dtype == "fp32") return at::kFloat;
+  if (dtype == "bf16") return at::kBFloat16;
+  throw UsageError("calibrate: dtype '" + dtype + "': use fp32 or bf16");
+}
+
+// Calls of `f` per second over a run of at least `seconds` (and at least two calls).
+template <typename F>
+double calls_per_second(F&& f, double seconds) {
+  int64_t count = 0;
+  const auto start = Clock::now();
+  double elapsed = 0;
+  while (elapsed < seconds || count < 2) {
+    f();
+    ++count;
+    elapsed = seconds_since(start);
+  }
+  return static_cast<double>(count) / elapsed;
+}
+
+// FLOP/s of one shape, timed as train/peak_flops.cpp times the MFU denominator: random operands (zeros may take
+// fast paths), a warm-up that pays the first call's costs, then the better of two runs, so that a burst of
+// another process on the same core does not set the rate.
+double gemm_rate(const GemmGridShape& s, at::ScalarType dtype, double seconds) {
+  const auto options = at::TensorOptions().dtype(dtype);
+  const at::Tensor a = at::randn({s.m, s.k}, options), b = at::randn({s.k, s.n}, options);
+  at::Tensor out = at::empty({s.m, s.n}, options);
+  const auto product = [&] { at::mm_out(out, a, b); };
+  calls_per_second(product, seconds / 2);
+  const double first = calls_per_second(product, seconds);
+  return s.flops() * std::max(first, calls_per_second(product, seconds));
+}
+
+double measure_memory_bandwidth(int64_t bytes, double seconds) {
+  const int64_t numel = std::max<int64_t>(1, bytes / 4);
+  at::Tensor a = at::empty({numel}), b = at::rand({numel}), c = at::rand({numel});
+  at::add_out(a, b, c);  // page faults of `a` out of the timing
+  std::vector<double> times;
+  const auto start = Clock::now();
+  while (times.size() < 5 || seconds_since(start) < seconds) {
+    const auto t0 = Clock::now();
+    at::add_out(a, b, c);
+    times.push_back(seconds_since(t0));
+  }
+  return 3.0 * static_cast<double>(numel * 4) / median_of(times);
+}
+
+// Seconds per operator (forward or backward) of a chain of `ops` alternating x * s and tanh(x) on a tiny tensor
+// that requires grad: forward and backward timed together, divided by 2 x ops; the median of rounds.
+double measure_kernel_overhead(int ops, double seconds) {
+  const at::Tensor leaf = at::randn({16}).set_requires_grad(true);
+  auto round = [&] {
+    at::Tensor y = leaf;
+    for (int i = 0; i < ops; ++i) y = i % 2 == 0 ? y * 1.0001 : at::tanh(y);
+    y.sum().backward();
+  };
+  round();
+  std::vector<double> per_op;
+  const auto start = Clock::now();
+  while (per_op.size() < 5 || seconds_since(start) < seconds) {
+    const auto t0 = Clock::now();
+    round();
+    per_op.push_back(seconds_since(t0) / (2.0 * ops));
+  }
+  return median_of(per_op);
+}
+
+// comm::calibrate_link over `ranks` threads of this process, each with its own Gloo communicator over a loopback
+// rendezvous: the same TCP path two rank processes take. Every rank returns the same link.
+comm::Link measure_host_link(int ranks, const comm::CalibrationOptions& options, double timeout_s) {
+  if (ranks < 2) throw UsageError("calibrate: the link needs at least 2 ranks, not " + std::to_string(ranks));
+  const comm::Millis timeout(static_cast<int64_t>(timeout_s * 1000));
+  auto host = comm::Rendezvous::host("127.0.0.1", 0, ranks, timeout, /*rank=*/0);
+  std::vector<std::future<void>> others;
+  for (int r = 1; r < ranks; ++r) {
+    others.push_back(std::async(std::launch::async, [&, r] {
+      auto rendezvous = comm::Rendezvous::connect("127.0.0.1", host->port(), r, ranks, timeout);
+      auto c = comm::make_gloo_communicator(rendezvous, r, ranks, timeout, "calibrate");
+      comm::calibrate_link(*c, options);
+    }));
+  }
+  auto c = comm::make_gloo_communicator(host, 0, ranks, timeout, "calibrate");
+  const comm::Link link = comm::calibrate_link(*c, options);
+  for (auto& f : others) f.get();  // rethrows a peer's failure
+  return link;
+}
+
+// Watts of the host's RAPL packages (their power limits, summed); 0 when powercap cannot be read.
+double read_rapl_package_watts() {
+  double watts = 0;
+  for (int package = 0; package < 64; ++package) {
+    std::ifstream in("/sys/class/powercap/intel-rapl:" + std::to_string(package) + "/constraint_0_power_limit_uw");
+    double microwatts = 0;
+    if (!(in >> microwatts)) break;
+    watts += microwatts / 1e6;
+  }
+  return watts;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+void say(bool on, const char* format, double a = 0, double b = 0) {
+  if (!on) return;
+  std::fprintf(stderr, format, a, b);
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+std::vector<GemmGridShape> default_gemm_grid() {
+  std::vector<GemmGridShape> grid;
+  for (int64_t s : {32, 64, 128, 256, 512, 1024}) grid.push_back({s, s, s});
+  // The attention's per-head products (T x head_dim x T and T x T x head_dim).
+  grid.push_back({128, 32, 128});
+  grid.push_back({128, 128, 32});
+  // Tokens x hidden products (forward and input gradient) and hidden x tokens x hidden (weight gradient).
+  for (int64_t m : {64, 256, 1024, 2048})
+    for (int64_t k : {128, 512})
+      for (int64_t n : {128, 512, 2048}) grid.push_back({m, k, n});
+  grid.push_back({128, 2048, 128});
+  grid.push_back({128, 2048, 512});
+  grid.push_back({512, 2048, 512});
+  return grid;
+}
+
+std::vector<GemmPoint> gemm_curve(std::vector<GemmPoint> points) {
+  std::sort(points.begin(), points.end(), [](const GemmPoint& a, const GemmPoint& b) { return a.flops < b.flops; });
+  std::vector<GemmPoint> curve;
+  for (size_t i = 0; i < points.size();) {
+    size_t j = i;
+    std::vector<double> rates;
+    for (; j < points.size() && points[j].flops == points[i].flops; ++j) rates.push_back(points[j].flops_per_s);
+    curve.push_back({points[i].flops, median_of(rates)});
+    i = j;
+  }
+  return curve;
+}
+
+double parse_meminfo_total(const std::string& meminfo) {
+  std::istringstream lines(meminfo);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream fields(line);
+    std::string key;
+    double kib = 0;
+    if (fields >> key >> kib && key == "MemTotal:") return kib * 1024;
+  }
+  return 0;
+}
+
+planner::ClusterFile describe_host(const HostMeasurements& m, double watts_per_core_assumed) {
+  if (m.cores < 1) throw UsageError("calibrate: " + std::to_string(m.cores) + " cores; a host has at least one");
+  planner::DeviceType cpu;
+  cpu.name = "cpu";
+  for (const auto& [dtype, points] : m.gemm) {
+    if (points.empty()) throw UsageError("calibrate: no GEMM point measured in " + dtype);
+    cpu.gemm_curve[dtype] = gemm_curve(points);
+    double best = 0;
+    for (const GemmPoint& p : points) best = std::max(best, p.flops_per_s);
+    cpu.peak_flops[dtype] = best;
+  }
+  planner::ClusterSpec cluster;
+  cluster.name = m.hostname;
+  cluster.device = cpu.name;
+  cluster.hosts = 1;
+  cluster.devices_per_host = 2 * m.cores;
+  cluster.compute_slots_per_host = m.cores;
+  cluster.host_link = m.link;
+  cluster.cluster_link = m.link;
+  cpu.memory_bytes = m.total_memory_bytes / cluster.devices_per_host;
+  cpu.memory_bandwidth_Bps = m.memory_bandwidth_Bps;
+  cpu.kernel_overhead_s = m.kernel_overhead_s;
+  const double host_w = m.host_power_w > 0 ? m.host_power_w : watts_per_core_assumed * m.cores;
+  cpu.power_w = host_w / cluster.devices_per_host;
+  cpu.price_per_hour = 0;
+  planner::ClusterFile file;
+  file.name = m.hostname;
+  file.devices[cpu.name] = cpu;
+  file.clusters.push_back(cluster);
+  file.wan = m.link;  // a placeholder: one host has no wide-area link
+  return file;
+}
+
+planner::ClusterFile calibrate_this_host(const CalibrateOptions& o) {
+  if (!(o.seconds_per_point > 0)) throw UsageError("calibrate: seconds_per_point must be positive");
+  if (o.shapes.empty()) throw UsageError("calibrate: no GEMM shape to measure");
+  limit_compute_threads(1);
+  at::manual_seed(0);
+  HostMeasurements m;
+  m.hostname = comm::local_hostname();
+  m.cores = comm::local_core_count();
+  m.total_memory_bytes = parse_meminfo_total(read_file("/proc/meminfo"));
+  m.host_power_w = read_rapl_package_watts();
+  {
+    at::NoGradGuard no_grad;
+    for (const std::string& dtype : o.dtypes) {
+      const at::ScalarType type = scalar_type(dtype);
+      const auto t0 = Clock::now();
+      for (const GemmGridShape& s : o.shapes) m.gemm[dtype].push_back({s.flops(), gemm_rate(s, type, o.seconds_per_point)});
+      double best = 0;
+      for (const GemmPoint& p : m.gemm[dtype]) best = std::max(best, p.flops_per_s);
+      if (o.progress)
+        std::fprintf(stderr, "# calibrate: GEMM %s, %zu shapes: best %.1f GFLOP/s (%.1f s)\n", dtype.c_str(),
+                     o.shapes.size(), best / 1e9, seconds_since(t0));
+    }
+    m.memory_bandwidth_Bps = measure_memory_bandwidth(o.bandwidth_bytes, 4 * o.seconds_per_point);
+    say(o.progress, "# calibrate: memory bandwidth %.2f GB/s (a = b + c)\n", m.memory_bandwidth_Bps / 1e9);
+  }
+  m.kernel_overhead_s = measure_kernel_overhead(o.overhead_ops, 4 * o.seconds_per_point);
+  say(o.progress, "# calibrate: kernel overhead %.2f us per operator (forward or backward, with autograd)\n",
+      m.kernel_overhead_s * 1e6);
+  if (o.measure_links) {
+    const auto t0 = Clock::now();
+    m.link = measure_host_link(o.ranks, o.link, o.link_timeout_s);
+    say(o.progress, "# calibrate: host link alpha %.1f us, %.2f GB/s one way", m.link.latency_s * 1e6,
+        m.link.bandwidth_Bps / 1e9);
+    say(o.progress, " (%.1f s)\n", seconds_since(t0));
+  } else {
+    m.link = comm::default_host_link();
+  }
+  return describe_host(m, o.watts_per_core_assumed);
+}
+
+}  // namespace crosstrain::apps

@@ -1,0 +1,138 @@
+// `crosstrain plan --calibrate` (issue 16, item 3): the pure parts (the curve, /proc/meminfo, the description of a
+// host) on made-up measurements, then one quick real calibration of this host read back through the cluster file.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "crosstrain/core/error.h"
+#include "plan_calibrate.h"
+
+namespace crosstrain::apps {
+namespace {
+
+using planner::GemmPoint;
+
+TEST(CalibrateCurve, SortsByFlopsAndMergesEqualFlopsIntoTheirMedianRate) {
+  const auto curve = gemm_curve({{8, 3}, {2, 5}, {8, 1}, {8, 2}, {4, 7}});
+  ASSERT_EQ(curve.size(), 3u);
+  EXPECT_EQ(curve[0].flops, 2);
+  EXPECT_EQ(curve[0].flops_per_s, 5);
+  EXPECT_EQ(curve[1].flops, 4);
+  EXPECT_EQ(curve[2].flops, 8);
+  EXPECT_EQ(curve[2].flops_per_s, 2);  // the median of 3, 1, 2
+  EXPECT_TRUE(gemm_curve({}).empty());
+}
+
+TEST(CalibrateMeminfo, ReadsMemTotalInBytes) {
+  EXPECT_EQ(parse_meminfo_total("MemFree:  100 kB\nMemTotal:       24683652 kB\nHugePages_Total: 0\n"),
+            24683652.0 * 1024);
+  EXPECT_EQ(parse_meminfo_total("MemFree: 100 kB\n"), 0);
+}
+
+HostMeasurements made_up_host() {
+  HostMeasurements m;
+  m.hostname = "box";
+  m.cores = 3;
+  m.total_memory_bytes = 12e9;
+  m.gemm["fp32"] = {{1e6, 40e9}, {1e8, 90e9}, {1e6, 20e9}, {1e9, 80e9}};
+  m.memory_bandwidth_Bps = 15e9;
+  m.kernel_overhead_s = 3e-6;
+  m.link.latency_s = 40e-6;
+  m.link.bandwidth_Bps = 3e9;
+  return m;
+}
+
+TEST(CalibrateDescribe, OneHostOfTwoRanksPerCoreSharingItsMemoryAndPower) {
+  const planner::ClusterFile f = describe_host(made_up_host(), /*watts_per_core_assumed=*/10);
+  ASSERT_EQ(f.clusters.size(), 1u);
+  const planner::ClusterSpec& c = f.clusters[0];
+  EXPECT_EQ(c.name, "box");
+  EXPECT_EQ(c.hosts, 1);
+  EXPECT_EQ(c.devices_per_host, 6);
+  EXPECT_EQ(c.compute_slots_per_host, 3);
+  EXPECT_EQ(c.host_link.latency_s, 40e-6);
+  EXPECT_EQ(c.cluster_link.bandwidth_Bps, 3e9);
+  EXPECT_EQ(f.wan.bandwidth_Bps, 3e9);
+  const planner::DeviceType& d = f.device_of(c);
+  EXPECT_DOUBLE_EQ(d.memory_bytes, 2e9);
+  EXPECT_DOUBLE_EQ(d.power_w, 5.0);  // 10 W x 3 cores over 6 ranks
+  EXPECT_EQ(d.peak_flops.at("fp32"), 90e9);
+  ASSERT_EQ(d.gemm_curve.at("fp32").size(), 3u);
+  EXPECT_EQ(d.gemm_curve.at("fp32")[0].flops_per_s, 30e9);  // the median of 40 and 20
+  EXPECT_EQ(d.kernel_overhead_s, 3e-6);
+  EXPECT_EQ(d.memory_bandwidth_Bps, 15e9);
+
+  HostMeasurements rapl = made_up_host();
+  rapl.host_power_w = 90;
+  EXPECT_DOUBLE_EQ(describe_host(rapl).devices.at("cpu").power_w, 15.0);
+}
+
+TEST(CalibrateDescribe, RefusesADtypeWithoutPointsAndAHostWithoutCores) {
+  HostMeasurements m = made_up_host();
+  m.gemm["bf16"] = {};
+  EXPECT_THROW(describe_host(m), UsageError);
+  m = made_up_host();
+  m.cores = 0;
+  EXPECT_THROW(describe_host(m), UsageError);
+}
+
+void expect_close(double a, double b, const std::string& what) {
+  EXPECT_LE(std::abs(a - b), 1e-6 * std::max(std::abs(a), std::abs(b))) << what << ": " << a << " vs " << b;
+}
+
+TEST(CalibrateThisHost, MeasuresPositiveAscendingCurvesAndTheFileReadsBack) {
+  CalibrateOptions o;
+  o.seconds_per_point = 0.01;
+  o.shapes = {{128, 128, 128}, {32, 32, 32}, {64, 64, 64}, {16, 128, 128}};  // the last two: equal FLOPs
+  o.bandwidth_bytes = 4 << 20;
+  o.overhead_ops = 20;
+  o.link.sizes = {4, 64 << 10};
+  o.link.rounds = 5;
+  o.progress = false;
+  const planner::ClusterFile f = calibrate_this_host(o);
+  const planner::DeviceType& d = f.devices.at("cpu");
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    const auto& curve = d.gemm_curve.at(dtype);
+    ASSERT_EQ(curve.size(), 3u) << dtype;
+    double best = 0;
+    for (size_t i = 0; i < curve.size(); ++i) {
+      EXPECT_GT(curve[i].flops_per_s, 0) << dtype;
+      if (i > 0) EXPECT_GT(curve[i].flops, curve[i - 1].flops) << dtype;
+      best = std::max(best, curve[i].flops_per_s);
+    }
+    EXPECT_GE(d.peak_flops.at(dtype), best) << dtype;  // the best point, before merging
+  }
+  EXPECT_GT(d.memory_bandwidth_Bps, 1e8);
+  EXPECT_GT(d.kernel_overhead_s, 0);
+  EXPECT_LT(d.kernel_overhead_s, 1e-3);
+  const planner::ClusterSpec& c = f.clusters.at(0);
+  EXPECT_EQ(c.compute_slots_per_host, comm::local_core_count());
+  EXPECT_EQ(c.devices_per_host, 2 * comm::local_core_count());
+  EXPECT_GT(c.host_link.latency_s, 0);
+  EXPECT_EQ(c.host_link.one_way_curve.size(), 2u);  // measured, not the default link (which has no curves)
+
+  const planner::ClusterFile back = planner::parse_cluster(planner::to_toml(f), "calibrated");
+  ASSERT_EQ(back.clusters.size(), 1u);
+  EXPECT_EQ(back.clusters[0].name, c.name);
+  EXPECT_EQ(back.clusters[0].devices_per_host, c.devices_per_host);
+  EXPECT_EQ(back.clusters[0].compute_slots_per_host, c.compute_slots_per_host);
+  const planner::DeviceType& e = back.device_of(back.clusters[0]);
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    expect_close(e.peak(dtype), d.peak(dtype), dtype + " peak");
+    ASSERT_EQ(e.gemm_curve.at(dtype).size(), d.gemm_curve.at(dtype).size());
+    for (size_t i = 0; i < d.gemm_curve.at(dtype).size(); ++i) {
+      expect_close(e.gemm_curve.at(dtype)[i].flops, d.gemm_curve.at(dtype)[i].flops, dtype + " curve flops");
+      expect_close(e.gemm_curve.at(dtype)[i].flops_per_s, d.gemm_curve.at(dtype)[i].flops_per_s, dtype + " curve rate");
+    }
+  }
+  expect_close(e.memory_bandwidth_Bps, d.memory_bandwidth_Bps, "memory bandwidth");
+  expect_close(e.kernel_overhead_s, d.kernel_overhead_s, "kernel overhead");
+  expect_close(e.memory_bytes, d.memory_bytes, "memory");
+  expect_close(e.power_w, d.power_w, "power");
+  expect_close(back.clusters[0].host_link.seconds(1 << 20), c.host_link.seconds(1 << 20), "host link at 1 MiB");
+  expect_close(back.wan.seconds(1 << 20), f.wan.seconds(1 << 20), "wan placeholder at 1 MiB");
+}
+
+}  // namespace
+}  // namespace crosstrain::apps

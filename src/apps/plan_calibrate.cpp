@@ -91,6 +91,26 @@ double measure_kernel_overhead(int ops, double seconds) {
   return median_of(per_op);
 }
 
+// The per-size median of curve `which` over `runs`, then made non-decreasing from the largest size down.
+std::vector<comm::Sample> merged_curve(const std::vector<comm::Link>& runs,
+                                       std::vector<comm::Sample> comm::Link::*which) {
+  std::vector<comm::Sample> curve = runs[0].*which;
+  for (const comm::Link& run : runs)
+    if ((run.*which).size() != curve.size())
+      throw UsageError("calibrate: link calibrations of different sizes cannot be merged");
+  for (size_t i = 0; i < curve.size(); ++i) {
+    std::vector<double> seconds;
+    for (const comm::Link& run : runs) {
+      if ((run.*which)[i].bytes != curve[i].bytes)
+        throw UsageError("calibrate: link calibrations of different sizes cannot be merged");
+      seconds.push_back((run.*which)[i].seconds);
+    }
+    curve[i].seconds = median_of(seconds);
+  }
+  for (size_t i = curve.size(); i-- > 1;) curve[i - 1].seconds = std::min(curve[i - 1].seconds, curve[i].seconds);
+  return curve;
+}
+
 // comm::calibrate_link over `ranks` threads of this process, each with its own Gloo communicator over a loopback
 // rendezvous: the same TCP path two rank processes take. Every rank returns the same link.
 comm::Link measure_host_link(int ranks, const comm::CalibrationOptions& options, double timeout_s) {
@@ -137,6 +157,27 @@ void say(bool on, const char* format, double a = 0, double b = 0) {
 }
 
 }  // namespace
+
+comm::Link merge_link_calibrations(const std::vector<comm::Link>& runs) {
+  if (runs.empty()) throw UsageError("calibrate: no link calibration to merge");
+  comm::Link link = runs[0];
+  link.one_way_curve = merged_curve(runs, &comm::Link::one_way_curve);
+  link.exchange_curve = merged_curve(runs, &comm::Link::exchange_curve);
+  link.reduce_curve = merged_curve(runs, &comm::Link::reduce_curve);
+  if (link.one_way_curve.size() >= 2) {
+    const comm::Link fit = comm::fit_link(link.one_way_curve);
+    link.latency_s = fit.latency_s;
+    link.bandwidth_Bps = fit.bandwidth_Bps;
+  }
+  if (link.exchange_curve.size() >= 2) {
+    const comm::Link fit = comm::fit_link(link.exchange_curve);
+    link.exchange_latency_s = std::max(fit.latency_s, 1e-9);  // 0 would mean "as one way"
+    link.exchange_bandwidth_Bps = fit.bandwidth_Bps;
+  }
+  if (!link.reduce_curve.empty() && link.reduce_curve.back().seconds > 0)
+    link.reduce_Bps = link.reduce_curve.back().bytes / link.reduce_curve.back().seconds;
+  return link;
+}
 
 std::vector<GemmGridShape> default_gemm_grid() {
   std::vector<GemmGridShape> grid;
@@ -241,7 +282,9 @@ planner::ClusterFile calibrate_this_host(const CalibrateOptions& o) {
       m.kernel_overhead_s * 1e6);
   if (o.measure_links) {
     const auto t0 = Clock::now();
-    m.link = measure_host_link(o.ranks, o.link, o.link_timeout_s);
+    std::vector<comm::Link> runs;
+    for (int i = 0; i < std::max(1, o.link_repeats); ++i) runs.push_back(measure_host_link(o.ranks, o.link, o.link_timeout_s));
+    m.link = merge_link_calibrations(runs);
     say(o.progress, "# calibrate: host link alpha %.1f us, %.2f GB/s one way", m.link.latency_s * 1e6,
         m.link.bandwidth_Bps / 1e9);
     say(o.progress, " (%.1f s)\n", seconds_since(t0));

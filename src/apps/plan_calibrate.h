@@ -18,8 +18,8 @@
 //    node count once). So it is the dispatch, autograd-graph and backward-engine cost of one operator, forward or
 //    backward, with the arithmetic negligible: the time a step spends beyond FLOPs and bytes, per operator run.
 //  - clusters[0].host_link: comm::calibrate_link between `ranks` ranks of this host (threads of this process, each
-//    with its own Gloo communicator over loopback TCP, as two rank processes talk): the one-way (send/recv
-//    ping-pong), ring-exchange and reduction curves (threads measured alpha 51 us, 3.4 GB/s where `bench
+//    with its own Gloo communicator over loopback TCP, as two rank processes talk), link_repeats times, merged by
+//    merge_link_calibrations: the one-way (send/recv ping-pong), ring-exchange and reduction curves (threads measured alpha 51 us, 3.4 GB/s where `bench
 //    cost-model --nproc 2` measured 48 us, 3.3 GB/s). Gloo's point-to-point path, not the shared-memory
 //    all-reduce (comm.shared_memory) a same-host training run uses for float all-reduces.
 //  - clusters[0].cluster_link = host_link (one host), and wan = host_link: a placeholder so the file is complete;
@@ -62,6 +62,7 @@ struct CalibrateOptions {
   int overhead_ops = 200;             // operators in the chain that kernel_overhead_s is timed on
   bool measure_links = true;          // false: comm::default_host_link() (no communication; quick tests)
   comm::CalibrationOptions link;      // sizes and rounds of the link calibration
+  int link_repeats = 3;               // calibrations merged by merge_link_calibrations (a shared machine is noisy)
   double link_timeout_s = 60;
   double watts_per_core_assumed = 10;  // when RAPL cannot be read
   bool progress = true;               // one line per phase on stderr
@@ -81,13 +82,18 @@ struct HostMeasurements {
 
 // Pure: points sorted by ascending FLOPs, points of equal FLOPs merged into one with their median rate.
 std::vector<planner::GemmPoint> gemm_curve(std::vector<planner::GemmPoint> points);
+// Pure: one link from several calibrations of it (same sizes): each curve the per-size median over them, then made
+// non-decreasing in seconds from the largest size down (a point slower than a larger message is interference:
+// a bigger message never takes less time), alpha-beta lines refitted to the merged curves, gamma from the largest
+// reduction. Throws UsageError for none or for calibrations of different sizes.
+comm::Link merge_link_calibrations(const std::vector<comm::Link>& runs);
 // Pure: MemTotal of a /proc/meminfo text in bytes, 0 when absent.
 double parse_meminfo_total(const std::string& meminfo);
 // Pure: the cluster file of one host (see the header comment for every field). Throws UsageError when a dtype
 // has no point or cores < 1.
 planner::ClusterFile describe_host(const HostMeasurements& m, double watts_per_core_assumed = 10);
 
-// Measures this host (about 20-40 s with the defaults; the link calibration is a few seconds of that) and
+// Measures this host (about 20 s with the defaults, 6-10 s of it the three link calibrations) and
 // describes it. Limits this process to one compute thread (as a training rank runs) and leaves it so.
 planner::ClusterFile calibrate_this_host(const CalibrateOptions& options);
 

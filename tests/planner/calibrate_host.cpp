@@ -24,6 +24,38 @@ TEST(CalibrateCurve, SortsByFlopsAndMergesEqualFlopsIntoTheirMedianRate) {
   EXPECT_TRUE(gemm_curve({}).empty());
 }
 
+comm::Link measured_link(std::vector<double> one_way_seconds) {
+  comm::Link l;
+  const double sizes[] = {4, 1 << 10, 1 << 20, 4 << 20};
+  for (size_t i = 0; i < one_way_seconds.size(); ++i) {
+    l.one_way_curve.push_back({sizes[i], one_way_seconds[i]});
+    l.exchange_curve.push_back({sizes[i], 2 * one_way_seconds[i]});
+  }
+  l.reduce_curve = {{0, 0}, {4 << 20, 1e-3}};
+  return l;
+}
+
+TEST(CalibrateLink, MergesRunsByMedianPerSizeAndNeverLetsABiggerMessageBeFaster) {
+  const comm::Link merged = merge_link_calibrations({measured_link({50e-6, 60e-6, 500e-6, 2e-3}),
+                                                     measured_link({900e-6, 55e-6, 400e-6, 1.9e-3}),
+                                                     measured_link({60e-6, 700e-6, 450e-6, 2.1e-3})});
+  ASSERT_EQ(merged.one_way_curve.size(), 4u);
+  EXPECT_EQ(merged.one_way_curve[0].seconds, 60e-6);   // median of 50, 900, 60
+  EXPECT_EQ(merged.one_way_curve[1].seconds, 60e-6);   // median of 60, 55, 700
+  EXPECT_EQ(merged.one_way_curve[2].seconds, 450e-6);
+  EXPECT_EQ(merged.one_way_curve[3].seconds, 2e-3);
+  EXPECT_EQ(merged.exchange_curve[0].seconds, 120e-6);
+  // One run: a small message slower than a larger one is interference and takes the larger one's time.
+  const comm::Link one = merge_link_calibrations({measured_link({300e-6, 60e-6, 500e-6, 2e-3})});
+  EXPECT_EQ(one.one_way_curve[0].seconds, 60e-6);
+  // The straight lines follow the merged curve: about 2e-3 s at 4 MiB.
+  EXPECT_NEAR(one.latency_s + (4 << 20) / one.bandwidth_Bps, 2e-3, 0.5e-3);
+  EXPECT_DOUBLE_EQ(one.reduce_Bps, (4 << 20) / 1e-3);
+  EXPECT_THROW(merge_link_calibrations({}), UsageError);
+  EXPECT_THROW(merge_link_calibrations({measured_link({1e-4, 2e-4, 3e-4, 4e-4}), measured_link({1e-4, 2e-4, 3e-4})}),
+               UsageError);
+}
+
 TEST(CalibrateMeminfo, ReadsMemTotalInBytes) {
   EXPECT_EQ(parse_meminfo_total("MemFree:  100 kB\nMemTotal:       24683652 kB\nHugePages_Total: 0\n"),
             24683652.0 * 1024);
@@ -89,6 +121,7 @@ TEST(CalibrateThisHost, MeasuresPositiveAscendingCurvesAndTheFileReadsBack) {
   o.overhead_ops = 20;
   o.link.sizes = {4, 64 << 10};
   o.link.rounds = 5;
+  o.link_repeats = 2;
   o.progress = false;
   const planner::ClusterFile f = calibrate_this_host(o);
   const planner::DeviceType& d = f.devices.at("cpu");

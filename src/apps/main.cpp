@@ -18,6 +18,7 @@
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
+#include "plan_cmd.h"
 #include "report_cmd.h"
 #include "train_cmd.h"
 
@@ -289,6 +290,41 @@ void add_report_commands(CLI::App& app, ReportCli& cli) {
   cli.trace_merge->add_option("run_dir", cli.run_dir, "run directory (run.dir)")->required();
 }
 
+// `crosstrain plan` and `crosstrain sim`: the same inputs.
+struct PlanCli {
+  CLI::App* plan = nullptr;
+  CLI::App* sim = nullptr;
+  apps::PlanCommand options;
+};
+
+void add_plan_inputs(CLI::App* cmd, apps::PlanCommand& o) {
+  cmd->add_option("model", o.model, "preset (gpt2, gpt3-175b, llama-7b, ...) or recipe (.toml)");
+  cmd->add_option("cluster", o.cluster, "cluster file (clusters/*.toml, or one written by --calibrate)");
+  cmd->add_option("--layout", o.layout, "for a preset: \"dp=8 tp=8 pp=16 zero=1 1f1b m=192 mb=1 recompute=full\"");
+  cmd->add_option("--set", o.sets, "for a recipe: override a key as crosstrain train does (repeatable)");
+  cmd->add_option("--nproc", o.nproc, "for a recipe: ranks of the run (default: every device)")->check(at_least_one());
+  cmd->add_option("--global-batch", o.global_batch, "sequences per step (presets)")->check(at_least_one());
+  cmd->add_option("--tokens", o.tokens, "training tokens: time-to-train, cost, energy (e.g. 300e9)")
+      ->check(CLI::NonNegativeNumber);
+}
+
+void add_plan_commands(CLI::App& app, PlanCli& cli) {
+  apps::PlanCommand& o = cli.options;
+  cli.plan = app.add_subcommand("plan", "time, memory, cost, energy and wall of a layout; --search for the best");
+  add_plan_inputs(cli.plan, o);
+  cli.plan->add_flag("--search", o.search, "search layouts (dp x tp x pp x ZeRO x micro-batches x schedule x sync)");
+  cli.plan->add_option("--top", o.top, "layouts the search prints")->check(at_least_one());
+  cli.plan->add_option("--rank-by", o.rank_by, "time or cost")->check(CLI::IsMember({"time", "cost"}));
+  cli.plan->add_option("--devices", o.devices, "search: devices to use (default all)")->check(at_least_one());
+  cli.plan->add_flag("--json", o.json, "print JSON");
+  cli.plan->add_flag("--calibrate", o.calibrate, "measure this host and write a cluster file (--out)");
+  cli.plan->add_option("--out", o.out, "--calibrate: the cluster file to write");
+  cli.sim = app.add_subcommand("sim", "discrete-event replay of one step of a layout; writes a Perfetto trace");
+  add_plan_inputs(cli.sim, o);
+  cli.sim->add_option("--trace", o.trace, "trace file to write (default sim-trace.json)");
+  cli.sim->add_flag("--json", o.json, "print JSON");
+}
+
 // Every command with its options, declared in the order `crosstrain --help` lists them.
 struct CommandLine {
   CLI::App app{"crosstrain: train large neural networks across devices, machines and clusters"};
@@ -301,6 +337,7 @@ struct CommandLine {
   DemoCli demo;
   CkptCli ckpt;
   ReportCli report;
+  PlanCli plan;
 
   CommandLine() {
     app.require_subcommand(1);
@@ -315,6 +352,7 @@ struct CommandLine {
     add_demo_command(app, demo);
     add_ckpt_command(app, ckpt);
     add_report_commands(app, report);
+    add_plan_commands(app, plan);
   }
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
@@ -331,7 +369,7 @@ bool is_command(const CLI::App& app, const std::string& name) {
 std::optional<int> parse_command_line(CommandLine& cli, int argc, char** argv, const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(cli.app, args[0])) {
     std::cerr << "crosstrain: unknown command '" << args[0]
-              << "'; the commands are train, run, bench, ckpt, report, trace, demo (crosstrain --help)" << std::endl;
+              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, demo (crosstrain --help)" << std::endl;
     return 2;
   }
   try {
@@ -358,6 +396,8 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.ckpt.export_cmd) return apps::ckpt_export(cli.ckpt.path, cli.ckpt.output, cli.ckpt.optimizer);
   if (*cli.report.report) return apps::report_command(cli.report.run_dir, cli.report.out);
   if (*cli.report.trace_merge) return apps::trace_merge_command(cli.report.run_dir);
+  if (*cli.plan.plan) return apps::plan_command(cli.plan.options);
+  if (*cli.plan.sim) return apps::sim_command(cli.plan.options);
   return 0;
 }
 

@@ -1,0 +1,52 @@
+// Private to the planner: the work of one micro-batch on one tensor-parallel rank (seconds of products,
+// element-wise passes, operator dispatch and exposed tensor-parallel collectives) for a block, the embedding and
+// the head, and the stage split. Shared by estimate.cpp and memory.cpp.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "crosstrain/planner/estimate.h"
+#include "crosstrain/planner/placement.h"
+
+namespace crosstrain::planner::detail {
+
+// Bytes of one activation element in the layout's compute precision.
+double activation_element_bytes(const Layout& layout);
+std::string compute_dtype(const Layout& layout);
+
+// Seconds of one micro-batch of one piece of the model on one device.
+struct PieceCost {
+  double forward = 0;          // compute, tp collectives excluded
+  double backward_input = 0;   // input gradients (with recompute's extra forward)
+  double backward_weight = 0;  // weight gradients
+  double tp_forward = 0;       // exposed tensor-parallel collectives
+  double tp_backward = 0;
+
+  PieceCost& operator+=(const PieceCost& o);
+  PieceCost scaled(double factor) const;
+};
+
+struct PieceCosts {
+  PieceCost block, embedding, head;
+};
+
+// The costs on `device` (slowed down by `slowdown`), with tensor-parallel collectives over `tp_link`.
+PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const DeviceType& device, double slowdown,
+                       const comm::Link& tp_link);
+
+// The fastest of our all-reduce, reduce-scatter or all-gather algorithms (what algo=auto picks) on one link.
+double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link);
+
+// Blocks of each virtual stage as bounds (first block of each, then the end): the layout's stage_layers, else a
+// split that balances block, embedding and head costs (relative, by parameters, as models::partition_gpt weighs
+// them) over `speed` (relative speed of the device of each virtual stage). Equal speeds on a small model give the
+// trainer's own split exactly.
+std::vector<int64_t> stage_bounds(const ModelShape& model, const Layout& layout, const std::vector<double>& speed);
+
+// Parameters a virtual stage holds, before tensor-parallel sharding.
+double stage_parameters(const ModelShape& model, int64_t first_block, int64_t end_block, bool first, bool last);
+// Parameter tensors of a stage (what a per-tensor optimizer loops over).
+double stage_tensors(const ModelShape& model, int64_t blocks, bool first, bool last);
+
+}  // namespace crosstrain::planner::detail

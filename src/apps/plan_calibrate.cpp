@@ -91,7 +91,7 @@ double measure_kernel_overhead(int ops, double seconds) {
   return median_of(per_op);
 }
 
-// The per-size median of curve `which` over `runs`, then made non-decreasing from the largest size down.
+// The per-size minimum of curve `which` over `runs`, then made non-decreasing from the largest size down.
 std::vector<comm::Sample> merged_curve(const std::vector<comm::Link>& runs,
                                        std::vector<comm::Sample> comm::Link::*which) {
   std::vector<comm::Sample> curve = runs[0].*which;
@@ -105,7 +105,7 @@ std::vector<comm::Sample> merged_curve(const std::vector<comm::Link>& runs,
         throw UsageError("calibrate: link calibrations of different sizes cannot be merged");
       seconds.push_back((run.*which)[i].seconds);
     }
-    curve[i].seconds = median_of(seconds);
+    curve[i].seconds = *std::min_element(seconds.begin(), seconds.end());
   }
   for (size_t i = curve.size(); i-- > 1;) curve[i - 1].seconds = std::min(curve[i - 1].seconds, curve[i].seconds);
   return curve;

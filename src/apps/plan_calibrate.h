@@ -82,10 +82,12 @@ struct HostMeasurements {
 
 // Pure: points sorted by ascending FLOPs, points of equal FLOPs merged into one with their median rate.
 std::vector<planner::GemmPoint> gemm_curve(std::vector<planner::GemmPoint> points);
-// Pure: one link from several calibrations of it (same sizes): each curve the per-size median over them, then made
-// non-decreasing in seconds from the largest size down (a point slower than a larger message is interference:
-// a bigger message never takes less time), alpha-beta lines refitted to the merged curves, gamma from the largest
-// reduction. Throws UsageError for none or for calibrations of different sizes.
+// Pure: one link from several calibrations of it (same sizes): each curve the per-size minimum over them (each
+// point is already a median of rounds; on a shared machine whole calibrations run 2 ms slower per message when
+// other processes keep both cores busy, and interference only ever adds time), then made non-decreasing in
+// seconds from the largest size down (a point slower than a larger message is interference too: a bigger message
+// never takes less time), alpha-beta lines refitted to the merged curves, gamma from the largest reduction.
+// Throws UsageError for none or for calibrations of different sizes.
 comm::Link merge_link_calibrations(const std::vector<comm::Link>& runs);
 // Pure: MemTotal of a /proc/meminfo text in bytes, 0 when absent.
 double parse_meminfo_total(const std::string& meminfo);

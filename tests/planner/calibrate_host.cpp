@@ -35,16 +35,16 @@ comm::Link measured_link(std::vector<double> one_way_seconds) {
   return l;
 }
 
-TEST(CalibrateLink, MergesRunsByMedianPerSizeAndNeverLetsABiggerMessageBeFaster) {
+TEST(CalibrateLink, MergesRunsByTheFastestPerSizeAndNeverLetsABiggerMessageBeFaster) {
   const comm::Link merged = merge_link_calibrations({measured_link({50e-6, 60e-6, 500e-6, 2e-3}),
                                                      measured_link({900e-6, 55e-6, 400e-6, 1.9e-3}),
                                                      measured_link({60e-6, 700e-6, 450e-6, 2.1e-3})});
   ASSERT_EQ(merged.one_way_curve.size(), 4u);
-  EXPECT_EQ(merged.one_way_curve[0].seconds, 60e-6);   // median of 50, 900, 60
-  EXPECT_EQ(merged.one_way_curve[1].seconds, 60e-6);   // median of 60, 55, 700
-  EXPECT_EQ(merged.one_way_curve[2].seconds, 450e-6);
-  EXPECT_EQ(merged.one_way_curve[3].seconds, 2e-3);
-  EXPECT_EQ(merged.exchange_curve[0].seconds, 120e-6);
+  EXPECT_EQ(merged.one_way_curve[0].seconds, 50e-6);   // the fastest of 50, 900, 60
+  EXPECT_EQ(merged.one_way_curve[1].seconds, 55e-6);   // of 60, 55, 700
+  EXPECT_EQ(merged.one_way_curve[2].seconds, 400e-6);
+  EXPECT_EQ(merged.one_way_curve[3].seconds, 1.9e-3);
+  EXPECT_EQ(merged.exchange_curve[0].seconds, 100e-6);
   // One run: a small message slower than a larger one is interference and takes the larger one's time.
   const comm::Link one = merge_link_calibrations({measured_link({300e-6, 60e-6, 500e-6, 2e-3})});
   EXPECT_EQ(one.one_way_curve[0].seconds, 60e-6);

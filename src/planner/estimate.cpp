@@ -96,11 +96,12 @@ PipelineCosts pipeline_costs(const ModelShape& m, const Layout& l, const DeviceM
 // ZeRO-3 gathers each unit's parameters before its forward and again before its backward, every micro-batch.
 void add_zero3_gathers(const ModelShape& m, const Layout& l, const DeviceMap& map, int replica, PipelineCosts& p) {
   if (l.zero < 3 || l.dp < 2) return;
+  const detail::ParameterCounts counts(m);
   const int vs_count = l.pp * l.chunks;
   for (int vs = 0; vs < vs_count; ++vs) {
     const int r = vs % l.pp;
     const auto g = map.span(global_rank(l, r, 0), l.tp, l.dp);
-    const double params = detail::stage_parameters(m, p.bounds[vs], p.bounds[vs + 1], vs == 0, vs == vs_count - 1) / l.tp;
+    const double params = detail::stage_parameters(counts, p.bounds[vs], p.bounds[vs + 1], vs == 0, vs == vs_count - 1) / l.tp;
     const double gather = detail::collective_seconds(comm::Collective::AllGather,
                                                      params * detail::activation_element_bytes(l), l.dp, *g.bottleneck);
     const double exposed = gather * (1 - map.device_of(global_rank(l, r, replica)).comm_overlap * 0.5);
@@ -165,11 +166,12 @@ double dp_sync_seconds(const Layout& l, const DeviceMap& map, int r, double grad
 void fill_sync_and_optimizer(const ModelShape& m, const Layout& l, const DeviceMap& map, int replica,
                              const std::vector<int64_t>& bounds, StepModel& s) {
   const int vs_count = l.pp * l.chunks;
+  const detail::ParameterCounts counts(m);
   for (int r = 0; r < l.pp; ++r) {
     double params = 0, tensors = 0;
     for (int c = 0; c < l.chunks; ++c) {
       const int vs = c * l.pp + r;
-      params += detail::stage_parameters(m, bounds[vs], bounds[vs + 1], vs == 0, vs == vs_count - 1);
+      params += detail::stage_parameters(counts, bounds[vs], bounds[vs + 1], vs == 0, vs == vs_count - 1);
       tensors += detail::stage_tensors(m, bounds[vs + 1] - bounds[vs], vs == 0, vs == vs_count - 1);
     }
     params /= l.tp;
@@ -269,10 +271,50 @@ std::string binding_wall(const TimeBreakdown& t, const MemoryBreakdown& mem) {
 
 }  // namespace
 
+namespace {
+
+// DiLoCo with a per-cluster batch: each cluster's replicas run their own number of micro-batches between outer
+// steps; the slowest cluster sets the pace (the others wait for it at the outer step).
+StepModel step_model_by_cluster_batch(const ModelShape& model, const Layout& layout, const DeviceMap& map) {
+  std::vector<int> first_replica, replicas;  // per cluster of the replicas' first stage, in order
+  std::vector<int> cluster_ids;
+  for (int j = 0; j < layout.dp; ++j) {
+    const int c = map.place(global_rank(layout, 0, j)).cluster;
+    if (cluster_ids.empty() || cluster_ids.back() != c) cluster_ids.push_back(c), first_replica.push_back(j), replicas.push_back(0);
+    ++replicas.back();
+  }
+  auto fail = [&](const std::string& why) {
+    throw UsageError("layout '" + layout.describe() + "': cluster_batch " + why);
+  };
+  if (layout.sync != "diloco") fail("needs sync=diloco (clusters that meet only at outer steps)");
+  if (layout.cluster_batch.size() != cluster_ids.size())
+    fail("needs one count per cluster the replicas span (" + std::to_string(cluster_ids.size()) + ")");
+  int64_t sum = 0;
+  StepModel slowest;
+  double slowest_s = -1;
+  for (size_t k = 0; k < cluster_ids.size(); ++k) {
+    const int64_t per_replica = layout.cluster_batch[k] / replicas[k];
+    sum += layout.cluster_batch[k];
+    if (layout.cluster_batch[k] % (static_cast<int64_t>(replicas[k]) * layout.micro_batch))
+      fail("count " + std::to_string(layout.cluster_batch[k]) + " is not a multiple of the cluster's replicas x mb");
+    Layout local = layout;
+    local.microbatches = static_cast<int>(per_replica / layout.micro_batch);
+    check_layout(model, local);
+    StepModel s = step_model_of_replica(model, local, map, first_replica[k]);
+    const double t = analytic_time(s).step_s;
+    if (t > slowest_s) slowest_s = t, slowest = std::move(s);
+  }
+  if (sum != layout.global_batch()) fail("must add up to the global batch (" + std::to_string(layout.global_batch()) + ")");
+  return slowest;
+}
+
+}  // namespace
+
 StepModel build_step_model(const ModelShape& model, const ClusterFile& cluster, const Layout& layout) {
   model.validate();
   check_layout(model, layout);
   const DeviceMap map(cluster, layout.devices());
+  if (!layout.cluster_batch.empty()) return step_model_by_cluster_batch(model, layout, map);
   // Replicas differ only by where they run: the first and the last are the farthest apart (different clusters
   // when the data-parallel axis spans several); the slower one sets the pace of a synchronous step.
   StepModel first = step_model_of_replica(model, layout, map, 0);
@@ -293,7 +335,7 @@ Estimate estimate(const ModelShape& model, const ClusterFile& cluster, const Lay
   e.step_model = build_step_model(model, cluster, layout);
   e.time = analytic_time(e.step_model);
   if (e.layout.stage_layers.empty()) e.layout.stage_layers = e.step_model.stage_layers;
-  e.memory = estimate_memory(model, cluster, e.layout);
+  e.memory = options.memory ? *options.memory : estimate_memory(model, cluster, e.layout);
   const DeviceMap map(cluster, layout.devices());
   const bool full = layout.recompute == "full";
   e.tokens_per_step = d(layout.global_batch()) * d(model.seq);

@@ -47,13 +47,16 @@ MemoryBreakdown estimate_memory(const ModelShape& model, const ClusterFile& clus
   const std::vector<int64_t> bounds = detail::stage_bounds(model, layout, speed);
   const parallel::ScheduleSpec spec{layout.schedule, layout.pp, layout.microbatches, layout.chunks};
   const int vs_count = layout.pp * layout.chunks;
+  const detail::ParameterCounts counts(model);
+  const double activation_bytes = block_activation_bytes(model, layout, true);
+  const double activation_bytes_plain = block_activation_bytes(model, layout, false);
   MemoryBreakdown worst;
   worst.total_bytes = -1;
   for (int r = 0; r < layout.pp; ++r) {
     double params = 0, layers = 0;
     for (int c = 0; c < layout.chunks; ++c) {
       const int vs = c * layout.pp + r;
-      params += detail::stage_parameters(model, bounds[vs], bounds[vs + 1], vs == 0, vs == vs_count - 1);
+      params += detail::stage_parameters(counts, bounds[vs], bounds[vs + 1], vs == 0, vs == vs_count - 1);
       layers += d(bounds[vs + 1] - bounds[vs]);
     }
     params /= layout.tp;
@@ -65,15 +68,15 @@ MemoryBreakdown estimate_memory(const ModelShape& model, const ClusterFile& clus
     m.in_flight_microbatches = parallel::activation_bound(spec, r);
     // In-flight counts are in chunk units: each chunk holds 1/v of the rank's layers.
     const double per_layer_in_flight = d(m.in_flight_microbatches) * layers / layout.chunks;
-    m.activations_bytes = per_layer_in_flight * block_activation_bytes(model, layout, true);
-    m.activations_no_recompute_bytes = per_layer_in_flight * block_activation_bytes(model, layout, false);
+    m.activations_bytes = per_layer_in_flight * activation_bytes;
+    m.activations_no_recompute_bytes = per_layer_in_flight * activation_bytes_plain;
     if (layout.recompute == "full")  // one block's full working set while it is recomputed
-      m.activations_bytes += block_activation_bytes(model, layout, false);
+      m.activations_bytes += activation_bytes_plain;
     const bool last = r == (vs_count - 1) % layout.pp;
     const double tokens = d(layout.micro_batch * model.seq);
     if (last) m.buffers_bytes += 2 * tokens * d(model.vocab) / layout.tp * 4;  // fp32 logits and their gradient
     m.buffers_bytes += 2 * 25e6;  // gradient buckets in flight
-    if (layout.zero >= 3) m.buffers_bytes += 2 * model.block_parameters() / layout.tp * detail::activation_element_bytes(layout);
+    if (layout.zero >= 3) m.buffers_bytes += 2 * counts.block / layout.tp * detail::activation_element_bytes(layout);
     m.total_bytes = m.parameters_bytes + m.gradients_bytes + m.optimizer_bytes + m.activations_bytes + m.buffers_bytes;
     m.capacity_bytes = map.device_of(r * layout.dp * layout.tp).memory_bytes;
     m.fits = m.total_bytes <= m.capacity_bytes;

@@ -11,6 +11,7 @@ DeviceMap::DeviceMap(const ClusterFile& cluster, int used) : cluster_(&cluster),
   int first = 0;
   for (const auto& c : cluster.clusters) {
     first_device_.push_back(first);
+    device_.push_back(&cluster.device_of(c));
     first += c.devices();
   }
   if (used < 1 || used > first)

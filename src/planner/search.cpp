@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/planner/placement.h"
 #include "work.h"
 
 namespace crosstrain::planner {
@@ -56,6 +57,39 @@ std::vector<std::pair<std::string, int>> syncs_for(const ClusterFile& cluster, c
   return out;
 }
 
+// DiLoCo over clusters of different devices: each cluster's share of the batch follows its capability (the peak
+// FLOP/s of the devices its replicas use), in whole micro-batches per replica; empty when that is not possible.
+std::vector<int64_t> capability_batch(const ClusterFile& cluster, const Layout& l) {
+  const DeviceMap map(cluster, l.devices());
+  std::vector<double> capability;
+  std::vector<int64_t> unit;  // the cluster's replicas x micro-batch: counts are multiples of it
+  int last = -1;
+  for (int j = 0; j < l.dp; ++j) {
+    const int g = j * l.tp;  // the replica's first stage (pp rank 0)
+    const int c = map.place(g).cluster;
+    if (c != last) capability.push_back(0), unit.push_back(0), last = c;
+    for (int r = 0; r < l.pp; ++r)
+      capability.back() += map.device_of((r * l.dp + j) * l.tp).peak(l.precision) * l.tp;
+    unit.back() += l.micro_batch;
+  }
+  if (capability.size() < 2) return {};
+  double total = 0;
+  for (double c : capability) total += c;
+  const int64_t batch = l.global_batch();
+  std::vector<int64_t> counts;
+  int64_t sum = 0;
+  for (size_t k = 0; k < capability.size(); ++k) {
+    const double ideal = static_cast<double>(batch) * capability[k] / total;
+    counts.push_back(std::max<int64_t>(1, std::llround(ideal / unit[k])) * unit[k]);
+    sum += counts.back();
+  }
+  // Put the rounding difference on the most capable cluster, in its units.
+  const size_t top = std::max_element(capability.begin(), capability.end()) - capability.begin();
+  if ((batch - sum) % unit[top] != 0 || counts[top] + (batch - sum) < unit[top]) return {};
+  counts[top] += batch - sum;
+  return counts;
+}
+
 // Calls `visit(layout)` for every candidate, in a fixed order.
 template <typename Visit>
 void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const SearchOptions& o, Visit&& visit) {
@@ -82,6 +116,10 @@ void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const Sear
                     l.micro_batch = mb, l.microbatches = microbatches, l.sequence_parallel = sp;
                     l.recompute = recompute, l.precision = precision, l.sync = sync, l.inner_steps = h;
                     visit(l);
+                    if (sync == "diloco" && cluster.devices.size() > 1) {
+                      l.cluster_batch = capability_batch(cluster, l);
+                      if (!l.cluster_batch.empty()) visit(l);
+                    }
                   }
               }
       }
@@ -126,10 +164,13 @@ void search_range(const ModelShape& model, const ClusterFile& cluster, const Sea
     Layout l = layouts[i];
     ++r.candidates;
     if (splits) l.stage_layers = splits->at(l.pp * l.chunks);
-    if (!estimate_memory(model, cluster, l).fits) {
+    const MemoryBreakdown memory = estimate_memory(model, cluster, l);
+    if (!memory.fits) {
       ++r.pruned_by_memory;
       continue;
     }
+    // With the split given (equal devices) the estimate's memory is this one; else it balances by speed itself.
+    eo.memory = splits ? &memory : nullptr;
     Estimate e = estimate(model, cluster, l, eo);
     ++r.feasible;
     if (static_cast<int>(r.best.size()) == o.top && rank_key(e, o) >= rank_key(r.best.back(), o)) continue;

@@ -171,6 +171,48 @@ std::vector<int64_t> weighted_split(int64_t layers, const std::vector<double>& b
   }
   std::vector<int64_t> bounds(stages + 1);
   fill(hi, &bounds);
+  // The greedy fill front-loads blocks (2,2,...,1,1); spread them instead, each stage taking its share of what is
+  // left by speed, as long as no stage exceeds the best maximum found.
+  std::vector<int64_t> spread(stages + 1);
+  int64_t next = 0;
+  for (int s = 0; s < stages; ++s) {
+    spread[s] = next;
+    double capacity = 0;
+    for (int t = s; t < stages; ++t) capacity += 1.0 / block[t];
+    const double ideal = d(layers - next) * (1.0 / block[s]) / capacity - fixed[s] / block[s];
+    const int64_t most = std::max<int64_t>(1, static_cast<int64_t>(std::floor((hi * (1 + 1e-12) - fixed[s]) / block[s])));
+    int64_t take = std::min<int64_t>({std::max<int64_t>(1, std::llround(ideal)), most, layers - next - (stages - 1 - s)});
+    if (s == stages - 1) take = layers - next;
+    if (take < 1 || fixed[s] + d(take) * block[s] > hi * (1 + 1e-9)) return bounds;
+    next += take;
+  }
+  spread[stages] = layers;
+  return spread;
+}
+
+// Interleaved stages: what bounds the step is each rank's sum over its chunks, so the blocks are first split over
+// the ranks (by speed, embedding on rank 0, head on rank p-1) and then each rank's share over its chunks.
+std::vector<int64_t> interleaved_split(int64_t layers, int p, int v, const std::vector<double>& speed, double embed,
+                                       double head) {
+  std::vector<double> block(p), fixed(p, 0.0);
+  for (int r = 0; r < p; ++r) block[r] = 1.0 / speed[r];
+  fixed.front() += embed / speed.front();
+  fixed.back() += head / speed[p - 1];
+  const std::vector<int64_t> ranks = weighted_split(layers, block, fixed);
+  std::vector<int64_t> bounds{0};
+  for (int c = 0; c < v; ++c)
+    for (int r = 0; r < p; ++r) {
+      const int64_t total = ranks[r + 1] - ranks[r];
+      const int64_t count = total / v + (c < total % v ? 1 : 0);
+      if (count < 1) {  // fewer blocks than chunks on this rank: balance the virtual stages instead
+        std::vector<double> vs_block(p * v), vs_fixed(p * v, 0.0);
+        for (int s = 0; s < p * v; ++s) vs_block[s] = 1.0 / speed[s % p];
+        vs_fixed.front() += embed / speed.front();
+        vs_fixed.back() += head / speed[p - 1];
+        return weighted_split(layers, vs_block, vs_fixed);
+      }
+      bounds.push_back(bounds.back() + count);
+    }
   return bounds;
 }
 
@@ -188,6 +230,7 @@ std::vector<int64_t> stage_bounds(const ModelShape& model, const Layout& layout,
   const bool uniform = std::all_of(speed.begin(), speed.end(), [&](double v) { return v == speed.front(); });
   if (uniform && d(model.layers) * d(model.layers) * stages <= 200000)
     return models::partition_layers(model.layers, stages, embed, head);
+  if (layout.chunks > 1 && model.layers >= stages) return interleaved_split(model.layers, layout.pp, layout.chunks, speed, embed, head);
   std::vector<double> block(stages), fixed(stages, 0.0);
   for (int s = 0; s < stages; ++s) block[s] = 1.0 / speed[s];
   fixed.front() += embed / speed.front();
@@ -195,11 +238,17 @@ std::vector<int64_t> stage_bounds(const ModelShape& model, const Layout& layout,
   return weighted_split(model.layers, block, fixed);
 }
 
-double stage_parameters(const ModelShape& model, int64_t first_block, int64_t end_block, bool first, bool last) {
-  double p = d(end_block - first_block) * model.block_parameters();
-  if (first) p += model.embedding_parameters();
-  if (last) p += model.head_parameters() + (model.tied_embeddings && !first ? d(model.vocab) * d(model.hidden) : 0) +
-                 (model.arch == "llama" ? 1 : 2) * d(model.hidden);
+ParameterCounts::ParameterCounts(const ModelShape& m)
+    : block(m.block_parameters()),
+      embedding(m.embedding_parameters()),
+      head(m.head_parameters() + (m.arch == "llama" ? 1 : 2) * d(m.hidden)),
+      tied_table(m.tied_embeddings ? d(m.vocab) * d(m.hidden) : 0) {}
+
+double stage_parameters(const ParameterCounts& c, int64_t first_block, int64_t end_block, bool first, bool last) {
+  double p = d(end_block - first_block) * c.block;
+  if (first) p += c.embedding;
+  // A tied head on a later stage than the embedding keeps its own copy of the table (kept equal by an all-reduce).
+  if (last) p += c.head + (!first ? c.tied_table : 0);
   return p;
 }
 

@@ -44,8 +44,14 @@ double collective_seconds(comm::Collective op, double bytes, int n, const comm::
 // trainer's own split exactly.
 std::vector<int64_t> stage_bounds(const ModelShape& model, const Layout& layout, const std::vector<double>& speed);
 
+// A model's parameter counts by piece, computed once per estimate (the search asks for them per candidate).
+struct ParameterCounts {
+  double block = 0, embedding = 0, head = 0;  // head: with the final norm (and the tied table on a later stage)
+  double tied_table = 0;                      // vocab x hidden when the head shares the embedding, else 0
+  explicit ParameterCounts(const ModelShape& model);
+};
 // Parameters a virtual stage holds, before tensor-parallel sharding.
-double stage_parameters(const ModelShape& model, int64_t first_block, int64_t end_block, bool first, bool last);
+double stage_parameters(const ParameterCounts& counts, int64_t first_block, int64_t end_block, bool first, bool last);
 // Parameter tensors of a stage (what a per-tensor optimizer loops over).
 double stage_tensors(const ModelShape& model, int64_t blocks, bool first, bool last);
 

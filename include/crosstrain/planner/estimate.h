@@ -83,6 +83,7 @@ struct MemoryBreakdown {
 
 struct EstimateOptions {
   double tokens = 0;           // training tokens for time-to-train, cost and energy; 0: one step only
+  const MemoryBreakdown* memory = nullptr;  // already estimated for this layout (the search prunes with it first)
 };
 
 struct Estimate {

@@ -21,7 +21,7 @@ class DeviceMap {
 
   Placement place(int rank) const;
   const ClusterSpec& cluster_of(int rank) const { return cluster_->clusters[place(rank).cluster]; }
-  const DeviceType& device_of(int rank) const { return cluster_->device_of(cluster_of(rank)); }
+  const DeviceType& device_of(int rank) const { return *device_[place(rank).cluster]; }
   // Compute slow-down of a rank from sharing its host's compute slots (CPU cores) with other ranks: >= 1.
   double slowdown(int rank) const;
   // The link between two ranks: the host link inside a host, the cluster link inside a cluster, else the
@@ -42,6 +42,7 @@ class DeviceMap {
   const ClusterFile* cluster_;
   int used_;
   std::vector<int> first_device_;  // [cluster]: global index of its first device
+  std::vector<const DeviceType*> device_;  // [cluster]
 };
 
 }  // namespace crosstrain::planner

@@ -176,10 +176,10 @@ void clusters_from_hosts(const Reader& r, const toml::array& hosts, ClusterFile&
 }  // namespace
 
 double DeviceType::peak(const std::string& dtype) const {
-  for (const std::string& d : {dtype, dtype == "bf16" ? std::string("fp16") : dtype, std::string("fp32")}) {
-    auto it = peak_flops.find(d);
-    if (it != peak_flops.end()) return it->second;
-  }
+  auto it = peak_flops.find(dtype);
+  if (it == peak_flops.end() && dtype == "bf16") it = peak_flops.find("fp16");
+  if (it == peak_flops.end()) it = peak_flops.find("fp32");
+  if (it != peak_flops.end()) return it->second;
   throw UsageError("device '" + name + "' gives no peak_tflops for " + dtype + " (nor fp32)");
 }
 
@@ -244,10 +244,8 @@ ClusterFile parse_cluster(const std::string& text, const std::string& origin) {
       out.devices[std::string(name.str())] = r.device(std::string(name.str()), *t);
     }
   const std::string default_device = root["default_device"].value_or(std::string("cpu"));
-  if (out.devices.empty() || !out.devices.count(default_device)) {
-    if (default_device != "cpu") r.fail("default_device", "'" + default_device + "' has no [devices] section");
-    out.devices.emplace("cpu", default_cpu());
-  }
+  if (!out.devices.count(default_device) && default_device != "cpu")
+    r.fail("default_device", "'" + default_device + "' has no [devices] section");
 
   if (const toml::array* clusters = root["clusters"].as_array()) {
     for (size_t i = 0; i < clusters->size(); ++i) {
@@ -259,7 +257,12 @@ ClusterFile parse_cluster(const std::string& text, const std::string& origin) {
     clusters_from_hosts(r, *hosts, out, default_device, host, between);
   }
   if (out.clusters.empty()) r.fail("top level", "lists no [[clusters]] (nor [[hosts]])");
-  for (const auto& c : out.clusters) (void)out.device_of(c);
+  for (const auto& c : out.clusters) {
+    // A CPU core stands in when a (topology) file names no device: conservative, meant to be calibrated.
+    if (c.device == "cpu" && !out.devices.count("cpu")) out.devices.emplace("cpu", default_cpu());
+    if (!out.devices.count(c.device))
+      r.fail("cluster '" + c.name + "'", "names device '" + c.device + "', which has no [devices." + c.device + "] section");
+  }
 
   if (const toml::array* wans = root["wan"].as_array()) {
     for (size_t i = 0; i < wans->size(); ++i) {

@@ -185,7 +185,8 @@ void fill_sync_and_optimizer(const ModelShape& m, const Layout& l, const DeviceM
     // reads the gradients once; each parameter tensor costs a dozen operators.
     const double bytes = local * (l.precision == "fp32" ? 28 : 34) + params * 4;
     const double ops = (l.zero >= 1 ? tensors / l.dp + 4 : tensors) * 12;
-    s.optimizer_s.push_back((bytes / std::max(dev.memory_bandwidth_Bps, 1.0) + ops * dev.kernel_overhead_s) *
+    const double passes = dev.memory_bandwidth_Bps > 0 ? bytes / dev.memory_bandwidth_Bps : 0.0;  // 0: free
+    s.optimizer_s.push_back((passes + ops * dev.kernel_overhead_s) *
                             map.slowdown(global_rank(l, r, replica)));
   }
   s.dp_overlap = map.device_of(global_rank(l, 0, replica)).comm_overlap;

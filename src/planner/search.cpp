@@ -61,6 +61,8 @@ std::vector<std::pair<std::string, int>> syncs_for(const ClusterFile& cluster, c
 // FLOP/s of the devices its replicas use), in whole micro-batches per replica; empty when that is not possible.
 std::vector<int64_t> capability_batch(const ClusterFile& cluster, const Layout& l) {
   const DeviceMap map(cluster, l.devices());
+  std::vector<double> peak;  // [cluster]: one device's peak in the layout's precision
+  for (const auto& c : cluster.clusters) peak.push_back(cluster.device_of(c).peak(l.precision));
   std::vector<double> capability;
   std::vector<int64_t> unit;  // the cluster's replicas x micro-batch: counts are multiples of it
   int last = -1;
@@ -69,7 +71,7 @@ std::vector<int64_t> capability_batch(const ClusterFile& cluster, const Layout& 
     const int c = map.place(g).cluster;
     if (c != last) capability.push_back(0), unit.push_back(0), last = c;
     for (int r = 0; r < l.pp; ++r)
-      capability.back() += map.device_of((r * l.dp + j) * l.tp).peak(l.precision) * l.tp;
+      capability.back() += peak[map.place((r * l.dp + j) * l.tp).cluster] * l.tp;
     unit.back() += l.micro_batch;
   }
   if (capability.size() < 2) return {};
@@ -94,6 +96,8 @@ std::vector<int64_t> capability_batch(const ClusterFile& cluster, const Layout& 
 template <typename Visit>
 void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const SearchOptions& o, Visit&& visit) {
   const int n = device_count(cluster, o);
+  bool mixed = false;  // clusters of different devices: DiLoCo also tries batches that follow capability
+  for (const auto& c : cluster.clusters) mixed = mixed || c.device != cluster.clusters.front().device;
   for (int tp : divisors(n)) {
     if (tp > max_tp(cluster, o) || m.heads % tp || m.kv_heads_or_heads() % tp) continue;
     for (int pp : divisors(n / tp)) {
@@ -116,7 +120,7 @@ void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const Sear
                     l.micro_batch = mb, l.microbatches = microbatches, l.sequence_parallel = sp;
                     l.recompute = recompute, l.precision = precision, l.sync = sync, l.inner_steps = h;
                     visit(l);
-                    if (sync == "diloco" && cluster.devices.size() > 1) {
+                    if (sync == "diloco" && mixed) {
                       l.cluster_batch = capability_batch(cluster, l);
                       if (!l.cluster_batch.empty()) visit(l);
                     }
@@ -163,15 +167,24 @@ void search_range(const ModelShape& model, const ClusterFile& cluster, const Sea
   for (size_t i = begin; i < end; ++i) {
     Layout l = layouts[i];
     ++r.candidates;
-    if (splits) l.stage_layers = splits->at(l.pp * l.chunks);
-    const MemoryBreakdown memory = estimate_memory(model, cluster, l);
-    if (!memory.fits) {
-      ++r.pruned_by_memory;
-      continue;
+    Estimate e;
+    if (splits) {  // equal devices: the split is known, so memory prunes before any time is estimated
+      l.stage_layers = splits->at(l.pp * l.chunks);
+      const MemoryBreakdown memory = estimate_memory(model, cluster, l);
+      if (!memory.fits) {
+        ++r.pruned_by_memory;
+        continue;
+      }
+      eo.memory = &memory;
+      e = estimate(model, cluster, l, eo);
+      eo.memory = nullptr;
+    } else {  // devices differ: the estimate balances the stages by speed, and memory follows that split
+      e = estimate(model, cluster, l, eo);
+      if (!e.memory.fits) {
+        ++r.pruned_by_memory;
+        continue;
+      }
     }
-    // With the split given (equal devices) the estimate's memory is this one; else it balances by speed itself.
-    eo.memory = splits ? &memory : nullptr;
-    Estimate e = estimate(model, cluster, l, eo);
     ++r.feasible;
     if (static_cast<int>(r.best.size()) == o.top && rank_key(e, o) >= rank_key(r.best.back(), o)) continue;
     r.best.push_back(std::move(e));
@@ -189,7 +202,8 @@ SearchResult search_layouts(const ModelShape& model, const ClusterFile& cluster,
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Layout> layouts = enumerate_layouts(model, cluster, o);
   // With devices of different speed the estimate balances the stages by speed itself (and reports the split).
-  const bool mixed_devices = cluster.devices.size() > 1 && cluster.clusters.size() > 1;
+  bool mixed_devices = false;
+  for (const auto& c : cluster.clusters) mixed_devices = mixed_devices || c.device != cluster.clusters.front().device;
   const auto splits = mixed_devices ? std::map<int, std::vector<int64_t>>{} : splits_of(model, layouts);
   // Candidates are independent: split them over the cores, each thread with its own top list, merged at the end.
   const size_t threads = std::max<size_t>(1, std::min<size_t>(o.threads > 0 ? o.threads : std::thread::hardware_concurrency(),

@@ -154,8 +154,10 @@ std::vector<int64_t> weighted_split(int64_t layers, const std::vector<double>& b
     for (int s = 0; s < stages; ++s) {
       if (bounds) (*bounds)[s] = next;
       const int64_t left_for_others = stages - 1 - s;
-      int64_t take = 1;
-      while (next + take < layers - left_for_others && fixed[s] + (take + 1) * block[s] <= limit) ++take;
+      // As many blocks as fit under the limit, leaving one for each later stage.
+      const double fit = std::floor((limit - fixed[s]) / block[s]);
+      int64_t take = std::max<int64_t>(1, std::min<int64_t>(layers - next - left_for_others,
+                                                             fit > 0 ? static_cast<int64_t>(std::min(fit, 1e15)) : 1));
       if (s == stages - 1) take = layers - next;
       if (fixed[s] + take * block[s] > limit * (1 + 1e-12)) return false;
       next += take;
@@ -165,7 +167,7 @@ std::vector<int64_t> weighted_split(int64_t layers, const std::vector<double>& b
   };
   double lo = 0, hi = 0;
   for (int s = 0; s < stages; ++s) hi = std::max(hi, fixed[s] + layers * block[s]);
-  for (int i = 0; i < 60; ++i) {
+  for (int i = 0; i < 40; ++i) {  // to 1e-12 of the range
     const double mid = 0.5 * (lo + hi);
     (fill(mid, nullptr) ? hi : lo) = mid;
   }

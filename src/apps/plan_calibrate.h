@@ -78,6 +78,10 @@ struct HostMeasurements {
   double memory_bandwidth_Bps = 0;
   double kernel_overhead_s = 0;
   comm::Link link;
+  // Float all-reduce of the whole buffer among `ranks` ranks through the shared-memory path a same-host training
+  // run takes (comm::with_shared_memory over Gloo): bytes -> seconds, the median of rounds per size.
+  std::vector<comm::Sample> host_allreduce;
+  int host_allreduce_ranks = 2;
 };
 
 // Pure: points sorted by ascending FLOPs, points of equal FLOPs merged into one with their median rate.

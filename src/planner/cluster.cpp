@@ -121,6 +121,9 @@ class Reader {
                                   ? number(t, where, "price_per_device_hour", 0)
                                   : -1.0;
     c.host_link = link_in(t, where, "host", host);
+    c.host_allreduce_curve = curve(t, where, "host_allreduce_curve");
+    c.host_allreduce_ranks = static_cast<int>(number(t, where, "host_allreduce_ranks", 2));
+    if (c.host_allreduce_ranks < 2) fail(where, "host_allreduce_ranks must be >= 2");
     c.cluster_link = link_in(t, where, "cluster", between);
     return c;
   }
@@ -341,6 +344,10 @@ std::string to_toml(const ClusterFile& c) {
                   {"devices_per_host", int64_t{k.devices_per_host}}};
     if (k.compute_slots_per_host > 0) t.insert("compute_slots_per_host", int64_t{k.compute_slots_per_host});
     if (k.price_per_device_hour >= 0) t.insert("price_per_device_hour", k.price_per_device_hour);
+    if (!k.host_allreduce_curve.empty()) {
+      t.insert("host_allreduce_curve", curve_toml(k.host_allreduce_curve));
+      t.insert("host_allreduce_ranks", int64_t{k.host_allreduce_ranks});
+    }
     t.insert("links", toml::table{{"host", link_toml(k.host_link)}, {"cluster", link_toml(k.cluster_link)}});
     clusters.push_back(t);
   }

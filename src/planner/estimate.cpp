@@ -69,7 +69,9 @@ PipelineCosts pipeline_costs(const ModelShape& m, const Layout& l, const DeviceM
       continue;
     }
     keys.push_back(k);
-    unique.push_back(detail::piece_costs(m, l, *k.device, k.slowdown, *k.link));
+    const bool one_host = map.place(g).host == map.place(g + l.tp - 1).host &&
+                          map.place(g).cluster == map.place(g + l.tp - 1).cluster;
+    unique.push_back(detail::piece_costs(m, l, *k.device, k.slowdown, *k.link, one_host ? &map.cluster_of(g) : nullptr));
     out.pieces.push_back(unique.back());
   }
   for (int vs = 0; vs < vs_count; ++vs) {
@@ -144,13 +146,16 @@ void fill_boundaries(const ModelShape& m, const Layout& l, const DeviceMap& map,
 double dp_sync_seconds(const Layout& l, const DeviceMap& map, int r, double grad_bytes, double param_bytes,
                        double* wan_per_step) {
   if (l.dp < 2) return 0.0;
-  const auto g = map.span(global_rank(l, r, 0), l.tp, l.dp);
+  const int first = global_rank(l, r, 0), last = global_rank(l, r, l.dp - 1);
+  const auto g = map.span(first, l.tp, l.dp);
+  const Placement a = map.place(first), b = map.place(last);
+  const ClusterSpec* host = a.cluster == b.cluster && a.host == b.host ? &map.cluster_of(first) : nullptr;
   using comm::Collective;
   auto reduce = [&](int n, const comm::Link& link) {
     if (l.zero >= 2)  // reduce-scatter the gradients, all-gather the updated parameters
       return detail::collective_seconds(Collective::ReduceScatter, grad_bytes, n, link) +
              detail::collective_seconds(Collective::AllGather, param_bytes, n, link);
-    return detail::collective_seconds(Collective::AllReduce, grad_bytes, n, link);
+    return detail::collective_seconds(Collective::AllReduce, grad_bytes, n, link, host);
   };
   if (g.clusters <= 1 || l.sync == "sync") return reduce(l.dp, *g.bottleneck);
   const double inside = reduce(g.per_cluster, *g.inside_cluster);

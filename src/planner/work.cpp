@@ -41,7 +41,8 @@ double attention_core_forward(const Shape& x, const DeviceType& dev, const std::
   return gemm(dev, dtype, 2 * x.s * x.s * x.hd, 2 * mb * x.a / x.t);
 }
 
-PieceCost block_cost(const Shape& x, const Layout& l, const DeviceType& dev, const comm::Link& tp_link) {
+PieceCost block_cost(const Shape& x, const Layout& l, const DeviceType& dev, const comm::Link& tp_link,
+                     const ClusterSpec* shm) {
   const std::string dtype = compute_dtype(l);
   const double mb = d(l.micro_batch);
   // The block's products on one tp rank (column-parallel qkv and MLP-in, row-parallel out and MLP-out).
@@ -66,7 +67,7 @@ PieceCost block_cost(const Shape& x, const Layout& l, const DeviceType& dev, con
     const double bytes_tp = x.T * x.h * x.e;
     const double one = x.sp ? collective_seconds(comm::Collective::AllGather, bytes_tp, l.tp, tp_link) +
                                   collective_seconds(comm::Collective::ReduceScatter, bytes_tp, l.tp, tp_link)
-                            : collective_seconds(comm::Collective::AllReduce, bytes_tp, l.tp, tp_link);
+                            : collective_seconds(comm::Collective::AllReduce, bytes_tp, l.tp, tp_link, shm);
     c.tp_forward = 2 * one;
     c.tp_backward = (l.recompute == "full" ? 4 : 2) * one;
   }
@@ -74,18 +75,18 @@ PieceCost block_cost(const Shape& x, const Layout& l, const DeviceType& dev, con
 }
 
 PieceCost embedding_cost(const Shape& x, const ModelShape& m, const Layout& l, const DeviceType& dev,
-                         const comm::Link& tp_link) {
+                         const comm::Link& tp_link, const ClusterSpec* shm) {
   PieceCost c;
   c.forward = memory_pass(dev, 5 * x.T * x.h * x.e) + kEmbeddingOps * dev.kernel_overhead_s;
   // The dense gradient of the (vocab-sharded) table is zeroed and scattered into.
   c.backward_input = memory_pass(dev, 3 * x.T * x.h * x.e + 4.0 * d(m.vocab) * x.h / x.t) +
                      kEmbeddingOps * dev.kernel_overhead_s;
-  if (l.tp > 1) c.tp_forward = collective_seconds(comm::Collective::AllReduce, x.T * x.h * x.e, l.tp, tp_link);
+  if (l.tp > 1) c.tp_forward = collective_seconds(comm::Collective::AllReduce, x.T * x.h * x.e, l.tp, tp_link, shm);
   return c;
 }
 
 PieceCost head_cost(const Shape& x, const ModelShape& m, const Layout& l, const DeviceType& dev,
-                    const comm::Link& tp_link) {
+                    const comm::Link& tp_link, const ClusterSpec* shm) {
   const std::string dtype = compute_dtype(l);
   const double logits = x.T * d(m.vocab) / x.t;
   const double product = gemm(dev, dtype, 2 * x.T * x.h * d(m.vocab) / x.t);
@@ -97,7 +98,7 @@ PieceCost head_cost(const Shape& x, const ModelShape& m, const Layout& l, const 
   c.backward_weight = product + 0.4 * kHeadBackwardOps * dev.kernel_overhead_s;
   if (l.tp > 1) {
     // The vocabulary-parallel loss: three all-reduces of one number per token.
-    c.tp_forward = 3 * collective_seconds(comm::Collective::AllReduce, x.T * 4, l.tp, tp_link);
+    c.tp_forward = 3 * collective_seconds(comm::Collective::AllReduce, x.T * 4, l.tp, tp_link, shm);
     if (x.sp) c.tp_forward += collective_seconds(comm::Collective::AllGather, x.T * x.h * x.e, l.tp, tp_link);
   }
   return c;
@@ -122,10 +123,12 @@ PieceCost PieceCost::scaled(double k) const {
 }
 
 PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const DeviceType& device, double slowdown,
-                       const comm::Link& tp_link) {
+                       const comm::Link& tp_link, const ClusterSpec* tp_host) {
   const Shape x = shape_of(model, layout);
-  PieceCosts out{block_cost(x, layout, device, tp_link), embedding_cost(x, model, layout, device, tp_link),
-                 head_cost(x, model, layout, device, tp_link)};
+  // Shared memory carries float sums only: bf16 activations go over the link.
+  const ClusterSpec* shm = layout.precision == "fp32" ? tp_host : nullptr;
+  PieceCosts out{block_cost(x, layout, device, tp_link, shm), embedding_cost(x, model, layout, device, tp_link, shm),
+                 head_cost(x, model, layout, device, tp_link, tp_host)};
   // Sharing cores slows the computation; the collectives were measured between such ranks already.
   for (PieceCost* p : {&out.block, &out.embedding, &out.head}) {
     p->forward *= slowdown;
@@ -135,8 +138,10 @@ PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const Devi
   return out;
 }
 
-double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link) {
+double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link, const ClusterSpec* same_host) {
   if (n <= 1 || bytes <= 0) return 0.0;
+  if (op == comm::Collective::AllReduce && same_host && !same_host->host_allreduce_curve.empty())
+    return comm::interpolate(same_host->host_allreduce_curve, bytes) * (1.0 + n) / (1.0 + same_host->host_allreduce_ranks);
   double best = std::numeric_limits<double>::infinity();
   for (auto a : {comm::algo::Algorithm::Ring, comm::algo::Algorithm::Tree, comm::algo::Algorithm::HalvingDoubling})
     best = std::min(best, comm::predict(op, a, bytes, n, link));

@@ -32,11 +32,15 @@ struct PieceCosts {
 };
 
 // The costs on `device` (slowed down by `slowdown`), with tensor-parallel collectives over `tp_link`.
+// `tp_host`: the cluster when the tp group shares one host (its measured all-reduce applies to fp32), else null.
 PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const DeviceType& device, double slowdown,
-                       const comm::Link& tp_link);
+                       const comm::Link& tp_link, const ClusterSpec* tp_host = nullptr);
 
-// The fastest of our all-reduce, reduce-scatter or all-gather algorithms (what algo=auto picks) on one link.
-double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link);
+// The fastest of our all-reduce, reduce-scatter or all-gather algorithms (what algo=auto picks) on one link. A
+// float all-reduce inside one host whose cluster measured its shared-memory path (`same_host`) takes that curve:
+// each rank writes its buffer once and reads all n, so it scales as (1 + n) / (1 + measured ranks).
+double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link,
+                          const ClusterSpec* same_host = nullptr);
 
 // Blocks of each virtual stage as bounds (first block of each, then the end): the layout's stage_layers, else a
 // split that balances block, embedding and head costs (relative, by parameters, as models::partition_gpt weighs

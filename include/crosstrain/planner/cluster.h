@@ -74,6 +74,10 @@ struct ClusterSpec {
   int compute_slots_per_host = 0;
   double price_per_device_hour = -1;  // < 0: the device type's price
   comm::Link host_link, cluster_link;  // inside a host; between hosts of this cluster
+  // Measured float all-reduce among host_allreduce_ranks ranks of one host through the path training takes there
+  // (shared memory, comm/shm.h): whole-buffer bytes -> seconds. Empty: the link's point-to-point model.
+  std::vector<comm::Sample> host_allreduce_curve;
+  int host_allreduce_ranks = 2;
 
   int devices() const { return hosts * devices_per_host; }
 };

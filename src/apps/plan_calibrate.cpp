@@ -12,6 +12,8 @@
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/comm/shm.h"
+#include "crosstrain/planner/estimate.h"
+#include "plan_reference.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/threads.h"
 
@@ -292,6 +294,29 @@ planner::ClusterFile describe_host(const HostMeasurements& m, double watts_per_c
   return file;
 }
 
+namespace {
+
+void add_compute_factors(planner::ClusterFile& file, const CalibrateOptions& o) {
+  // A shape of its own (not gpt-tiny's, which make bench-plan validates): 3 layers, width 192, 6 heads.
+  models::GPTConfig reference;
+  reference.n_layer = 3, reference.n_embd = 192, reference.n_head = 6, reference.block_size = 128;
+  reference.vocab_size = 512;
+  planner::DeviceType& cpu = file.devices.at(file.clusters.front().device);
+  for (const std::string& dtype : o.dtypes) {
+    planner::Layout one;
+    one.micro_batch = 8, one.precision = dtype;
+    cpu.compute_factor.erase(dtype);
+    const planner::Estimate e = planner::estimate(planner::from_gpt_config(reference, "reference"), file, one);
+    const double measured = reference_step_seconds(reference, one.micro_batch, dtype, 10 * o.seconds_per_point);
+    cpu.compute_factor[dtype] = measured / e.time.compute_s;
+    if (o.progress)
+      std::fprintf(stderr, "# calibrate: reference GPT (3 x 192, 8 x 128 tokens) %s: measured %.1f ms, modelled %.1f ms\n",
+                   dtype.c_str(), measured * 1e3, e.time.compute_s * 1e3);
+  }
+}
+
+}  // namespace
+
 planner::ClusterFile calibrate_this_host(const CalibrateOptions& o) {
   if (!(o.seconds_per_point > 0)) throw UsageError("calibrate: seconds_per_point must be positive");
   if (o.shapes.empty()) throw UsageError("calibrate: no GEMM shape to measure");
@@ -335,7 +360,9 @@ planner::ClusterFile calibrate_this_host(const CalibrateOptions& o) {
   } else {
     m.link = comm::default_host_link();
   }
-  return describe_host(m, o.watts_per_core_assumed);
+  planner::ClusterFile file = describe_host(m, o.watts_per_core_assumed);
+  if (o.reference_model) add_compute_factors(file, o);
+  return file;
 }
 
 }  // namespace crosstrain::apps

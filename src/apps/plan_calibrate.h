@@ -66,6 +66,7 @@ struct CalibrateOptions {
   double link_timeout_s = 60;
   double watts_per_core_assumed = 10;  // when RAPL cannot be read
   bool progress = true;               // one line per phase on stderr
+  bool reference_model = true;        // also time a reference GPT: the device's compute_factor per dtype
 };
 
 // What calibrate_this_host measured, before it becomes a cluster description.

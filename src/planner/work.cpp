@@ -129,7 +129,9 @@ PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const Devi
   const ClusterSpec* shm = layout.precision == "fp32" ? tp_host : nullptr;
   PieceCosts out{block_cost(x, layout, device, tp_link, shm), embedding_cost(x, model, layout, device, tp_link, shm),
                  head_cost(x, model, layout, device, tp_link, tp_host)};
-  // Sharing cores slows the computation; the collectives were measured between such ranks already.
+  // Sharing cores slows the computation; the collectives were measured between such ranks already. The device's
+  // measured factor covers what the product/pass/operator model leaves out.
+  slowdown *= device.factor(compute_dtype(layout));
   for (PieceCost* p : {&out.block, &out.embedding, &out.head}) {
     p->forward *= slowdown;
     p->backward_input *= slowdown;

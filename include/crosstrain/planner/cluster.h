@@ -56,6 +56,14 @@ struct DeviceType {
   double comm_overlap = 1.0;
   double price_per_hour = 0;
   std::map<std::string, std::vector<GemmPoint>> gemm_curve;  // measured, by dtype, ascending flops
+  // Measured step time of a reference model over the model's own prediction of it, by dtype (`plan --calibrate`
+  // times our GPT at a reference shape): what products, passes and operators leave out (shape-dependent BLAS
+  // rates, transcendental activations, allocator). Multiplies computation; 1 when absent.
+  std::map<std::string, double> compute_factor;
+  double factor(const std::string& dtype) const {
+    auto it = compute_factor.find(dtype);
+    return it == compute_factor.end() ? 1.0 : it->second;
+  }
 
   // Peak FLOP/s in `dtype` (bf16 falls back to fp16 and then fp32; throws UsageError when none is given).
   double peak(const std::string& dtype) const;

@@ -7,6 +7,7 @@
 #include <map>
 #include <iomanip>
 #include <sstream>
+#include <stdexcept>
 
 #include "crosstrain/core/error.h"
 
@@ -155,6 +156,7 @@ std::vector<Field> fields(Config& c) {
       string_field("sync", "compression", c.sync.compression),
       int_field("sync", "fragments", c.sync.fragments),
       int_field("sync", "overlap_steps", c.sync.overlap_steps),
+      string_field("sync", "cluster_batch", c.sync.cluster_batch),
       int_field("sync", "period", c.sync.period),
       int_field("sync", "staleness", c.sync.staleness),
       int_field("sync", "slow_rank", c.sync.slow_rank),
@@ -328,6 +330,46 @@ void check_ranges(const Config& c) {
   parse_debug_fault(c.debug.skip_collective, "skip_collective");
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");
+  check_cluster_batch(c);
+}
+
+std::vector<int64_t> parse_cluster_batch(const std::string& text) {
+  std::vector<int64_t> counts;
+  if (text.empty()) return counts;
+  const std::string usage = "sync.cluster_batch = \"" + text +
+                            "\" must be positive sequence counts, one per cluster, like \"24,8\" (or \"\" for an "
+                            "even split)";
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(item, &used);
+    } catch (const std::logic_error&) {
+      throw UsageError(usage);
+    }
+    if (n < 1 || item.find_first_not_of(' ', used) != std::string::npos) throw UsageError(usage);
+    counts.push_back(n);
+  }
+  if (counts.empty() || text.back() == ',') throw UsageError(usage);
+  return counts;
+}
+
+void check_cluster_batch(const Config& c) {
+  const std::vector<int64_t> counts = parse_cluster_batch(c.sync.cluster_batch);
+  if (counts.empty()) return;
+  const std::string key = "sync.cluster_batch = \"" + c.sync.cluster_batch + "\"";
+  if (c.sync.mode != "diloco")
+    throw UsageError(key + " needs sync.mode = \"diloco\" (clusters that meet only at outer steps); got \"" +
+                     c.sync.mode + "\": set sync.mode = \"diloco\" or sync.cluster_batch = \"\"");
+  int64_t sum = 0;
+  for (int64_t n : counts) sum += n;
+  if (sum != c.train.global_batch)
+    throw UsageError(key + " adds up to " + std::to_string(sum) + " sequences but train.global_batch = " +
+                     std::to_string(c.train.global_batch) + "; make them equal");
+  if (c.sync.clusters > 0 && static_cast<int64_t>(counts.size()) != c.sync.clusters)
+    throw UsageError(key + " gives " + std::to_string(counts.size()) + " counts for sync.clusters = " +
+                     std::to_string(c.sync.clusters) + "; give one per cluster");
 }
 
 Config parse_config(const std::string& text, const std::string& origin) {

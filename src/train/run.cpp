@@ -141,6 +141,17 @@ double all_reduce(comm::Communicator* group, double value, comm::ReduceOp op) {
   return t.item<double>();
 }
 
+// sync.cluster_batch against the layout; true when it is given (it replaces the even split's divisibility).
+bool check_cluster_batch_layout(const Config& c, const parallel::ParallelDims& dims) {
+  check_cluster_batch(c);
+  const std::vector<int64_t> cluster_batch = parse_cluster_batch(c.sync.cluster_batch);
+  // Clusters numbered by the config are known here; from the environment, each rank finds them when it starts.
+  if (!cluster_batch.empty() && c.sync.clusters > 0)
+    rank_batches(cluster_layout(block_clusters(dims.dp(), static_cast<int>(c.sync.clusters))), cluster_batch,
+                 dims.microbatches);
+  return !cluster_batch.empty();
+}
+
 }  // namespace
 
 parallel::ParallelDims validate(const Config& c, int world) {
@@ -161,8 +172,9 @@ parallel::ParallelDims validate(const Config& c, int world) {
        "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
   need(dims.zero == 0 || c.comm.compression == "none",
        "comm.compression applies to plain data parallel; set parallel.zero = 0 or comm.compression = \"none\"");
+  const bool uneven = check_cluster_batch_layout(c, dims);
   const int64_t replicas_x_micro = dims.dp() * dims.microbatches;
-  need(c.train.global_batch % replicas_x_micro == 0,
+  need(uneven || c.train.global_batch % replicas_x_micro == 0,
        "train.global_batch = " + std::to_string(c.train.global_batch) + " is not divisible by " +
            std::to_string(dims.dp()) + " data-parallel ranks x " + std::to_string(dims.microbatches) +
            " micro-batches; use a multiple of " + std::to_string(replicas_x_micro));
@@ -171,6 +183,19 @@ parallel::ParallelDims validate(const Config& c, int world) {
 }
 
 
+
+SyncSetup Run::sync_setup(const Config& c, comm::Communicator& world) {
+  SyncSetup setup;
+  setup.config = c.sync;
+  setup.dp = mesh_.group(Axis::DP);
+  setup.dp_index = dp_index_;
+  setup.dp_size = dims_.dp();
+  setup.world_rank = world.rank();
+  setup.steps = c.train.steps;
+  setup.cluster_hint = cluster_of_this_node(c.sync.topology);
+  setup.timeout = world.timeout();
+  return setup;
+}
 
 Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start)
     : c_(c), recorder_(std::make_shared<comm::FlightRecorder>(world.rank(), static_cast<size_t>(c.obs.flight_records))),
@@ -187,32 +212,24 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   if (static_cast<int64_t>(splits_.train.max_token()) >= c.model.vocab_size)
     throw UsageError("data '" + c.data.path + "' holds token " + std::to_string(splits_.train.max_token()) +
                      " but model.vocab_size is " + std::to_string(c.model.vocab_size));
+  // [sync] How replicas agree (docs/wan-training.md): the cluster groups first (they also say each replica's
+  // share of the batch); the optimizer's gradient reduction runs over the strategy's group (all replicas, one
+  // cluster, or none), then the strategy keeps the optimizer's tensors in agreement.
+  sync_ = make_sync_strategy(sync_setup(c, world));
+  rank_batches_ = rank_batches(sync_->layout(), parse_cluster_batch(c.sync.cluster_batch), dims_.microbatches);
   // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
   // Elastic: the slot in the full job and its global batch, so a replica keeps its share when others leave.
   const int slot = start.slot >= 0 ? start.slot : dp_index_, slots = start.slots > 0 ? start.slots : dims_.dp();
   sampler_ = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(splits_.train.size()),
                                                         c.model.block_size, c.train.global_batch / dims_.dp() * slots,
-                                                        slot, slots, static_cast<int>(dims_.microbatches));
+                                                        slot, slots, static_cast<int>(dims_.microbatches),
+                                                        rank_batches_);
   // bench-memory's baseline: what the process holds before the model, its optimizer and activations exist.
   return_freed_memory();
   rss_before_model_ = obs::rss_bytes();
   install_memory_counter();  // tensors allocated from here on are counted (activation_peak_bytes)
   model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
   model_->set_recompute(models::parse_recompute(c.train.recompute));
-
-  // [sync] How replicas agree (docs/wan-training.md): the cluster groups first; the optimizer's gradient
-  // reduction runs over the strategy's group (all replicas, one cluster, or none), then the strategy keeps the
-  // optimizer's tensors in agreement.
-  SyncSetup setup;
-  setup.config = c.sync;
-  setup.dp = mesh_.group(Axis::DP);
-  setup.dp_index = dp_index_;
-  setup.dp_size = dims_.dp();
-  setup.world_rank = world.rank();
-  setup.steps = c.train.steps;
-  setup.cluster_hint = cluster_of_this_node(c.sync.topology);
-  setup.timeout = world.timeout();
-  sync_ = make_sync_strategy(std::move(setup));
 
   OptimizerConfig oc;
   oc.adam = {c.train.lr, c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
@@ -430,6 +447,7 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
   }
   rec.step_time_s = seconds_since(t0);
   rec.tokens_per_s = static_cast<double>(c_.train.global_batch * c_.model.block_size) / rec.step_time_s;
+  rec.local_batch = sampler_->local_batch();
   rec.comm_time_s = optimizer_->reducer().stats().comm_time_s;
   rec.exposed_comm_time_s = optimizer_->reducer().stats().exposed_comm_time_s;
   if (!std::isfinite(rec.loss))
@@ -512,20 +530,23 @@ void Run::exchange_straggler_timings(int64_t step) {
   window_busy_s_.clear();
 }
 
-// Fixed validation batches, split across replicas like training batches; the mean over every replica.
+// Fixed validation batches, split across replicas like training batches; the mean over every sequence (each
+// replica's loss weighted by its share of the batch, 1 for an even split).
 double Run::evaluate() {
   Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Eval, "evaluate", step_);
   torch::NoGradGuard no_grad;
   model_->train(false);
   data::DistributedSampler val(c_.run.seed ^ 0x5eedULL, static_cast<int64_t>(splits_.val.size()), c_.model.block_size,
-                               c_.train.global_batch, dp_index_, dims_.dp(), static_cast<int>(dims_.microbatches));
+                               c_.train.global_batch, dp_index_, dims_.dp(), static_cast<int>(dims_.microbatches),
+                               rank_batches_);
+  const double share = static_cast<double>(val.local_batch() * dims_.dp()) / static_cast<double>(c_.train.global_batch);
   double total = 0;
   for (int64_t b = 0; b < c_.train.eval_batches; ++b) {
     load_batches(splits_.val, [&](int64_t m) { return val.local_offsets(b, static_cast<int>(m)); });
     const double replica = forward_backward(false);
     // Every rank of a replica holds its loss: count it once per replica.
     const bool counted = tp_index_ == 0 && mesh_.index(Axis::PP) == 0;
-    total += all_reduce(&world_, counted ? replica : 0.0, comm::ReduceOp::Sum) / dims_.dp();
+    total += all_reduce(&world_, counted ? replica * share : 0.0, comm::ReduceOp::Sum) / dims_.dp();
   }
   model_->train(true);
   return total / static_cast<double>(c_.train.eval_batches);
@@ -567,6 +588,7 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
   m.exposed_comm_time_s = rec.exposed_comm_time_s;
   const parallel::ReducerStats rs = optimizer_->reducer().stats();
   m.extra["tokens"] = static_cast<double>(rec.step) * c_.train.global_batch * c_.model.block_size;
+  m.counts["local_batch"] = rec.local_batch;
   m.extra["checkpoint_s"] = checkpoint_s;
   m.extra["time_s"] = elapsed_s;
   m.counts["peak_rss_bytes"] = obs::peak_rss_bytes();

@@ -100,6 +100,7 @@ class Run {
   double forward_backward(bool training);
   void load_batches(const data::TokenStream& stream, const std::function<std::vector<int64_t>(int64_t)>& offsets_of);
   StatePlacement placement() const;
+  SyncSetup sync_setup(const Config& c, comm::Communicator& world);
   void start_trace(const RunStart& start);
   void trace_pipeline_step(int64_t step, int64_t started_us);
   void exchange_straggler_timings(int64_t step);
@@ -116,6 +117,7 @@ class Run {
   int dp_index_, tp_index_;
   data::Splits splits_;
   std::unique_ptr<data::DistributedSampler> sampler_;
+  std::vector<int64_t> rank_batches_;  // sequences per step of each replica (sync.cluster_batch); empty: equal
   std::unique_ptr<models::ParallelGPT> model_;
   std::unique_ptr<SyncStrategy> sync_;
   std::unique_ptr<ModelOptimizer> optimizer_;

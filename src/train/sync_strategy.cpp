@@ -182,6 +182,7 @@ class StrategyBase : public SyncStrategy {
  public:
   StrategyBase(SyncSetup s, ClusterGroups g) : s_(std::move(s)), g_(std::move(g)) {}
   int cluster() const override { return g_.cluster; }
+  const ClusterLayout& layout() const override { return g_.layout; }
   // Replicas that step alone (gossip, async, ssp) each keep a copy; the others override.
   CheckpointCopy checkpoint_copy() const override { return {s_.dp_index, 0, 1}; }
   void attach(std::vector<at::Tensor> tensors, bool sharded, std::function<void()> changed) override {
@@ -256,7 +257,14 @@ class SyncEveryStep : public StrategyBase {
 
 class DiLoCo : public StrategyBase {
  public:
-  DiLoCo(SyncSetup s, ClusterGroups g) : StrategyBase(std::move(s), std::move(g)) {}
+  // Clusters that train on uneven shares of the batch (sync.cluster_batch) count by their share in the outer
+  // average, so that every sequence counts the same, as in data parallelism: a cluster that processed 3x the
+  // sequences brings 3x the evidence (with H = 1 and plain SGD inside, the weighted mean is exactly the
+  // gradient of the whole global batch). An unweighted mean would give each sequence of the smaller share 3x
+  // the say. Each cluster scales its own pseudo-gradient, so the exchange stays a plain mean.
+  DiLoCo(SyncSetup s, ClusterGroups g)
+      : StrategyBase(std::move(s), std::move(g)),
+        weight_(outer_weight(parse_cluster_batch(s_.config.cluster_batch), g_.cluster)) {}
 
   // Fragments of the attached tensors, each with its outer momentum (kept as views per tensor for checkpoints).
   void attached() override {
@@ -301,6 +309,8 @@ class DiLoCo : public StrategyBase {
                     std::to_string(s_.config.outer_momentum).substr(0, 4) + (s_.config.nesterov ? " nesterov" : "") +
                     ", " + std::to_string(g_.layout.clusters) + " clusters";
     if (s_.config.compression != "none") d += ", outer gradients " + s_.config.compression;
+    if (!s_.config.cluster_batch.empty())
+      d += ", cluster batches " + s_.config.cluster_batch + " (outer mean weighted by them)";
     if (fragments_.size() > 1)
       d += ", streaming " + std::to_string(fragments_.size()) + " fragments overlapping " +
            std::to_string(s_.config.overlap_steps) + " steps";
@@ -345,6 +355,7 @@ class DiLoCo : public StrategyBase {
     blocking("diloco outer gradient (fragment " + std::to_string(f) + ")", step, [&] {
       fr.sent = flatten(fr.params).clone();
       at::Tensor delta = fr.anchor - fr.sent;  // the pseudo-gradient
+      if (weight_ != 1.0) delta.mul_(weight_);
       fr.piece = average_->piece_of(delta);
       if (fragments_.size() > 1 && s_.config.overlap_steps > 0) {
         // Overlapped: the cross-cluster exchange runs on its own thread (only the cross group is used there).
@@ -374,6 +385,7 @@ class DiLoCo : public StrategyBase {
     stats_.wan_bytes = average_->bytes();
   }
 
+  double weight_;  // this cluster's pseudo-gradient factor in the outer mean (1: an even split)
   std::unique_ptr<CrossClusterAverage> average_;
   std::vector<Fragment> fragments_;
   std::vector<at::Tensor> momentum_views_, anchor_views_;
@@ -543,6 +555,37 @@ std::vector<int> block_clusters(int dp, int clusters) {
   std::vector<int> ids;
   for (int r = 0; r < dp; ++r) ids.push_back(r / (dp / clusters));
   return ids;
+}
+
+std::vector<int64_t> rank_batches(const ClusterLayout& layout, const std::vector<int64_t>& cluster_batch,
+                                  int64_t micro_batches) {
+  if (cluster_batch.empty()) return {};
+  std::string text;
+  for (int64_t n : cluster_batch) text += (text.empty() ? "" : ",") + std::to_string(n);
+  const std::string key = "sync.cluster_batch = \"" + text + "\"";
+  if (static_cast<int>(cluster_batch.size()) != layout.clusters)
+    throw UsageError(key + " gives " + std::to_string(cluster_batch.size()) + " counts but the job has " +
+                     std::to_string(layout.clusters) +
+                     " clusters (sync.clusters, sync.topology or CROSSTRAIN_CLUSTER); give one per cluster");
+  std::vector<int64_t> out;
+  for (int c : layout.cluster_of) {
+    const auto ranks = static_cast<int64_t>(layout.local[c].size());
+    if (cluster_batch[c] % (ranks * micro_batches) != 0)
+      throw UsageError(key + ": cluster " + std::to_string(c) + "'s " + std::to_string(cluster_batch[c]) +
+                       " sequences are not divisible by its " + std::to_string(ranks) + " data-parallel ranks x " +
+                       std::to_string(micro_batches) + " micro-batches; use a multiple of " +
+                       std::to_string(ranks * micro_batches));
+    out.push_back(cluster_batch[c] / ranks);
+  }
+  return out;
+}
+
+double outer_weight(const std::vector<int64_t>& cluster_batch, int cluster) {
+  if (cluster_batch.empty()) return 1.0;
+  int64_t sum = 0;
+  for (int64_t n : cluster_batch) sum += n;
+  return static_cast<double>(cluster_batch.size()) * static_cast<double>(cluster_batch[cluster]) /
+         static_cast<double>(sum);
 }
 
 void outer_nesterov_step(at::Tensor& anchor, at::Tensor& momentum, const at::Tensor& delta, double lr, double mu,

@@ -23,6 +23,7 @@ struct Outcome {
   std::vector<float> parameters;
   double val_loss = -1;
   std::vector<std::vector<double>> step_times;  // per rank
+  std::vector<int64_t> local_batches;           // per rank: sequences per step of its replica
   nlohmann::json last_row;
 };
 
@@ -40,6 +41,7 @@ train::Config base(const std::string& tag, int64_t steps = 20) {
 Outcome train_with(const train::Config& config, int ranks, bool resume = false) {
   Outcome run;
   run.step_times.resize(ranks);
+  run.local_batches.resize(ranks);
   std::mutex m;
   comm::FakeWorld::run(ranks, [&](comm::Communicator& c) {
     train::Trainer trainer(config, c);
@@ -51,6 +53,7 @@ Outcome train_with(const train::Config& config, int ranks, bool resume = false) 
     auto result = trainer.run(options);
     std::lock_guard<std::mutex> lock(m);
     for (const auto& s : result.steps) run.step_times[c.rank()].push_back(s.step_time_s);
+    if (!result.steps.empty()) run.local_batches[c.rank()] = result.steps.back().local_batch;
     if (c.rank() == 0) {
       for (const auto& s : result.steps) run.losses.push_back(s.loss);
       run.parameters = std::move(dump.flat);
@@ -152,6 +155,19 @@ TEST(SyncLogic, ConfigChecks) {
   c.hierarchical = false;
   c.clusters = 3;
   EXPECT_THROW(train::check_sync_config(c, 4, 1, 1, 0), UsageError);
+}
+
+TEST(SyncLogic, ClusterBatchGivesEachRankItsClustersShareAndWeighsTheOuterMean) {
+  auto l = train::cluster_layout({0, 0, 1, 1});
+  EXPECT_EQ(train::rank_batches(l, {12, 4}, 2), (std::vector<int64_t>{6, 6, 2, 2}));
+  EXPECT_TRUE(train::rank_batches(l, {}, 1).empty());
+  EXPECT_THROW(train::rank_batches(l, {12, 2, 2}, 1), UsageError);  // one count per cluster
+  EXPECT_THROW(train::rank_batches(l, {12, 6}, 2), UsageError);     // 6 is not divisible by 2 ranks x 2
+  // Weighted by share: 12 of 16 sequences count 3x as much as 4 of 16 in the mean over 2 clusters.
+  EXPECT_DOUBLE_EQ(train::outer_weight({12, 4}, 0), 1.5);
+  EXPECT_DOUBLE_EQ(train::outer_weight({12, 4}, 1), 0.5);
+  EXPECT_DOUBLE_EQ(train::outer_weight({8, 8}, 1), 1.0);
+  EXPECT_DOUBLE_EQ(train::outer_weight({}, 0), 1.0);
 }
 
 // ---- parity -------------------------------------------------------------------------------------------------
@@ -324,6 +340,81 @@ Outcome resumed_at(train::Config first, int ranks, int64_t step, const train::Co
 }
 
 }  // namespace
+
+// sync.cluster_batch: clusters of different speed train on uneven shares of the global batch.
+TEST(SyncClusterBatch, TheEvenSplitSpelledOutChangesNothing) {
+  Outcome want = train_with(diloco("cb_none", 6), 2);
+  train::Config c = diloco("cb_even", 6);
+  c.sync.cluster_batch = "4,4";
+  Outcome got = train_with(c, 2);
+  EXPECT_EQ(got.losses, want.losses);  // bit for bit
+  EXPECT_EQ(got.parameters, want.parameters);
+  EXPECT_EQ(got.val_loss, want.val_loss);
+  EXPECT_EQ(got.local_batches, (std::vector<int64_t>{4, 4}));
+}
+
+TEST(SyncClusterBatch, UnevenSharesTrainAndEachRankDrawsItsOwn) {
+  auto config = [](const std::string& tag, const std::string& counts) {
+    train::Config c = diloco(tag, 20);
+    c.train.global_batch = 16;
+    c.train.micro_batches = 2;
+    c.sync.cluster_batch = counts;
+    return c;
+  };
+  Outcome even = train_with(config("cb_even16", ""), 4);
+  Outcome r = train_with(config("cb_uneven", "12,4"), 4);  // 2 clusters x 2 ranks: 6 and 2 sequences per rank
+  EXPECT_EQ(even.local_batches, (std::vector<int64_t>{4, 4, 4, 4}));
+  EXPECT_EQ(r.local_batches, (std::vector<int64_t>{6, 6, 2, 2}));
+  EXPECT_EQ(r.last_row.at("local_batch").get<int64_t>(), 6);
+  ASSERT_EQ(r.losses.size(), 20u);
+  EXPECT_NE(r.losses[1], even.losses[1]);  // other sequences per rank
+  EXPECT_LT(r.losses.back(), 0.7 * r.losses.front());
+  // The same global batch, only shared unevenly: it learns about as well as the even split.
+  EXPECT_LT(r.val_loss, 1.1 * even.val_loss);
+}
+
+TEST(SyncClusterBatch, TheOuterStepWeighsEachClusterByItsShare) {
+  // Outer SGD with lr 1 and no momentum lands on the mean of the clusters' parameters: 3:1 for "12,4".
+  for (const std::string counts : {"12,4", ""}) {
+    std::vector<float> landed(2);
+    comm::FakeWorld::run(2, [&](comm::Communicator& c) {
+      train::SyncSetup s;
+      s.config.mode = "diloco";
+      s.config.clusters = 2;
+      s.config.inner_steps = 1;
+      s.config.outer_lr = 1;
+      s.config.outer_momentum = 0;
+      s.config.nesterov = false;
+      s.config.cluster_batch = counts;
+      s.dp = &c;
+      s.dp_index = s.world_rank = c.rank();
+      s.dp_size = 2;
+      s.parameters = {torch::zeros({3})};
+      s.steps = 2;
+      at::Tensor p = s.parameters[0];
+      auto strategy = train::make_sync_strategy(s);
+      p.fill_(c.rank() == 0 ? 1.0 : 5.0);  // where each cluster's inner steps took its replica
+      strategy->after_step(1, false);
+      landed[c.rank()] = p[2].item<float>();
+    });
+    const float want = counts.empty() ? 3.0f : 2.0f;  // (1 + 5) / 2, or 0.75 x 1 + 0.25 x 5
+    EXPECT_FLOAT_EQ(landed[0], want) << "cluster_batch '" << counts << "'";
+    EXPECT_FLOAT_EQ(landed[1], want) << "cluster_batch '" << counts << "'";
+  }
+}
+
+TEST(SyncClusterBatch, UnevenSharesResumeBetweenOuterStepsLikeTheUninterruptedRun) {
+  auto config = [](const std::string& tag) {
+    train::Config c = diloco(tag);
+    c.train.global_batch = 16;
+    c.sync.cluster_batch = "12,4";
+    return c;
+  };
+  Outcome want = train_with(config("cb_resume_ref"), 2);
+  want.losses.erase(want.losses.begin(), want.losses.end() - 8);
+  Outcome got = resumed_at(config("cb_resume"), 2, 4, config("cb_resume"), 2);  // H = 3: between outer steps
+  expect_same(got, want, 1e-5, "diloco with cluster_batch 12,4 resumed at step 4");
+}
 
 TEST(SyncLayouts, DiLoCoWithPipelineAndTensorParallelInsideEachClusterMatchesWholeReplicas) {
   Outcome want = train_with(diloco("dl_whole"), 2);  // one rank per cluster

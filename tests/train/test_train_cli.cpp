@@ -173,6 +173,27 @@ TEST(TrainCli, BadValuesAndResumingPastTheEndAreRefusedBeforeAnyRankStarts) {
   EXPECT_EQ(read_metrics(dir).size(), 4u);
 }
 
+// sync.cluster_batch that does not fit the run: exit 2 from the launcher, one line naming the key and the fix.
+TEST(TrainCli, ClusterBatchThatDoesNotFitIsRefusedNamingTheKey) {
+  auto dir = fresh_dir("bad_cluster_batch");
+  auto refused = [&](const std::string& mode, const std::string& counts, const std::string& expect) {
+    auto args = tiny_args(dir, 2, 2);
+    for (const std::string& set : std::vector<std::string>{"sync.mode=" + mode, "sync.clusters=2",
+                                                           "sync.cluster_batch=" + counts, "train.micro_batches=2"})
+      args.insert(args.end(), {"--set", set});
+    auto res = run_process(args, {}, milliseconds(60000));
+    EXPECT_EQ(res.exit_code(), 2) << res.output;
+    EXPECT_TRUE(contains(res.output, "sync.cluster_batch = \"" + counts + "\"")) << res.output;
+    EXPECT_TRUE(contains(res.output, expect)) << "expected '" << expect << "' in:\n" << res.output;
+    EXPECT_EQ(std::count(res.output.begin(), res.output.end(), '\n'), 1) << res.output;
+  };
+  refused("diloco", "6,4", "adds up to 10 sequences but train.global_batch = 8");
+  refused("diloco", "4,2,2", "gives 3 counts for sync.clusters = 2");
+  refused("sync", "6,2", "needs sync.mode = \"diloco\"");
+  refused("diloco", "5,3", "not divisible by its 1 data-parallel ranks x 2 micro-batches");
+  refused("diloco", "6,x", "must be positive sequence counts");
+}
+
 TEST(TrainCli, TextThatLooksBinaryIsTrainedOnWithAWarning) {
   auto dir = fresh_dir("binary_text");
   const auto data = fs::path(::testing::TempDir()) / "looks_binary.txt";

@@ -68,6 +68,28 @@ TEST(Sampler, RanksGetDisjointSlicesOfTheSameGlobalBatch) {
   EXPECT_NE(reference.global_offsets(1), data::DistributedSampler(8, 100000, 64, 16, 0, 1, 1).global_offsets(1));
 }
 
+TEST(Sampler, UnevenSlicesStayDisjointAndCoverTheGlobalBatch) {
+  const std::vector<int64_t> shares{6, 6, 2, 2};  // sync.cluster_batch = "12,4" over 2 clusters x 2 ranks
+  data::DistributedSampler reference(7, 100000, 64, 16, 0, 1, 1);
+  for (int64_t step : {1, 5}) {
+    std::vector<int64_t> joined;
+    for (int r = 0; r < 4; ++r) {
+      data::DistributedSampler s(7, 100000, 64, 16, r, 4, 2, shares);
+      EXPECT_EQ(s.local_batch(), shares[r]);
+      EXPECT_EQ(s.local_micro_batch(), shares[r] / 2);
+      for (int m = 0; m < 2; ++m) {
+        auto part = s.local_offsets(step, m);
+        joined.insert(joined.end(), part.begin(), part.end());
+      }
+    }
+    EXPECT_EQ(joined, reference.global_offsets(step));
+  }
+  // Shares that miss the global batch, a rank, or the micro-batches are refused.
+  EXPECT_THROW(data::DistributedSampler(7, 100000, 64, 16, 0, 4, 2, {6, 6, 2, 4}), UsageError);
+  EXPECT_THROW(data::DistributedSampler(7, 100000, 64, 16, 0, 4, 2, {8, 6, 2}), UsageError);
+  EXPECT_THROW(data::DistributedSampler(7, 100000, 64, 16, 0, 4, 2, {7, 5, 2, 2}), UsageError);
+}
+
 TEST(Sampler, StateRoundTripsAndChecksTheSeed) {
   data::DistributedSampler s(3, 1000, 10, 4, 0, 2, 1);
   s.mark_done(41);

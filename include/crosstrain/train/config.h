@@ -66,6 +66,9 @@ struct SyncConfig {
   std::string compression = "none";  // diloco outer gradients only: none, bf16, fp16, int8, int4, ...
   int64_t fragments = 1;          // diloco: > 1 streams parameter fragments on a staggered schedule
   int64_t overlap_steps = 1;      // streaming diloco: inner steps a fragment's exchange overlaps with
+  // diloco: sequences per step of each cluster, e.g. "24,8" (a faster cluster takes more; the planner's
+  // Layout::cluster_batch); adds up to train.global_batch. Empty: the global batch split evenly over the ranks.
+  std::string cluster_batch;
   int64_t period = 1;             // gossip, async, ssp: steps between exchanges
   int64_t staleness = 4;          // ssp: a rank runs at most this many steps ahead of the slowest
   int64_t slow_rank = -1;         // experiments: this rank sleeps slow_ms per step (a slower device)
@@ -122,5 +125,11 @@ std::string to_toml(const Config& config);
 // Per-key checks that need no world size (ranges, signs); load_config runs them after the overrides. Throws
 // UsageError naming the key and its value. Checks across keys and ranks are in check_config (trainer.h).
 void check_ranges(const Config& config);
+// sync.cluster_batch as counts (empty when the key is empty). Throws UsageError naming the key unless every
+// count is a positive integer.
+std::vector<int64_t> parse_cluster_batch(const std::string& text);
+// The checks of sync.cluster_batch that need no layout: sync.mode = diloco, the sum is train.global_batch, one
+// count per cluster where sync.clusters gives their number. check_ranges and the trainer run it.
+void check_cluster_batch(const Config& config);
 
 }  // namespace crosstrain::train

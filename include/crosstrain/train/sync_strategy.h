@@ -33,6 +33,16 @@
 
 namespace crosstrain::train {
 
+// Cluster of each data-parallel rank -> groups (cluster_layout() below). Clusters are renumbered in order of
+// first appearance.
+struct ClusterLayout {
+  int clusters = 1;
+  std::vector<int> cluster_of;               // per data-parallel rank
+  std::vector<std::vector<int>> local;        // per cluster: its data-parallel ranks, ascending
+  std::vector<std::vector<int>> cross;        // per local index: the rank of that index in each cluster
+  bool balanced = true;                       // every cluster has the same number of ranks
+};
+
 struct SyncStats {
   int64_t wan_bytes = 0;      // bytes this rank sent to other clusters for synchronization (cumulative)
   double blocked_s = 0;       // time the training loop waited inside the strategy (cumulative)
@@ -51,8 +61,9 @@ class SyncStrategy {
   virtual std::string describe() const = 0;
   // The group of the per-step gradient all-reduce (null: none; every rank steps alone).
   virtual comm::Communicator* gradient_group() const = 0;
-  // The cluster of this rank (0 with one cluster).
+  // The cluster of this rank (0 with one cluster), and of every data-parallel rank.
   virtual int cluster() const = 0;
+  virtual const ClusterLayout& layout() const = 0;
   // Which copy of the model state this rank's replica holds in checkpoints, and which of its writers this rank
   // is (see StatePlacement in optimizer.h): one copy where every replica is identical, else one per cluster
   // (diloco) or per replica (gossip, async, ssp).
@@ -104,17 +115,18 @@ std::unique_ptr<SyncStrategy> make_sync_strategy(SyncSetup setup);
 
 // ---- pure parts (unit-tested) -------------------------------------------------------------------------------
 
-// Cluster of each data-parallel rank -> groups. Clusters are renumbered in order of first appearance.
-struct ClusterLayout {
-  int clusters = 1;
-  std::vector<int> cluster_of;               // per data-parallel rank
-  std::vector<std::vector<int>> local;        // per cluster: its data-parallel ranks, ascending
-  std::vector<std::vector<int>> cross;        // per local index: the rank of that index in each cluster
-  bool balanced = true;                       // every cluster has the same number of ranks
-};
+// Cluster of each data-parallel rank -> groups (see cluster_layout below).
 ClusterLayout cluster_layout(const std::vector<int>& cluster_ids);
 // `clusters` consecutive blocks of `dp` ranks (dp divisible by clusters).
 std::vector<int> block_clusters(int dp, int clusters);
+// sync.cluster_batch: the sequences per step of each data-parallel rank (for data::DistributedSampler), cluster
+// c's count split evenly over its ranks; empty when `cluster_batch` is. Throws UsageError naming the key unless
+// there is one count per cluster, each divisible by its cluster's ranks x micro_batches.
+std::vector<int64_t> rank_batches(const ClusterLayout& layout, const std::vector<int64_t>& cluster_batch,
+                                  int64_t micro_batches);
+// DiLoCo's outer average weighs cluster c's pseudo-gradient by its share of the batch: the factor that turns the
+// cross-cluster mean into that weighted mean (clusters x share; 1 for every cluster of an even split).
+double outer_weight(const std::vector<int64_t>& cluster_batch, int cluster);
 
 // One outer step: momentum = mu * momentum + delta; anchor -= lr * (nesterov ? delta + mu * momentum : momentum).
 void outer_nesterov_step(at::Tensor& anchor, at::Tensor& momentum, const at::Tensor& delta, double lr, double mu,

@@ -27,6 +27,7 @@ struct StepRecord {
   double tokens_per_s = 0;
   double comm_time_s = 0;
   double exposed_comm_time_s = 0;
+  int64_t local_batch = 0;  // sequences this rank's replica trained on (its share of the global batch)
 };
 
 struct TrainResult {

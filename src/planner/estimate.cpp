@@ -20,6 +20,7 @@ void check_layout(const ModelShape& m, const Layout& l) {
        "dp, tp, pp, micro_batch, microbatches and chunks must be >= 1");
   need(m.heads % l.tp == 0 && m.kv_heads_or_heads() % l.tp == 0, "tp must divide the attention heads");
   need(l.zero >= 0 && l.zero <= 3, "zero must be 0..3");
+  need(l.zero < 3 || l.pp == 1, "ZeRO-3 gathers parameters layer by layer and needs pp = 1 (as in the trainer)");
   need(d(l.pp) * l.chunks <= d(m.layers), "more virtual stages than layers");
   need(!l.sequence_parallel || m.seq % l.tp == 0, "sequence parallelism needs seq divisible by tp");
   need(l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",

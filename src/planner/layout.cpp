@@ -51,6 +51,8 @@ std::vector<std::string> Layout::train_overrides() const {
   if (sync == "hierarchical") o.push_back("sync.hierarchical=true");
   if (sync == "diloco") o.push_back("sync.inner_steps=" + std::to_string(inner_steps));
   if (!stage_layers.empty()) o.push_back("parallel.stage_layers=\"" + join(stage_layers) + "\"");
+  // The trainer's per-cluster batch (DiLoCo): each cluster's sequences per step, in cluster order.
+  if (!cluster_batch.empty()) o.push_back("sync.cluster_batch=\"" + join(cluster_batch) + "\"");
   return o;
 }
 

@@ -109,7 +109,7 @@ void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const Sear
         const int microbatches = static_cast<int>(per_replica / mb);
         if (pp > 1 && microbatches < pp) continue;  // a pipeline needs at least p micro-batches in flight
         for (const Schedule& s : schedules_for(m, pp, microbatches))
-          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
+          for (int zero = 0; zero <= (dp == 1 ? 0 : pp > 1 ? 2 : 3); ++zero)  // ZeRO-3 needs pp = 1
             for (const char* recompute : {"none", "selective", "full"})
               for (bool sp : {false, true}) {
                 if (sp && (tp == 1 || m.seq % tp)) continue;

@@ -151,7 +151,8 @@ void print_estimate(const Estimate& e, double tokens) {
               e.wall.c_str(), pct(t.compute_s, t.step_s).c_str(), pct(comm, t.step_s).c_str(),
               pct(t.pp_bubble_s, t.step_s).c_str(), e.scaling_efficiency);
   std::string sets;
-  for (const auto& o : e.layout.train_overrides()) sets += " --set " + o;
+  for (const auto& o : e.layout.train_overrides())  // quoted for the shell where the value holds a TOML string
+    sets += o.find('"') == std::string::npos ? " --set " + o : " --set '" + o + "'";
   std::printf("train it  crosstrain train RECIPE --nproc %d%s\n", e.layout.devices(), sets.c_str());
 }
 

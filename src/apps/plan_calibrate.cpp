@@ -135,10 +135,12 @@ comm::Link measure_host_link(int ranks, const comm::CalibrationOptions& options,
 }
 
 // One rank's share of measure_host_allreduce: every size, warm-up rounds then timed ones; rank 0 keeps medians.
-std::vector<comm::Sample> time_allreduce(comm::Communicator& c, const std::vector<int64_t>& sizes, int rounds) {
+std::vector<comm::Sample> time_allreduce(comm::Communicator& c, const std::vector<int64_t>& sizes, int rounds,
+                                         at::ScalarType dtype) {
   std::vector<comm::Sample> curve;
+  const int64_t element = dtype == at::kFloat ? 4 : 2;
   for (int64_t bytes : sizes) {
-    at::Tensor t = at::ones({std::max<int64_t>(1, bytes / 4)}, at::kFloat);
+    at::Tensor t = at::ones({std::max<int64_t>(1, bytes / element)}, dtype);
     std::vector<double> seconds;
     const int n = bytes >= (1 << 20) ? std::max(5, rounds / 4) : rounds;
     for (int i = 0; i < n + 3; ++i) {
@@ -147,14 +149,14 @@ std::vector<comm::Sample> time_allreduce(comm::Communicator& c, const std::vecto
       c.all_reduce(t, comm::ReduceOp::Sum)->wait();
       if (i >= 3) seconds.push_back(seconds_since(t0));
     }
-    curve.push_back({static_cast<double>(t.numel() * 4), median_of(seconds)});
+    curve.push_back({static_cast<double>(t.numel() * element), median_of(seconds)});
   }
   return curve;
 }
 
 // The all-reduce training runs between ranks of this host: Gloo communicators (threads, loopback) wrapped in the
 // shared-memory path, as `comm.shared_memory = true` (the default) sets it up for a same-host group.
-std::vector<comm::Sample> measure_host_allreduce(int ranks, int rounds, double timeout_s) {
+std::vector<comm::Sample> measure_host_allreduce(int ranks, int rounds, double timeout_s, at::ScalarType dtype) {
   const std::vector<int64_t> sizes{4, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20};
   const comm::Millis timeout(static_cast<int64_t>(timeout_s * 1000));
   auto host = comm::Rendezvous::host("127.0.0.1", 0, ranks, timeout, /*rank=*/0);
@@ -163,10 +165,10 @@ std::vector<comm::Sample> measure_host_allreduce(int ranks, int rounds, double t
     others.push_back(std::async(std::launch::async, [&, r] {
       auto rendezvous = comm::Rendezvous::connect("127.0.0.1", host->port(), r, ranks, timeout);
       auto c = comm::with_shared_memory(comm::make_gloo_communicator(rendezvous, r, ranks, timeout, "calibrate-ar"));
-      time_allreduce(*c, sizes, rounds);
+      time_allreduce(*c, sizes, rounds, dtype);
     }));
   auto c = comm::with_shared_memory(comm::make_gloo_communicator(host, 0, ranks, timeout, "calibrate-ar"));
-  std::vector<comm::Sample> curve = time_allreduce(*c, sizes, rounds);
+  std::vector<comm::Sample> curve = time_allreduce(*c, sizes, rounds, dtype);
   for (auto& f : others) f.get();
   return curve;
 }
@@ -278,6 +280,7 @@ planner::ClusterFile describe_host(const HostMeasurements& m, double watts_per_c
   cluster.compute_slots_per_host = m.cores;
   cluster.host_link = m.link;
   cluster.host_allreduce_curve = m.host_allreduce;
+  cluster.host_allreduce_bf16_curve = m.host_allreduce_bf16;
   cluster.host_allreduce_ranks = m.host_allreduce_ranks;
   cluster.cluster_link = m.link;
   cpu.memory_bytes = m.total_memory_bytes / cluster.devices_per_host;
@@ -353,10 +356,13 @@ planner::ClusterFile calibrate_this_host(const CalibrateOptions& o) {
     say(o.progress, "# calibrate: host link alpha %.1f us, %.2f GB/s one way", m.link.latency_s * 1e6,
         m.link.bandwidth_Bps / 1e9);
     say(o.progress, " (%.1f s)\n", seconds_since(t0));
-    m.host_allreduce = measure_host_allreduce(o.ranks, 40, o.link_timeout_s);
+    m.host_allreduce = measure_host_allreduce(o.ranks, 40, o.link_timeout_s, at::kFloat);
+    m.host_allreduce_bf16 = measure_host_allreduce(o.ranks, 40, o.link_timeout_s, at::kBFloat16);
     m.host_allreduce_ranks = o.ranks;
     say(o.progress, "# calibrate: shared-memory all-reduce 1 MiB %.0f us, 16 MiB %.1f ms\n",
         comm::interpolate(m.host_allreduce, 1 << 20) * 1e6, comm::interpolate(m.host_allreduce, 16 << 20) * 1e3);
+    say(o.progress, "# calibrate: bf16 all-reduce (the link's path) 1 MiB %.0f us, 16 MiB %.1f ms\n",
+        comm::interpolate(m.host_allreduce_bf16, 1 << 20) * 1e6, comm::interpolate(m.host_allreduce_bf16, 16 << 20) * 1e3);
   } else {
     m.link = comm::default_host_link();
   }

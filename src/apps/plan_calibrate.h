@@ -82,6 +82,7 @@ struct HostMeasurements {
   // Float all-reduce of the whole buffer among `ranks` ranks through the shared-memory path a same-host training
   // run takes (comm::with_shared_memory over Gloo): bytes -> seconds, the median of rounds per size.
   std::vector<comm::Sample> host_allreduce;
+  std::vector<comm::Sample> host_allreduce_bf16;  // the same for bf16 buffers (Gloo's path: no shared memory)
   int host_allreduce_ranks = 2;
 };
 

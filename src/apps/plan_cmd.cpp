@@ -38,6 +38,7 @@ Layout layout_of_recipe(const train::Config& c, int world) {
   l.micro_batch = static_cast<int>(c.train.global_batch / (l.dp * l.microbatches));
   for (size_t i = 0; i + 1 < dims.bounds.size(); ++i) l.stage_layers.push_back(dims.bounds[i + 1] - dims.bounds[i]);
   l.precision = c.train.precision;
+  l.bucket_mb = c.parallel.bucket_mb;
   l.recompute = c.train.recompute;
   if (c.sync.mode == "sync") l.sync = c.sync.hierarchical ? "hierarchical" : "sync";
   else if (c.sync.mode == "diloco") l.sync = "diloco", l.inner_steps = static_cast<int>(c.sync.inner_steps);

@@ -128,6 +128,7 @@ class Reader {
                                   : -1.0;
     c.host_link = link_in(t, where, "host", host);
     c.host_allreduce_curve = curve(t, where, "host_allreduce_curve");
+    c.host_allreduce_bf16_curve = curve(t, where, "host_allreduce_bf16_curve");
     c.host_allreduce_ranks = static_cast<int>(number(t, where, "host_allreduce_ranks", 2));
     if (c.host_allreduce_ranks < 2) fail(where, "host_allreduce_ranks must be >= 2");
     c.cluster_link = link_in(t, where, "cluster", between);
@@ -358,6 +359,7 @@ std::string to_toml(const ClusterFile& c) {
     if (!k.host_allreduce_curve.empty()) {
       t.insert("host_allreduce_curve", curve_toml(k.host_allreduce_curve));
       t.insert("host_allreduce_ranks", int64_t{k.host_allreduce_ranks});
+      if (!k.host_allreduce_bf16_curve.empty()) t.insert("host_allreduce_bf16_curve", curve_toml(k.host_allreduce_bf16_curve));
     }
     t.insert("links", toml::table{{"host", link_toml(k.host_link)}, {"cluster", link_toml(k.cluster_link)}});
     clusters.push_back(t);

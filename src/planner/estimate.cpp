@@ -152,11 +152,14 @@ double dp_sync_seconds(const Layout& l, const DeviceMap& map, int r, double grad
   const Placement a = map.place(first), b = map.place(last);
   const ClusterSpec* host = a.cluster == b.cluster && a.host == b.host ? &map.cluster_of(first) : nullptr;
   using comm::Collective;
+  // The reducer sends one collective per bucket: each pays the link's latency.
+  const double buckets = std::max(1.0, std::ceil(grad_bytes / std::max(l.bucket_mb * (1 << 20), 1.0)));
   auto reduce = [&](int n, const comm::Link& link) {
+    const double g = grad_bytes / buckets, p = param_bytes / buckets;
     if (l.zero >= 2)  // reduce-scatter the gradients, all-gather the updated parameters
-      return detail::collective_seconds(Collective::ReduceScatter, grad_bytes, n, link) +
-             detail::collective_seconds(Collective::AllGather, param_bytes, n, link);
-    return detail::collective_seconds(Collective::AllReduce, grad_bytes, n, link, host);
+      return buckets * (detail::collective_seconds(Collective::ReduceScatter, g, n, link) +
+                        detail::collective_seconds(Collective::AllGather, p, n, link));
+    return buckets * detail::collective_seconds(Collective::AllReduce, g, n, link, host);
   };
   if (g.clusters <= 1 || l.sync == "sync") return reduce(l.dp, *g.bottleneck);
   const double inside = reduce(g.per_cluster, *g.inside_cluster);
@@ -260,7 +263,7 @@ TimeBreakdown analytic_time(const StepModel& s) {
   double tail = 0;
   for (int r = 0; r < p; ++r) {
     const double sync = s.dp_sync_s.empty() ? 0 : s.dp_sync_s[r];
-    const double exposed = sync - s.dp_overlap * std::min(0.9 * sync, w[r].b);
+    const double exposed = sync - s.dp_overlap * std::min(sync, w[r].b);  // the replay's rule, bounded by backward
     const double opt = s.optimizer_s.empty() ? 0 : s.optimizer_s[r];
     if (exposed + opt > tail) tail = exposed + opt, t.dp_exposed_s = exposed, t.optimizer_s = opt;
   }

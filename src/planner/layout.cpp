@@ -46,6 +46,7 @@ std::vector<std::string> Layout::train_overrides() const {
       "train.micro_batches=" + std::to_string(microbatches),
       "train.precision=" + precision,
       "train.recompute=" + recompute,
+      "parallel.bucket_mb=" + std::to_string(bucket_mb),
       "sync.mode=" + std::string(sync == "hierarchical" ? "sync" : sync),
   };
   if (sync == "hierarchical") o.push_back("sync.hierarchical=true");
@@ -68,6 +69,19 @@ int64_t whole(const std::string& word, const std::string& value) {
   }
   if (used == 0 || used != value.size() || v < 0)
     throw UsageError("layout word '" + word + "': '" + value + "' is not a whole number >= 0");
+  return v;
+}
+
+double positive(const std::string& word, const std::string& value) {
+  size_t used = 0;
+  double v = 0;
+  try {
+    v = std::stod(value, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != value.size() || !(v > 0))
+    throw UsageError("layout word '" + word + "': '" + value + "' is not a number > 0");
   return v;
 }
 
@@ -113,6 +127,7 @@ void apply_word(Layout& l, const std::string& w) {
   else if (k == "sp" || k == "sequence_parallel") l.sequence_parallel = v == "true" || v == "1";
   else if (k == "stages" || k == "stage_layers") l.stage_layers = counts(w, v);
   else if (k == "cluster_batch") l.cluster_batch = counts(w, v);
+  else if (k == "bucket_mb") l.bucket_mb = positive(w, v);
   else throw UsageError("layout key '" + k + "' is not known (dp, tp, pp, zero, schedule, v, m, mb, sp, recompute, "
                         "precision, sync, H, stages, cluster_batch)");
 }

@@ -322,7 +322,12 @@ SimulationReport Replay::report() const {
     const RankState& st = ranks_[r];
     out.busy_s.push_back(st.busy);
     out.recv_wait_s.push_back(st.recv_wait);
-    const double dp_end = st.finish + at_or_zero(model_.dp_sync_s, r) * (1 - model_.dp_overlap);
+    // Only one micro-batch's backward can hide the synchronisation (the gradients are ready after it): the rule
+    // of the analytic estimate (estimate.cpp), so that both read the same inputs the same way.
+    double backward = 0;
+    for (size_t vs = r; vs < model_.stages.size(); vs += p) backward += model_.stages[vs].backward_s;
+    const double sync = at_or_zero(model_.dp_sync_s, r);
+    const double dp_end = st.finish + sync - model_.dp_overlap * std::min(sync, backward);
     const double end = dp_end + at_or_zero(model_.optimizer_s, r);
     if (dp_end > st.finish) tail.push_back({r, "dp sync", "dp", st.finish, dp_end});
     if (end > dp_end) tail.push_back({r, "optimizer", "optimizer", dp_end, end});

@@ -67,7 +67,7 @@ PieceCost block_cost(const Shape& x, const Layout& l, const DeviceType& dev, con
     const double bytes_tp = x.T * x.h * x.e;
     const double one = x.sp ? collective_seconds(comm::Collective::AllGather, bytes_tp, l.tp, tp_link) +
                                   collective_seconds(comm::Collective::ReduceScatter, bytes_tp, l.tp, tp_link)
-                            : collective_seconds(comm::Collective::AllReduce, bytes_tp, l.tp, tp_link, shm);
+                            : collective_seconds(comm::Collective::AllReduce, bytes_tp, l.tp, tp_link, shm, x.e == 2);
     c.tp_forward = 2 * one;
     c.tp_backward = (l.recompute == "full" ? 4 : 2) * one;
   }
@@ -81,7 +81,7 @@ PieceCost embedding_cost(const Shape& x, const ModelShape& m, const Layout& l, c
   // The dense gradient of the (vocab-sharded) table is zeroed and scattered into.
   c.backward_input = memory_pass(dev, 3 * x.T * x.h * x.e + 4.0 * d(m.vocab) * x.h / x.t) +
                      kEmbeddingOps * dev.kernel_overhead_s;
-  if (l.tp > 1) c.tp_forward = collective_seconds(comm::Collective::AllReduce, x.T * x.h * x.e, l.tp, tp_link, shm);
+  if (l.tp > 1) c.tp_forward = collective_seconds(comm::Collective::AllReduce, x.T * x.h * x.e, l.tp, tp_link, shm, x.e == 2);
   return c;
 }
 
@@ -125,8 +125,8 @@ PieceCost PieceCost::scaled(double k) const {
 PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const DeviceType& device, double slowdown,
                        const comm::Link& tp_link, const ClusterSpec* tp_host) {
   const Shape x = shape_of(model, layout);
-  // Shared memory carries float sums only: bf16 activations go over the link.
-  const ClusterSpec* shm = layout.precision == "fp32" ? tp_host : nullptr;
+  // The host's measured all-reduce in the activations' dtype (bf16 buffers take the link's path there).
+  const ClusterSpec* shm = tp_host;
   PieceCosts out{block_cost(x, layout, device, tp_link, shm), embedding_cost(x, model, layout, device, tp_link, shm),
                  head_cost(x, model, layout, device, tp_link, tp_host)};
   // Sharing cores slows the computation; the collectives were measured between such ranks already. The device's
@@ -140,10 +140,13 @@ PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const Devi
   return out;
 }
 
-double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link, const ClusterSpec* same_host) {
+double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link, const ClusterSpec* same_host,
+                          bool bf16) {
   if (n <= 1 || bytes <= 0) return 0.0;
-  if (op == comm::Collective::AllReduce && same_host && !same_host->host_allreduce_curve.empty())
-    return comm::interpolate(same_host->host_allreduce_curve, bytes) * (1.0 + n) / (1.0 + same_host->host_allreduce_ranks);
+  const std::vector<comm::Sample>* measured =
+      same_host ? (bf16 ? &same_host->host_allreduce_bf16_curve : &same_host->host_allreduce_curve) : nullptr;
+  if (op == comm::Collective::AllReduce && measured && !measured->empty())
+    return comm::interpolate(*measured, bytes) * (1.0 + n) / (1.0 + same_host->host_allreduce_ranks);
   double best = std::numeric_limits<double>::infinity();
   for (auto a : {comm::algo::Algorithm::Ring, comm::algo::Algorithm::Tree, comm::algo::Algorithm::HalvingDoubling})
     best = std::min(best, comm::predict(op, a, bytes, n, link));

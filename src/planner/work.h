@@ -40,7 +40,7 @@ PieceCosts piece_costs(const ModelShape& model, const Layout& layout, const Devi
 // float all-reduce inside one host whose cluster measured its shared-memory path (`same_host`) takes that curve:
 // each rank writes its buffer once and reads all n, so it scales as (1 + n) / (1 + measured ranks).
 double collective_seconds(comm::Collective op, double bytes, int n, const comm::Link& link,
-                          const ClusterSpec* same_host = nullptr);
+                          const ClusterSpec* same_host = nullptr, bool bf16 = false);
 
 // Blocks of each virtual stage as bounds (first block of each, then the end): the layout's stage_layers, else a
 // split that balances block, embedding and head costs (relative, by parameters, as models::partition_gpt weighs

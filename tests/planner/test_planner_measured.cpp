@@ -51,11 +51,17 @@ TEST(PlannerCalibrated, SharedMemoryAllReduceCurveReplacesTheLinkInsideAHost) {
   // 4 MB, so 3.5 MB take 1 + (3.501056 - 1) / 3 x 2 = 2.667 ms on 2 ranks (the curve was measured on 2).
   const std::string curve = "host_allreduce_curve = [[1000000.0, 0.001], [4000000.0, 0.003]]\nhost_allreduce_ranks = 2";
   const ClusterFile with = parse_cluster(one_host("", curve), "with.toml");
-  const StepModel s = build_step_model(m, with, fp32(2, 1));
+  Layout one_bucket = fp32(2, 1);
+  one_bucket.bucket_mb = 100;
+  const StepModel s = build_step_model(m, with, one_bucket);
   ASSERT_EQ(s.dp_sync_s.size(), 1u);
   EXPECT_NEAR(s.dp_sync_s[0], 0.001 + (3.501056e6 - 1e6) / 3e6 * 0.002, 1e-9);
   // On 4 ranks each writes once and reads 4 buffers: (1 + 4) / (1 + 2) of the 2-rank time.
-  EXPECT_NEAR(build_step_model(m, with, fp32(4, 1)).dp_sync_s[0], s.dp_sync_s[0] * 5 / 3, 1e-9);
+  one_bucket.dp = 4;
+  EXPECT_NEAR(build_step_model(m, with, one_bucket).dp_sync_s[0], s.dp_sync_s[0] * 5 / 3, 1e-9);
+  // With the trainer's 1 MiB buckets: ceil(3,501,056 / 1,048,576) = 4 all-reduces of 875,264 bytes, each below
+  // the curve's first point (1 ms): 4 ms.
+  EXPECT_NEAR(build_step_model(m, with, fp32(2, 1)).dp_sync_s[0], 0.004, 1e-9);
   // Without the curve the point-to-point model applies: at 1 GB/s a ring moves 2 x 1/2 of 3.5 MB per rank,
   // about 3.5 ms plus latencies, so more than the curve's 2.67 ms.
   const ClusterFile without = parse_cluster(one_host("", ""), "without.toml");

@@ -85,6 +85,7 @@ struct ClusterSpec {
   // Measured float all-reduce among host_allreduce_ranks ranks of one host through the path training takes there
   // (shared memory, comm/shm.h): whole-buffer bytes -> seconds. Empty: the link's point-to-point model.
   std::vector<comm::Sample> host_allreduce_curve;
+  std::vector<comm::Sample> host_allreduce_bf16_curve;  // the same for bf16 buffers (which take the link's path)
   int host_allreduce_ranks = 2;
 
   int devices() const { return hosts * devices_per_host; }

@@ -21,6 +21,7 @@ struct Layout {
   std::string recompute = "none";   // none, selective, full
   std::string precision = "bf16";   // fp32 or bf16 (mixed: bf16 compute, fp32 master weights)
   std::string sync = "sync";        // sync, hierarchical, diloco
+  double bucket_mb = 1.0;           // gradient buckets (the trainer's parallel.bucket_mb): one collective each
   int inner_steps = 1;              // diloco: inner steps between outer steps
   std::vector<int64_t> stage_layers;  // blocks per virtual stage; empty: balanced (by speed when devices differ)
   // Sequences per step of each cluster's replicas, when clusters of different speed share the batch; empty: even.

@@ -15,8 +15,9 @@
 //    on its own, then needs L.seconds(b) - L.seconds(0) seconds of the link at full rate. While k flows on one
 //    resource id (>= 0) are past their latency, each gets 1/k of the rate (equal, max-min fair share: every
 //    flow uses one resource); the shares change whenever a flow starts or ends. Resource -1: never shared.
-//  - When rank r has executed its list, its gradient synchronisation shows dp_sync_s[r] * (1 - dp_overlap)
-//    seconds (the rest ran under the backward), then optimizer_s[r] runs. The step ends when the last rank's
+//  - When rank r has executed its list, its gradient synchronisation shows dp_sync_s[r] - dp_overlap x
+//    min(dp_sync_s[r], B_r) seconds, B_r being one micro-batch's backward on the rank (the rest ran under it), then
+//    optimizer_s[r] runs. The step ends when the last rank's
 //    optimizer ends, plus wan_s_per_step, the amortised cross-cluster exchange, which every rank waits for.
 //
 //   SimulationReport r = simulate_step(build_step_model(model, cluster, layout));

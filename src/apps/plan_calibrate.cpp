@@ -312,9 +312,19 @@ void add_compute_factors(planner::ClusterFile& file, const CalibrateOptions& o) 
     const planner::Estimate e = planner::estimate(planner::from_gpt_config(reference, "reference"), file, one);
     const double measured = reference_step_seconds(reference, one.micro_batch, dtype, 10 * o.seconds_per_point);
     cpu.compute_factor[dtype] = measured / e.time.compute_s;
+    // The same reference on every core at once (one thread each, as ranks run): contention over alone.
+    std::vector<std::future<double>> busy;
+    for (int t = 0; t < file.clusters.front().compute_slots_per_host; ++t)
+      busy.push_back(std::async(std::launch::async, [&] {
+        return reference_step_seconds(reference, one.micro_batch, dtype, 10 * o.seconds_per_point);
+      }));
+    std::vector<double> times;
+    for (auto& f : busy) times.push_back(f.get());
+    cpu.contention[dtype] = std::max(1.0, median_of(times) / measured);
     if (o.progress)
-      std::fprintf(stderr, "# calibrate: reference GPT (3 x 192, 8 x 128 tokens) %s: measured %.1f ms, modelled %.1f ms\n",
-                   dtype.c_str(), measured * 1e3, e.time.compute_s * 1e3);
+      std::fprintf(stderr, "# calibrate: reference GPT (3 x 192, 8 x 128 tokens) %s: measured %.1f ms, modelled %.1f ms, "
+                   "%.2fx with every core busy\n", dtype.c_str(), measured * 1e3, e.time.compute_s * 1e3,
+                   cpu.contention[dtype]);
   }
 }
 

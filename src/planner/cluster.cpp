@@ -89,12 +89,13 @@ class Reader {
     dev.comm_overlap = number(t, where, "comm_overlap", dev.comm_overlap);
     if (dev.comm_overlap > 1) fail(where, "comm_overlap must be in [0, 1]");
     dev.price_per_hour = number(t, where, "price_per_hour", 0);
-    if (const toml::table* factors = t["compute_factor"].as_table())
-      for (const auto& [dtype, value] : *factors) {
-        auto v = value.value<double>();
-        if (!v || *v <= 0) fail(where, "compute_factor." + std::string(dtype.str()) + " must be a number > 0");
-        dev.compute_factor[std::string(dtype.str())] = *v;
-      }
+    for (const char* key : {"compute_factor", "contention"})
+      if (const toml::table* factors = t[key].as_table())
+        for (const auto& [dtype, value] : *factors) {
+          auto v = value.value<double>();
+          if (!v || *v <= 0) fail(where, std::string(key) + "." + std::string(dtype.str()) + " must be a number > 0");
+          (std::string(key) == "contention" ? dev.contention : dev.compute_factor)[std::string(dtype.str())] = *v;
+        }
     if (const toml::table* curves = t["gemm_curve"].as_table()) {
       for (const auto& [dtype, value] : *curves) {
         const toml::array* a = value.as_array();
@@ -338,6 +339,11 @@ std::string to_toml(const ClusterFile& c) {
       toml::table factors;
       for (const auto& [dtype, v] : d.compute_factor) factors.insert(dtype, v);
       t.insert("compute_factor", factors);
+    }
+    if (!d.contention.empty()) {
+      toml::table factors;
+      for (const auto& [dtype, v] : d.contention) factors.insert(dtype, v);
+      t.insert("contention", factors);
     }
     if (!d.gemm_curve.empty()) {
       toml::table curves;

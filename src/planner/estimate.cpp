@@ -41,6 +41,13 @@ void check_layout(const ModelShape& m, const Layout& l) {
 
 int global_rank(const Layout& l, int pp_rank, int replica) { return (pp_rank * l.dp + replica) * l.tp; }
 
+// Computation on `rank` runs this many times slower than alone: cores shared among more ranks than they number,
+// and the measured contention of busy neighbours (memory bandwidth, caches) in proportion to how busy they are.
+double compute_slowdown(const DeviceMap& map, const Layout& l, int rank) {
+  const double contention = map.device_of(rank).contention_factor(detail::compute_dtype(l));
+  return map.slowdown(rank) * (1 + (contention - 1) * map.busy_fraction(rank));
+}
+
 // One pipeline (replica `replica`): the costs of each virtual stage on the device that runs it.
 struct PipelineCosts {
   std::vector<StageCosts> stages;
@@ -62,7 +69,7 @@ PipelineCosts pipeline_costs(const ModelShape& m, const Layout& l, const DeviceM
   std::vector<detail::PieceCosts> unique;
   for (int r = 0; r < l.pp; ++r) {
     const int g = global_rank(l, r, replica);
-    const Key k{&map.device_of(g), map.slowdown(g), &map.link(g, g + l.tp - 1)};
+    const Key k{&map.device_of(g), compute_slowdown(map, l, g), &map.link(g, g + l.tp - 1)};
     size_t i = 0;
     while (i < keys.size() && !(keys[i].device == k.device && keys[i].slowdown == k.slowdown && keys[i].link == k.link)) ++i;
     if (i < keys.size()) {
@@ -196,7 +203,7 @@ void fill_sync_and_optimizer(const ModelShape& m, const Layout& l, const DeviceM
     const double ops = (l.zero >= 1 ? tensors / l.dp + 4 : tensors) * 12;
     const double passes = dev.memory_bandwidth_Bps > 0 ? bytes / dev.memory_bandwidth_Bps : 0.0;  // 0: free
     s.optimizer_s.push_back((passes + ops * dev.kernel_overhead_s) *
-                            map.slowdown(global_rank(l, r, replica)));
+                            compute_slowdown(map, l, global_rank(l, r, replica)));
   }
   s.dp_overlap = map.device_of(global_rank(l, 0, replica)).comm_overlap;
 }
@@ -331,7 +338,7 @@ StepModel build_step_model(const ModelShape& model, const ClusterFile& cluster, 
   bool alike = true;  // the last replica runs on the same clusters with the same sharing: it costs the same
   for (int r = 0; r < layout.pp && alike; ++r) {
     const int a = global_rank(layout, r, 0), b = global_rank(layout, r, layout.dp - 1);
-    alike = map.place(a).cluster == map.place(b).cluster && map.slowdown(a) == map.slowdown(b);
+    alike = map.place(a).cluster == map.place(b).cluster && compute_slowdown(map, layout, a) == compute_slowdown(map, layout, b);
   }
   if (layout.dp == 1 || alike) return first;
   StepModel last = step_model_of_replica(model, layout, map, layout.dp - 1);

@@ -35,6 +35,15 @@ double DeviceMap::slowdown(int rank) const {
   return std::max(1.0, static_cast<double>(on_host) / c.compute_slots_per_host);
 }
 
+double DeviceMap::busy_fraction(int rank) const {
+  const Placement p = place(rank);
+  const ClusterSpec& c = cluster_->clusters[p.cluster];
+  if (c.compute_slots_per_host <= 1) return 0.0;
+  const int host_first = first_device_[p.cluster] + p.host * c.devices_per_host;
+  const int on_host = std::min(used_, host_first + c.devices_per_host) - host_first;
+  return std::min(1.0, static_cast<double>(on_host - 1) / (c.compute_slots_per_host - 1));
+}
+
 const comm::Link& DeviceMap::link(int a, int b) const {
   const Placement pa = place(a), pb = place(b);
   const ClusterSpec& ca = cluster_->clusters[pa.cluster];

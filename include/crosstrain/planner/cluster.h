@@ -60,9 +60,16 @@ struct DeviceType {
   // times our GPT at a reference shape): what products, passes and operators leave out (shape-dependent BLAS
   // rates, transcendental activations, allocator). Multiplies computation; 1 when absent.
   std::map<std::string, double> compute_factor;
+  // The same reference timed on every compute slot of the host at once, over the time alone, by dtype: what
+  // sharing memory bandwidth and caches with busy neighbours costs (CPU hosts). 1 when absent.
+  std::map<std::string, double> contention;
   double factor(const std::string& dtype) const {
     auto it = compute_factor.find(dtype);
     return it == compute_factor.end() ? 1.0 : it->second;
+  }
+  double contention_factor(const std::string& dtype) const {
+    auto it = contention.find(dtype);
+    return it == contention.end() ? 1.0 : it->second;
   }
 
   // Peak FLOP/s in `dtype` (bf16 falls back to fp16 and then fp32; throws UsageError when none is given).

@@ -24,6 +24,9 @@ class DeviceMap {
   const DeviceType& device_of(int rank) const { return *device_[place(rank).cluster]; }
   // Compute slow-down of a rank from sharing its host's compute slots (CPU cores) with other ranks: >= 1.
   double slowdown(int rank) const;
+  // How busy the rank's host's other compute slots are: 0 alone, 1 when every slot has a rank (CPU hosts; 0 for
+  // accelerators). The device's contention factor applies in proportion.
+  double busy_fraction(int rank) const;
   // The link between two ranks: the host link inside a host, the cluster link inside a cluster, else the
   // wide-area link between their clusters.
   const comm::Link& link(int a, int b) const;

@@ -286,6 +286,8 @@ planner::ClusterFile describe_host(const HostMeasurements& m, double watts_per_c
   cpu.memory_bytes = m.total_memory_bytes / cluster.devices_per_host;
   cpu.memory_bandwidth_Bps = m.memory_bandwidth_Bps;
   cpu.kernel_overhead_s = m.kernel_overhead_s;
+  // Communication on a CPU host runs on the same cores as the computation: none of it comes for free.
+  cpu.comm_overlap = 0;
   const double host_w = m.host_power_w > 0 ? m.host_power_w : watts_per_core_assumed * m.cores;
   cpu.power_w = host_w / cluster.devices_per_host;
   cpu.price_per_hour = 0;

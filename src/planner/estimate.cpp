@@ -166,7 +166,9 @@ double dp_sync_seconds(const Layout& l, const DeviceMap& map, int r, double grad
     if (l.zero >= 2)  // reduce-scatter the gradients, all-gather the updated parameters
       return buckets * (detail::collective_seconds(Collective::ReduceScatter, g, n, link) +
                         detail::collective_seconds(Collective::AllGather, p, n, link));
-    return buckets * detail::collective_seconds(Collective::AllReduce, g, n, link, host);
+    const double reduce = buckets * detail::collective_seconds(Collective::AllReduce, g, n, link, host);
+    // ZeRO-1: every rank updates its shard of the optimizer state, then the updated parameters are all-gathered.
+    return l.zero == 1 ? reduce + buckets * detail::collective_seconds(Collective::AllGather, p, n, link) : reduce;
   };
   if (g.clusters <= 1 || l.sync == "sync") return reduce(l.dp, *g.bottleneck);
   const double inside = reduce(g.per_cluster, *g.inside_cluster);

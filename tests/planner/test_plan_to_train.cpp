@@ -9,15 +9,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
+
 namespace {
 
 std::string run(const std::string& command, int* status) {
-  std::string out;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  while (p && fgets(buffer, sizeof buffer, p)) out += buffer;
-  *status = p ? pclose(p) : -1;
-  return out;
+  return crosstrain::planner::testing_support::run_command(command, status);
 }
 
 TEST(PlanToTrain, TheTrainerRunsTheSplitThePlannerChoseForUnequalDevices) {

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "run_command.h"
+
 #include "crosstrain/core/error.h"
 #include "crosstrain/planner/cluster.h"
 #include "crosstrain/planner/estimate.h"
@@ -151,12 +153,7 @@ TEST(PlannerCalibrated, ZeroThreeNeedsOnePipelineStage) {
 }
 
 std::string run(const std::string& command, int* status) {
-  std::string out;
-  FILE* p = popen((command + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  while (p && fgets(buffer, sizeof buffer, p)) out += buffer;
-  *status = p ? pclose(p) : -1;
-  return out;
+  return crosstrain::planner::testing_support::run_command(command, status);
 }
 
 TEST(PlannerCli, SimReplaysTheStepAndWritesATrace) {

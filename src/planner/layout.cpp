@@ -13,6 +13,13 @@ std::string join(const std::vector<int64_t>& values) {
   return out;
 }
 
+// "1" or "0.5": the shortest form that reads back the same.
+std::string number(double v) {
+  std::ostringstream s;
+  s << v;
+  return s.str();
+}
+
 }  // namespace
 
 std::string Layout::describe() const {
@@ -46,7 +53,7 @@ std::vector<std::string> Layout::train_overrides() const {
       "train.micro_batches=" + std::to_string(microbatches),
       "train.precision=" + precision,
       "train.recompute=" + recompute,
-      "parallel.bucket_mb=" + std::to_string(bucket_mb),
+      "parallel.bucket_mb=" + number(bucket_mb),
       "sync.mode=" + std::string(sync == "hierarchical" ? "sync" : sync),
   };
   if (sync == "hierarchical") o.push_back("sync.hierarchical=true");

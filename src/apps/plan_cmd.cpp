@@ -44,6 +44,7 @@ Layout layout_of_recipe(const train::Config& c, int world) {
   else if (c.sync.mode == "diloco") l.sync = "diloco", l.inner_steps = static_cast<int>(c.sync.inner_steps);
   else
     throw UsageError("sync.mode = " + c.sync.mode + ": the planner models sync (flat or hierarchical) and diloco");
+  l.cluster_batch = train::parse_cluster_batch(c.sync.cluster_batch);  // the trainer's own reading of the key
   return l;
 }
 

@@ -292,8 +292,9 @@ std::string binding_wall(const TimeBreakdown& t, const MemoryBreakdown& mem) {
 
 namespace {
 
-// DiLoCo with a per-cluster batch: each cluster's replicas run their own number of micro-batches between outer
-// steps; the slowest cluster sets the pace (the others wait for it at the outer step).
+// DiLoCo with a per-cluster batch, as the trainer runs sync.cluster_batch: every replica keeps the layout's
+// micro-batch count and each cluster's micro-batches hold its share; the slowest cluster sets the pace (the
+// others wait for it at the outer step).
 StepModel step_model_by_cluster_batch(const ModelShape& model, const Layout& layout, const DeviceMap& map) {
   std::vector<int> first_replica, replicas;  // per cluster of the replicas' first stage, in order
   std::vector<int> cluster_ids;
@@ -314,10 +315,11 @@ StepModel step_model_by_cluster_batch(const ModelShape& model, const Layout& lay
   for (size_t k = 0; k < cluster_ids.size(); ++k) {
     const int64_t per_replica = layout.cluster_batch[k] / replicas[k];
     sum += layout.cluster_batch[k];
-    if (layout.cluster_batch[k] % (static_cast<int64_t>(replicas[k]) * layout.micro_batch))
-      fail("count " + std::to_string(layout.cluster_batch[k]) + " is not a multiple of the cluster's replicas x mb");
+    if (layout.cluster_batch[k] % (static_cast<int64_t>(replicas[k]) * layout.microbatches))
+      fail("count " + std::to_string(layout.cluster_batch[k]) +
+           " is not a multiple of the cluster's replicas x micro-batches (m)");
     Layout local = layout;
-    local.microbatches = static_cast<int>(per_replica / layout.micro_batch);
+    local.micro_batch = static_cast<int>(per_replica / layout.microbatches);
     check_layout(model, local);
     StepModel s = step_model_of_replica(model, local, map, first_replica[k]);
     const double t = analytic_time(s).step_s;

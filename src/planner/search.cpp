@@ -57,14 +57,23 @@ std::vector<std::pair<std::string, int>> syncs_for(const ClusterFile& cluster, c
   return out;
 }
 
+// Whether the clusters hold different devices: then stages are balanced by speed per candidate, and DiLoCo also
+// tries batches that follow capability.
+bool mixed_devices(const ClusterFile& cluster) {
+  for (const auto& c : cluster.clusters)
+    if (c.device != cluster.clusters.front().device) return true;
+  return false;
+}
+
 // DiLoCo over clusters of different devices: each cluster's share of the batch follows its capability (the peak
-// FLOP/s of the devices its replicas use), in whole micro-batches per replica; empty when that is not possible.
+// FLOP/s of the devices its replicas use), in multiples of its replicas x micro-batches (the trainer keeps the
+// micro-batch count and sizes each cluster's micro-batches); empty when that is not possible.
 std::vector<int64_t> capability_batch(const ClusterFile& cluster, const Layout& l) {
   const DeviceMap map(cluster, l.devices());
   std::vector<double> peak;  // [cluster]: one device's peak in the layout's precision
   for (const auto& c : cluster.clusters) peak.push_back(cluster.device_of(c).peak(l.precision));
   std::vector<double> capability;
-  std::vector<int64_t> unit;  // the cluster's replicas x micro-batch: counts are multiples of it
+  std::vector<int64_t> unit;  // the cluster's replicas x micro-batches: counts are multiples of it
   int last = -1;
   for (int j = 0; j < l.dp; ++j) {
     const int g = j * l.tp;  // the replica's first stage (pp rank 0)
@@ -72,7 +81,7 @@ std::vector<int64_t> capability_batch(const ClusterFile& cluster, const Layout& 
     if (c != last) capability.push_back(0), unit.push_back(0), last = c;
     for (int r = 0; r < l.pp; ++r)
       capability.back() += peak[map.place((r * l.dp + j) * l.tp).cluster] * l.tp;
-    unit.back() += l.micro_batch;
+    unit.back() += l.microbatches;
   }
   if (capability.size() < 2) return {};
   double total = 0;
@@ -96,8 +105,7 @@ std::vector<int64_t> capability_batch(const ClusterFile& cluster, const Layout& 
 template <typename Visit>
 void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const SearchOptions& o, Visit&& visit) {
   const int n = device_count(cluster, o);
-  bool mixed = false;  // clusters of different devices: DiLoCo also tries batches that follow capability
-  for (const auto& c : cluster.clusters) mixed = mixed || c.device != cluster.clusters.front().device;
+  const bool mixed = mixed_devices(cluster);
   for (int tp : divisors(n)) {
     if (tp > max_tp(cluster, o) || m.heads % tp || m.kv_heads_or_heads() % tp) continue;
     for (int pp : divisors(n / tp)) {
@@ -202,9 +210,8 @@ SearchResult search_layouts(const ModelShape& model, const ClusterFile& cluster,
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Layout> layouts = enumerate_layouts(model, cluster, o);
   // With devices of different speed the estimate balances the stages by speed itself (and reports the split).
-  bool mixed_devices = false;
-  for (const auto& c : cluster.clusters) mixed_devices = mixed_devices || c.device != cluster.clusters.front().device;
-  const auto splits = mixed_devices ? std::map<int, std::vector<int64_t>>{} : splits_of(model, layouts);
+  const bool mixed = mixed_devices(cluster);
+  const auto splits = mixed ? std::map<int, std::vector<int64_t>>{} : splits_of(model, layouts);
   // Candidates are independent: split them over the cores, each thread with its own top list, merged at the end.
   const size_t threads = std::max<size_t>(1, std::min<size_t>(o.threads > 0 ? o.threads : std::thread::hardware_concurrency(),
                                                               layouts.size() / 256 + 1));
@@ -215,7 +222,7 @@ SearchResult search_layouts(const ModelShape& model, const ClusterFile& cluster,
   for (size_t t = 0; t < threads; ++t)
     pool.emplace_back([&, t] {
       try {
-        search_range(model, cluster, o, layouts, mixed_devices ? nullptr : &splits, layouts.size() * t / threads,
+        search_range(model, cluster, o, layouts, mixed ? nullptr : &splits, layouts.size() * t / threads,
                      layouts.size() * (t + 1) / threads, parts[t]);
       } catch (...) {
         std::lock_guard<std::mutex> lock(failure_mutex);

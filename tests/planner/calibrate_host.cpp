@@ -165,6 +165,27 @@ TEST(CalibrateThisHost, MeasuresPositiveAscendingCurvesAndTheFileReadsBack) {
   expect_close(e.power_w, d.power_w, "power");
   expect_close(back.clusters[0].host_link.seconds(1 << 20), c.host_link.seconds(1 << 20), "host link at 1 MiB");
   expect_close(back.wan.seconds(1 << 20), f.wan.seconds(1 << 20), "wan placeholder at 1 MiB");
+
+  // The all-reduce a same-host run takes, in both dtypes: one point per size, the time growing with the bytes.
+  for (const auto* curve : {&c.host_allreduce_curve, &c.host_allreduce_bf16_curve}) {
+    ASSERT_EQ(curve->size(), 7u);
+    EXPECT_GT(curve->front().seconds, 0);
+    EXPECT_GT(curve->back().seconds, curve->front().seconds);
+    EXPECT_GT(curve->back().bytes, curve->front().bytes);
+  }
+  EXPECT_EQ(back.clusters[0].host_allreduce_curve.size(), 7u);
+  EXPECT_EQ(back.clusters[0].host_allreduce_bf16_curve.size(), 7u);
+  // The reference model's factors, measured (not the default 1) and read back; communication never hidden.
+  for (const std::string dtype : {"fp32", "bf16"}) {
+    ASSERT_TRUE(d.compute_factor.count(dtype)) << dtype;
+    EXPECT_GT(d.compute_factor.at(dtype), 0.1) << dtype;
+    EXPECT_LT(d.compute_factor.at(dtype), 20) << dtype;
+    ASSERT_TRUE(d.contention.count(dtype)) << dtype;
+    EXPECT_GE(d.contention.at(dtype), 1.0) << dtype;
+    expect_close(e.factor(dtype), d.factor(dtype), dtype + " compute factor");
+  }
+  EXPECT_EQ(d.comm_overlap, 0.0);
+  EXPECT_EQ(e.comm_overlap, 0.0);
 }
 
 }  // namespace

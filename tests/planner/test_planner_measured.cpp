@@ -3,6 +3,7 @@
 // derived in the comments.
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -45,6 +46,34 @@ TEST(PlannerCalibrated, ComputeFactorScalesComputationOnly) {
   EXPECT_NEAR(estimate(m, parse_cluster(one_host("compute_factor = { fp32 = 1.5 }", ""), "b.toml"), bf).time.compute_s,
               estimate(m, parse_cluster(one_host("", ""), "a.toml"), bf).time.compute_s, 1e-12);
   EXPECT_THROW(parse_cluster(one_host("compute_factor = { fp32 = 0 }", ""), "bad.toml"), UsageError);
+}
+
+TEST(PlannerCalibrated, ContentionAppliesInProportionToTheBusyCores) {
+  const ModelShape m = model_preset("gpt-tiny");
+  // 4 devices on 3 compute slots, contention 1.6. One rank alone: 0 of the 2 other slots busy, no contention.
+  // Two ranks: one of 2 others busy, 1 + 0.6 x 1/2 = 1.3. Three: 1.6. Four: 4/3 shared cores x 1.6.
+  const ClusterFile c = parse_cluster(one_host("contention = { fp32 = 1.6 }", "compute_slots_per_host = 3"), "c.toml");
+  const ClusterFile plain = parse_cluster(one_host("", "compute_slots_per_host = 3"), "p.toml");
+  for (const auto& [dp, factor] : std::vector<std::pair<int, double>>{{1, 1.0}, {2, 1.3}, {3, 1.6}, {4, 4.0 / 3 * 1.6}}) {
+    Layout l = fp32(dp, 1);
+    // The computation of one replica, with and without the measured contention (plain still shares cores).
+    const double with = estimate(m, c, l).time.compute_s;
+    const double without = estimate(m, plain, l).time.compute_s;
+    EXPECT_NEAR(with / without, dp == 4 ? 1.6 : factor, 1e-9) << "dp=" << dp;
+    if (dp == 4) EXPECT_NEAR(without, estimate(m, plain, fp32(3, 1)).time.compute_s * 4.0 / 3, 1e-9);
+  }
+}
+
+TEST(PlannerCalibrated, ZeroOneAllGathersTheUpdatedParameters) {
+  const ModelShape m = model_preset("gpt-tiny");
+  const ClusterFile c = parse_cluster(one_host("", ""), "a.toml");
+  Layout zero0 = fp32(2, 1), zero1 = fp32(2, 1);
+  zero0.bucket_mb = zero1.bucket_mb = 100;  // one bucket: one all-reduce of the fp32 gradients
+  zero1.zero = 1;
+  // ZeRO-1 adds one all-gather of the fp32 parameters (875,264 x 4 bytes): over 2 ranks at least half of them
+  // cross the 1 GB/s link, 1.75 ms.
+  const double added = build_step_model(m, c, zero1).dp_sync_s[0] - build_step_model(m, c, zero0).dp_sync_s[0];
+  EXPECT_GT(added, 875264.0 * 4 / 2 / 1e9);
 }
 
 TEST(PlannerCalibrated, SharedMemoryAllReduceCurveReplacesTheLinkInsideAHost) {
@@ -90,19 +119,20 @@ TEST(PlannerCalibrated, DilocoClusterBatchFollowsCapability) {
   const ModelShape m = model_preset("gpt-tiny");
   const ClusterFile c = two_speeds();
   Layout even;
-  even.dp = 4, even.micro_batch = 1, even.microbatches = 6, even.sync = "diloco", even.inner_steps = 10;
-  // Even: every replica runs 6 micro-batches; the slow cluster (half the rate) sets the pace.
+  even.dp = 4, even.micro_batch = 3, even.microbatches = 2, even.sync = "diloco", even.inner_steps = 10;
+  // Even: every replica runs 2 micro-batches of 3 sequences; the slow cluster (half the rate) sets the pace.
   const Estimate e = estimate(m, c, even);
-  // 2:1 capability -> 16 and 8 sequences of 24: 8 and 4 micro-batches per replica; the slow cluster now runs 4
-  // where it ran 6, so its computation takes 4/6 of the even step's.
+  // 2:1 capability -> 16 and 8 sequences of 24, as the trainer splits them: 2 micro-batches of 4 on each fast
+  // replica and of 2 on each slow one. Work is linear in sequences here (no passes, no operators), so the slow
+  // cluster takes 2/3 of its even time, and the fast one 4/3 of its even time at twice the rate: the same.
   Layout split = even;
   split.cluster_batch = {16, 8};
   const Estimate s = estimate(m, c, split);
-  EXPECT_NEAR(s.time.compute_s, e.time.compute_s * 4.0 / 6.0, 1e-9);
+  EXPECT_NEAR(s.time.compute_s, e.time.compute_s * 2.0 / 3.0, 1e-9);
   EXPECT_LT(s.time.step_s, e.time.step_s);
   // The search offers the capability split itself for DiLoCo over different devices.
   SearchOptions o;
-  o.global_batch = 24, o.micro_batches = {1}, o.threads = 1;
+  o.global_batch = 24, o.micro_batches = {3}, o.threads = 1;
   bool offered = false;
   for (const Layout& l : enumerate_layouts(m, c, o))
     offered |= l.sync == "diloco" && l.dp == 4 && l.cluster_batch == std::vector<int64_t>{16, 8};
@@ -154,6 +184,20 @@ TEST(PlannerCalibrated, ZeroThreeNeedsOnePipelineStage) {
 
 std::string run(const std::string& command, int* status) {
   return crosstrain::planner::testing_support::run_command(command, status);
+}
+
+TEST(PlannerCli, ARecipesClusterBatchIsPlannedAsTheTrainerReadsIt) {
+  const std::string dir = testing::TempDir() + "plan-cluster-batch";
+  std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
+  std::ofstream(dir + "/two.toml") << "[devices.x]\npeak_tflops = { fp32 = 1 }\nmemory_gb = 4\n"
+                                      "[[clusters]]\nname = \"a\"\ndevice = \"x\"\n[[clusters]]\nname = \"b\"\ndevice = \"x\"\n";
+  int status = 0;
+  const std::string out = run(std::string(CROSSTRAIN_BINARY) + " plan " + CROSSTRAIN_SOURCE_DIR +
+                                  "/recipes/gpt-tiny.toml " + dir + "/two.toml --nproc 2 --set sync.mode=diloco"
+                                  " --set 'sync.cluster_batch=\"12,4\"' --json",
+                              &status);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_NE(nlohmann::json::parse(out)["layout"].get<std::string>().find("cluster_batch=12,4"), std::string::npos) << out;
 }
 
 TEST(PlannerCli, SimReplaysTheStepAndWritesATrace) {

@@ -20,6 +20,7 @@
 #include "launcher.h"
 #include "plan_cmd.h"
 #include "report_cmd.h"
+#include "tokenize_cmd.h"
 #include "train_cmd.h"
 
 using namespace crosstrain;
@@ -325,6 +326,26 @@ void add_plan_commands(CLI::App& app, PlanCli& cli) {
   cli.sim->add_flag("--json", o.json, "print JSON");
 }
 
+// `crosstrain tokenize`.
+struct TokenizeCli {
+  CLI::App* cmd = nullptr;
+  apps::TokenizeOptions options;
+};
+
+void add_tokenize_command(CLI::App& app, TokenizeCli& cli) {
+  apps::TokenizeOptions& o = cli.options;
+  cli.cmd = app.add_subcommand("tokenize", "train a SentencePiece tokenizer on a text corpus and write a token file");
+  cli.cmd->add_option("corpus", o.corpus, "text file or folder of text files")->required();
+  cli.cmd->add_option("--out", o.out, "folder for train.bin, meta.json and the tokenizer")->required();
+  cli.cmd->add_option("--vocab-size", o.vocab_size, "pieces of the SentencePiece model to train")->check(at_least_one());
+  cli.cmd->add_option("--type", o.type, "SentencePiece model: bpe or unigram")->check(CLI::IsMember({"bpe", "unigram"}));
+  cli.cmd->add_option("--tokenizer", o.tokenizer,
+                      "use this tokenizer instead of training one: a .model, a tokenizer.json, vocab.json (+ merges.txt) "
+                      "or a folder with one");
+  cli.cmd->add_option("--threads", o.threads, "encoding threads (default: one per core)")->check(at_least_one());
+  cli.cmd->add_option("--val-fraction", o.val_fraction, "the last lines, this fraction of the bytes, go to val.bin");
+}
+
 // Every command with its options, declared in the order `crosstrain --help` lists them.
 struct CommandLine {
   CLI::App app{"crosstrain: train large neural networks across devices, machines and clusters"};
@@ -338,6 +359,7 @@ struct CommandLine {
   CkptCli ckpt;
   ReportCli report;
   PlanCli plan;
+  TokenizeCli tokenize;
 
   CommandLine() {
     app.require_subcommand(1);
@@ -353,6 +375,7 @@ struct CommandLine {
     add_ckpt_command(app, ckpt);
     add_report_commands(app, report);
     add_plan_commands(app, plan);
+    add_tokenize_command(app, tokenize);
   }
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
@@ -369,7 +392,7 @@ bool is_command(const CLI::App& app, const std::string& name) {
 std::optional<int> parse_command_line(CommandLine& cli, int argc, char** argv, const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(cli.app, args[0])) {
     std::cerr << "crosstrain: unknown command '" << args[0]
-              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, demo (crosstrain --help)" << std::endl;
+              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, tokenize, demo (crosstrain --help)" << std::endl;
     return 2;
   }
   try {
@@ -398,6 +421,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.report.trace_merge) return apps::trace_merge_command(cli.report.run_dir);
   if (*cli.plan.plan) return apps::plan_command(cli.plan.options);
   if (*cli.plan.sim) return apps::sim_command(cli.plan.options);
+  if (*cli.tokenize.cmd) return apps::tokenize_command(cli.tokenize.options);
   return 0;
 }
 

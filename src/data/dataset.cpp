@@ -15,26 +15,30 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/machine.h"
+#include "crosstrain/data/corpus.h"
+#include "crosstrain/data/token_file.h"
 
 namespace crosstrain::data {
 namespace fs = std::filesystem;
 
-uint16_t TokenStream::max_token() const { return size_ ? *std::max_element(data_, data_ + size_) : 0; }
+TokenStream TokenStream::slice(size_t begin, size_t end) const {
+  TokenStream s = *this;
+  s.data_ = static_cast<const char*>(data_) + begin * static_cast<size_t>(width_);
+  s.size_ = end - begin;
+  return s;
+}
+
+uint32_t TokenStream::max_token() const {
+  if (size_ == 0) return 0;
+  if (width_ == 2) return *std::max_element(data16(), data16() + size_);
+  return *std::max_element(data32(), data32() + size_);
+}
 
 namespace {
 
-// The files a text source is made of: the file itself, or a folder's regular text files in name order (index
-// files such as fortune's *.dat are skipped).
 std::vector<fs::path> text_files(const fs::path& path) {
   std::vector<fs::path> files;
-  if (!fs::is_directory(path)) return {path};
-  for (const auto& entry : fs::directory_iterator(path)) {
-    if (!entry.is_regular_file() || entry.is_symlink()) continue;
-    auto ext = entry.path().extension().string();
-    if (ext == ".dat" || ext == ".gz" || ext == ".bin") continue;
-    files.push_back(entry.path());
-  }
-  std::sort(files.begin(), files.end());
+  for (const auto& f : corpus_files(path.string())) files.emplace_back(f);
   return files;
 }
 
@@ -104,20 +108,23 @@ TokenStream load_text(const fs::path& path, std::string& description, std::strin
     warning = "data '" + path.string() + "' does not look like text: " +
               std::to_string(static_cast<int>(100 * census.odd_fraction())) +
               "% of its bytes are control characters or not UTF-8, and each byte becomes a token; if it holds "
-              "uint16 tokens, name it *.bin or set data.format = \"bin\"";
+              "tokens, name it *.bin or set data.format = \"bin\" (uint16) or \"bin32\" (uint32)";
   return TokenStream(tokens, tokens->data(), tokens->size());
 }
 
-TokenStream load_bin(const fs::path& path, std::string& description) {
+// Maps a token file of `width` bytes per token (2 or 4).
+TokenStream load_bin(const fs::path& path, int width, std::string& description) {
   int fd = open(path.c_str(), O_RDONLY);
   if (fd < 0) throw UsageError("cannot open token file '" + path.string() + "': " + std::strerror(errno));
   struct stat st {};
   fstat(fd, &st);
   const size_t bytes = static_cast<size_t>(st.st_size);
-  if (bytes % 2 != 0) {
+  const std::string type = width == 2 ? "uint16" : "uint32";
+  if (bytes % static_cast<size_t>(width) != 0) {
     close(fd);
-    throw UsageError("token file '" + path.string() + "' has " + std::to_string(bytes) +
-                     " bytes, not a whole number of uint16 tokens; is it really a nanoGPT .bin file?");
+    throw UsageError("token file '" + path.string() + "' has " + std::to_string(bytes) + " bytes, not a whole "
+                     "number of " + type + " tokens; is it really a nanoGPT .bin file of that type (data.format, "
+                     "meta.json's dtype)?");
   }
   if (bytes == 0) {
     close(fd);
@@ -127,8 +134,20 @@ TokenStream load_bin(const fs::path& path, std::string& description) {
   close(fd);
   if (map == MAP_FAILED) throw UsageError("cannot map token file '" + path.string() + "': " + std::strerror(errno));
   std::shared_ptr<const void> owner(map, [bytes](const void* p) { munmap(const_cast<void*>(p), bytes); });
-  description = std::to_string(bytes / 2) + " uint16 tokens from " + path.filename().string();
-  return TokenStream(owner, static_cast<const uint16_t*>(map), bytes / 2);
+  const size_t n = bytes / static_cast<size_t>(width);
+  description = std::to_string(n) + " " + type + " tokens from " + path.filename().string();
+  if (width == 2) return TokenStream(owner, static_cast<const uint16_t*>(map), n);
+  return TokenStream(owner, static_cast<const uint32_t*>(map), n);
+}
+
+// The token width of a .bin: meta.json's dtype when it has one (it must agree with data.format = "bin32"), else
+// uint32 for bin32 and uint16 for bin.
+int token_width(const std::string& format, const std::optional<TokenMeta>& meta, const std::string& path) {
+  if (!meta) return format == "bin32" ? 4 : 2;
+  if (format == "bin32" && meta->dtype != "uint32")
+    throw UsageError("data.format is \"bin32\" but the meta.json beside '" + path + "' says dtype \"" + meta->dtype +
+                     "\"; set data.format = \"bin\" (meta.json decides) or fix meta.json");
+  return bytes_per_token(meta->dtype);
 }
 
 }  // namespace
@@ -137,8 +156,9 @@ namespace {
 
 std::string resolved_format(const DatasetConfig& config) {
   if (config.format == "auto") return fs::path(config.path).extension() == ".bin" ? "bin" : "text";
-  if (config.format != "text" && config.format != "bin")
-    throw UsageError("data.format '" + config.format + "' is not one of auto, text, bin");
+  if (config.format != "text" && config.format != "bin" && config.format != "bin32")
+    throw UsageError("data.format '" + config.format + "' is not one of auto, text, bin (uint16, or as meta.json "
+                     "says), bin32 (uint32)");
   return config.format;
 }
 
@@ -165,27 +185,86 @@ void check_source(const DatasetConfig& config) {
   if (available >= 0 && need > static_cast<uint64_t>(available))
     throw UsageError("data.path '" + config.path + "' holds " + gib(total) + " of text, which needs " + gib(need) +
                      " of memory per rank as byte tokens, but " + gib(available) + " are available; use a part of "
-                     "it, or convert it to a uint16 .bin token file, which is mapped instead of read");
+                     "it, or convert it to a .bin token file (crosstrain tokenize), which is mapped instead of read");
 }
+
+namespace {
+
+// A token file and its validation part: a second file when meta.json names one for this file, else the tail.
+void load_tokens(const DatasetConfig& config, const std::string& format, Splits& s) {
+  const fs::path path(config.path);
+  const auto meta = read_token_meta(path.parent_path().string());
+  const int width = token_width(format, meta, config.path);
+  const TokenStream all = load_bin(path, width, s.description);
+  if (meta) {
+    s.vocab_size = meta->vocab_size;
+    if (!meta->tokenizer.empty()) s.tokenizer = (path.parent_path() / meta->tokenizer).string();
+  }
+  if (meta && !meta->val.empty() && path.filename() == meta->train) {
+    std::string val_description;
+    s.train = all;
+    s.val = load_bin(path.parent_path() / meta->val, width, val_description);
+    s.description += " (validation: " + val_description + ")";
+    return;
+  }
+  const size_t val = static_cast<size_t>(static_cast<double>(all.size()) * config.val_fraction);
+  s.train = all.slice(0, all.size() - val);
+  s.val = all.slice(all.size() - val, all.size());
+}
+
+}  // namespace
 
 Splits load_dataset(const DatasetConfig& config, int64_t block_size) {
   check_source(config);
   if (config.val_fraction < 0 || config.val_fraction >= 1)
     throw UsageError("data.val_fraction must be in [0, 1), got " + std::to_string(config.val_fraction));
-  const fs::path path(config.path);
   Splits s;
-  TokenStream all;
-  if (resolved_format(config) == "text") all = load_text(path, s.description, s.warning);
-  else all = load_bin(path, s.description);
-  const size_t val = static_cast<size_t>(static_cast<double>(all.size()) * config.val_fraction);
-  s.train = all.slice(0, all.size() - val);
-  s.val = all.slice(all.size() - val, all.size());
+  const std::string format = resolved_format(config);
+  if (format == "text") {
+    const TokenStream all = load_text(fs::path(config.path), s.description, s.warning);
+    const size_t val = static_cast<size_t>(static_cast<double>(all.size()) * config.val_fraction);
+    s.train = all.slice(0, all.size() - val);
+    s.val = all.slice(all.size() - val, all.size());
+  } else {
+    load_tokens(config, format, s);
+  }
   const size_t need = static_cast<size_t>(block_size) + 1;
-  if (s.train.size() < need || (config.val_fraction > 0 && s.val.size() < need))
+  if (s.train.size() < need || (s.val.size() > 0 && s.val.size() < need) ||
+      (config.val_fraction > 0 && s.val.size() < need))
     throw UsageError("data '" + config.path + "' (" + s.description + ") is too small for sequences of " +
                      std::to_string(block_size) + " tokens in both the training and validation parts");
   return s;
 }
+
+void check_vocab(const Splits& s, int64_t model_vocab_size, const std::string& path) {
+  if (s.vocab_size > model_vocab_size)
+    throw UsageError("data '" + path + "' was tokenized with a vocabulary of " + std::to_string(s.vocab_size) +
+                     " tokens (its meta.json) but model.vocab_size is " + std::to_string(model_vocab_size) +
+                     "; set model.vocab_size = " + std::to_string(s.vocab_size) +
+                     " (rounded up to a multiple of parallel.tp)");
+  const uint32_t top = std::max(s.train.max_token(), s.val.max_token());
+  if (static_cast<int64_t>(top) >= model_vocab_size)
+    throw UsageError("data '" + path + "' holds token " + std::to_string(top) + " but model.vocab_size is " +
+                     std::to_string(model_vocab_size) + "; set model.vocab_size to at least " +
+                     std::to_string(int64_t{top} + 1) + ", or check data.format and meta.json's dtype");
+}
+
+namespace {
+
+template <typename T>
+void copy_sequences(const T* tokens, const std::vector<int64_t>& offsets, int64_t block_size, int64_t* x, int64_t* y) {
+  for (size_t i = 0; i < offsets.size(); ++i) {
+    const T* src = tokens + offsets[i];
+    int64_t* xi = x + static_cast<int64_t>(i) * block_size;
+    int64_t* yi = y + static_cast<int64_t>(i) * block_size;
+    for (int64_t t = 0; t < block_size; ++t) {
+      xi[t] = src[t];
+      yi[t] = src[t + 1];
+    }
+  }
+}
+
+}  // namespace
 
 void make_batch(const TokenStream& stream, const std::vector<int64_t>& offsets, int64_t block_size,
                 at::Tensor& inputs, at::Tensor& targets) {
@@ -194,13 +273,9 @@ void make_batch(const TokenStream& stream, const std::vector<int64_t>& offsets, 
   targets = at::empty({n, block_size}, at::kLong);
   int64_t* x = inputs.data_ptr<int64_t>();
   int64_t* y = targets.data_ptr<int64_t>();
-  for (int64_t i = 0; i < n; ++i) {
-    const uint16_t* src = stream.data() + offsets[static_cast<size_t>(i)];
-    for (int64_t t = 0; t < block_size; ++t) {
-      x[i * block_size + t] = src[t];
-      y[i * block_size + t] = src[t + 1];
-    }
-  }
+  // One branch per batch, not per token: each width gets its own tight loop.
+  if (stream.bytes_per_token() == 2) copy_sequences(stream.data16(), offsets, block_size, x, y);
+  else copy_sequences(stream.data32(), offsets, block_size, x, y);
 }
 
 }  // namespace crosstrain::data

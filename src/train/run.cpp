@@ -209,9 +209,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   if (options.hang_doctor) options.hang_doctor->watch(recorder_);
   splits_ = data::load_dataset(c.data, c.model.block_size);
   if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());
-  if (static_cast<int64_t>(splits_.train.max_token()) >= c.model.vocab_size)
-    throw UsageError("data '" + c.data.path + "' holds token " + std::to_string(splits_.train.max_token()) +
-                     " but model.vocab_size is " + std::to_string(c.model.vocab_size));
+  data::check_vocab(splits_, c.model.vocab_size, c.data.path);
   // [sync] How replicas agree (docs/wan-training.md): the cluster groups first (they also say each replica's
   // share of the batch); the optimizer's gradient reduction runs over the strategy's group (all replicas, one
   // cluster, or none), then the strategy keeps the optimizer's tensors in agreement.

@@ -1,8 +1,9 @@
 // Token streams for language-model training, and batches cut from them.
 //
-// Sources: a plain text file (or a folder of them), tokenized by bytes; or a uint16 token file in nanoGPT's
-// `.bin` layout (little-endian uint16, no header), mapped read-only. The stream is split into a training
-// part and a validation part (the last `val_fraction` of the tokens).
+// Sources: a plain text file (or a folder of them), tokenized by bytes; or a token file in nanoGPT's `.bin`
+// layout (little-endian, no header), uint16 or uint32 as the meta.json beside it says (token_file.h), mapped
+// read-only. The stream is split into a training part and a validation part (the last `val_fraction` of the
+// tokens), unless meta.json names a separate validation file.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -14,27 +15,33 @@
 
 namespace crosstrain::data {
 
-// A read-only run of tokens; keeps its storage (vector or mapping) alive.
+// A read-only run of uint16 or uint32 tokens; keeps its storage (vector or mapping) alive.
 class TokenStream {
  public:
   TokenStream() = default;
   TokenStream(std::shared_ptr<const void> owner, const uint16_t* data, size_t size)
-      : owner_(std::move(owner)), data_(data), size_(size) {}
-  const uint16_t* data() const { return data_; }
+      : owner_(std::move(owner)), data_(data), size_(size), width_(2) {}
+  TokenStream(std::shared_ptr<const void> owner, const uint32_t* data, size_t size)
+      : owner_(std::move(owner)), data_(data), size_(size), width_(4) {}
   size_t size() const { return size_; }
-  uint16_t operator[](size_t i) const { return data_[i]; }
-  TokenStream slice(size_t begin, size_t end) const { return TokenStream(owner_, data_ + begin, end - begin); }
-  uint16_t max_token() const;
+  int bytes_per_token() const { return width_; }
+  const uint16_t* data16() const { return width_ == 2 ? static_cast<const uint16_t*>(data_) : nullptr; }
+  const uint32_t* data32() const { return width_ == 4 ? static_cast<const uint32_t*>(data_) : nullptr; }
+  uint32_t operator[](size_t i) const { return width_ == 2 ? data16()[i] : data32()[i]; }
+  TokenStream slice(size_t begin, size_t end) const;
+  uint32_t max_token() const;
 
  private:
   std::shared_ptr<const void> owner_;
-  const uint16_t* data_ = nullptr;
+  const void* data_ = nullptr;
   size_t size_ = 0;
+  int width_ = 2;
 };
 
 struct DatasetConfig {
   std::string path;             // text file, folder of text files, or .bin token file
-  std::string format = "auto";  // auto (by extension: .bin is tokens), text, bin
+  // auto (by extension: .bin is tokens), text, bin (uint16 unless meta.json says uint32), bin32 (uint32)
+  std::string format = "auto";
   double val_fraction = 0.1;
 };
 
@@ -42,6 +49,8 @@ struct Splits {
   TokenStream train, val;
   std::string description;  // "2.4 MB of text from 42 files" etc.
   std::string warning;      // non-empty when the source is suspect (text that looks binary)
+  int64_t vocab_size = 0;   // from meta.json beside a token file; 0: unknown
+  std::string tokenizer;    // the tokenizer meta.json names, as a path; "": bytes (text) or unknown
 };
 
 // Checks what can be checked without reading the data: data.path is set and names a regular file or folder,
@@ -50,6 +59,10 @@ void check_source(const DatasetConfig& config);
 
 // Loads and splits. Throws UsageError with the path on a missing, empty or malformed file.
 Splits load_dataset(const DatasetConfig& config, int64_t block_size);
+
+// Throws UsageError when the data needs a larger model.vocab_size: a token id in either part is not below it, or
+// meta.json says the tokenizer's vocabulary is larger.
+void check_vocab(const Splits& splits, int64_t model_vocab_size, const std::string& path);
 
 // Sequences starting at `offsets`: inputs [n, T] and next-token targets [n, T], int64.
 void make_batch(const TokenStream& stream, const std::vector<int64_t>& offsets, int64_t block_size,

@@ -6,6 +6,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/fused_attention.h"
 #include "crosstrain/models/gpt_init.h"
+#include "crosstrain/models/llama.h"
 #include "crosstrain/models/mixed_precision.h"
 
 namespace crosstrain::models {
@@ -97,13 +98,15 @@ torch::Tensor BlockImpl::residual_branches(torch::Tensor x) {
 GPTImpl::GPTImpl(const GPTConfig& c, uint64_t seed) : config_(c) {
   c.validate();
   wte = register_module("wte", torch::nn::Embedding(c.vocab_size, c.n_embd));
-  wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
+  if (!c.is_llama()) wpe = register_module("wpe", torch::nn::Embedding(c.block_size, c.n_embd));
   drop = register_module("drop", torch::nn::Dropout(c.dropout));
   h = register_module("h", torch::nn::ModuleList());
   const torch::Tensor mask = causal_mask(c.block_size);
-  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(Block(c, parallel::TensorParallel{}, mask));
-  ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({c.n_embd})));
-  lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
+  const RotaryTables rope = c.is_llama() ? rotary_tables(c.block_size, c.head_dim(), c.rope_theta) : RotaryTables{};
+  for (int64_t i = 0; i < c.n_layer; ++i) h->push_back(make_block(c, parallel::TensorParallel{}, mask, rope));
+  ln_f = register_module("ln_f", make_final_norm(c));
+  if (!(c.is_llama() && c.tie_embeddings))
+    lm_head = register_module("lm_head", torch::nn::Linear(torch::nn::LinearOptions(c.n_embd, c.vocab_size).bias(false)));
   initialize(seed);
 }
 
@@ -118,10 +121,11 @@ void GPTImpl::initialize(uint64_t seed) {
 torch::Tensor GPTImpl::forward(const torch::Tensor& tokens) {
   const auto T = tokens.size(1);
   TORCH_CHECK(T <= config_.block_size, "sequence of ", T, " tokens is longer than block_size ", config_.block_size);
-  auto pos = torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device()));
-  auto x = drop(wte(tokens) + wpe(pos));
-  for (const auto& block : *h) x = block->as<Block>()->forward(x);
-  return torch::linear(layer_norm(ln_f, x), lm_head->weight);
+  auto x = wte(tokens);
+  if (wpe) x = x + wpe(torch::arange(T, torch::TensorOptions().dtype(torch::kLong).device(tokens.device())));
+  x = drop(x);
+  for (const auto& block : *h) x = block->as<DecoderBlockImpl>()->forward(x);
+  return torch::linear(apply_final_norm(ln_f, x), head_weight());
 }
 
 torch::Tensor GPTImpl::loss(const torch::Tensor& tokens, const torch::Tensor& targets) {

@@ -2,6 +2,7 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/gpt_init.h"
+#include "crosstrain/models/llama.h"
 #include "crosstrain/models/mixed_precision.h"
 #include "crosstrain/parallel/tensor_parallel.h"
 
@@ -28,18 +29,24 @@ void GPTStageImpl::build_modules(const torch::Tensor& mask) {
   const int64_t d = config_.n_embd;
   if (spec_.has_embedding) {
     wte = register_module("wte", torch::nn::Embedding(config_.vocab_size / tp_.size, d));
-    wpe = register_module("wpe", torch::nn::Embedding(config_.block_size, d));
+    if (!config_.is_llama()) wpe = register_module("wpe", torch::nn::Embedding(config_.block_size, d));
   }
+  const RotaryTables rope =
+      config_.is_llama() ? rotary_tables(config_.block_size, config_.head_dim(), config_.rope_theta) : RotaryTables{};
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> named_blocks;
   for (int64_t i = spec_.first_layer; i < spec_.last_layer; ++i) {
-    blocks_.emplace_back(config_, tp_, mask);
-    named_blocks.emplace_back(std::to_string(i), blocks_.back().ptr());
+    blocks_.push_back(make_block(config_, tp_, mask, rope));
+    named_blocks.emplace_back(std::to_string(i), blocks_.back());
   }
   h = register_module("h", torch::nn::ModuleDict(named_blocks));
   if (spec_.has_head) {
-    ln_f = register_module("ln_f", torch::nn::LayerNorm(torch::nn::LayerNormOptions({d})));
-    lm_head = register_module(
-        "lm_head", torch::nn::Linear(torch::nn::LinearOptions(d, config_.vocab_size / tp_.size).bias(false)));
+    if (config_.is_llama() && config_.tie_embeddings && !spec_.has_embedding)
+      throw UsageError("model.tie_embeddings: the head and the embedding must be on the same pipeline stage "
+                       "(use parallel.pp = 1, or tie_embeddings = false)");
+    ln_f = register_module("ln_f", make_final_norm(config_));
+    if (!(config_.is_llama() && config_.tie_embeddings))
+      lm_head = register_module(
+          "lm_head", torch::nn::Linear(torch::nn::LinearOptions(d, config_.vocab_size / tp_.size).bias(false)));
   }
 }
 
@@ -68,6 +75,7 @@ torch::Tensor GPTStageImpl::run_unit(int unit, const torch::Tensor& x, F&& f) {
 
 torch::Tensor GPTStageImpl::embed(const torch::Tensor& tokens) {
   auto emb = parallel::vocab_parallel_embedding(tokens, wte->weight, tp_);
+  if (!wpe) return torch::dropout(emb, config_.dropout, is_training());  // llama: positions are rotary
   auto pos = wpe->weight.slice(0, 0, tokens.size(1));
   if (tp_.sequence_parallel) pos = pos.chunk(tp_.size, 0)[tp_.rank];  // this rank's slice of the sequence
   return torch::dropout(emb + pos, config_.dropout, is_training());
@@ -88,8 +96,9 @@ torch::Tensor GPTStageImpl::loss(const torch::Tensor& input, const torch::Tensor
 torch::Tensor GPTStageImpl::head(const torch::Tensor& hidden, const torch::Tensor& targets) {
   const int unit = (spec_.has_embedding ? 1 : 0) + static_cast<int>(blocks_.size());
   return run_unit(unit, hidden, [&](const torch::Tensor& x) {
-    auto logits = parallel::column_parallel_linear(layer_norm(ln_f, x), lm_head->weight, torch::Tensor(), tp_);
-    return tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * lm_head->weight.size(0), tp_.group);
+    const torch::Tensor& weight = lm_head ? lm_head->weight : wte->weight;  // tied: the embedding's rows
+    auto logits = parallel::column_parallel_linear(apply_final_norm(ln_f, x), weight, torch::Tensor(), tp_);
+    return tp::vocab_parallel_cross_entropy(logits, targets, tp_.rank * weight.size(0), tp_.group);
   });
 }
 

@@ -18,8 +18,14 @@ const char* to_string(Split split) {
   return "?";
 }
 
-// The table itself: the only place that says how each parameter of the GPT is split and initialised.
+// The table itself: the only place that says how each parameter of either family is split and initialised.
 ParallelPlan::ParallelPlan(const GPTConfig& c) : config_(c) {
+  if (c.is_llama()) add_llama();
+  else add_gpt();
+}
+
+void ParallelPlan::add_gpt() {
+  const GPTConfig& c = config_;
   const int64_t d = c.n_embd;
   const double w = 0.02, residual = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
   constexpr Init N = Init::Normal, ONE = Init::Ones, ZERO = Init::Zeros;
@@ -43,6 +49,30 @@ ParallelPlan::ParallelPlan(const GPTConfig& c) : config_(c) {
   add("ln_f.weight", {d}, Split::Replicated, ONE, 0, Part::Head, -1);
   add("ln_f.bias", {d}, Split::Replicated, ZERO, 0, Part::Head, -1);
   add("lm_head.weight", {c.vocab_size, d}, Split::Column, N, w, Part::Head, -1);  // columns = the vocabulary
+}
+
+// Llama: q, k and v split by heads (k and v by key/value heads, so a rank keeps the ones its query heads use),
+// gate and up column-parallel, o and down row-parallel; RMSNorm gains replicated. No biases, no positions.
+void ParallelPlan::add_llama() {
+  const GPTConfig& c = config_;
+  const int64_t d = c.n_embd, q = c.n_head * c.head_dim(), kv = c.kv_heads() * c.head_dim(), f = c.mlp_hidden();
+  const double w = 0.02, residual = 0.02 / std::sqrt(2.0 * static_cast<double>(c.n_layer));
+  constexpr Init N = Init::Normal, ONE = Init::Ones;
+  add("wte.weight", {c.vocab_size, d}, Split::Vocabulary, N, w, Part::Embedding, -1);
+  for (int64_t i = 0; i < c.n_layer; ++i) {
+    const std::string h = "h." + std::to_string(i) + ".";
+    add(h + "attn_norm.weight", {d}, Split::Replicated, ONE, 0, Part::Block, i);
+    add(h + "attn.q_proj.weight", {q, d}, Split::Column, N, w, Part::Block, i);
+    add(h + "attn.k_proj.weight", {kv, d}, Split::Column, N, w, Part::Block, i);
+    add(h + "attn.v_proj.weight", {kv, d}, Split::Column, N, w, Part::Block, i);
+    add(h + "attn.o_proj.weight", {d, q}, Split::Row, N, residual, Part::Block, i);
+    add(h + "mlp_norm.weight", {d}, Split::Replicated, ONE, 0, Part::Block, i);
+    add(h + "mlp.gate_proj.weight", {f, d}, Split::Column, N, w, Part::Block, i);
+    add(h + "mlp.up_proj.weight", {f, d}, Split::Column, N, w, Part::Block, i);
+    add(h + "mlp.down_proj.weight", {d, f}, Split::Row, N, residual, Part::Block, i);
+  }
+  add("ln_f.weight", {d}, Split::Replicated, ONE, 0, Part::Head, -1);
+  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Split::Column, N, w, Part::Head, -1);
 }
 
 void ParallelPlan::add(std::string name, std::vector<int64_t> shape, Split split, Init init, double init_std,
@@ -140,6 +170,12 @@ void check_parallel_plan(const GPTConfig& c, int tp, bool sequence_parallel, int
   if (c.n_head % tp != 0)
     throw UsageError("model.n_head = " + std::to_string(c.n_head) + " is not divisible by parallel.tp = " +
                      std::to_string(tp) + "; attention is split by heads");
+  if (c.is_llama() && c.kv_heads() % tp != 0)
+    throw UsageError("model.n_kv_head = " + std::to_string(c.kv_heads()) + " is not divisible by parallel.tp = " +
+                     std::to_string(tp) + "; each rank keeps the key/value heads of its query heads");
+  if (c.is_llama() && c.mlp_hidden() % tp != 0)
+    throw UsageError("the SwiGLU width (" + std::to_string(c.mlp_hidden()) + ", model.ffn_hidden) is not divisible by "
+                     "parallel.tp = " + std::to_string(tp));
   if (c.vocab_size % tp != 0)
     throw UsageError("model.vocab_size = " + std::to_string(c.vocab_size) + " is not divisible by parallel.tp = " +
                      std::to_string(tp) + "; pad the vocabulary to a multiple of tp");
@@ -176,7 +212,10 @@ std::vector<int64_t> partition_layers(int64_t layers, int stages, double embed_c
 }
 
 std::vector<int64_t> partition_gpt(const GPTConfig& c, int stages) {
-  const double block = 12.0 * c.n_embd * c.n_embd;
+  const double d = static_cast<double>(c.n_embd);
+  const double block = c.is_llama() ? 2.0 * d * d + 2.0 * d * static_cast<double>(c.kv_heads() * c.head_dim()) +
+                                          3.0 * d * static_cast<double>(c.mlp_hidden())
+                                    : 12.0 * d * d;
   // The embedding is a lookup (cheap); the head is a d x V matmul plus the loss.
   return partition_layers(c.n_layer, stages, 0.1, static_cast<double>(c.n_embd * c.vocab_size) / block);
 }

@@ -1,11 +1,18 @@
 #include "crosstrain/models/parallelize.h"
 
+#include "crosstrain/core/error.h"
+
 namespace crosstrain::models {
 
 parallel::ParallelDims gpt_dims(const GPTConfig& model, const parallel::ParallelConfig& config,
                                 int64_t train_micro_batches, int world) {
   parallel::ParallelDims dims = parallel::ParallelDims::resolve(config, train_micro_batches, world, model.n_layer);
   check_parallel_plan(model, dims.tp(), dims.sequence_parallel, dims.virtual_stages());
+  // A tied head reads the embedding's weight: both must live on one stage, and ZeRO-3 would have released the
+  // embedding's gathered weight before the head runs.
+  if (model.is_llama() && model.tie_embeddings && (dims.virtual_stages() > 1 || dims.zero >= 3))
+    throw UsageError("model.tie_embeddings needs one pipeline stage and ZeRO below 3 (the head reads the embedding's "
+                     "weight); set model.tie_embeddings = false for this layout");
   if (dims.bounds.empty()) dims.bounds = partition_gpt(model, dims.virtual_stages());
   return dims;
 }

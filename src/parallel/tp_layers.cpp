@@ -6,11 +6,14 @@
 
 namespace crosstrain::parallel {
 
+at::Tensor enter_column_region(const at::Tensor& x, const TensorParallel& t) {
+  // Every rank needs the whole input (its backward sums the ranks' input gradients).
+  return t.sequence_parallel ? tp::gather_from_sequence(x, t.group) : tp::copy_to_region(x, t.group);
+}
+
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                   const TensorParallel& t) {
-  // Entering the region: every rank needs the whole input (its backward sums the ranks' input gradients).
-  at::Tensor in = t.sequence_parallel ? tp::gather_from_sequence(x, t.group) : tp::copy_to_region(x, t.group);
-  return linear_with_store(in, weight, bias, t.weight_grads);
+  return linear_with_store(enter_column_region(x, t), weight, bias, t.weight_grads);
 }
 
 at::Tensor row_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,

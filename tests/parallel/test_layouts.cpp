@@ -25,22 +25,32 @@ struct Layout {
   bool sequence_parallel = false;
   int64_t microbatches = 0;
   std::string stage_layers = "";
+  int zero = 0;
 };
 
-train::Config config_for(const std::string& tag) {
+// arch "llama": the same shape with grouped-query attention (2 key/value heads for 4 query heads), RMSNorm,
+// rotary positions and a SwiGLU MLP (width 96); "llama-tied": with the head tied to the embedding.
+train::Config config_for(const std::string& tag, const std::string& arch = "gpt") {
   auto c = crosstrain::testing::tiny_config(tag);
   c.model.n_layer = 8;
   c.model.n_head = 4;
   c.model.n_embd = 32;
   c.model.block_size = 16;
+  c.model.arch = arch == "gpt" ? "gpt" : "llama";
+  if (c.model.arch == "llama") c.model.n_kv_head = 2;
+  c.model.tie_embeddings = arch == "llama-tied";
   c.train.steps = 10;
   c.train.global_batch = 8;
   return c;
 }
 
-std::vector<std::map<std::string, at::Tensor>> run_layout(const Layout& l, const std::string& tag,
-                                                          std::vector<double>& losses) {
-  auto c = config_for(tag);
+using TensorsByName = std::map<std::string, at::Tensor>;
+
+// Each rank's gradients at the last step or, under ZeRO (whose gradients live in slices), its final parameters.
+std::vector<TensorsByName> run_layout(const Layout& l, const std::string& tag, const std::string& arch,
+                                      std::vector<double>& losses) {
+  auto c = config_for(tag, arch);
+  c.parallel.zero = l.zero;
   c.parallel.dp = l.dp;
   c.parallel.pp = l.pp;
   c.parallel.tp = l.tp;
@@ -59,7 +69,7 @@ std::vector<std::map<std::string, at::Tensor>> run_layout(const Layout& l, const
     o.dump = &dump;
     auto r = trainer.run(o);
     std::lock_guard<std::mutex> lock(m);
-    grads[comm.rank()] = std::move(dump.gradients);
+    grads[comm.rank()] = l.zero > 0 ? std::move(dump.shards) : std::move(dump.gradients);
     if (comm.rank() == 0)
       for (const auto& s : r.steps) losses.push_back(s.loss);
   }, comm::Millis(120000));
@@ -68,8 +78,9 @@ std::vector<std::map<std::string, at::Tensor>> run_layout(const Layout& l, const
 
 // The reference, written independently of the trainer: the single-device GPT, one process, a plain loop with
 // libtorch's AdamW and clip_grad_norm_ over the same global batches.
-std::map<std::string, at::Tensor> reference_run(std::vector<double>& losses) {
-  auto c = config_for("reference");
+// Returns the gradients at the last step; `params` gets the parameters after it.
+TensorsByName reference_run(const std::string& arch, std::vector<double>& losses, TensorsByName& params) {
+  auto c = config_for("reference_" + arch, arch);
   models::GPT model(c.model, c.run.seed);
   std::vector<torch::Tensor> decay, no_decay;
   for (auto& p : model->parameters()) (p.dim() >= 2 ? decay : no_decay).push_back(p);
@@ -99,20 +110,24 @@ std::map<std::string, at::Tensor> reference_run(std::vector<double>& losses) {
       for (const auto& p : model->named_parameters()) grads[p.key()] = p.value().grad().clone();
     adamw.step();
   }
+  for (const auto& p : model->named_parameters()) params[p.key()] = p.value().detach().clone();
   return grads;
 }
 
-void check_layout(const Layout& l, const std::string& tag) {
-  static std::vector<double> ref_losses;
-  static std::map<std::string, at::Tensor> ref_grads;
-  if (ref_losses.empty()) ref_grads = reference_run(ref_losses);
+void check_layout(const Layout& l, const std::string& tag, const std::string& arch = "gpt") {
+  static std::map<std::string, std::vector<double>> ref_losses_of;
+  static std::map<std::string, TensorsByName> ref_grads_of, ref_params_of;
+  auto& ref_losses = ref_losses_of[arch];
+  if (ref_losses.empty()) ref_grads_of[arch] = reference_run(arch, ref_losses, ref_params_of[arch]);
+  // Under ZeRO the runs report final parameters, compared with the reference's.
+  const TensorsByName& ref_grads = l.zero > 0 ? ref_params_of[arch] : ref_grads_of[arch];
   std::vector<double> losses;
-  auto grads = run_layout(l, tag, losses);
+  auto grads = run_layout(l, tag, arch, losses);
   ASSERT_EQ(losses.size(), ref_losses.size());
   for (size_t i = 0; i < losses.size(); ++i)
     EXPECT_NEAR(losses[i], ref_losses[i], 1e-4 * std::abs(ref_losses[i])) << tag << " step " << i + 1;
   EXPECT_LT(losses.back(), losses.front()) << tag << ": the loss should fall";
-  auto c = config_for(tag);
+  auto c = config_for(tag, arch);
   size_t covered = 0;
   for (size_t rank = 0; rank < grads.size(); ++rank) {
     const int tp_index = static_cast<int>(rank) % l.tp;
@@ -149,6 +164,52 @@ TEST(Layouts, Data2Tensor2) { check_layout({2, 1, 2}, "dp2_tp2"); }
 TEST(Layouts, Data2Pipeline2) { check_layout({2, 2, 1}, "dp2_pp2"); }
 TEST(Layouts, Pipeline2Tensor2) { check_layout({1, 2, 2, "1f1b", true}, "pp2_tp2_sp"); }
 TEST(Layouts, Data2Pipeline2Tensor2) { check_layout({2, 2, 2}, "dp2_pp2_tp2"); }
+
+// The Llama family through the same parallel plan machinery, against its own single-device reference.
+TEST(LlamaLayouts, SingleProcessTrainerMatchesReference) { check_layout({1, 1, 1}, "llama_1", "llama"); }
+TEST(LlamaLayouts, DataParallel2) { check_layout({2, 1, 1}, "llama_dp2", "llama"); }
+TEST(LlamaLayouts, TensorParallel2SequenceParallel) { check_layout({1, 1, 2, "1f1b", true}, "llama_tp2_sp", "llama"); }
+TEST(LlamaLayouts, Pipeline2OneFOneB) { check_layout({1, 2, 1, "1f1b", false, 4}, "llama_pp2_1f1b", "llama"); }
+TEST(LlamaLayouts, Pipeline2ZeroBubble) { check_layout({1, 2, 1, "zb-h1", false, 4}, "llama_pp2_zbh1", "llama"); }
+TEST(LlamaLayouts, Pipeline2Interleaved) {
+  check_layout({1, 2, 1, "interleaved", false, 4}, "llama_pp2_interleaved", "llama");
+}
+TEST(LlamaLayouts, Data2Zero3) { check_layout({2, 1, 1, "1f1b", false, 0, "", 3}, "llama_dp2_zero3", "llama"); }
+TEST(LlamaLayouts, TiedEmbeddingsTensor2) { check_layout({1, 1, 2}, "llama_tied_tp2", "llama-tied"); }
+TEST(LlamaLayouts, TiedEmbeddingsData2Zero2) {
+  check_layout({2, 1, 1, "1f1b", false, 0, "", 2}, "llama_tied_dp2_zero2", "llama-tied");
+}
+TEST(LlamaLayouts, Pipeline2Tensor2) { check_layout({1, 2, 2, "1f1b", true}, "llama_pp2_tp2_sp", "llama"); }
+TEST(LlamaLayouts, Pipeline2Tensor2ZeroBubble) {
+  check_layout({1, 2, 2, "zb-h1", true, 4}, "llama_pp2_tp2_sp_zbh1", "llama");
+}
+
+TEST(LlamaLayouts, BadShapesAreClearErrors) {
+  auto message = [](train::Config c, int world) {
+    try {
+      comm::FakeWorld w(world);
+      auto comm = w.communicator(0);
+      train::Trainer t(c, *comm);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  auto c = config_for("llama_bad", "llama");
+  c.parallel.tp = 4;  // 2 key/value heads over 4 ranks
+  EXPECT_NE(message(c, 4).find("n_kv_head = 2 is not divisible by parallel.tp = 4"), std::string::npos)
+      << message(c, 4);
+  c = config_for("llama_bad", "llama");
+  c.model.n_kv_head = 3;
+  EXPECT_NE(message(c, 1).find("n_kv_head (3) must divide n_head (4)"), std::string::npos) << message(c, 1);
+  c = config_for("llama_bad", "llama");
+  c.model.tie_embeddings = true;
+  c.parallel.pp = 2;
+  EXPECT_NE(message(c, 2).find("tie_embeddings needs one pipeline stage"), std::string::npos) << message(c, 2);
+  c = config_for("llama_bad", "llama");
+  c.model.arch = "mamba";
+  EXPECT_NE(message(c, 1).find("arch must be \"gpt\" or \"llama\""), std::string::npos) << message(c, 1);
+}
 
 TEST(Layouts, BadLayoutsAreClearErrors) {
   auto message = [](train::Config c, int world) {

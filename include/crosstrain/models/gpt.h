@@ -58,12 +58,20 @@ class MLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
-class BlockImpl : public torch::nn::Module {
+// What the model and a pipeline stage need of a block of either family (this GPT-2 block, llama.h's).
+class DecoderBlockImpl : public torch::nn::Module {
+ public:
+  // x [B, T, d] (or [B, T/tp, d] with sequence parallelism) -> the same shape.
+  virtual torch::Tensor forward(torch::Tensor x) = 0;
+  // train.recompute: full redoes the whole block in backward, selective its attention core.
+  virtual void set_recompute(Recompute r) = 0;
+};
+
+class BlockImpl : public DecoderBlockImpl {
  public:
   explicit BlockImpl(const GPTConfig& config, const parallel::TensorParallel& tp = {}, torch::Tensor mask = {});
-  torch::Tensor forward(torch::Tensor x);
-  // train.recompute: full redoes the whole block in backward, selective its attention core.
-  void set_recompute(Recompute r);
+  torch::Tensor forward(torch::Tensor x) override;
+  void set_recompute(Recompute r) override;
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
@@ -75,6 +83,8 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// The single-device model of either family (config.arch): for llama, h holds llama.h's blocks, there is no
+// wpe, ln_f is an RMSNorm and, with tie_embeddings, no lm_head (the head multiplies by wte).
 class GPTImpl : public torch::nn::Module {
  public:
   // Initializes every parameter from `seed` alone (GPT-2 scheme: N(0, 0.02), residual projections
@@ -92,11 +102,13 @@ class GPTImpl : public torch::nn::Module {
 
   const GPTConfig& config() const { return config_; }
 
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // wpe: gpt only
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear lm_head{nullptr};
+  std::shared_ptr<torch::nn::Module> ln_f;  // LayerNorm (gpt) or RMSNorm (llama)
+  torch::nn::Linear lm_head{nullptr};       // null when the head is tied to wte
+  // The head's weight: lm_head's, or wte's when tied.
+  const torch::Tensor& head_weight() const { return lm_head ? lm_head->weight : wte->weight; }
 
  private:
   void initialize(uint64_t seed);

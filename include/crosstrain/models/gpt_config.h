@@ -1,7 +1,12 @@
-// Shape of a GPT model; no libtorch needed to read or check it.
+// Shape of a decoder-only language model of either family; no libtorch needed to read or check it.
+//
+//   arch = "gpt":   GPT-2 (LayerNorm with bias, learned positions, GELU MLP of 4 d, biased linears)
+//   arch = "llama": Llama (RMSNorm, rotary positions, SwiGLU MLP, grouped-query attention, no biases,
+//                   optionally the head tied to the embedding)
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace crosstrain::models {
 
@@ -12,6 +17,20 @@ struct GPTConfig {
   int64_t block_size = 128;  // context length
   int64_t vocab_size = 256;
   double dropout = 0.0;
+
+  std::string arch = "gpt";    // "gpt" or "llama"
+  // Llama family (ignored by gpt, which has n_head key/value heads and a 4 d MLP):
+  int64_t n_kv_head = 0;       // key/value heads of grouped-query attention; 0: n_head (multi-head)
+  int64_t ffn_hidden = 0;      // SwiGLU width; 0: 8 d / 3 rounded up to a multiple of 32
+  double rope_theta = 10000.0;  // rotary base
+  double norm_eps = 1e-5;      // RMSNorm epsilon
+  bool tie_embeddings = false;  // the head uses the embedding matrix (no lm_head.weight)
+
+  bool is_llama() const { return arch == "llama"; }
+  int64_t head_dim() const { return n_embd / n_head; }
+  int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
+  // The MLP's hidden width: 4 d for gpt, ffn_hidden (or its default) for llama.
+  int64_t mlp_hidden() const;
 
   // Throws UsageError naming the field when the shape cannot work (n_embd % n_head != 0, ...).
   void validate() const;

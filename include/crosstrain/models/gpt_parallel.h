@@ -1,4 +1,5 @@
-// A pipeline stage of the GPT on one tensor-parallel rank: real Blocks (gpt.h) built at shard size for the
+// A pipeline stage of the GPT (either family, gpt.h / llama.h) on one tensor-parallel rank: real blocks built at
+// shard size for the
 // rank's tensor-parallel context, plus the vocabulary-parallel embedding (first stage) and head (last stage).
 // The parallel plan (parallel_plan.h) says how each parameter is split, replicated and grouped; the stage's
 // parameters keep the single-device GPT's plain names ("h.3.attn.c_attn.weight").
@@ -65,10 +66,10 @@ class GPTStageImpl : public torch::nn::Module {
   }
 
   // Submodules, present as the spec says (null otherwise); blocks are registered under "h.<layer>".
-  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // vocabulary-parallel, replicated
+  torch::nn::Embedding wte{nullptr}, wpe{nullptr};  // vocabulary-parallel, replicated (wpe: gpt only)
   torch::nn::ModuleDict h{nullptr};
-  torch::nn::LayerNorm ln_f{nullptr};
-  torch::nn::Linear lm_head{nullptr};  // column-parallel over the vocabulary
+  std::shared_ptr<torch::nn::Module> ln_f;  // LayerNorm (gpt) or RMSNorm (llama)
+  torch::nn::Linear lm_head{nullptr};       // column-parallel over the vocabulary; null when tied to wte
 
  private:
   void build_modules(const torch::Tensor& mask);
@@ -85,7 +86,7 @@ class GPTStageImpl : public torch::nn::Module {
   StageSpec spec_;
   TensorParallelContext tp_;
   ParallelPlan plan_;
-  std::vector<Block> blocks_;                     // h's blocks, in order
+  std::vector<std::shared_ptr<DecoderBlockImpl>> blocks_;  // h's blocks, in order
   std::map<std::string, torch::Tensor> params_;  // the parameters by plain name
   parallel::UnitHooks* hooks_ = nullptr;
 };

@@ -1,4 +1,5 @@
-// The GPT's parallel plan as one table: for each parameter of the single-device GPT (gpt.h), how it is split
+// The model's parallel plan as one table (the GPT's below; the Llama family's in add_llama, parallel_plan.cpp):
+// for each parameter of the single-device GPT (gpt.h), how it is split
 // over the tensor-parallel group, whether its gradient is partial under sequence parallelism, which ZeRO unit
 // gathers it and which part of the model (embedding, block i, head) holds it. Shards, replication, ZeRO units
 // and a pipeline stage's parameter list are all read from this table; nothing else looks at parameter names.
@@ -96,6 +97,8 @@ class ParallelPlan {
   std::vector<std::string> partial_gradient_parameters(const StageSpec& stage, int tp, bool sequence_parallel) const;
 
  private:
+  void add_gpt();
+  void add_llama();
   void add(std::string name, std::vector<int64_t> shape, Split split, Init init, double init_std, Part part,
            int64_t layer, int64_t fused = 1);
 

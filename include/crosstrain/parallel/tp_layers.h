@@ -21,6 +21,10 @@ struct TensorParallel {
   WeightGradStore* weight_grads = nullptr;
 };
 
+// The input every column-parallel layer of a region reads: x itself (its backward sums the ranks' input
+// gradients), or x gathered along the sequence. Layers that read the same x (Llama's q, k and v; gate and
+// up) enter once and apply linear_with_store each, so the gradient is summed once.
+at::Tensor enter_column_region(const at::Tensor& x, const TensorParallel& tp);
 // x (replicated, or a sequence shard) -> this rank's slice of the output features.
 at::Tensor column_parallel_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                                   const TensorParallel& tp);

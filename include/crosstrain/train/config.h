@@ -103,6 +103,9 @@ struct DebugConfig {
 struct Config {
   RunConfig run;
   models::GPTConfig model;
+  // model.init_from: a Hugging Face model directory (config.json + model.safetensors) or a crosstrain
+  // checkpoint whose weights the run starts from instead of the seeded initialisation ("": none).
+  std::string model_init_from;
   data::DatasetConfig data;
   TrainConfig train;
   ParallelConfig parallel;

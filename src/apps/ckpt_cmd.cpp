@@ -9,6 +9,8 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/train/config.h"
+#include "crosstrain/train/hf_checkpoint.h"
+#include "crosstrain/train/hf_layout.h"
 
 namespace crosstrain::apps {
 namespace fs = std::filesystem;
@@ -102,6 +104,18 @@ int ckpt_export(const std::string& path, const std::string& output, bool optimiz
   fs::rename(tmp, output);
   std::printf("wrote %s: %zu tensors, %lld parameters, step %lld\n", output.c_str(), tensors.size(),
               static_cast<long long>(params), static_cast<long long>(reader.step()));
+  return 0;
+}
+
+int ckpt_export_hf(const std::string& path, const std::string& out_dir, const std::string& max_shard_size) {
+  const int64_t max_bytes = train::hf::parse_size(max_shard_size);
+  auto source = train::open_weights(path);
+  for (const auto& warning : source->warnings()) std::fprintf(stderr, "crosstrain: warning: %s\n", warning.c_str());
+  const train::HfExportResult r = train::write_hf_directory(out_dir, *source, max_bytes);
+  std::printf("wrote %s: config.json + %zu safetensors file%s (%s), %lld tensors, %lld parameters, %.2f MiB, from %s\n",
+              out_dir.c_str(), r.files.size(), r.files.size() == 1 ? "" : "s + model.safetensors.index.json",
+              source->config().is_llama() ? "LlamaForCausalLM" : "GPT2LMHeadModel", static_cast<long long>(r.tensors),
+              static_cast<long long>(r.parameters), static_cast<double>(r.bytes) / (1 << 20), source->describe().c_str());
   return 0;
 }
 

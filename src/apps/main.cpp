@@ -257,7 +257,7 @@ void add_demo_command(CLI::App& app, DemoCli& demo) {
 struct CkptCli {
   CLI::App* info = nullptr;
   CLI::App* export_cmd = nullptr;
-  std::string path, output;
+  std::string path, output, out, format = "plain", max_shard_size = "5GB";
   bool tensors = false, optimizer = false, verify = false;
 };
 
@@ -268,10 +268,18 @@ void add_ckpt_command(CLI::App& app, CkptCli& ckpt) {
   ckpt.info->add_option("path", ckpt.path, "checkpoint or run directory")->required();
   ckpt.info->add_flag("--tensors", ckpt.tensors, "list every tensor with its shape and how it is stored");
   ckpt.info->add_flag("--verify", ckpt.verify, "also read every piece and check its checksum (sizes are always checked)");
-  ckpt.export_cmd = cmd->add_subcommand("export", "write one consolidated safetensors file with plain names");
-  ckpt.export_cmd->add_option("path", ckpt.path, "checkpoint or run directory")->required();
-  ckpt.export_cmd->add_option("output", ckpt.output, "output .safetensors file")->required();
-  ckpt.export_cmd->add_flag("--optimizer", ckpt.optimizer, "also export the Adam moments");
+  ckpt.export_cmd = cmd->add_subcommand("export", "write one safetensors file with plain names, or (--format hf) a "
+                                       "Hugging Face model directory");
+  ckpt.export_cmd->add_option("path", ckpt.path, "checkpoint or run directory (--format hf: or a Hugging Face directory)")
+      ->required();
+  ckpt.export_cmd->add_option("output", ckpt.output, "output .safetensors file (plain) or directory (hf)");
+  ckpt.export_cmd->add_option("--out", ckpt.out, "the output, instead of the positional argument");
+  ckpt.export_cmd->add_option("--format", ckpt.format, "plain (crosstrain names, one file) or hf (config.json + "
+                              "model.safetensors as transformers reads them; docs/huggingface.md)")
+      ->check(CLI::IsMember({"plain", "hf"}));
+  ckpt.export_cmd->add_option("--max-shard-size", ckpt.max_shard_size,
+                              "hf: split the weights into files of at most this size (5GB = 5e9 bytes, 2GiB, 4096)");
+  ckpt.export_cmd->add_flag("--optimizer", ckpt.optimizer, "plain: also export the Adam moments");
 }
 
 // `crosstrain report` and `crosstrain trace merge`.
@@ -416,7 +424,12 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.bench_attention.cmd) return apps::bench_attention(cli.bench_attention.options);
   if (*cli.train.cmd) return apps::train_command(cli.train.options, args);
   if (*cli.ckpt.info) return apps::ckpt_info(cli.ckpt.path, cli.ckpt.tensors, cli.ckpt.verify);
-  if (*cli.ckpt.export_cmd) return apps::ckpt_export(cli.ckpt.path, cli.ckpt.output, cli.ckpt.optimizer);
+  if (*cli.ckpt.export_cmd) {
+    const std::string output = cli.ckpt.out.empty() ? cli.ckpt.output : cli.ckpt.out;
+    if (output.empty()) throw UsageError("ckpt export: give the output (a file, or with --format hf a directory) or --out");
+    if (cli.ckpt.format == "hf") return apps::ckpt_export_hf(cli.ckpt.path, output, cli.ckpt.max_shard_size);
+    return apps::ckpt_export(cli.ckpt.path, output, cli.ckpt.optimizer);
+  }
   if (*cli.report.report) return apps::report_command(cli.report.run_dir, cli.report.out);
   if (*cli.report.trace_merge) return apps::trace_merge_command(cli.report.run_dir);
   if (*cli.plan.plan) return apps::plan_command(cli.plan.options);

@@ -119,6 +119,18 @@ int64_t SafetensorsReader::numel(const std::string& name) const {
   return it->second.bytes / static_cast<int64_t>(c10::elementSize(it->second.dtype));
 }
 
+std::vector<int64_t> SafetensorsReader::shape(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw UsageError("'" + path_ + "' has no tensor '" + name + "'");
+  return it->second.shape;
+}
+
+at::ScalarType SafetensorsReader::dtype(const std::string& name) const {
+  auto it = entries_.find(name);
+  if (it == entries_.end()) throw UsageError("'" + path_ + "' has no tensor '" + name + "'");
+  return it->second.dtype;
+}
+
 at::Tensor SafetensorsReader::read(const std::string& name) {
   auto it = entries_.find(name);
   if (it == entries_.end()) throw UsageError("'" + path_ + "' has no tensor '" + name + "'");

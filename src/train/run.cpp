@@ -24,6 +24,7 @@
 #include "crosstrain/obs/metrics.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/checkpoint.h"
+#include "crosstrain/train/hf_checkpoint.h"
 #include "crosstrain/train/lr_schedule.h"
 #include "crosstrain/train/optimizer.h"
 #include "crosstrain/train/sample.h"
@@ -152,6 +153,21 @@ bool check_cluster_batch_layout(const Config& c, const parallel::ParallelDims& d
   return !cluster_batch.empty();
 }
 
+// model.init_from (docs/huggingface.md): the weights someone trained replace the seeded ones on every rank, each
+// copying its own shards, before the optimizer copies them; a resumed run loads its own checkpoint instead.
+void start_from_weights(const Config& c, models::ParallelGPT& model, int tp_rank, int tp_size, bool resume, bool talk) {
+  if (c.model_init_from.empty()) return;
+  if (resume) {
+    if (talk) std::printf("model.init_from '%s' not used: --resume continues from the run's own checkpoint\n",
+                          c.model_init_from.c_str());
+    return;
+  }
+  const InitialWeights w = load_initial_weights(c.model_init_from, c.model, model.shards(), tp_rank, tp_size);
+  if (!talk) return;
+  for (const auto& warning : w.warnings) std::fprintf(stderr, "crosstrain: warning: %s\n", warning.c_str());
+  std::printf("%s\n", w.line.c_str());
+}
+
 }  // namespace
 
 parallel::ParallelDims validate(const Config& c, int world) {
@@ -228,6 +244,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   install_memory_counter();  // tensors allocated from here on are counted (activation_peak_bytes)
   model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
   model_->set_recompute(models::parse_recompute(c.train.recompute));
+  start_from_weights(c, *model_, tp_index_, dims_.tp(), start.resume, talk_);
 
   OptimizerConfig oc;
   oc.adam = {c.train.lr, c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};

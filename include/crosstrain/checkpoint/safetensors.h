@@ -35,6 +35,9 @@ class SafetensorsReader {
   bool has(const std::string& name) const { return entries_.count(name) > 0; }
   // Elements of a tensor, from the header (the constructor checked that its bytes lie inside the file).
   int64_t numel(const std::string& name) const;
+  // Shape and dtype from the header, without reading the data.
+  std::vector<int64_t> shape(const std::string& name) const;
+  at::ScalarType dtype(const std::string& name) const;
   at::Tensor read(const std::string& name);
 
  private:

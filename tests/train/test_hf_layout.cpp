@@ -448,6 +448,30 @@ TEST(HfInitFrom, LayoutsStartFromTheSameWeights) {
   }
 }
 
+// (d) A Llama with grouped-query attention and a tied head, imported from Hugging Face's layout into
+// tensor-parallel ranks (k and v split by key/value heads, the head by vocabulary): the single process's loss.
+TEST(HfInitFrom, LlamaTensorParallelStartsFromTheImport) {
+  auto base = trained_config("hf_llama_single");
+  base.model.arch = "llama";
+  base.model.n_head = 4;
+  base.model.n_kv_head = 2;
+  base.model.tie_embeddings = true;
+  base.train.steps = 1;
+  models::GPT source_model(base.model, 77);
+  const std::string dir = temp_dir("llama_init");
+  TensorMapSource source(base.model, parameters_of(source_model));
+  train::write_hf_directory(dir, source, int64_t{1} << 40);
+  auto fresh = base;
+  const double drawn = run(fresh).result.steps.at(0).loss;
+  base.model_init_from = dir;
+  const double single = run(base).result.steps.at(0).loss;
+  EXPECT_GT(std::abs(drawn - single), 1e-3);
+  auto tp = base;
+  tp.run.dir += "_tp2";
+  tp.parallel.tp = 2;
+  EXPECT_NEAR(run(tp, 2).result.steps.at(0).loss, single, 1e-5 * single);
+}
+
 // (e) Bad inputs: one clear UsageError each, naming what is wrong and how to fix it.
 static std::string init_error(const std::string& path, const models::GPTConfig& recipe) {
   models::GPT model(recipe, 1);

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens install clean
 
 all: build
 
@@ -32,6 +32,10 @@ test-all: build
 demo: app
 	@rm -rf runs/demo
 	@$(BUILD)/crosstrain train recipes/gpt-tiny.toml --nproc 2 --set run.dir=runs/demo
+
+# SentencePiece tokens of the demo corpus for recipes/gpt-tiny-sp.toml (docs/tokenization.md).
+tokens: app
+	@$(BUILD)/crosstrain tokenize /usr/share/games/fortunes --out data/fortunes-sp --vocab-size 2048
 
 demo-comm: app
 	@$(BUILD)/crosstrain demo --nproc 2

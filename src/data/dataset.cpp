@@ -16,7 +16,9 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/machine.h"
 #include "crosstrain/data/corpus.h"
+#include "crosstrain/data/sft.h"
 #include "crosstrain/data/token_file.h"
+#include "crosstrain/data/tokenizer.h"
 
 namespace crosstrain::data {
 namespace fs = std::filesystem;
@@ -155,10 +157,11 @@ int token_width(const std::string& format, const std::optional<TokenMeta>& meta,
 namespace {
 
 std::string resolved_format(const DatasetConfig& config) {
-  if (config.format == "auto") return fs::path(config.path).extension() == ".bin" ? "bin" : "text";
-  if (config.format != "text" && config.format != "bin" && config.format != "bin32")
+  const fs::path extension = fs::path(config.path).extension();
+  if (config.format == "auto") return extension == ".bin" ? "bin" : extension == ".jsonl" ? "jsonl" : "text";
+  if (config.format != "text" && config.format != "bin" && config.format != "bin32" && config.format != "jsonl")
     throw UsageError("data.format '" + config.format + "' is not one of auto, text, bin (uint16, or as meta.json "
-                     "says), bin32 (uint32)");
+                     "says), bin32 (uint32), jsonl (prompt/response pairs)");
   return config.format;
 }
 
@@ -169,6 +172,9 @@ void check_source(const DatasetConfig& config) {
   if (config.path.empty()) throw UsageError("data.path is not set; point it at a text file, a folder or a .bin file");
   std::error_code ec;
   const auto status = fs::status(path, ec);
+  if (!fs::exists(status) && resolved_format(config) != "text")
+    throw UsageError("token file '" + config.path + "' does not exist (data.path); write it with crosstrain tokenize "
+                     "CORPUS --out FOLDER (docs/tokenization.md)");
   if (!fs::exists(status))
     throw UsageError("data file '" + config.path + "' does not exist (data.path); for the demo corpus run "
                      "scripts/install-deps.sh, which installs Debian's fortunes package");
@@ -220,7 +226,9 @@ Splits load_dataset(const DatasetConfig& config, int64_t block_size) {
     throw UsageError("data.val_fraction must be in [0, 1), got " + std::to_string(config.val_fraction));
   Splits s;
   const std::string format = resolved_format(config);
-  if (format == "text") {
+  if (format == "jsonl") {
+    load_jsonl(config, block_size, s);
+  } else if (format == "text") {
     const TokenStream all = load_text(fs::path(config.path), s.description, s.warning);
     const size_t val = static_cast<size_t>(static_cast<double>(all.size()) * config.val_fraction);
     s.train = all.slice(0, all.size() - val);
@@ -234,6 +242,18 @@ Splits load_dataset(const DatasetConfig& config, int64_t block_size) {
     throw UsageError("data '" + config.path + "' (" + s.description + ") is too small for sequences of " +
                      std::to_string(block_size) + " tokens in both the training and validation parts");
   return s;
+}
+
+std::unique_ptr<Tokenizer> data_tokenizer(const DatasetConfig& config) {
+  try {
+    if (config.path.empty() || resolved_format(config) == "text") return nullptr;
+    const fs::path folder = fs::path(config.path).parent_path();
+    const auto meta = read_token_meta(folder.string());
+    if (!meta || meta->tokenizer.empty()) return nullptr;
+    return load_tokenizer((folder / meta->tokenizer).string());
+  } catch (const UsageError&) {
+    return nullptr;  // a sample shown as <id>s is better than a finished run that fails at its last line
+  }
 }
 
 void check_vocab(const Splits& s, int64_t model_vocab_size, const std::string& path) {

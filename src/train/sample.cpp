@@ -3,6 +3,7 @@
 #include <torch/torch.h>
 
 #include "crosstrain/checkpoint/distributed.h"
+#include "crosstrain/data/dataset.h"
 #include "crosstrain/data/tokenizer.h"
 #include "crosstrain/models/gpt.h"
 #include "crosstrain/models/gpt_parallel.h"
@@ -23,10 +24,17 @@ std::string sample_text(const Config& config, const std::string& checkpoint_dir)
       item.value().copy_(reader.read_full(item.key(), split).view(item.value().sizes()));
   }
   model->eval();
-  auto prompt = torch::full({1, 1}, static_cast<int64_t>('\n'), torch::kLong);
+  // A token file's own tokenizer (meta.json) starts and reads the sample; text data is bytes.
+  const auto tokenizer = data::data_tokenizer(config.data);
+  std::vector<int64_t> start{'\n'};
+  if (tokenizer) {
+    const auto newline = tokenizer->encode("\n");
+    start.assign(newline.begin(), newline.end());
+  }
+  auto prompt = torch::tensor(start, torch::kLong).view({1, -1});
   auto out = model->generate(prompt, config.train.sample_tokens, 0.8, 40, config.run.seed);
-  std::vector<int64_t> ids(out.data_ptr<int64_t>() + 1, out.data_ptr<int64_t>() + out.numel());
-  return data::ByteTokenizer().decode(ids);
+  std::vector<int64_t> ids(out.data_ptr<int64_t>() + prompt.numel(), out.data_ptr<int64_t>() + out.numel());
+  return tokenizer ? tokenizer->decode(ids) : data::ByteTokenizer().decode(ids);
 }
 
 }  // namespace crosstrain::train

@@ -13,7 +13,11 @@
 #include <string>
 #include <vector>
 
+#include "crosstrain/data/loss_mask.h"
+
 namespace crosstrain::data {
+
+class Tokenizer;  // tokenizer.h
 
 // A read-only run of uint16 or uint32 tokens; keeps its storage (vector or mapping) alive.
 class TokenStream {
@@ -40,9 +44,12 @@ class TokenStream {
 
 struct DatasetConfig {
   std::string path;             // text file, folder of text files, or .bin token file
-  // auto (by extension: .bin is tokens), text, bin (uint16 unless meta.json says uint32), bin32 (uint32)
+  // auto (by extension: .bin is tokens, .jsonl prompt/response pairs), text, bin (uint16 unless meta.json says
+  // uint32), bin32 (uint32), jsonl (sft.h)
   std::string format = "auto";
   double val_fraction = 0.1;
+  std::string tokenizer;   // jsonl: the tokenizer (load_tokenizer's path); "": bytes
+  int64_t eos_token = -1;  // jsonl: the end-of-text id after each response; -1: byte 0 (bytes only)
 };
 
 struct Splits {
@@ -51,6 +58,7 @@ struct Splits {
   std::string warning;      // non-empty when the source is suspect (text that looks binary)
   int64_t vocab_size = 0;   // from meta.json beside a token file; 0: unknown
   std::string tokenizer;    // the tokenizer meta.json names, as a path; "": bytes (text) or unknown
+  LossMask train_mask, val_mask;  // jsonl: which targets are trained; empty: all
 };
 
 // Checks what can be checked without reading the data: data.path is set and names a regular file or folder,
@@ -59,6 +67,10 @@ void check_source(const DatasetConfig& config);
 
 // Loads and splits. Throws UsageError with the path on a missing, empty or malformed file.
 Splits load_dataset(const DatasetConfig& config, int64_t block_size);
+
+// The tokenizer that wrote the data (the one meta.json beside a token file names), for decoding what a model
+// trained on it generates; null for text (bytes are the tokens) or when there is none or it cannot be read.
+std::unique_ptr<Tokenizer> data_tokenizer(const DatasetConfig& config);
 
 // Throws UsageError when the data needs a larger model.vocab_size: a token id in either part is not below it, or
 // meta.json says the tokenizer's vocabulary is larger.

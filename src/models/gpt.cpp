@@ -34,6 +34,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c, const paral
     : n_head_(c.n_head / tp.size), tp_(tp) {
   c_attn = register_module("c_attn", torch::nn::Linear(c.n_embd, 3 * c.n_embd / tp.size));
   c_proj = register_module("c_proj", torch::nn::Linear(c.n_embd / tp.size, c.n_embd));
+  c_attn_lora = add_lora(*c_attn, c, c.n_embd, 3 * c.n_embd / tp.size);
   attn_dropout = register_module("attn_dropout", torch::nn::Dropout(c.dropout));
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(c.dropout));
   mask_ = register_buffer("mask", mask.defined() ? mask : causal_mask(c.block_size));
@@ -42,6 +43,7 @@ CausalSelfAttentionImpl::CausalSelfAttentionImpl(const GPTConfig& c, const paral
 torch::Tensor CausalSelfAttentionImpl::forward(const torch::Tensor& x) {
   // This rank's heads of q, k and v, over the whole sequence.
   auto qkv = column_linear(x, c_attn, tp_);
+  if (c_attn_lora.enabled()) qkv = qkv + c_attn_lora.delta(x, tp_);
   auto core = [this](const torch::Tensor& t) { return attention_core(t); };
   auto y = recompute_core ? recomputed(core, qkv, {}) : attention_core(qkv);
   return resid_dropout(row_linear(y, c_proj, tp_));

@@ -18,6 +18,7 @@ void GPTConfig::validate() const {
   need(vocab_size >= 2, "vocab_size must be at least 2, got " + std::to_string(vocab_size));
   need(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got " + std::to_string(dropout));
   need(arch == "gpt" || arch == "llama", "arch must be \"gpt\" or \"llama\", got \"" + arch + "\"");
+  need(lora_rank >= 0 && lora_alpha >= 0, "lora_rank and lora_alpha must not be negative (0: no adapters)");
   if (!is_llama()) return;
   need(n_kv_head >= 0 && n_head % kv_heads() == 0,
        "n_kv_head (" + std::to_string(n_kv_head) + ") must divide n_head (" + std::to_string(n_head) +

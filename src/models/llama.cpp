@@ -51,6 +51,8 @@ LlamaAttentionImpl::LlamaAttentionImpl(const GPTConfig& c, const parallel::Tenso
   k_proj = register_module("k_proj", unbiased(c.n_embd, n_kv_head_ * head_dim_));
   v_proj = register_module("v_proj", unbiased(c.n_embd, n_kv_head_ * head_dim_));
   o_proj = register_module("o_proj", unbiased(n_head_ * head_dim_, c.n_embd));
+  q_lora = add_lora(*q_proj, c, c.n_embd, n_head_ * head_dim_);
+  v_lora = add_lora(*v_proj, c, c.n_embd, n_kv_head_ * head_dim_);
 }
 
 torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
@@ -59,7 +61,10 @@ torch::Tensor LlamaAttentionImpl::forward(const torch::Tensor& x) {
   auto project = [&](const torch::nn::Linear& l) {
     return parallel::linear_with_store(in, l->weight, torch::Tensor(), tp_.weight_grads);
   };
-  auto qkv = torch::cat({project(q_proj), project(k_proj), project(v_proj)}, -1);
+  auto q = project(q_proj), v = project(v_proj);
+  if (q_lora.enabled()) q = q + q_lora.delta(x, tp_);
+  if (v_lora.enabled()) v = v + v_lora.delta(x, tp_);
+  auto qkv = torch::cat({q, project(k_proj), v}, -1);
   auto core = [this](const torch::Tensor& t) { return attention_core(t); };
   auto y = recompute_core ? recomputed(core, qkv, {}) : attention_core(qkv);
   auto out = parallel::row_parallel_linear(y, o_proj->weight, torch::Tensor(), tp_);

@@ -37,6 +37,7 @@ void ParallelPlan::add_gpt() {
     add(h + "ln_1.bias", {d}, Split::Replicated, ZERO, 0, Part::Block, i);
     add(h + "attn.c_attn.weight", {3 * d, d}, Split::Column, N, w, Part::Block, i, 3);
     add(h + "attn.c_attn.bias", {3 * d}, Split::Column, ZERO, 0, Part::Block, i, 3);
+    add_lora(h + "attn.c_attn", d, 3 * d, i, 3);
     add(h + "attn.c_proj.weight", {d, d}, Split::Row, N, residual, Part::Block, i);
     add(h + "attn.c_proj.bias", {d}, Split::Replicated, ZERO, 0, Part::Block, i);  // added once, after the reduction
     add(h + "ln_2.weight", {d}, Split::Replicated, ONE, 0, Part::Block, i);
@@ -63,8 +64,10 @@ void ParallelPlan::add_llama() {
     const std::string h = "h." + std::to_string(i) + ".";
     add(h + "attn_norm.weight", {d}, Split::Replicated, ONE, 0, Part::Block, i);
     add(h + "attn.q_proj.weight", {q, d}, Split::Column, N, w, Part::Block, i);
+    add_lora(h + "attn.q_proj", d, q, i, 1);
     add(h + "attn.k_proj.weight", {kv, d}, Split::Column, N, w, Part::Block, i);
     add(h + "attn.v_proj.weight", {kv, d}, Split::Column, N, w, Part::Block, i);
+    add_lora(h + "attn.v_proj", d, kv, i, 1);
     add(h + "attn.o_proj.weight", {d, q}, Split::Row, N, residual, Part::Block, i);
     add(h + "mlp_norm.weight", {d}, Split::Replicated, ONE, 0, Part::Block, i);
     add(h + "mlp.gate_proj.weight", {f, d}, Split::Column, N, w, Part::Block, i);
@@ -73,6 +76,15 @@ void ParallelPlan::add_llama() {
   }
   add("ln_f.weight", {d}, Split::Replicated, ONE, 0, Part::Head, -1);
   if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, d}, Split::Column, N, w, Part::Head, -1);
+}
+
+// LoRA (lora.h): A replicated, drawn like PEFT's default scale (N(0, 1/in)); B split as its projection, zero.
+void ParallelPlan::add_lora(const std::string& projection, int64_t in, int64_t out, int64_t layer, int64_t fused) {
+  if (config_.lora_rank <= 0) return;
+  const int64_t r = config_.lora_rank;
+  add(projection + ".lora_A", {r, in}, Split::Replicated, Init::Normal, 1.0 / std::sqrt(static_cast<double>(in)),
+      Part::Block, layer);
+  add(projection + ".lora_B", {out, r}, Split::Column, Init::Zeros, 0, Part::Block, layer, fused);
 }
 
 void ParallelPlan::add(std::string name, std::vector<int64_t> shape, Split split, Init init, double init_std,
@@ -185,6 +197,59 @@ void check_parallel_plan(const GPTConfig& c, int tp, bool sequence_parallel, int
   if (virtual_stages > c.n_layer)
     throw UsageError("the pipeline has " + std::to_string(virtual_stages) + " stages (parallel.pp x chunks) but the model " +
                      "has only " + std::to_string(c.n_layer) + " layers (model.n_layer); use fewer stages");
+}
+
+namespace {
+bool is_adapter(const std::string& name) {
+  return name.size() > 7 && (name.compare(name.size() - 7, 7, ".lora_A") == 0 || name.compare(name.size() - 7, 7, ".lora_B") == 0);
+}
+
+// "3" or "0-5" -> [first, last]; false when `item` is not a block range.
+bool parse_block_range(const std::string& item, int64_t& first, int64_t& last) {
+  const auto dash = item.find('-');
+  try {
+    size_t used = 0;
+    first = std::stoll(item.substr(0, dash), &used);
+    if (used != (dash == std::string::npos ? item.size() : dash)) return false;
+    last = dash == std::string::npos ? first : std::stoll(item.substr(dash + 1), &used);
+    return dash == std::string::npos || used == item.size() - dash - 1;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+}  // namespace
+
+std::set<std::string> frozen_parameters(const ParallelPlan& plan, const GPTConfig& c, const std::string& spec) {
+  std::string items = spec;
+  if (items.empty() && c.lora_rank > 0) items = "all";
+  std::set<std::string> frozen;
+  size_t start = 0;
+  while (start < items.size()) {
+    size_t end = items.find(',', start);
+    if (end == std::string::npos) end = items.size();
+    std::string item = items.substr(start, end - start);
+    item.erase(0, item.find_first_not_of(' '));
+    item.erase(item.find_last_not_of(' ') + 1);
+    start = end + 1;
+    int64_t first = 0, last = 0;
+    const bool range = parse_block_range(item, first, last);
+    if (range && (first < 0 || last < first || last >= c.n_layer))
+      throw UsageError("train.freeze: blocks '" + item + "' are outside the model's 0-" + std::to_string(c.n_layer - 1));
+    if (!range && item != "all" && item != "embedding" && item != "head")
+      throw UsageError("train.freeze: '" + item + "' is not \"embedding\", \"head\", \"all\", a block (\"3\") or a "
+                       "range of blocks (\"0-5\")");
+    for (const auto& p : plan.parameters()) {
+      if (is_adapter(p.name)) continue;  // adapters exist to be trained
+      const bool hit = item == "all" || (item == "embedding" && p.part == Part::Embedding) ||
+                       (item == "head" && p.part == Part::Head) ||
+                       (range && p.part == Part::Block && p.layer >= first && p.layer <= last);
+      if (hit) frozen.insert(p.name);
+    }
+  }
+  if (frozen.size() == plan.parameters().size())
+    throw UsageError("train.freeze = \"" + spec + "\" leaves nothing to train; freeze fewer parts or add LoRA "
+                     "adapters (model.lora_rank)");
+  return frozen;
 }
 
 std::vector<int64_t> partition_layers(int64_t layers, int stages, double embed_cost, double head_cost) {

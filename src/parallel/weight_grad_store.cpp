@@ -35,13 +35,16 @@ struct LinearWithStore : public torch::autograd::Function<LinearWithStore> {
     const bool has_bias = ctx->saved_data["has_bias"].toBool();
     auto* store = reinterpret_cast<WeightGradStore*>(ctx->saved_data["store"].toInt());
     at::Tensor dx = ctx->needs_input_grad(0) ? at::matmul(dy, weight) : at::Tensor();
+    // A frozen weight (fine-tuning) asks for no gradient: none is computed or deferred.
+    const bool want_w = ctx->needs_input_grad(1), want_b = has_bias && ctx->needs_input_grad(2);
+    if (!want_w && !want_b) return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
     if (store && store->capturing()) {
       // The parameters are the tensors the node was built with: the store accumulates into their .grad.
-      store->defer(weight, has_bias ? bias : at::Tensor(), x, dy);
+      store->defer(weight, want_b ? bias : at::Tensor(), x, dy);
       return {dx, at::Tensor(), at::Tensor(), at::Tensor()};
     }
-    at::Tensor dw = rows(dy).t().mm(rows(x));
-    at::Tensor db = has_bias ? rows(dy).sum(0) : at::Tensor();
+    at::Tensor dw = want_w ? rows(dy).t().mm(rows(x)) : at::Tensor();
+    at::Tensor db = want_b ? rows(dy).sum(0) : at::Tensor();
     return {dx, dw, db, at::Tensor()};
   }
 };

@@ -155,9 +155,12 @@ bool check_cluster_batch_layout(const Config& c, const parallel::ParallelDims& d
 
 // model.init_from (docs/huggingface.md): the weights someone trained replace the seeded ones on every rank, each
 // copying its own shards, before the optimizer copies them; a resumed run loads its own checkpoint instead.
-void start_from_weights(const Config& c, models::ParallelGPT& model, int tp_rank, int tp_size, bool resume, bool talk) {
+void start_from_weights(const Config& c, models::ParallelGPT& model, int tp_rank, int tp_size, bool resume, bool talk,
+                        bool frozen) {
   if (c.model_init_from.empty()) return;
-  if (resume) {
+  // Checkpoints hold what the optimizer trains: frozen weights come from init_from again, then the checkpoint
+  // overwrites the rest.
+  if (resume && !frozen) {
     if (talk) std::printf("model.init_from '%s' not used: --resume continues from the run's own checkpoint\n",
                           c.model_init_from.c_str());
     return;
@@ -169,6 +172,24 @@ void start_from_weights(const Config& c, models::ParallelGPT& model, int tp_rank
 }
 
 }  // namespace
+
+// ZeRO numbers only the units that have trainable parameters; the model numbers all of its units in forward
+// order. With frozen units (fine-tuning) the model's numbers are translated, and frozen units are left alone.
+class TrainableUnitHooks : public parallel::UnitHooks {
+ public:
+  TrainableUnitHooks(parallel::UnitHooks& inner, std::vector<int> zero_index)
+      : inner_(inner), zero_index_(std::move(zero_index)) {}
+  void before_unit(int unit) override {
+    if (zero_index_.at(unit) >= 0) inner_.before_unit(zero_index_[unit]);
+  }
+  at::Tensor after_unit(int unit, const at::Tensor& output) override {
+    return zero_index_.at(unit) >= 0 ? inner_.after_unit(zero_index_[unit], output) : output;
+  }
+
+ private:
+  parallel::UnitHooks& inner_;
+  std::vector<int> zero_index_;
+};
 
 parallel::ParallelDims validate(const Config& c, int world) {
   c.model.validate();
@@ -244,7 +265,9 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   install_memory_counter();  // tensors allocated from here on are counted (activation_peak_bytes)
   model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
   model_->set_recompute(models::parse_recompute(c.train.recompute));
-  start_from_weights(c, *model_, tp_index_, dims_.tp(), start.resume, talk_);
+  const std::set<std::string> frozen = models::frozen_parameters(models::ParallelPlan(c.model), c.model, c.train.freeze);
+  start_from_weights(c, *model_, tp_index_, dims_.tp(), start.resume, talk_, !frozen.empty());
+  freeze(frozen);
 
   OptimizerConfig oc;
   oc.adam = {c.train.lr, c.train.beta1, c.train.beta2, c.train.eps, c.train.weight_decay};
@@ -254,11 +277,18 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   oc.compression = c.comm.compression;
   std::vector<std::vector<NamedParameter>> units;
   for (const auto& names : model_->unit_names()) {
-    units.emplace_back();
-    for (const auto& name : names) units.back().push_back({name, model_->shards().at(name)});
+    units.emplace_back();  // kept when all of it is frozen: ZeRO-3's hooks number the units in forward order
+    for (const auto& name : names)
+      if (!frozen.count(name)) units.back().push_back({name, model_->shards().at(name)});
   }
   optimizer_ = make_optimizer(units, sync_->gradient_group(), oc);
-  if (parallel::UnitHooks* hooks = optimizer_->unit_hooks()) model_->chunks()[0]->set_unit_hooks(hooks);
+  if (parallel::UnitHooks* hooks = optimizer_->unit_hooks()) {
+    std::vector<int> zero_index;
+    int next = 0;
+    for (const auto& unit : units) zero_index.push_back(unit.empty() ? -1 : next++);
+    unit_hooks_ = std::make_unique<TrainableUnitHooks>(*hooks, std::move(zero_index));
+    model_->chunks()[0]->set_unit_hooks(unit_hooks_.get());
+  }
   ModelOptimizer* opt = optimizer_.get();
   sync_->attach(optimizer_->sync_tensors(), optimizer_->sync_tensors_sharded(), [opt] { opt->sync_tensors_changed(); });
 
@@ -366,6 +396,25 @@ StatePlacement Run::placement() const {
 }
 
 // Every rank loads its own part of the newest checkpoint, whatever layout wrote it.
+void Run::freeze(const std::set<std::string>& frozen) {
+  torch::NoGradGuard no_grad;
+  for (const auto& [name, t] : model_->shards()) {
+    if (!frozen.count(name)) continue;
+    at::Tensor& p = const_cast<at::Tensor&>(t);
+    p.requires_grad_(false);
+    if (compute_dtype() != at::kFloat) p.set_data(p.data().to(compute_dtype()));
+  }
+  for (const auto& p : model_->partial_gradient_parameters())
+    if (p.requires_grad()) partial_trainable_.push_back(p);
+  if (talk_ && !frozen.empty()) {
+    int64_t fixed = 0, total = 0;
+    for (const auto& [name, t] : model_->shards()) (frozen.count(name) ? fixed : total) += t.numel();
+    std::printf("fine-tuning: %lld of this rank's parameters trained, %lld frozen (train.freeze = \"%s\"%s)\n",
+                static_cast<long long>(total), static_cast<long long>(fixed), c_.train.freeze.c_str(),
+                c_.model.lora_rank > 0 ? ", LoRA adapters" : "");
+  }
+}
+
 void Run::resume() {
   auto latest = checkpoint::latest_checkpoint(c_.run.dir);
   if (!latest) throw UsageError("--resume: no checkpoint in '" + c_.run.dir + "/checkpoints'");
@@ -501,8 +550,7 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
   }
   {
     Phase phase(t, *recorder_, SpanKind::Optimizer, "grad_norm", step);
-    if (!model_->partial_gradient_parameters().empty())
-      optimizer_->sum_partial_gradients(model_->partial_gradient_parameters(), *mesh_.group(Axis::TP));
+    if (!partial_trainable_.empty()) optimizer_->sum_partial_gradients(partial_trainable_, *mesh_.group(Axis::TP));
     // Replicated parameters count once: on tensor-parallel rank 0.
     rec.grad_norm = optimizer_->gradient_norm(
         [&](const std::string& name) { return tp_index_ == 0 || !model_->is_replicated(name); }, mesh_.replica_group());

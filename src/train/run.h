@@ -5,6 +5,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "crosstrain/comm/communicator.h"
@@ -76,6 +77,9 @@ class Run {
   bool lockstep() const { return c_.sync.mode == "sync"; }
   at::ScalarType compute_dtype() const { return c_.train.precision == "bf16" ? at::kBFloat16 : at::kFloat; }
   void resume();
+  // train.freeze / LoRA: these parameters get no gradient and no optimizer state (and, with bf16, the compute
+  // dtype the optimizer gives the trained ones).
+  void freeze(const std::set<std::string>& frozen);
   double peak_flops() const { return peak_flops_; }
   // Observability (docs/observability.md): the trace of this rank (null when obs.trace = false) and the flight
   // recorder of its communicators.
@@ -119,6 +123,8 @@ class Run {
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::vector<int64_t> rank_batches_;  // sequences per step of each replica (sync.cluster_batch); empty: equal
   std::unique_ptr<models::ParallelGPT> model_;
+  std::vector<at::Tensor> partial_trainable_;  // sequence parallel: partial gradients summed over tp (not frozen)
+  std::unique_ptr<parallel::UnitHooks> unit_hooks_;  // ZeRO-3's, numbered as the model numbers its units
   std::unique_ptr<SyncStrategy> sync_;
   std::unique_ptr<ModelOptimizer> optimizer_;
   CheckpointWriter checkpoints_;

@@ -12,6 +12,7 @@
 #include <torch/torch.h>
 
 #include "crosstrain/models/gpt_config.h"
+#include "crosstrain/models/lora.h"
 #include "crosstrain/models/recompute.h"
 #include "crosstrain/parallel/tp_layers.h"
 
@@ -33,6 +34,7 @@ class CausalSelfAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear c_attn{nullptr}, c_proj{nullptr};  // column-parallel by heads, row-parallel
+  LoraAdapter c_attn_lora;                              // with model.lora_rank > 0
   torch::nn::Dropout attn_dropout{nullptr}, resid_dropout{nullptr};
   bool recompute_core = false;  // selective recomputation: q, k, v -> attention output redone in backward
 

@@ -25,6 +25,10 @@ struct GPTConfig {
   double rope_theta = 10000.0;  // rotary base
   double norm_eps = 1e-5;      // RMSNorm epsilon
   bool tie_embeddings = false;  // the head uses the embedding matrix (no lm_head.weight)
+  // LoRA adapters on the attention's query and value projections (lora.h); 0: none.
+  int64_t lora_rank = 0;
+  double lora_alpha = 0;       // the update is scaled by lora_alpha / lora_rank; 0: lora_alpha = lora_rank
+  double lora_scale() const { return lora_rank > 0 && lora_alpha > 0 ? lora_alpha / static_cast<double>(lora_rank) : 1.0; }
 
   bool is_llama() const { return arch == "llama"; }
   int64_t head_dim() const { return n_embd / n_head; }

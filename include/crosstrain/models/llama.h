@@ -45,6 +45,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);
 
   torch::nn::Linear q_proj{nullptr}, k_proj{nullptr}, v_proj{nullptr}, o_proj{nullptr};
+  LoraAdapter q_lora, v_lora;  // with model.lora_rank > 0
   bool recompute_core = false;  // selective recomputation of q, k, v -> attention output
 
  private:

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -99,6 +100,7 @@ class ParallelPlan {
  private:
   void add_gpt();
   void add_llama();
+  void add_lora(const std::string& projection, int64_t in, int64_t out, int64_t layer, int64_t fused);
   void add(std::string name, std::vector<int64_t> shape, Split split, Init init, double init_std, Part part,
            int64_t layer, int64_t fused = 1);
 
@@ -110,6 +112,12 @@ class ParallelPlan {
 // Throws UsageError when the model cannot be split this way (heads, width or vocabulary not divisible by tp,
 // sequence not divisible with sequence parallelism, more stages than layers).
 void check_parallel_plan(const GPTConfig& config, int tp, bool sequence_parallel, int virtual_stages);
+
+// train.freeze: the parameters a fine-tuning run keeps fixed. `spec` is a comma list of "embedding", "head",
+// block indices "3" or ranges "0-5", and "all" (every parameter that is not a LoRA adapter); "" freezes nothing,
+// or everything but the adapters when the model has LoRA adapters. Throws UsageError on an unknown item or a
+// block outside the model, and when nothing would be left to train.
+std::set<std::string> frozen_parameters(const ParallelPlan& plan, const GPTConfig& config, const std::string& spec);
 
 // Contiguous split of the blocks over `stages` virtual stages, balancing a per-layer cost estimate:
 // a block costs 1; the embedding adds `embed_cost` to the first stage and the head `head_cost` to the last.

@@ -46,6 +46,9 @@ struct TrainConfig {
   double peak_flops_per_rank = 0; // for MFU; 0: this rank's best one-thread GEMM rate at the model's shapes
   int64_t threads_per_rank = 1;
   std::string precision = "fp32"; // fp32, or bf16: bf16 parameters and gradients, fp32 master weights (any layout)
+  // Fine-tuning: the parameters kept fixed (models::frozen_parameters: "embedding", "head", "0-5", "all");
+  // "" freezes nothing, or all but the LoRA adapters when model.lora_rank > 0.
+  std::string freeze;
   std::string recompute = "none"; // none, selective (attention core) or full (whole blocks): activations redone in backward
 };
 

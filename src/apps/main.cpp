@@ -427,6 +427,8 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.ckpt.export_cmd) {
     const std::string output = cli.ckpt.out.empty() ? cli.ckpt.output : cli.ckpt.out;
     if (output.empty()) throw UsageError("ckpt export: give the output (a file, or with --format hf a directory) or --out");
+    if (cli.ckpt.format == "hf" && cli.ckpt.optimizer)
+      throw UsageError("ckpt export: --optimizer belongs to --format plain (Hugging Face's layout holds weights only)");
     if (cli.ckpt.format == "hf") return apps::ckpt_export_hf(cli.ckpt.path, output, cli.ckpt.max_shard_size);
     return apps::ckpt_export(cli.ckpt.path, output, cli.ckpt.optimizer);
   }

@@ -13,6 +13,7 @@
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/elastic/membership.h"
+#include "crosstrain/train/hf_checkpoint.h"
 #include "crosstrain/train/elastic.h"
 #include "crosstrain/train/trainer.h"
 #include "launcher.h"
@@ -91,6 +92,9 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
                      "--resume, or choose another run.dir (nothing was changed)");
   // Once, by the process the user started (launched ranks are not); the Trainer still checks the step.
   if (cmd.resume && env.source == LaunchSource::Single) check_resume(config);
+  // model.init_from against the recipe, from headers only, once rather than once per rank (--resume does not use it).
+  if (!cmd.resume && env.source == LaunchSource::Single && !config.model_init_from.empty())
+    train::check_initial_weights(config.model_init_from, config.model);
   // Ctrl-C stops lockstep training between steps (the launcher forwards it to every rank); in other sync
   // modes, and in the launcher itself, it keeps its usual meaning.
   const bool stoppable = config.sync.mode == "sync";

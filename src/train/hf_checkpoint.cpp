@@ -263,8 +263,9 @@ HfExportResult write_hf_directory(const std::string& dir, WeightSource& source, 
   return result;
 }
 
-InitialWeights load_initial_weights(const std::string& path, const models::GPTConfig& recipe,
-                                    const std::map<std::string, at::Tensor>& shards, int tp_rank, int tp_size) {
+namespace {
+
+std::unique_ptr<WeightSource> open_checked(const std::string& path, const models::GPTConfig& recipe) {
   std::unique_ptr<WeightSource> source;
   try {
     source = open_weights(path);
@@ -274,6 +275,16 @@ InitialWeights load_initial_weights(const std::string& path, const models::GPTCo
   const auto mismatches = hf::compare_model(recipe, source->config());
   if (!mismatches.empty()) throw UsageError(hf::describe_mismatches(mismatches, source->describe()));
   source->check();
+  return source;
+}
+
+}  // namespace
+
+void check_initial_weights(const std::string& path, const models::GPTConfig& recipe) { open_checked(path, recipe); }
+
+InitialWeights load_initial_weights(const std::string& path, const models::GPTConfig& recipe,
+                                    const std::map<std::string, at::Tensor>& shards, int tp_rank, int tp_size) {
+  const std::unique_ptr<WeightSource> source = open_checked(path, recipe);
   const models::ParallelPlan plan(recipe);
   torch::NoGradGuard no_grad;
   for (const auto& [name, shard] : shards) {

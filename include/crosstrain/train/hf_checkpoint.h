@@ -51,13 +51,17 @@ struct HfExportResult {
 // renamed, so `dir` is complete or absent; an existing `dir` is a UsageError (nothing is overwritten).
 HfExportResult write_hf_directory(const std::string& dir, WeightSource& source, int64_t max_shard_bytes);
 
+// model.init_from's checks, from config.json and the files' headers only: the source against `recipe` (a
+// UsageError lists each differing field with both values and the --set that fixes it), then its tensors (missing,
+// misshapen, unknown). check_config runs it before a launcher starts any rank.
+void check_initial_weights(const std::string& path, const models::GPTConfig& recipe);
+
 struct InitialWeights {
   std::string line;                   // where the weights came from, for the run's header
   std::vector<std::string> warnings;  // the source's (WeightSource::warnings)
 };
-// model.init_from for one rank: checks the source against `recipe` (a UsageError lists each differing field with
-// both values and the --set that fixes it, or the missing/extra/misshapen tensors), then copies this rank's
-// tensor-parallel shard of every parameter it holds (`shards`, by plain name) from the whole tensor.
+// model.init_from for one rank: check_initial_weights, then copies this rank's tensor-parallel shard of every
+// parameter it holds (`shards`, by plain name) from the whole tensor.
 InitialWeights load_initial_weights(const std::string& path, const models::GPTConfig& recipe,
                                   const std::map<std::string, at::Tensor>& shards, int tp_rank, int tp_size);
 

@@ -61,11 +61,13 @@ std::unique_ptr<ParallelGPT> parallelize(const GPTConfig& model, uint64_t seed, 
   const auto M = static_cast<size_t>(dims.microbatches);
   m->inputs.resize(M);
   m->targets.resize(M);
+  m->loss_weights.assign(M, 1.0);
   if (pp == 1) return m;
   ParallelGPT* self = m.get();
   parallel::PipelineModel runner;
   runner.forward = [self, M](int chunk, int mb, const at::Tensor& input) {
-    return self->chunks_[chunk]->pipeline_forward(input, self->inputs[mb], self->targets[mb], 1.0 / static_cast<double>(M));
+    return self->chunks_[chunk]->pipeline_forward(input, self->inputs[mb], self->targets[mb],
+                                                  self->loss_weights[mb] / static_cast<double>(M));
   };
   runner.parameters = [self](int chunk) { return self->chunks_[chunk]->parameters(); };
   const int64_t seq = dims.sequence_parallel ? model.block_size / dims.tp() : model.block_size;

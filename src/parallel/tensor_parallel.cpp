@@ -3,11 +3,15 @@
 #include <torch/csrc/autograd/custom_function.h>
 #include <ATen/ATen.h>
 
+#include <algorithm>
+
 namespace crosstrain::parallel::tp {
 namespace {
 
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
+
+constexpr int64_t kIgnoreIndex = -100;  // torch's default ignore_index: a target that is not counted
 
 // The group travels through the autograd context as an integer (IValues cannot hold raw pointers).
 int64_t handle(comm::Communicator* g) { return reinterpret_cast<int64_t>(g); }
@@ -136,20 +140,26 @@ struct VocabParallelCrossEntropy : torch::autograd::Function<VocabParallelCrossE
     at::Tensor picked = shifted.gather(1, index.unsqueeze(1)).squeeze(1) * mine.to(shifted.scalar_type());
     picked = picked.contiguous();
     group->all_reduce(picked, comm::ReduceOp::Sum)->wait();
-    at::Tensor loss = (sum.log() - picked).mean();
-    ctx->save_for_backward({exp / sum.unsqueeze(1), index, mine});
+    // Targets of -100 (torch's ignore_index) are not counted: the mean runs over the others (0 when none).
+    at::Tensor counted = (t != kIgnoreIndex).to(at::kFloat);
+    const double count = std::max(counted.sum().item<double>(), 1.0);
+    at::Tensor loss = ((sum.log() - picked) * counted).sum() / count;
+    ctx->saved_data["count"] = count;
+    ctx->save_for_backward({exp / sum.unsqueeze(1), index, mine, counted});
     ctx->saved_data["shape"] = logits.sizes().vec();
     ctx->saved_data["dtype"] = static_cast<int64_t>(logits.scalar_type());
     return loss;
   }
   static variable_list backward(AutogradContext* ctx, variable_list grad) {
     auto saved = ctx->get_saved_variables();
-    at::Tensor softmax = saved[0], index = saved[1], mine = saved[2];
-    const int64_t rows = softmax.size(0);
-    // d loss / d logits = (softmax - one_hot(target)) / rows, on this rank's vocabulary slice.
+    at::Tensor softmax = saved[0], index = saved[1], mine = saved[2], counted = saved[3];
+    const double count = ctx->saved_data["count"].toDouble();
+    // d loss / d logits = (softmax - one_hot(target)) / count on counted rows (0 on ignored ones), on this
+    // rank's vocabulary slice.
     at::Tensor g = softmax.clone();
     g.scatter_add_(1, index.unsqueeze(1), -mine.to(g.scalar_type()).unsqueeze(1));
-    g.mul_(grad[0] / static_cast<double>(rows));
+    if (count < static_cast<double>(softmax.size(0))) g.mul_(counted.unsqueeze(1));
+    g.mul_(grad[0] / count);
     auto shape = ctx->saved_data["shape"].toIntVector();
     auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     return {g.view(shape).to(dtype), at::Tensor(), at::Tensor(), at::Tensor()};
@@ -183,8 +193,13 @@ at::Tensor reduce_scatter_to_sequence(const at::Tensor& x, comm::Communicator* g
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,
                                         comm::Communicator* group) {
   // In fp32 whatever the logits' dtype (as the vocabulary-parallel path below): a bf16 loss keeps 3 digits.
-  if (!group)
-    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), targets.reshape({-1}));
+  if (!group) {
+    // The mean over targets other than -100, as torch's (which is NaN when every target is ignored; 0 here).
+    at::Tensor t = targets.reshape({-1});
+    const double count = std::max((t != kIgnoreIndex).sum().item<double>(), 1.0);
+    return at::cross_entropy_loss(logits.reshape({-1, logits.size(-1)}).to(at::kFloat), t, {}, at::Reduction::Sum,
+                                  kIgnoreIndex) / count;
+  }
   return VocabParallelCrossEntropy::apply(logits, targets, vocab_start, handle(group));
 }
 

@@ -117,6 +117,8 @@ std::vector<Field> fields(Config& c) {
       string_field("data", "path", c.data.path),
       string_field("data", "format", c.data.format),
       double_field("data", "val_fraction", c.data.val_fraction),
+      string_field("data", "tokenizer", c.data.tokenizer),
+      int_field("data", "eos_token", c.data.eos_token),
       int_field("train", "steps", c.train.steps),
       int_field("train", "global_batch", c.train.global_batch),
       int_field("train", "micro_batches", c.train.micro_batches),

@@ -443,10 +443,24 @@ void Run::print_header() const {
   std::fflush(stdout);
 }
 
-void Run::load_batches(const data::TokenStream& stream,
-                       const std::function<std::vector<int64_t>(int64_t)>& offsets_of) {
-  for (int64_t m = 0; m < dims_.microbatches; ++m)
-    data::make_batch(stream, offsets_of(m), c_.model.block_size, model_->inputs[m], model_->targets[m]);
+void Run::load_batches(const data::TokenStream& stream, const data::LossMask& mask,
+                       const std::function<std::vector<int64_t>(int64_t)>& offsets_of,
+                       const std::function<std::vector<int64_t>()>& global_offsets) {
+  const int64_t T = c_.model.block_size;
+  std::vector<int64_t> counts;
+  int64_t micro_sequences = 0;
+  for (int64_t m = 0; m < dims_.microbatches; ++m) {
+    const std::vector<int64_t> offsets = offsets_of(m);
+    data::make_batch(stream, offsets, T, model_->inputs[m], model_->targets[m]);
+    if (mask.empty()) continue;
+    counts.push_back(mask.apply(offsets, T, model_->targets[m].data_ptr<int64_t>()));
+    micro_sequences = static_cast<int64_t>(offsets.size());
+  }
+  if (mask.empty()) return;
+  // Every rank counts the whole global batch itself (same offsets everywhere): no collective needed.
+  const std::vector<int64_t> global = global_offsets();
+  model_->loss_weights = data::micro_batch_loss_weights(counts, micro_sequences, mask.count(global, T),
+                                                        static_cast<int64_t>(global.size()));
 }
 
 // The replica's loss of the loaded micro-batches (training: with gradients reduced). Losses are summed inside
@@ -539,7 +553,10 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
   }
   {
     Phase phase(t, *recorder_, SpanKind::Data, "data", step);
-    load_batches(splits_.train, [&](int64_t m) { return sampler_->local_offsets(step, static_cast<int>(m)); });
+    load_batches(
+        splits_.train, splits_.train_mask,
+        [&](int64_t m) { return sampler_->local_offsets(step, static_cast<int>(m)); },
+        [&] { return sampler_->global_offsets(step); });
   }
   MemoryWatermark activations;  // tensors allocated by forward and backward above those the step began with
   const double replica_loss = forward_backward(true);
@@ -605,7 +622,9 @@ double Run::evaluate() {
   const double share = static_cast<double>(val.local_batch() * dims_.dp()) / static_cast<double>(c_.train.global_batch);
   double total = 0;
   for (int64_t b = 0; b < c_.train.eval_batches; ++b) {
-    load_batches(splits_.val, [&](int64_t m) { return val.local_offsets(b, static_cast<int>(m)); });
+    load_batches(
+        splits_.val, splits_.val_mask, [&](int64_t m) { return val.local_offsets(b, static_cast<int>(m)); },
+        [&] { return val.global_offsets(b); });
     const double replica = forward_backward(false);
     // Every rank of a replica holds its loss: count it once per replica.
     const bool counted = tp_index_ == 0 && mesh_.index(Axis::PP) == 0;

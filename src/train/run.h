@@ -102,7 +102,11 @@ class Run {
 
  private:
   double forward_backward(bool training);
-  void load_batches(const data::TokenStream& stream, const std::function<std::vector<int64_t>(int64_t)>& offsets_of);
+  // Fills the micro-batches; with a loss mask (prompt/response data) also the ignored targets and the loss
+  // weights, from the counted targets of the step's whole global batch (`global_offsets`).
+  void load_batches(const data::TokenStream& stream, const data::LossMask& mask,
+                    const std::function<std::vector<int64_t>(int64_t)>& offsets_of,
+                    const std::function<std::vector<int64_t>()>& global_offsets);
   StatePlacement placement() const;
   SyncSetup sync_setup(const Config& c, comm::Communicator& world);
   void start_trace(const RunStart& start);

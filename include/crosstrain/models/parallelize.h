@@ -32,6 +32,9 @@ class ParallelGPT {
 
   // The micro-batches of the step being run, [local batch, block size] tokens each; the caller fills them.
   std::vector<torch::Tensor> inputs, targets;
+  // Each micro-batch's loss (its mean over counted targets) is multiplied by its weight: 1 unless targets are
+  // masked (data/loss_mask.h), where the weights make every layout's loss the mean over the global batch.
+  std::vector<double> loss_weights;
 
   std::vector<GPTStage>& chunks() { return chunks_; }
   // Every parameter this rank holds, by plain name ("h.3.attn.c_attn.weight"), and the model's unsplit shapes.
@@ -46,7 +49,7 @@ class ParallelGPT {
   std::vector<std::vector<std::string>> unit_names() const;
   // Null with one pipeline stage: then loss(m) runs micro-batch m through the single stage.
   parallel::PipelineRuntime* pipeline() { return pipeline_.get(); }
-  torch::Tensor loss(int64_t m) { return chunks_[0]->loss(inputs[m], targets[m]); }
+  torch::Tensor loss(int64_t m) { return chunks_[0]->loss(inputs[m], targets[m]) * loss_weights[m]; }
   void train(bool on);
   // train.recompute for every block of every chunk.
   void set_recompute(Recompute r) {

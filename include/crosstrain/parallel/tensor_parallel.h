@@ -25,7 +25,9 @@ at::Tensor gather_from_sequence(const at::Tensor& x, comm::Communicator* group);
 // forward: reduce-scatter along the sequence; backward: all-gather along the sequence.
 at::Tensor reduce_scatter_to_sequence(const at::Tensor& x, comm::Communicator* group);
 
-// Mean cross-entropy over rows of logits whose vocabulary (last dim) is split over the group: this rank holds
+// Mean cross-entropy over rows of logits whose vocabulary (last dim) is split over the group (null: one rank);
+// rows whose target is -100 (torch's ignore_index: a masked prompt token) are left out of the mean, and the
+// loss is 0 when every row is left out. This rank holds
 // vocabulary entries [vocab_start, vocab_start + logits.size(-1)). The full logits are never gathered: the
 // max, the sum of exponentials and the target logit are all-reduced (three small collectives per call).
 at::Tensor vocab_parallel_cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t vocab_start,

@@ -129,6 +129,12 @@ ModelShape model_preset(const std::string& name) {
 ModelShape from_gpt_config(const models::GPTConfig& config, const std::string& name) {
   ModelShape m = gpt(name.c_str(), config.n_layer, config.n_embd, config.n_head, config.block_size,
                      config.vocab_size, false);
+  if (config.is_llama()) {  // the trainer's Llama family: the same shape fields the llama presets set
+    m.arch = "llama";
+    m.kv_heads = config.kv_heads();
+    m.ffn = config.mlp_hidden();
+    m.tied_embeddings = config.tie_embeddings;
+  }
   return m;
 }
 

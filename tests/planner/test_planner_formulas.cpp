@@ -76,6 +76,21 @@ TEST(PlannerModelShape, Gpt2ParametersWithTiedEmbeddings) {
   EXPECT_DOUBLE_EQ(m.parameters(), 124439808.0);
 }
 
+// A recipe's model is planned with the trainer's own parameter count, for either family.
+TEST(PlannerModelShape, RecipeModelsCountTheTrainersParameters) {
+  models::GPTConfig c;
+  c.n_layer = 3, c.n_head = 4, c.n_embd = 64, c.vocab_size = 512;
+  EXPECT_DOUBLE_EQ(from_gpt_config(c, "gpt").parameters(), static_cast<double>(c.parameter_count()));
+  c.arch = "llama";
+  c.n_kv_head = 2;
+  for (bool tied : {false, true}) {
+    c.tie_embeddings = tied;
+    const ModelShape m = from_gpt_config(c, "llama");
+    EXPECT_EQ(m.arch, "llama");
+    EXPECT_DOUBLE_EQ(m.parameters(), static_cast<double>(c.parameter_count())) << "tied " << tied;
+  }
+}
+
 TEST(PlannerModelShape, LlamaParameters) {
   // llama-7b: L = 32, h = 4096, f = 11008, V = 32000, no biases, RMSNorm (h weights), untied head.
   //   attention 4 h^2 = 67,108,864; SwiGLU 3 h f = 135,266,304; two norms 8,192: block 202,383,360

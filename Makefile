@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models install clean
 
 all: build
 
@@ -97,6 +97,11 @@ bench-scale: build
 # and predicted (the two WAN runs need root); predicted_s, measured_s, err_pct, best-layout hits. About 15 minutes.
 bench-plan: build
 	@python3 bench/plan.py --bin $(BUILD)/crosstrain
+
+# gpt-tiny against llama-tiny at equal parameter count on the SentencePiece tokens (tokens/s ratio).
+bench-models: app
+	@test -f data/fortunes-sp/train.bin || $(BUILD)/crosstrain tokenize /usr/share/games/fortunes --out data/fortunes-sp --vocab-size 2048
+	@python3 bench/models.py --bin $(BUILD)/crosstrain
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

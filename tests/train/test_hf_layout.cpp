@@ -7,6 +7,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <sys/wait.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -559,4 +561,20 @@ TEST(HfExport, CommandLine) {
   // An existing directory is not overwritten.
   EXPECT_NE(std::system(cmd.c_str()), 0);
   EXPECT_NE(slurp(dir + ".log").find("already exists"), std::string::npos) << slurp(dir + ".log");
+}
+
+// `crosstrain train --nproc 2` with a model.init_from of another shape: refused once, before any rank starts.
+TEST(HfInitFrom, CommandLineRefusesAMismatchBeforeLaunching) {
+  const auto& t = trained_gpt();
+  const std::string log = temp_dir("cli_train") + ".log";
+  const std::string cmd = std::string(CT_CROSSTRAIN_BIN) + " train " + CT_SOURCE_DIR + "/recipes/gpt-tiny.toml" +
+                          " --nproc 2 --set data.path=" + crosstrain::testing::corpus_file() + " --set run.dir=" +
+                          temp_dir("cli_train_run") + " --set model.init_from=" + t.hf_dir + " > " + log + " 2>&1";
+  const int status = std::system(cmd.c_str());
+  ASSERT_TRUE(WIFEXITED(status));
+  EXPECT_EQ(WEXITSTATUS(status), 2) << slurp(log);
+  const std::string out = slurp(log);
+  EXPECT_NE(out.find("model.n_layer is 4 in the recipe but 2 in the weights (fix: --set model.n_layer=2)"),
+            std::string::npos) << out;
+  EXPECT_EQ(out.find("[rank"), std::string::npos) << "checked before launching: " << out;
 }

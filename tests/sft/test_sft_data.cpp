@@ -152,3 +152,30 @@ TEST(SftDataset, LoadSplitsByExamplesAndMasksBatches) {
   c.path = write_file("not_jsonl.txt", "plain text\n");
   EXPECT_THROW(data::load_dataset(c, 4), UsageError);
 }
+
+TEST(SftDataset, SubwordTokenizerAndItsEndToken) {
+  // A byte-level BPE tokenizer.json (as tests/data/test_bpe.cpp's): "abc" is id 7, " ab" id 9, vocabulary 17.
+  const auto dir = std::filesystem::path(::testing::TempDir()) / "sft_bpe";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json")
+      << R"({"version": "1.0", "added_tokens": [{"id": 16, "content": "<|endoftext|>", "special": true}], )"
+      << R"("model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "Ġ": 3, "d": 4, "ab": 5, "bc": 6, "abc": 7, )"
+      << R"("Ġa": 8, "Ġab": 9, "Ċ": 10, "Ã": 11, "©": 12, "Ã©": 13, "'": 14, "s": 15}, )"
+      << R"("merges": ["b c", "a b", "a bc", "Ġ a", "Ġ ab", "Ã ©"]}})";
+  std::string text;
+  for (int i = 0; i < 8; ++i) text += "{\"prompt\": \"abc\", \"response\": \" ab\"}\n";
+  data::DatasetConfig c;
+  c.path = write_file("bpe.jsonl", text);
+  c.tokenizer = (dir / "tokenizer.json").string();
+  c.val_fraction = 0.25;
+  EXPECT_THROW(data::load_dataset(c, 2), UsageError);  // no data.eos_token
+  c.eos_token = 16;
+  const data::Splits s = data::load_dataset(c, 2);
+  ASSERT_EQ(s.train.size(), 18u);  // 6 examples of 3 tokens
+  EXPECT_EQ((std::vector<uint32_t>{s.train[0], s.train[1], s.train[2], s.train[3]}),
+            (std::vector<uint32_t>{7, 9, 16, 7}));
+  EXPECT_EQ((std::vector<uint8_t>{s.train_mask[0], s.train_mask[1], s.train_mask[2], s.train_mask[3]}),
+            (std::vector<uint8_t>{S, R, R, S}));
+  EXPECT_EQ(s.vocab_size, 17);
+  EXPECT_EQ(s.tokenizer, c.tokenizer);
+}

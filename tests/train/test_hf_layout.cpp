@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -101,8 +102,24 @@ at::Tensor as_tensor(const SpecTensor& t) {
 
 // ---- models and sources ----
 
+// This process's directories, under one root removed at exit: ctest runs the tests as parallel processes.
+const fs::path& root() {
+  static const struct Root {
+    fs::path path = fs::path(::testing::TempDir()) / ("hf_tests_" + std::to_string(getpid()));
+    Root() {
+      fs::remove_all(path);
+      fs::create_directories(path);
+    }
+    ~Root() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  } r;
+  return r.path;
+}
+
 std::string temp_dir(const std::string& tag) {
-  const fs::path p = fs::path(::testing::TempDir()) / ("hf_" + tag);
+  const fs::path p = root() / tag;
   fs::remove_all(p);
   fs::remove_all(p.string() + ".tmp");
   return p.string();
@@ -204,6 +221,7 @@ std::set<std::string> keys(const Map& m) {
 
 train::Config trained_config(const std::string& tag) {
   auto c = crosstrain::testing::tiny_config(tag);
+  c.run.dir = (root() / ("run_" + tag)).string();
   c.train.steps = 2;
   c.train.warmup_steps = 0;
   return c;

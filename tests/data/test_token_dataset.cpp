@@ -8,7 +8,9 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/data/dataset.h"
+#include "crosstrain/data/sentencepiece_tokenizer.h"
 #include "crosstrain/data/token_file.h"
+#include "crosstrain/data/tokenizer.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
@@ -129,4 +131,35 @@ TEST(TokenFiles, DtypeFollowsVocabulary) {
   EXPECT_EQ(data::dtype_for_vocab(65537), "uint32");
   EXPECT_NE(error_of([] { data::token_file_bytes({65536}, "uint16"); }).find("does not fit"), std::string::npos);
   EXPECT_EQ(data::token_file_bytes({0x01020304}, "uint32"), std::string("\x04\x03\x02\x01", 4));  // little-endian
+}
+
+// libsentencepiece's protobuf copy and libtorch's libprotobuf in one process: the module keeps them apart (a direct
+// link crashes before main). This process has libtorch loaded; train, save, and find the tokenizer through
+// meta.json as the end-of-training sample does.
+TEST(TokenFiles, SentencePieceWorksBesideLibtorchAndIsFoundThroughMeta) {
+  EXPECT_EQ(at::ones({2}).sum().item<float>(), 2.0f);
+  std::string text;
+  for (int i = 0; i < 300; ++i) text += "tokens for the model " + std::to_string(i % 17) + " and the pipeline\n";
+  size_t pos = 0;
+  data::SentencePieceTraining options;
+  options.vocab_size = 300;
+  const auto t = data::SentencePieceTokenizer::train(options, [&](std::string& line) {
+    if (pos >= text.size()) return false;
+    const size_t end = text.find('\n', pos);
+    line = text.substr(pos, end - pos);
+    pos = end + 1;
+    return true;
+  });
+  const auto ids = t.encode(text);
+  const fs::path dir = fresh_dir("sp_meta");
+  data::write_file_atomically((dir / "tokenizer.model").string(), t.serialized());
+  write(dir / "train.bin", ids, "uint16");
+  write_meta(dir, "uint16", 300);
+  data::DatasetConfig c;
+  c.path = (dir / "train.bin").string();
+  const auto found = data::data_tokenizer(c);
+  ASSERT_TRUE(found);
+  EXPECT_EQ(found->decode(std::vector<int64_t>(ids.begin(), ids.end())), text);
+  c.format = "text";
+  EXPECT_FALSE(data::data_tokenizer(c));  // bytes
 }

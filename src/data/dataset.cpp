@@ -247,7 +247,8 @@ Splits load_dataset(const DatasetConfig& config, int64_t block_size) {
 std::unique_ptr<Tokenizer> data_tokenizer(const DatasetConfig& config) {
   try {
     if (config.path.empty() || resolved_format(config) == "text") return nullptr;
-    if (resolved_format(config) == "jsonl") return config.tokenizer.empty() ? nullptr : load_tokenizer(config.tokenizer);
+    if (resolved_format(config) == "jsonl")
+      return config.tokenizer.empty() ? nullptr : load_tokenizer(config.tokenizer);
     const fs::path folder = fs::path(config.path).parent_path();
     const auto meta = read_token_meta(folder.string());
     if (!meta || meta->tokenizer.empty()) return nullptr;

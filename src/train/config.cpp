@@ -92,7 +92,8 @@ Field bool_field(const char* section, const char* key, bool& ref) {
           [&ref] { return std::string(ref ? "true" : "false"); }};
 }
 
-std::vector<Field> fields(Config& c) {
+// The [run], [model] and [data] keys (fields() lists the others after them).
+std::vector<Field> run_model_data_fields(Config& c) {
   return {
       string_field("run", "name", c.run.name),
       string_field("run", "dir", c.run.dir),
@@ -119,6 +120,12 @@ std::vector<Field> fields(Config& c) {
       double_field("data", "val_fraction", c.data.val_fraction),
       string_field("data", "tokenizer", c.data.tokenizer),
       int_field("data", "eos_token", c.data.eos_token),
+  };
+}
+
+std::vector<Field> fields(Config& c) {
+  std::vector<Field> all = run_model_data_fields(c);
+  std::vector<Field> rest{
       int_field("train", "steps", c.train.steps),
       int_field("train", "global_batch", c.train.global_batch),
       int_field("train", "micro_batches", c.train.micro_batches),
@@ -195,6 +202,8 @@ std::vector<Field> fields(Config& c) {
       bool_field("debug", "elastic_digest", c.debug.elastic_digest),
       string_field("debug", "skip_collective", c.debug.skip_collective),
   };
+  all.insert(all.end(), rest.begin(), rest.end());
+  return all;
 }
 
 std::vector<std::string> sections(const std::vector<Field>& all) {

@@ -69,7 +69,8 @@ void check_source(const DatasetConfig& config);
 Splits load_dataset(const DatasetConfig& config, int64_t block_size);
 
 // The tokenizer that wrote the data (the one meta.json beside a token file names; data.tokenizer for JSONL),
-// for decoding what a model trained on it generates; null for text (bytes are the tokens) or when there is none or it cannot be read.
+// for decoding what a model trained on it generates; null for text (bytes are the tokens) or when there is none
+// or it cannot be read.
 std::unique_ptr<Tokenizer> data_tokenizer(const DatasetConfig& config);
 
 // Throws UsageError when the data needs a larger model.vocab_size: a token id in either part is not below it, or

@@ -129,9 +129,13 @@ SentencePieceTokenizer SentencePieceTokenizer::train(const SentencePieceTraining
   const auto flags = trainer_arguments(options);
   std::string model, error;
   if (!module().train(&flags, next_line_thunk, const_cast<std::function<bool(std::string&)>*>(&next_line), &model,
-                      &error))
+                      &error)) {
+    // sentencepiece prefixes its reason with the source line and the failed check: keep the reason.
+    const size_t check = error.rfind("] ");
     throw UsageError("cannot train a SentencePiece " + options.type + " model of " +
-                     std::to_string(options.vocab_size) + " pieces: " + error + " (choose another --vocab-size)");
+                     std::to_string(options.vocab_size) + " pieces: " +
+                     (check == std::string::npos ? error : error.substr(check + 2)) + " (choose another --vocab-size)");
+  }
   auto tokenizer = from_serialized(model, "the model just trained");
   tokenizer.impl_->type = "sentencepiece-" + options.type;
   return tokenizer;

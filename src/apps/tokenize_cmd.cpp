@@ -77,7 +77,8 @@ std::unique_ptr<data::Tokenizer> train_tokenizer(const TokenizeOptions& o, const
     pos = end + 1;
     return true;
   };
-  auto tokenizer = std::make_unique<data::SentencePieceTokenizer>(data::SentencePieceTokenizer::train(training, next_line));
+  auto tokenizer =
+      std::make_unique<data::SentencePieceTokenizer>(data::SentencePieceTokenizer::train(training, next_line));
   std::fprintf(stderr, "trained in %.1f s\n", seconds_since(start));
   return tokenizer;
 }
@@ -87,9 +88,9 @@ std::vector<uint32_t> encode_with_progress(const std::string& text, const data::
                                            const char* what) {
   const bool tty = isatty(STDERR_FILENO);
   auto progress = [&](size_t done, size_t total) {
-    if (tty)
-      std::fprintf(stderr, "\rencoding %s: %3.0f%% of %.1f MB", what, total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0,
-                   static_cast<double>(total) / 1e6);
+    if (!tty) return;
+    const double percent = total ? 100.0 * static_cast<double>(done) / static_cast<double>(total) : 100.0;
+    std::fprintf(stderr, "\rencoding %s: %3.0f%% of %.1f MB", what, percent, static_cast<double>(total) / 1e6);
   };
   auto ids = data::encode_parallel(text, tokenizer, threads, progress);
   if (tty) std::fprintf(stderr, "\n");

@@ -279,8 +279,8 @@ std::vector<uint32_t> BpeTokenizer::encode(const std::string& text) const {
 std::string BpeTokenizer::decode(const std::vector<int64_t>& ids) const {
   std::string out;
   for (int64_t id : ids) {
-    if (id >= 0 && id < vocab_size_ && !pieces_[static_cast<size_t>(id)].empty()) out += pieces_[static_cast<size_t>(id)];
-    else out += "<" + std::to_string(id) + ">";
+    const bool known = id >= 0 && id < vocab_size_ && !pieces_[static_cast<size_t>(id)].empty();
+    out += known ? pieces_[static_cast<size_t>(id)] : "<" + std::to_string(id) + ">";
   }
   return out;
 }

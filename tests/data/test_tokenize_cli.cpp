@@ -107,16 +107,17 @@ TEST(TokenizeCli, LargeVocabularyWritesUint32) {
   const fs::path in = corpus(), tok = fresh("tok_json"), out = fresh("tok_u32");
   fs::create_directories(tok);
   nlohmann::json vocab = nlohmann::json::object();
-  const char* printable = "!\"#$%&'()*+,-./0123456789:;<=>?@ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstuvwxyz{|}~";
-  for (int i = 0; printable[i]; ++i) vocab[std::string(1, printable[i])] = static_cast<unsigned char>(printable[i]);
+  for (int c = '!'; c <= '~'; ++c) vocab[std::string(1, static_cast<char>(c))] = c;  // printable ASCII: itself
   vocab["\xC4\xA0"] = 70000;                                    // Ġ: ' '
   vocab["\xC4\x8A"] = 10;                                       // Ċ: '\n'
-  vocab["\xC3\x83"] = 300, vocab["\xC2\xBC"] = 301, vocab["\xC2\xA4"] = 302, vocab["\xC5\x81"] = 303;  // bytes of ü ä ß (0x9F is remapped to U+0141)
+  // The bytes of ü ä ß: C3 BC A4 9F; 0x9F is remapped to U+0141.
+  vocab["\xC3\x83"] = 300, vocab["\xC2\xBC"] = 301, vocab["\xC2\xA4"] = 302, vocab["\xC5\x81"] = 303;
   vocab["\xC3\x83\xC2\xBC"] = 304;
   std::ofstream(tok / "tokenizer.json")
       << nlohmann::json{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", {"\xC3\x83 \xC2\xBC"}}}}}.dump();
   int status = 0;
-  const std::string log = run(in.string() + " --out " + out.string() + " --tokenizer " + (tok / "tokenizer.json").string(), &status);
+  const std::string log =
+      run(in.string() + " --out " + out.string() + " --tokenizer " + (tok / "tokenizer.json").string(), &status);
   ASSERT_EQ(status, 0) << log;
   const auto meta = nlohmann::json::parse(read(out / "meta.json"));
   EXPECT_EQ(meta["dtype"], "uint32");

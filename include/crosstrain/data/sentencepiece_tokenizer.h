@@ -3,8 +3,8 @@
 // Models trained here are set up to be lossless on any text, so that a token file decodes back to its corpus:
 // no normalization (identity rule), whitespace kept as it is (no collapsing, no dummy prefix space), and byte
 // fallback (ids 3..258 are the 256 bytes, used for characters the vocabulary lacks, e.g. '\n' and rare
-// Unicode). Ids 0, 1, 2 are <unk>, <s>, </s>. libsentencepiece is opened at first use from a module built with crosstrain
-// (libcrosstrain_sentencepiece.so; src/data/sentencepiece/module.cpp says why).
+// Unicode). Ids 0, 1, 2 are <unk>, <s>, </s>. libsentencepiece is opened at first use from a module built with
+// crosstrain (libcrosstrain_sentencepiece.so; src/data/sentencepiece/module.cpp says why).
 #pragma once
 
 #include <functional>

@@ -215,7 +215,8 @@ parallel::ParallelDims validate(const Config& c, int world) {
        "train.global_batch = " + std::to_string(c.train.global_batch) + " is not divisible by " +
            std::to_string(dims.dp()) + " data-parallel ranks x " + std::to_string(dims.microbatches) +
            " micro-batches; use a multiple of " + std::to_string(replicas_x_micro));
-  need(c.model.vocab_size >= 256 || c.data.format == "bin", "model.vocab_size must be at least 256 for byte-level text");
+  need(c.model.vocab_size >= 256 || c.data.format == "bin" || !c.data.tokenizer.empty(),
+       "model.vocab_size must be at least 256 for byte-level text");
   return dims;
 }
 

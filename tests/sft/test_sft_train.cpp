@@ -1,6 +1,7 @@
-// The trainer on prompt/response JSONL: every layout (dp = 2, tp = 2, pp = 2, gradient accumulation) gives the
-// single process's losses step by step, although its micro-batches hold different numbers of trained targets,
-// and the loss on the response tokens falls. Ranks are threads (in-process back end).
+// The trainer on prompt/response JSONL: every layout (dp = 2, tp = 2 with and without sequence parallelism,
+// pp = 2, gradient accumulation) gives the single process's losses step by step, although its micro-batches
+// hold different numbers of trained targets, and the loss on the response tokens falls. Ranks are threads
+// (in-process back end).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -34,6 +35,7 @@ std::string arithmetic_jsonl() {
 struct Layout {
   int dp = 1, tp = 1, pp = 1;
   int64_t micro_batches = 1;
+  bool sequence_parallel = false;
 };
 
 std::vector<double> run_losses(const Layout& l, const std::string& tag, double* val_loss = nullptr) {
@@ -51,6 +53,7 @@ std::vector<double> run_losses(const Layout& l, const std::string& tag, double* 
   c.parallel.tp = l.tp;
   c.parallel.pp = l.pp;
   c.train.micro_batches = l.micro_batches;
+  c.parallel.sequence_parallel = l.sequence_parallel;
   std::vector<double> losses;
   std::mutex m;
   comm::FakeWorld::run(l.dp * l.tp * l.pp, [&](comm::Communicator& comm) {
@@ -88,5 +91,6 @@ TEST(SftTrain, EveryLayoutGivesTheSingleProcessLosses) {
   EXPECT_NEAR(val, want_val, 1e-4 * want_val);
   expect_same(want, run_losses({1, 1, 1, 2}, "sft_accumulate2"), "micro_batches=2");
   expect_same(want, run_losses({1, 2, 1, 1}, "sft_tp2"), "tp=2");
+  expect_same(want, run_losses({1, 2, 1, 1, true}, "sft_tp2_sp"), "tp=2 + sequence parallel");
   expect_same(want, run_losses({1, 1, 2, 2}, "sft_pp2"), "pp=2");
 }

@@ -117,7 +117,8 @@ int tokenize_command(const TokenizeOptions& o) {
   if (o.val_fraction > 0 && (cut == 0 || cut == text.size()))
     throw UsageError("--val-fraction " + std::to_string(o.val_fraction) + " leaves no whole line for one of the parts");
   const auto start = Clock::now();
-  const auto train_ids = encode_with_progress(text.substr(0, cut), *tokenizer, threads, "train");
+  const auto train_ids = cut == text.size() ? encode_with_progress(text, *tokenizer, threads, "train")
+                                            : encode_with_progress(text.substr(0, cut), *tokenizer, threads, "train");
   const auto val_ids = cut < text.size() ? encode_with_progress(text.substr(cut), *tokenizer, threads, "val")
                                          : std::vector<uint32_t>();
   const double encode_s = seconds_since(start);

@@ -91,6 +91,9 @@ std::unordered_map<std::string, std::string> trainer_arguments(const SentencePie
       {"vocab_size", std::to_string(o.vocab_size)},
       {"num_threads", std::to_string(std::max(1, o.threads))},
       {"max_sentence_length", std::to_string(o.max_sentence_bytes)},
+      // A large corpus: train on a random sample of 10 million lines (sentencepiece holds them all in memory).
+      {"input_sentence_size", "10000000"},
+      {"shuffle_input_sentence", "true"},
       // Lossless: the text comes back exactly (see the header).
       {"byte_fallback", "true"},
       {"normalization_rule_name", "identity"},

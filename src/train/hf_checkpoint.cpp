@@ -285,9 +285,12 @@ void check_initial_weights(const std::string& path, const models::GPTConfig& rec
 InitialWeights load_initial_weights(const std::string& path, const models::GPTConfig& recipe,
                                     const std::map<std::string, at::Tensor>& shards, int tp_rank, int tp_size) {
   const std::unique_ptr<WeightSource> source = open_checked(path, recipe);
-  const models::ParallelPlan plan(recipe);
+  const models::ParallelPlan plan(recipe), stored(source->config());
   torch::NoGradGuard no_grad;
   for (const auto& [name, shard] : shards) {
+    // LoRA adapters the weights do not have (a base model for a LoRA fine-tune) keep their initial values:
+    // B = 0, so the adapted model starts as the base.
+    if (!stored.contains(name) && plan.at(name).name.find(".lora_") != std::string::npos) continue;
     at::Tensor part = models::shard_of(plan, name, source->read(name), tp_rank, tp_size);
     if (part.sizes() != shard.sizes())
       throw Error("model.init_from: '" + name + "' gives a shard of " + shape_text(part.sizes().vec()) +

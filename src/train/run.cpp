@@ -407,6 +407,17 @@ void Run::freeze(const std::set<std::string>& frozen) {
   }
   for (const auto& p : model_->partial_gradient_parameters())
     if (p.requires_grad()) partial_trainable_.push_back(p);
+  // Every rank judges every stage from the plan, so all of them stop here (none waits for a stage that left).
+  const models::ParallelPlan plan(c_.model);
+  const int stages = dims_.virtual_stages();
+  for (int v = 0; v < stages; ++v) {
+    const models::StageSpec spec{dims_.bounds[v], dims_.bounds[v + 1], v == 0, v == stages - 1};
+    bool trains = false;
+    for (const auto& name : plan.stage_parameters(spec)) trains = trains || !frozen.count(name);
+    if (!trains)
+      throw UsageError("train.freeze = \"" + c_.train.freeze + "\" freezes every parameter of pipeline stage " +
+                       std::to_string(v) + "; freeze fewer blocks or use fewer stages (parallel.pp)");
+  }
   if (talk_ && !frozen.empty()) {
     int64_t fixed = 0, total = 0;
     for (const auto& [name, t] : model_->shards()) (frozen.count(name) ? fixed : total) += t.numel();

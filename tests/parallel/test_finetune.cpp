@@ -135,10 +135,20 @@ TEST(FineTune, LoraLayoutsMatchTheSingleProcess) {
   }
 }
 
+// A LoRA fine-tune of a pre-trained checkpoint (model.init_from) stopped at step 4 and resumed in another layout
+// continues with the uninterrupted run's losses: the checkpoint holds the adapters, the frozen base comes from
+// init_from again.
 TEST(FineTune, ResumesExactly) {
   const std::string base = (fs::path(::testing::TempDir()) / "finetune_resume").string();
   fs::remove_all(base);
+  auto pre = finetune_config("finetune_pretrain", "llama");
+  pre.train.steps = 3;
+  pre.run.dir = base + "/pretrained";
+  train(pre, {});
   auto c = finetune_config("finetune_resume", "llama");
+  c.model_init_from = base + "/pretrained";
+  c.run.seed = 99;  // the base must come from init_from, not from the seed
+  c.train.lr = 3e-3;
   c.model.lora_rank = 4;
   c.train.freeze = "";  // LoRA: everything else frozen
   c.train.checkpoint_every = 4;
@@ -154,6 +164,23 @@ TEST(FineTune, ResumesExactly) {
   ASSERT_EQ(resumed.losses.size(), 4u);
   for (size_t i = 0; i < 4; ++i)
     EXPECT_NEAR(resumed.losses[i], full.losses[4 + i], 1e-5 * full.losses[4 + i]) << "step " << 5 + i;
+  // And it did start from the pre-trained weights: a fresh model of this seed starts elsewhere.
+  auto fresh = c;
+  fresh.model_init_from = "";
+  fresh.run.dir = base + "/fresh";
+  fresh.train.steps = 1;
+  EXPECT_GT(std::abs(train(fresh, {}).losses[0] - full.losses[0]), 1e-3);
+}
+
+TEST(FineTune, AStageWithNothingToTrainIsAClearError) {
+  auto c = finetune_config("freeze_stage", "gpt");
+  c.train.freeze = "embedding,0-1";  // pipeline stage 0 of 2 holds exactly these
+  try {
+    train(c, {1, 2, 1});
+    FAIL() << "expected an error";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("freezes every parameter of pipeline stage 0"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FineTune, FreezeSpecIsCheckedAndNamesWhatItFreezes) {

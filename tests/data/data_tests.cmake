@@ -3,7 +3,8 @@
 add_executable(data_tests data/test_bpe.cpp data/test_sentencepiece.cpp data/test_tokenize_cli.cpp)
 target_compile_options(data_tests PRIVATE -Wall -Wextra)
 target_link_libraries(data_tests PRIVATE crosstrain_data_pure crosstrain_core_pure GTest::gtest_main Threads::Threads)
-target_compile_definitions(data_tests PRIVATE CROSSTRAIN_BINARY="$<TARGET_FILE:crosstrain_app>")
+target_compile_definitions(data_tests PRIVATE CROSSTRAIN_BINARY="$<TARGET_FILE:crosstrain_app>"
+  CROSSTRAIN_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(data_tests crosstrain_app crosstrain_sentencepiece)
 gtest_discover_tests(data_tests PROPERTIES LABELS unit TIMEOUT 120 DISCOVERY_TIMEOUT 60)
 add_executable(token_file_tests data/test_token_dataset.cpp)

@@ -19,8 +19,10 @@ const char* kVocab = R"({"a": 0, "b": 1, "c": 2, "Ġ": 3, "d": 4, "ab": 5, "bc":
 // Rank order matters: "b c" (rank 0) comes before "a b" (rank 1), so "abc" is a + bc -> abc, never ab + c.
 const char* kMerges[][2] = {{"b", "c"}, {"a", "b"}, {"a", "bc"}, {"Ġ", "a"}, {"Ġ", "ab"}, {"Ã", "©"}};
 
+// Under the test's own name: ctest runs each test in its own process, several at once.
 fs::path temp_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const fs::path dir = fs::path(::testing::TempDir()) / (test + "_" + name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -105,7 +107,7 @@ TEST(BpeTokenizer, LoadTokenizerFindsEachLayout) {
   EXPECT_EQ(data::load_tokenizer(json.string())->encode(" abc"), ids({3, 7}));
   EXPECT_EQ(data::load_tokenizer(json.parent_path().string())->encode(" abc"), ids({3, 7}));
   vocab_merges_tokenizer();
-  const fs::path dir = fs::path(::testing::TempDir()) / "bpe_vocab_merges";
+  const fs::path dir = fs::path(::testing::TempDir()) / "LoadTokenizerFindsEachLayout_bpe_vocab_merges";
   EXPECT_EQ(data::load_tokenizer(dir.string())->type(), "byte-level-bpe");
   EXPECT_EQ(data::load_tokenizer((dir / "vocab.json").string())->encode("abc"), ids({7}));
 }

@@ -16,17 +16,19 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string run(const std::string& args, int* status) {
+std::string run(const std::string& args, int* status, const std::string& command = "tokenize") {
   std::string out;
-  FILE* p = popen((std::string(CROSSTRAIN_BINARY) + " tokenize " + args + " 2>&1").c_str(), "r");
+  FILE* p = popen((std::string(CROSSTRAIN_BINARY) + " " + command + " " + args + " 2>&1").c_str(), "r");
   char buffer[4096];
   while (p && fgets(buffer, sizeof buffer, p)) out += buffer;
   *status = p ? pclose(p) : -1;
   return out;
 }
 
+// Under the test's own name: ctest runs each test in its own process, several at once.
 fs::path fresh(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+  const fs::path dir = fs::path(::testing::TempDir()) / (test + "_" + name);
   fs::remove_all(dir);
   return dir;
 }
@@ -102,7 +104,7 @@ TEST(TokenizeCli, UnigramWithValidationFile) {
   EXPECT_LT(val.size(), train.size() / 5);
 }
 
-TEST(TokenizeCli, LargeVocabularyWritesUint32) {
+TEST(TokenizeCli, LargeVocabularyWritesUint32AndTrains) {
   // A byte-level BPE whose vocabulary reaches id 70000: every byte has a token, 'Ġ' (space) is id 70000.
   const fs::path in = corpus(), tok = fresh("tok_json"), out = fresh("tok_u32");
   fs::create_directories(tok);
@@ -129,6 +131,20 @@ TEST(TokenizeCli, LargeVocabularyWritesUint32) {
   EXPECT_NE(std::find(ids.begin(), ids.end(), 70000), ids.end());
   EXPECT_NE(std::find(ids.begin(), ids.end(), 304), ids.end());  // ü merged
   EXPECT_EQ(data::load_tokenizer((out / "tokenizer.json").string())->decode(ids), data::read_corpus(in.string()));
+  // The trainer reads the uint32 file through meta.json, and says which model.vocab_size the data needs.
+  const std::string recipe = std::string(CROSSTRAIN_SOURCE_DIR) + "/recipes/gpt-tiny.toml --nproc 1 --set data.path=" +
+                             (out / "train.bin").string() + " --set run.dir=" + fresh("tok_u32_run").string();
+  const std::string small = run(recipe, &status, "train");
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2) << small;
+  EXPECT_NE(small.find("set model.vocab_size = 70001"), std::string::npos) << small;
+  const std::string trained = run(recipe + " --set model.vocab_size=70002 --set model.n_layer=1 --set model.n_embd=32"
+                                  " --set model.n_head=2 --set model.block_size=16 --set train.steps=2"
+                                  " --set train.global_batch=2 --set train.eval_every=2 --set train.eval_batches=1"
+                                  " --set train.sample_tokens=4 --set train.peak_flops_per_rank=1e9",
+                                  &status, "train");
+  ASSERT_EQ(status, 0) << trained;
+  EXPECT_NE(trained.find("uint32 tokens from train.bin"), std::string::npos) << trained;
+  EXPECT_NE(trained.find("step 2/2"), std::string::npos) << trained;
 }
 
 TEST(TokenizeCli, BadInputFailsClearlyAndWritesNothing) {

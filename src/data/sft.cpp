@@ -82,6 +82,11 @@ PackedExamples pack_jsonl(const std::string& path, const Encoder& encode, uint32
   return p;
 }
 
+bool is_jsonl(const DatasetConfig& config) {
+  return config.format == "jsonl" ||
+         (config.format == "auto" && std::filesystem::path(config.path).extension() == ".jsonl");
+}
+
 uint32_t eos_token(const DatasetConfig& config) {
   if (config.eos_token >= 0) return static_cast<uint32_t>(config.eos_token);
   if (!config.tokenizer.empty())

@@ -90,6 +90,13 @@ TEST(SftPack, EosTokenChoice) {
   c.eos_token = -1;
   c.tokenizer = "some/tokenizer.json";
   EXPECT_THROW(data::eos_token(c), UsageError);  // a vocabulary's end token must be named
+  c.path = "pairs.jsonl";
+  EXPECT_TRUE(data::is_jsonl(c));  // auto, by the extension
+  c.format = "text";
+  EXPECT_FALSE(data::is_jsonl(c));
+  c.path = "pairs.txt";
+  c.format = "jsonl";
+  EXPECT_TRUE(data::is_jsonl(c));
 }
 
 TEST(LossMaskTest, WindowsTrainOnlyWholeExamplesResponses) {

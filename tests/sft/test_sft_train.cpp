@@ -38,7 +38,8 @@ struct Layout {
   bool sequence_parallel = false;
 };
 
-std::vector<double> run_losses(const Layout& l, const std::string& tag, double* val_loss = nullptr) {
+std::vector<double> run_losses(const Layout& l, const std::string& tag, double* val_loss = nullptr,
+                               std::string* sample = nullptr) {
   auto c = crosstrain::testing::tiny_config(tag);
   c.data.path = arithmetic_jsonl();
   c.model.n_layer = 2;
@@ -54,6 +55,7 @@ std::vector<double> run_losses(const Layout& l, const std::string& tag, double* 
   c.parallel.pp = l.pp;
   c.train.micro_batches = l.micro_batches;
   c.parallel.sequence_parallel = l.sequence_parallel;
+  if (sample) c.train.sample_tokens = 6;
   std::vector<double> losses;
   std::mutex m;
   comm::FakeWorld::run(l.dp * l.tp * l.pp, [&](comm::Communicator& comm) {
@@ -65,6 +67,7 @@ std::vector<double> run_losses(const Layout& l, const std::string& tag, double* 
     if (comm.rank() == 0) {
       for (const auto& s : r.steps) losses.push_back(s.loss);
       if (val_loss) *val_loss = r.val_loss;
+      if (sample) *sample = r.sample;
     }
   }, comm::Millis(120000));
   return losses;
@@ -80,7 +83,11 @@ void expect_same(const std::vector<double>& want, const std::vector<double>& got
 
 TEST(SftTrain, EveryLayoutGivesTheSingleProcessLosses) {
   double want_val = 0;
-  const auto want = run_losses({}, "sft_single", &want_val);
+  std::string sample;
+  const auto want = run_losses({}, "sft_single", &want_val, &sample);
+  // The sample answers validation prompts beside the expected responses.
+  EXPECT_NE(sample.find("What is "), std::string::npos) << sample;
+  EXPECT_NE(sample.find("(expected: "), std::string::npos) << sample;
   ASSERT_EQ(want.size(), 8u);
   EXPECT_GT(want_val, 0);
   // The response tokens are learnable (digits, then the end token): the loss falls from about ln 256.

@@ -31,6 +31,9 @@ using Encoder = std::function<std::vector<uint32_t>(const std::string&)>;
 // string "prompt" and "response", and for a file without examples.
 PackedExamples pack_jsonl(const std::string& path, const Encoder& encode, uint32_t eos_token);
 
+// data.format is "jsonl", or "auto" with a path ending in .jsonl.
+bool is_jsonl(const DatasetConfig& config);
+
 // The end-of-text token data.eos_token names, or for byte-level data (no data.tokenizer) byte 0 (NUL), which
 // text does not hold. A subword tokenizer's end-of-text id differs between vocabularies: data.eos_token must
 // name it (UsageError otherwise).

@@ -11,6 +11,7 @@
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/checkpoint/safetensors.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/models/parallel_plan.h"
 #include "crosstrain/train/config.h"
@@ -161,14 +162,24 @@ int64_t dtype_bytes(const std::string& name) {
   return 4;
 }
 
-// A crosstrain checkpoint (or a run directory's newest), whatever layout wrote it.
+// A crosstrain checkpoint (or a run directory's newest), whatever layout wrote it. A fine-tuning run's checkpoint
+// holds only what it trained: its frozen weights are read from the run's model.init_from (or are the seed's
+// initial values, without one), and LoRA adapters are merged into their projections (W + s B A), so the source
+// is the whole fine-tuned model, without adapters.
 class CheckpointSource : public WeightSource {
  public:
   explicit CheckpointSource(const std::string& path) : reader_(checkpoint::resolve_checkpoint(path)) {
     const std::string text = reader_.info().value("config", "");
     if (text.empty()) throw UsageError("checkpoint '" + reader_.dir() + "' does not record its config (manifest.json)");
-    config_ = parse_config(text, reader_.dir() + "/manifest.json").model;
+    const Config run = parse_config(text, reader_.dir() + "/manifest.json");
+    stored_plan_ = std::make_shared<const models::ParallelPlan>(run.model);
+    config_ = run.model;
+    config_.lora_rank = 0;  // merged
     plan_ = std::make_shared<const models::ParallelPlan>(config_);
+    seed_ = run.run.seed;
+    lora_ = run.model.lora_rank > 0;
+    scale_ = run.model.lora_scale();
+    if (!run.model_init_from.empty() && stores_less_than_the_model()) base_ = open_weights(run.model_init_from);
   }
   const models::GPTConfig& config() const override { return config_; }
   std::string describe() const override {
@@ -176,34 +187,66 @@ class CheckpointSource : public WeightSource {
   }
   void check() const override {
     std::vector<std::string> missing, misshapen, extra;
-    for (const auto& p : plan_->parameters()) {
-      if (!reader_.has(p.name)) missing.push_back(p.name);
-      else if (reader_.global_shape(p.name) != p.shape)
+    for (const auto& p : stored_plan_->parameters()) {
+      if (!reader_.has(p.name)) continue;  // a fine-tune's frozen weight: from init_from or the seed
+      if (reader_.global_shape(p.name) != p.shape)
         misshapen.push_back(p.name + " is " + shape_text(reader_.global_shape(p.name)) + ", its config needs " +
                             shape_text(p.shape));
     }
     for (const auto& t : reader_.tensors())
-      if (t.find('#') == std::string::npos && !plan_->contains(t)) extra.push_back(t);
+      if (t.find('#') == std::string::npos && !stored_plan_->contains(t)) extra.push_back(t);
     const std::string problems = tensor_problems(missing, misshapen, extra);
     if (!problems.empty())
       throw UsageError("checkpoint '" + reader_.dir() + "' does not match the model its manifest records: " + problems);
+    if (base_) base_->check();
   }
   at::Tensor read(const std::string& name) override {
-    auto plan = plan_;
-    return reader_.read_full(name, [plan](const std::string& n, const at::Tensor& full, int rank, int size) {
-      return models::shard_of(*plan, n, full, rank, size);
-    });
+    at::Tensor w = stored(name);
+    const std::string adapter = name.substr(0, name.rfind('.'));  // "h.0.attn.q_proj"
+    const bool weight = name.size() > 7 && name.compare(name.size() - 7, 7, ".weight") == 0;
+    if (lora_ && weight && stored_plan_->contains(adapter + ".lora_A")) {
+      torch::NoGradGuard no_grad;
+      const at::Tensor a = stored(adapter + ".lora_A").to(at::kFloat), b = stored(adapter + ".lora_B").to(at::kFloat);
+      w = (w.to(at::kFloat) + scale_ * b.mm(a)).to(w.scalar_type());
+    }
+    return w;
   }
   int64_t bytes(const std::string& name) const override {
+    if (!reader_.has(name)) {
+      int64_t n = 4;
+      for (int64_t d : plan_->at(name).shape) n *= d;
+      return n;
+    }
     int64_t n = dtype_bytes(reader_.dtype(name));
     for (int64_t d : reader_.global_shape(name)) n *= d;
     return n;
   }
 
  private:
+  bool stores_less_than_the_model() const {
+    for (const auto& p : stored_plan_->parameters())
+      if (!reader_.has(p.name)) return true;
+    return false;
+  }
+  // A tensor as the run left it: saved, or (frozen) from init_from or the seed.
+  at::Tensor stored(const std::string& name) {
+    if (reader_.has(name)) {
+      auto plan = stored_plan_;
+      return reader_.read_full(name, [plan](const std::string& n, const at::Tensor& full, int rank, int size) {
+        return models::shard_of(*plan, n, full, rank, size);
+      });
+    }
+    if (base_) return base_->read(name);
+    return models::initial_shard(stored_plan_->at(name), seed_, 0, 1);
+  }
+
   mutable checkpoint::CheckpointReader reader_;
-  models::GPTConfig config_;
-  std::shared_ptr<const models::ParallelPlan> plan_;
+  models::GPTConfig config_;  // the model without adapters
+  std::shared_ptr<const models::ParallelPlan> plan_, stored_plan_;
+  std::unique_ptr<WeightSource> base_;  // the run's model.init_from, when it froze weights
+  uint64_t seed_ = 0;
+  bool lora_ = false;
+  double scale_ = 1.0;
 };
 
 void write_index(const fs::path& path, const nlohmann::json& weight_map, int64_t total) {

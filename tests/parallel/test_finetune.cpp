@@ -11,6 +11,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/gpt.h"
 #include "crosstrain/models/gpt_init.h"
+#include "crosstrain/train/hf_checkpoint.h"
 #include "crosstrain/train/test_hooks.h"
 #include "crosstrain/train/trainer.h"
 #include "train_fixture.h"
@@ -170,6 +171,41 @@ TEST(FineTune, ResumesExactly) {
   fresh.run.dir = base + "/fresh";
   fresh.train.steps = 1;
   EXPECT_GT(std::abs(train(fresh, {}).losses[0] - full.losses[0]), 1e-3);
+}
+
+// A fine-tune's checkpoint holds what it trained; read as weights (ckpt export, init_from) it is the whole
+// fine-tuned model: frozen weights from init_from (or the seed), LoRA adapters merged (W + s B A).
+TEST(FineTune, CheckpointsReadAsTheWholeFineTunedModel) {
+  const std::string base = (fs::path(::testing::TempDir()) / "finetune_export").string();
+  fs::remove_all(base);
+  auto lora = finetune_config("finetune_export_lora", "gpt");
+  lora.model.lora_rank = 4;
+  lora.model.lora_alpha = 8;
+  lora.train.checkpoint_every = lora.train.steps;
+  lora.run.dir = base + "/lora";
+  const auto trained = train(lora, {}).params[0];
+  auto source = train::open_weights(lora.run.dir);
+  EXPECT_EQ(source->config().lora_rank, 0);
+  const std::string q = "h.1.attn.c_attn";
+  auto merged = trained.at(q + ".weight") + 2.0 * trained.at(q + ".lora_B").mm(trained.at(q + ".lora_A"));
+  EXPECT_LT((source->read(q + ".weight") - merged).abs().max().item<double>(), 1e-6);
+  EXPECT_FALSE(torch::equal(merged, trained.at(q + ".weight"))) << "the adapters must have moved";
+  EXPECT_TRUE(torch::equal(source->read("wte.weight"), initial(lora, "wte.weight"))) << "frozen, from the seed";
+
+  auto pre = finetune_config("finetune_export_pre", "gpt");
+  pre.train.steps = 2;
+  pre.run.dir = base + "/pre";
+  train(pre, {});
+  auto frozen = finetune_config("finetune_export_frozen", "gpt");
+  frozen.model_init_from = pre.run.dir;
+  frozen.train.freeze = "embedding";
+  frozen.train.checkpoint_every = frozen.train.steps;
+  frozen.run.dir = base + "/frozen";
+  const auto tuned = train(frozen, {}).params[0];
+  auto from_frozen = train::open_weights(frozen.run.dir), from_pre = train::open_weights(pre.run.dir);
+  from_frozen->check();
+  EXPECT_TRUE(torch::equal(from_frozen->read("wte.weight"), from_pre->read("wte.weight")));
+  EXPECT_TRUE(torch::equal(from_frozen->read("h.2.mlp.c_fc.weight"), tuned.at("h.2.mlp.c_fc.weight")));
 }
 
 TEST(FineTune, AStageWithNothingToTrainIsAClearError) {

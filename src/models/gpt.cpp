@@ -82,12 +82,12 @@ BlockImpl::BlockImpl(const GPTConfig& c, const parallel::TensorParallel& tp, tor
   mlp = register_module("mlp", MLP(c, tp));
 }
 
-void BlockImpl::set_recompute(Recompute r) {
+void DecoderBlockImpl::set_recompute(Recompute r) {
   recompute_ = r;
-  attn->recompute_core = r == Recompute::Selective;
+  set_recompute_core(r == Recompute::Selective);
 }
 
-torch::Tensor BlockImpl::forward(torch::Tensor x) {
+torch::Tensor DecoderBlockImpl::forward(torch::Tensor x) {
   if (recompute_ != Recompute::Full) return residual_branches(x);
   return recomputed([this](const torch::Tensor& t) { return residual_branches(t); }, x, parameters());
 }

@@ -113,16 +113,6 @@ LlamaBlockImpl::LlamaBlockImpl(const GPTConfig& c, const parallel::TensorParalle
   mlp = register_module("mlp", SwiGLU(c, tp));
 }
 
-void LlamaBlockImpl::set_recompute(Recompute r) {
-  recompute_ = r;
-  attn->recompute_core = r == Recompute::Selective;
-}
-
-torch::Tensor LlamaBlockImpl::forward(torch::Tensor x) {
-  if (recompute_ != Recompute::Full) return residual_branches(x);
-  return recomputed([this](const torch::Tensor& t) { return residual_branches(t); }, x, parameters());
-}
-
 torch::Tensor LlamaBlockImpl::residual_branches(torch::Tensor x) {
   x = x + attn(attn_norm(x));
   return x + torch::dropout(mlp(mlp_norm(x)), dropout_, is_training());

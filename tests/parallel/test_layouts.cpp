@@ -143,6 +143,18 @@ void check_layout(const Layout& l, const std::string& tag, const std::string& ar
   EXPECT_GE(covered, ref_grads.size() * static_cast<size_t>(l.tp)) << tag;
 }
 
+// The UsageError a trainer of config `c` on `world` ranks stops with, or "no error".
+std::string message(const train::Config& c, int world) {
+  try {
+    comm::FakeWorld w(world);
+    auto comm = w.communicator(0);
+    train::Trainer t(c, *comm);
+  } catch (const UsageError& e) {
+    return std::string(e.what());
+  }
+  return std::string("no error");
+}
+
 }  // namespace
 
 TEST(Layouts, SingleProcessTrainerMatchesReference) { check_layout({1, 1, 1}, "trainer_1"); }
@@ -185,16 +197,6 @@ TEST(LlamaLayouts, Pipeline2Tensor2ZeroBubble) {
 }
 
 TEST(LlamaLayouts, BadShapesAreClearErrors) {
-  auto message = [](train::Config c, int world) {
-    try {
-      comm::FakeWorld w(world);
-      auto comm = w.communicator(0);
-      train::Trainer t(c, *comm);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   auto c = config_for("llama_bad", "llama");
   c.parallel.tp = 4;  // 2 key/value heads over 4 ranks
   EXPECT_NE(message(c, 4).find("n_kv_head = 2 is not divisible by parallel.tp = 4"), std::string::npos)
@@ -212,16 +214,6 @@ TEST(LlamaLayouts, BadShapesAreClearErrors) {
 }
 
 TEST(Layouts, BadLayoutsAreClearErrors) {
-  auto message = [](train::Config c, int world) {
-    try {
-      comm::FakeWorld w(world);
-      auto comm = w.communicator(0);
-      train::Trainer t(c, *comm);
-    } catch (const UsageError& e) {
-      return std::string(e.what());
-    }
-    return std::string("no error");
-  };
   auto c = config_for("bad");
   c.parallel.pp = 2;
   c.parallel.tp = 2;

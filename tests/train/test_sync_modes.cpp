@@ -451,6 +451,18 @@ TEST(SyncLayouts, GossipAndServerModesRunWithTensorParallelReplicas) {
   }
 }
 
+// The Llama family through the same sync machinery: each rank exchanges its shards of the plan, whatever the family.
+TEST(SyncLayouts, LlamaReplicasSplitInsideEachClusterMatchWholeOnes) {
+  auto llama = [](train::Config c) {
+    c.model.arch = "llama";
+    return c;
+  };
+  Outcome want = train_with(llama(diloco("dl_llama_whole")), 2);
+  Outcome got = train_with(split(llama(diloco("dl_llama_pp2tp2")), 2, 2), 8);
+  expect_same_losses(got, want, 1e-4, "llama diloco, pp=2 x tp=2 in each of 2 clusters");
+  EXPECT_LT(got.losses.back(), got.losses.front() - 0.5) << "llama diloco learns";
+}
+
 TEST(SyncResume, DiLoCoResumedAfterAnOuterStepContinuesLikeTheUninterruptedRun) {
   // The outer momentum is part of the state: without it the outer step after the resume would differ.
   train::Config c = diloco("dl_resume_ref");

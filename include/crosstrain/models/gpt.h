@@ -60,28 +60,33 @@ class MLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(MLP);
 
-// What the model and a pipeline stage need of a block of either family (this GPT-2 block, llama.h's).
+// A block of either family (this GPT-2 block, llama.h's): its two residual branches, and recomputation.
 class DecoderBlockImpl : public torch::nn::Module {
  public:
   // x [B, T, d] (or [B, T/tp, d] with sequence parallelism) -> the same shape.
-  virtual torch::Tensor forward(torch::Tensor x) = 0;
+  torch::Tensor forward(torch::Tensor x);
   // train.recompute: full redoes the whole block in backward, selective its attention core.
-  virtual void set_recompute(Recompute r) = 0;
+  void set_recompute(Recompute r);
+
+ protected:
+  virtual torch::Tensor residual_branches(torch::Tensor x) = 0;
+  virtual void set_recompute_core(bool on) = 0;
+
+ private:
+  Recompute recompute_ = Recompute::None;
 };
 
 class BlockImpl : public DecoderBlockImpl {
  public:
   explicit BlockImpl(const GPTConfig& config, const parallel::TensorParallel& tp = {}, torch::Tensor mask = {});
-  torch::Tensor forward(torch::Tensor x) override;
-  void set_recompute(Recompute r) override;
 
   torch::nn::LayerNorm ln_1{nullptr}, ln_2{nullptr};
   CausalSelfAttention attn{nullptr};
   MLP mlp{nullptr};
 
- private:
-  torch::Tensor residual_branches(torch::Tensor x);
-  Recompute recompute_ = Recompute::None;
+ protected:
+  torch::Tensor residual_branches(torch::Tensor x) override;
+  void set_recompute_core(bool on) override { attn->recompute_core = on; }
 };
 TORCH_MODULE(Block);
 

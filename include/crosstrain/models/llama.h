@@ -73,17 +73,17 @@ TORCH_MODULE(SwiGLU);
 class LlamaBlockImpl : public DecoderBlockImpl {
  public:
   LlamaBlockImpl(const GPTConfig& config, const parallel::TensorParallel& tp, RotaryTables rope, torch::Tensor mask);
-  torch::Tensor forward(torch::Tensor x) override;
-  void set_recompute(Recompute r) override;
 
   RMSNorm attn_norm{nullptr}, mlp_norm{nullptr};
   LlamaAttention attn{nullptr};
   SwiGLU mlp{nullptr};
 
+ protected:
+  torch::Tensor residual_branches(torch::Tensor x) override;
+  void set_recompute_core(bool on) override { attn->recompute_core = on; }
+
  private:
-  torch::Tensor residual_branches(torch::Tensor x);
   double dropout_;
-  Recompute recompute_ = Recompute::None;
 };
 TORCH_MODULE(LlamaBlock);
 

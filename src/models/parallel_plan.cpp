@@ -199,10 +199,11 @@ void check_parallel_plan(const GPTConfig& c, int tp, bool sequence_parallel, int
                      "has only " + std::to_string(c.n_layer) + " layers (model.n_layer); use fewer stages");
 }
 
-namespace {
-bool is_adapter(const std::string& name) {
+bool is_lora_adapter(const std::string& name) {
   return name.size() > 7 && (name.compare(name.size() - 7, 7, ".lora_A") == 0 || name.compare(name.size() - 7, 7, ".lora_B") == 0);
 }
+
+namespace {
 
 // "3" or "0-5" -> [first, last]; false when `item` is not a block range.
 bool parse_block_range(const std::string& item, int64_t& first, int64_t& last) {
@@ -239,7 +240,7 @@ std::set<std::string> frozen_parameters(const ParallelPlan& plan, const GPTConfi
       throw UsageError("train.freeze: '" + item + "' is not \"embedding\", \"head\", \"all\", a block (\"3\") or a "
                        "range of blocks (\"0-5\")");
     for (const auto& p : plan.parameters()) {
-      if (is_adapter(p.name)) continue;  // adapters exist to be trained
+      if (is_lora_adapter(p.name)) continue;  // adapters exist to be trained
       const bool hit = item == "all" || (item == "embedding" && p.part == Part::Embedding) ||
                        (item == "head" && p.part == Part::Head) ||
                        (range && p.part == Part::Block && p.layer >= first && p.layer <= last);

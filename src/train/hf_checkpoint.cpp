@@ -179,7 +179,8 @@ class CheckpointSource : public WeightSource {
     seed_ = run.run.seed;
     lora_ = run.model.lora_rank > 0;
     scale_ = run.model.lora_scale();
-    if (!run.model_init_from.empty() && stores_less_than_the_model()) base_ = open_weights(run.model_init_from);
+    frozen_ = models::frozen_parameters(*stored_plan_, run.model, run.train.freeze);
+    if (!run.model_init_from.empty() && !frozen_.empty()) base_ = open_weights(run.model_init_from);
   }
   const models::GPTConfig& config() const override { return config_; }
   std::string describe() const override {
@@ -188,7 +189,11 @@ class CheckpointSource : public WeightSource {
   void check() const override {
     std::vector<std::string> missing, misshapen, extra;
     for (const auto& p : stored_plan_->parameters()) {
-      if (!reader_.has(p.name)) continue;  // a fine-tune's frozen weight: from init_from or the seed
+      if (!reader_.has(p.name)) {
+        // A fine-tune's frozen weight comes from init_from or the seed; anything else missing is damage.
+        if (!frozen_.count(p.name)) missing.push_back(p.name);
+        continue;
+      }
       if (reader_.global_shape(p.name) != p.shape)
         misshapen.push_back(p.name + " is " + shape_text(reader_.global_shape(p.name)) + ", its config needs " +
                             shape_text(p.shape));
@@ -223,11 +228,6 @@ class CheckpointSource : public WeightSource {
   }
 
  private:
-  bool stores_less_than_the_model() const {
-    for (const auto& p : stored_plan_->parameters())
-      if (!reader_.has(p.name)) return true;
-    return false;
-  }
   // A tensor as the run left it: saved, or (frozen) from init_from or the seed.
   at::Tensor stored(const std::string& name) {
     if (reader_.has(name)) {
@@ -236,6 +236,8 @@ class CheckpointSource : public WeightSource {
         return models::shard_of(*plan, n, full, rank, size);
       });
     }
+    if (!frozen_.count(name))
+      throw UsageError("checkpoint '" + reader_.dir() + "' has no tensor '" + name + "', and the run did not freeze it");
     if (base_) return base_->read(name);
     return models::initial_shard(stored_plan_->at(name), seed_, 0, 1);
   }
@@ -243,6 +245,7 @@ class CheckpointSource : public WeightSource {
   mutable checkpoint::CheckpointReader reader_;
   models::GPTConfig config_;  // the model without adapters
   std::shared_ptr<const models::ParallelPlan> plan_, stored_plan_;
+  std::set<std::string> frozen_;         // train.freeze of the run (with LoRA: all but the adapters)
   std::unique_ptr<WeightSource> base_;  // the run's model.init_from, when it froze weights
   uint64_t seed_ = 0;
   bool lora_ = false;
@@ -333,7 +336,7 @@ InitialWeights load_initial_weights(const std::string& path, const models::GPTCo
   for (const auto& [name, shard] : shards) {
     // LoRA adapters the weights do not have (a base model for a LoRA fine-tune) keep their initial values:
     // B = 0, so the adapted model starts as the base.
-    if (!stored.contains(name) && plan.at(name).name.find(".lora_") != std::string::npos) continue;
+    if (!stored.contains(name) && models::is_lora_adapter(name)) continue;
     at::Tensor part = models::shard_of(plan, name, source->read(name), tp_rank, tp_size);
     if (part.sizes() != shard.sizes())
       throw Error("model.init_from: '" + name + "' gives a shard of " + shape_text(part.sizes().vec()) +

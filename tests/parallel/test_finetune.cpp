@@ -5,6 +5,7 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <mutex>
 
 #include "crosstrain/comm/fake.h"
@@ -206,6 +207,22 @@ TEST(FineTune, CheckpointsReadAsTheWholeFineTunedModel) {
   from_frozen->check();
   EXPECT_TRUE(torch::equal(from_frozen->read("wte.weight"), from_pre->read("wte.weight")));
   EXPECT_TRUE(torch::equal(from_frozen->read("h.2.mlp.c_fc.weight"), tuned.at("h.2.mlp.c_fc.weight")));
+
+  // Only what the run froze may be missing: the same checkpoint claiming no freeze is refused, naming the tensor.
+  const std::string damaged = base + "/claims_no_freeze";
+  fs::copy(frozen.run.dir + "/checkpoints/step_00000008", damaged, fs::copy_options::recursive);
+  std::ifstream in(damaged + "/manifest.json");
+  std::string manifest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string spec = "freeze = 'embedding'";  // the run's config, as the manifest records it
+  ASSERT_NE(manifest.find(spec), std::string::npos);
+  manifest.replace(manifest.find(spec), spec.size(), "freeze = ''");
+  std::ofstream(damaged + "/manifest.json") << manifest;
+  try {
+    train::open_weights(damaged)->check();
+    FAIL() << "a checkpoint without wte.weight that froze nothing must be refused";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("wte.weight"), std::string::npos) << e.what();
+  }
 }
 
 TEST(FineTune, AStageWithNothingToTrainIsAClearError) {

@@ -113,6 +113,9 @@ class ParallelPlan {
 // sequence not divisible with sequence parallelism, more stages than layers).
 void check_parallel_plan(const GPTConfig& config, int tp, bool sequence_parallel, int virtual_stages);
 
+// Whether `name` is a LoRA adapter ("h.3.attn.q_proj.lora_A", lora.h).
+bool is_lora_adapter(const std::string& name);
+
 // train.freeze: the parameters a fine-tuning run keeps fixed. `spec` is a comma list of "embedding", "head",
 // block indices "3" or ranges "0-5", and "all" (every parameter that is not a LoRA adapter); "" freezes nothing,
 // or everything but the adapters when the model has LoRA adapters. Throws UsageError on an unknown item or a

@@ -15,6 +15,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/data/ctr.h"
 #include "crosstrain/recsys/metrics.h"
+#include "ctr_random.h"
 
 using namespace crosstrain::data;
 namespace fs = std::filesystem;
@@ -51,6 +52,38 @@ double harmonic(int64_t n, double s) {
 }
 
 }  // namespace
+
+TEST(CtrRandom, RowScrambleIsAPermutation) {
+  for (int64_t n : {1, 2, 3, 1000, 1024, 1025, 4097}) {
+    const ctr_random::RowScramble scramble(n, 42);
+    std::vector<int> hits(static_cast<size_t>(n), 0);
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = scramble(i);
+      ASSERT_GE(row, 0);
+      ASSERT_LT(row, n);
+      ++hits[row];
+    }
+    EXPECT_EQ(std::count(hits.begin(), hits.end(), 1), n) << n << " rows";
+  }
+  const ctr_random::RowScramble other(1000, 43);
+  EXPECT_NE(other(0), ctr_random::RowScramble(1000, 42)(0));  // keyed: tables differ
+}
+
+TEST(CtrRandom, ZipfRanksStayInRangeAtEveryExponent) {
+  for (double s : {0.0, 0.5, 1.0, 1.05, 2.0, 4.0})
+    for (int64_t n : {1, 2, 10, 1000000000}) {
+      const ctr_random::ZipfRanks zipf(n, s);
+      int64_t ones = 0;
+      for (uint64_t key = 0; key < 2000; ++key) {
+        const int64_t k = zipf.sample(ctr_random::splitmix64(key));
+        ASSERT_TRUE(k >= 1 && k <= n) << k << " of " << n << " at s " << s;
+        ones += k == 1;
+      }
+      if (n == 2 && s == 1.0) {
+        EXPECT_NEAR(ones / 2000.0, 2.0 / 3.0, 0.04);  // P(1) = 1 / (1 + 1/2)
+      }
+    }
+}
 
 TEST(SyntheticCtr, AnExampleIsTheSameWhicheverSliceMakesIt) {
   const SyntheticCtrConfig c = synthetic({1000, 50, 100000}, 2);

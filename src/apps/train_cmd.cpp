@@ -13,6 +13,7 @@
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/elastic/membership.h"
+#include "crosstrain/train/dlrm_trainer.h"
 #include "crosstrain/train/hf_checkpoint.h"
 #include "crosstrain/train/elastic.h"
 #include "crosstrain/train/trainer.h"
@@ -70,6 +71,15 @@ int train_elastic_rank(const train::Config& config, const LaunchEnv& env) {
   return 0;
 }
 
+// One rank of a DLRM job (train/dlrm_trainer.h).
+int train_dlrm_rank(const train::Config& config, comm::Communicator& world, bool resume) {
+  train::DlrmTrainer trainer(config, world);
+  train::DlrmOptions options;
+  options.resume = resume;
+  trainer.run(options);
+  return 0;
+}
+
 }  // namespace
 
 int train_command(const TrainCommand& cmd, const std::vector<std::string>& relaunch_args) {
@@ -84,7 +94,14 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   LaunchEnv env = detect_launch_env(current_environment());
   env.secret = job_secret(env, config);
   const bool launching = env.source == LaunchSource::Single && cmd.nproc > 1;
-  train::check_config(config, launching ? cmd.nproc : env.world_size);
+  const bool dlrm = config.model.arch == "dlrm";
+  if (dlrm && config.elastic.enabled)
+    throw UsageError("elastic training (--max-restarts, elastic.enabled) is not available for model.arch = \"dlrm\" "
+                     "yet: resume from its checkpoints with --resume instead");
+  if (dlrm)
+    train::check_dlrm_config(config, launching ? cmd.nproc : env.world_size);
+  else
+    train::check_config(config, launching ? cmd.nproc : env.world_size);
   if (config.elastic.enabled) train::check_elastic_config(config, launching ? cmd.nproc : env.world_size);
   // Elastic training resumes from the newest checkpoint by itself when no live replica holds the state.
   if (!cmd.resume && !config.elastic.enabled && checkpoint::latest_checkpoint(config.run.dir))
@@ -103,7 +120,10 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);
     // At the least, each rank holds its share of the model state (fp32 weights, gradients and two Adam moments:
     // 16 bytes a parameter) even when every layout shards it as far as it goes.
-    const int64_t state_per_rank = 16 * config.model.parameter_count() / cmd.nproc;
+    // DLRM: fp32 tables and their row-wise state, spread over the ranks, unless they live in files (ps + mmap).
+    const bool tables_in_files = dlrm && config.dlrm.mode == "ps" && config.dlrm.ps_storage == "mmap";
+    const int64_t parameters = dlrm ? (tables_in_files ? 0 : config.dlrm.parameter_count()) : config.model.parameter_count();
+    const int64_t state_per_rank = (dlrm ? 8 : 16) * parameters / cmd.nproc;
     ElasticLaunch elastic;
     elastic.enabled = config.elastic.enabled;
     elastic.max_restarts = static_cast<int>(config.elastic.max_restarts);
@@ -111,6 +131,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   }
   if (config.elastic.enabled) return train_elastic_rank(config, env);
   auto world = comm::init_world(env, config.comm);
+  if (dlrm) return train_dlrm_rank(config, *world, cmd.resume);
   train::Trainer trainer(config, *world);
   train::TrainOptions options;
   options.resume = cmd.resume;

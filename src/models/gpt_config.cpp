@@ -17,7 +17,9 @@ void GPTConfig::validate() const {
   need(block_size >= 1, "block_size must be at least 1, got " + std::to_string(block_size));
   need(vocab_size >= 2, "vocab_size must be at least 2, got " + std::to_string(vocab_size));
   need(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got " + std::to_string(dropout));
-  need(arch == "gpt" || arch == "llama", "arch must be \"gpt\" or \"llama\", got \"" + arch + "\"");
+  need(arch == "gpt" || arch == "llama" || arch == "dlrm",
+       "arch must be \"gpt\", \"llama\" or \"dlrm\" (a recommendation model, [dlrm] section), got \"" + arch + "\"");
+  if (arch == "dlrm") return;  // its shape is the [dlrm] section's (recsys/dlrm_config.h)
   need(lora_rank >= 0 && lora_alpha >= 0, "lora_rank and lora_alpha must not be negative (0: no adapters)");
   if (!is_llama()) return;
   need(n_kv_head >= 0 && n_head % kv_heads() == 0,

@@ -120,6 +120,25 @@ std::vector<Field> run_model_data_fields(Config& c) {
       double_field("data", "val_fraction", c.data.val_fraction),
       string_field("data", "tokenizer", c.data.tokenizer),
       int_field("data", "eos_token", c.data.eos_token),
+      string_field("dlrm", "tables", c.dlrm.tables),
+      int_field("dlrm", "embedding_dim", c.dlrm.embedding_dim),
+      int_field("dlrm", "dense_features", c.dlrm.dense_features),
+      int_field("dlrm", "multi_hot", c.dlrm.multi_hot),
+      string_field("dlrm", "pooling", c.dlrm.pooling),
+      string_field("dlrm", "bottom_mlp", c.dlrm.bottom_mlp),
+      string_field("dlrm", "top_mlp", c.dlrm.top_mlp),
+      string_field("dlrm", "sharding", c.dlrm.sharding),
+      int_field("dlrm", "memory_budget_mb", c.dlrm.memory_budget_mb),
+      string_field("dlrm", "sparse_optimizer", c.dlrm.sparse_optimizer),
+      double_field("dlrm", "sparse_lr", c.dlrm.sparse_lr),
+      string_field("dlrm", "data", c.dlrm.data),
+      double_field("dlrm", "zipf", c.dlrm.zipf),
+      double_field("dlrm", "signal", c.dlrm.signal),
+      double_field("dlrm", "click_rate", c.dlrm.click_rate),
+      double_field("dlrm", "val_fraction", c.dlrm.val_fraction),
+      string_field("dlrm", "mode", c.dlrm.mode),
+      string_field("dlrm", "ps_storage", c.dlrm.ps_storage),
+      int_field("dlrm", "cache_rows", c.dlrm.cache_rows),
   };
 }
 
@@ -352,6 +371,7 @@ void check_ranges(const Config& c) {
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");
   check_cluster_batch(c);
+  if (c.model.arch == "dlrm") recsys::check_dlrm(c.dlrm);
 }
 
 std::vector<int64_t> parse_cluster_batch(const std::string& text) {

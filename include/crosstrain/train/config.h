@@ -14,6 +14,7 @@
 #include "crosstrain/models/gpt_config.h"
 #include "crosstrain/obs/config.h"
 #include "crosstrain/parallel/parallel_dims.h"
+#include "crosstrain/recsys/dlrm_config.h"
 
 namespace crosstrain::train {
 
@@ -110,6 +111,7 @@ struct Config {
   // checkpoint whose weights the run starts from instead of the seeded initialisation ("": none).
   std::string model_init_from;
   data::DatasetConfig data;
+  recsys::DlrmConfig dlrm;  // [dlrm]: model.arch = "dlrm" (recsys/dlrm_config.h)
   TrainConfig train;
   ParallelConfig parallel;
   CommConfig comm;

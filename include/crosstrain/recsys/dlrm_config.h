@@ -1,0 +1,48 @@
+// The [dlrm] section: a DLRM-style click-through-rate model (model.arch = "dlrm"), its data, and how its
+// embedding tables are sharded (docs/recsys.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace crosstrain::recsys {
+
+struct DlrmConfig {
+  // Rows of each embedding table (one per sparse feature), e.g. "100000,20000,5000"; "26x1000" repeats.
+  std::string tables = "8x1000";
+  int64_t embedding_dim = 16;
+  int64_t dense_features = 13;
+  int64_t multi_hot = 1;             // ids per example per sparse feature (synthetic data)
+  std::string pooling = "sum";       // sum or mean over an example's ids of one feature
+  std::string bottom_mlp = "64";     // hidden widths of the dense MLP; its output is embedding_dim wide
+  std::string top_mlp = "64,32";     // hidden widths of the top MLP; a 1-wide logit follows
+  // Per table: auto, table, row or column, one for all or a comma list (recsys/sharding_plan.h).
+  std::string sharding = "auto";
+  int64_t memory_budget_mb = 0;      // per rank, for tables (weights + optimizer state); 0: unlimited
+  std::string sparse_optimizer = "adagrad";  // adagrad (row-wise) or adam
+  double sparse_lr = 0.05;
+  // Data: "synthetic", or the path of a Criteo TSV file (label, 13 integer, 26 categorical features).
+  std::string data = "synthetic";
+  double zipf = 1.05;                // synthetic: exponent of the id distribution
+  double signal = 1.0;               // synthetic: strength of the planted click signal
+  double click_rate = 0.25;          // synthetic: roughly the positive fraction
+  double val_fraction = 0.1;         // Criteo: the last fraction of the lines is held out
+  // Where tables live: "sharded" (every rank holds its shards; lookups and gradients by all-to-all) or "ps"
+  // (row blocks on every rank's parameter server; workers pull rows, cache hot ones, push gradients; the dense
+  // part through sync.mode = ssp or async).
+  std::string mode = "sharded";
+  std::string ps_storage = "memory";  // memory or mmap (files under run.dir/tables)
+  int64_t cache_rows = 0;             // ps: rows each worker caches (0: no cache)
+
+  // Parsed forms.
+  std::vector<int64_t> table_rows() const;
+  std::vector<int64_t> bottom_widths() const;  // hidden widths, then embedding_dim
+  std::vector<int64_t> top_widths() const;     // hidden widths, then 1
+  int64_t parameter_count() const;             // tables + MLPs
+};
+
+// Checks that need no world size; UsageError names the key (dlrm.tables etc.) and the fix.
+void check_dlrm(const DlrmConfig& c);
+
+}  // namespace crosstrain::recsys

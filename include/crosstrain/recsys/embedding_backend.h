@@ -1,0 +1,30 @@
+// What the DLRM trainer needs of wherever its tables live: pooled embeddings for this rank's examples, the
+// update after the backward, and the shards held here (checkpoints). Two homes: sharded over the ranks with
+// all-to-all exchanges (sharded_embedding.h), or on the parameter server with worker caches (ps_embedding.h).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "crosstrain/recsys/embedding_table.h"
+
+namespace crosstrain::recsys {
+
+class EmbeddingBackend {
+ public:
+  virtual ~EmbeddingBackend() = default;
+  // Pooled embeddings [batch, dim] per table (ids and offsets per table, int64; offsets: batch + 1 entries).
+  // With `training`, update() later sends the gradients of the rows this forward gathered.
+  virtual std::vector<at::Tensor> forward(const std::vector<at::Tensor>& ids, const std::vector<at::Tensor>& offsets,
+                                          bool training) = 0;
+  // After the backward of the last training forward; `step` counts optimizer steps from 1.
+  virtual void update(int64_t step) = 0;
+  // The shard of table t held by this rank (null: none).
+  virtual EmbeddingShard* shard(int t) = 0;
+  virtual int64_t bytes_sent() const = 0;  // to other ranks, cumulative
+  virtual int64_t bytes() const = 0;       // weights and optimizer state held here
+};
+
+}  // namespace crosstrain::recsys

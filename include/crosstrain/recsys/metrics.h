@@ -11,7 +11,8 @@ namespace crosstrain::recsys {
 // either class is absent. O(n log n).
 double roc_auc(const std::vector<float>& scores, const std::vector<float>& labels);
 
-// Mean binary cross-entropy of `logits` against 0/1 `labels` (computed from logits, stable for large ones).
+// Mean binary cross-entropy of `logits` against 0/1 `labels` (computed from logits, stable for large ones); 0 for
+// no examples.
 double log_loss(const std::vector<float>& logits, const std::vector<float>& labels);
 
 }  // namespace crosstrain::recsys

@@ -1,6 +1,9 @@
 #include "crosstrain/recsys/dlrm.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/torch.h>
+
+#include <cmath>
 
 namespace crosstrain::recsys {
 namespace {
@@ -18,10 +21,19 @@ torch::nn::Sequential mlp(int64_t in, const std::vector<int64_t>& widths, bool r
 
 }  // namespace
 
-DlrmDenseImpl::DlrmDenseImpl(const DlrmConfig& config) {
+DlrmDenseImpl::DlrmDenseImpl(const DlrmConfig& config, uint64_t seed) {
   const int64_t features = static_cast<int64_t>(config.table_rows().size()) + 1;
   bottom_ = register_module("bottom", mlp(config.dense_features, config.bottom_widths(), true));
   top_ = register_module("top", mlp(config.embedding_dim + features * (features - 1) / 2, config.top_widths(), false));
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  torch::NoGradGuard no_grad;
+  for (auto* seq : {&bottom_, &top_})
+    for (const auto& m : (*seq)->children())
+      if (auto* linear = m->as<torch::nn::Linear>()) {
+        const double bound = 1.0 / std::sqrt(static_cast<double>(linear->weight.size(1)));
+        linear->weight.uniform_(-bound, bound, gen);
+        linear->bias.uniform_(-bound, bound, gen);
+      }
 }
 
 torch::Tensor dot_interaction(const torch::Tensor& x, const std::vector<torch::Tensor>& pooled) {

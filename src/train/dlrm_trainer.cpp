@@ -89,8 +89,7 @@ DlrmTrainer::DlrmTrainer(Config config, comm::Communicator& world)
   s.source = make_ctr_source(s.c);
   s.tables = plan_tables(s.c, s.size);
   s.embeddings = make_embeddings(s.c, s.tables, world);
-  torch::manual_seed(s.c.run.seed);  // the same dense initialisation on every rank and in one process
-  s.dense = recsys::DlrmDense(s.c.dlrm);
+  s.dense = recsys::DlrmDense(s.c.dlrm, s.c.run.seed);
   s.adam = DenseAdam(s.dense->named(), s.c.train);
   if (s.c.dlrm.mode == "ps") s.ps = std::make_unique<DlrmPsSync>(s.c, world, s.adam.parameters());
 }

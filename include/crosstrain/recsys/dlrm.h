@@ -15,7 +15,9 @@ namespace crosstrain::recsys {
 
 class DlrmDenseImpl : public torch::nn::Module {
  public:
-  explicit DlrmDenseImpl(const DlrmConfig& config);
+  // Initialised from `seed` alone (nn.Linear's uniform bounds, 1/sqrt(fan_in)), with a generator of its own: the
+  // same on every rank, in one process, and when ranks are threads of one process.
+  DlrmDenseImpl(const DlrmConfig& config, uint64_t seed);
   // dense [B, dense_features], pooled: one [B, dim] per table -> logits [B].
   torch::Tensor forward(const torch::Tensor& dense, const std::vector<torch::Tensor>& pooled);
   // Parameters with their names ("bottom.0.weight", ...), in a fixed order.

@@ -237,6 +237,13 @@ SparseParameterServer::PushReply SparseParameterServer::push(const std::vector<a
   return reply;
 }
 
+SparseParameterServer::PushReply SparseParameterServer::local_clocks() const {
+  rethrow_server_failure();
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto slowest = std::min_element(clocks_.begin(), clocks_.end());
+  return PushReply{*slowest, static_cast<int>(slowest - clocks_.begin())};
+}
+
 void SparseParameterServer::finish() {
   if (finished_) return;
   finished_ = true;

@@ -65,6 +65,9 @@ class SparseParameterServer {
   // sparse optimizer to its rows before it acks (row-wise adagrad over whole rows; adam's step is `clock`, >= 1).
   // `clock`: this worker's step (pushes with an older clock do not lower it).
   PushReply push(const std::vector<at::Tensor>& ids, const std::vector<at::Tensor>& grads, int64_t clock);
+  // The clocks as this rank's server knows them, without communication: every push reaches every server, so an
+  // ssp worker may wait here (polling) until its clock - min_clock is within the bound.
+  PushReply local_clocks() const;
 
   // Says goodbye to every server; this rank's server threads end when every other worker said goodbye (each
   // waits at most 2 x timeout). Rethrows a server thread's failure.

@@ -108,7 +108,8 @@ TEST_P(PullAcrossWorlds, ReturnsTheInitialRowsOfEveryServerInOneCall) {
   });
 }
 
-INSTANTIATE_TEST_SUITE_P(Worlds, PullAcrossWorlds, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(Worlds, PullAcrossWorlds, ::testing::Values(1, 2, 3, 4),
+                         [](const auto& info) { return std::to_string(info.param) + "ranks"; });
 
 struct PushCase {
   int world;
@@ -413,7 +414,8 @@ TEST_P(AbsentServer, IsAnErrorNamingItWithinTheTimeout) {
   EXPECT_LT(seconds, 3.0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Ops, AbsentServer, ::testing::Values("pull", "push"));
+INSTANTIATE_TEST_SUITE_P(Ops, AbsentServer, ::testing::Values("pull", "push"),
+                         [](const auto& info) { return info.param; });
 
 TEST(SparseParameterServerFailure, ServerThreadFailureIsRethrownByTheWorkerNamingThePeer) {
   std::string message;

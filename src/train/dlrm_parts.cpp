@@ -73,6 +73,17 @@ std::vector<recsys::TableDef> plan_tables(const Config& c, int world) {
   return out;
 }
 
+void check_cache_budget(const Config& c) {
+  if (c.dlrm.mode != "ps" || c.dlrm.memory_budget_mb == 0) return;
+  const int64_t budget = c.dlrm.memory_budget_mb << 20;
+  const int64_t cache = c.dlrm.cache_rows * c.dlrm.embedding_dim * 4;
+  if (cache > budget)
+    throw UsageError("dlrm.cache_rows = " + std::to_string(c.dlrm.cache_rows) + " rows of " +
+                     std::to_string(c.dlrm.embedding_dim) + " floats take " + std::to_string(cache >> 20) +
+                     " MiB, more than dlrm.memory_budget_mb = " + std::to_string(c.dlrm.memory_budget_mb) +
+                     ": cache fewer rows or raise the budget");
+}
+
 // ---- dense Adam ---------------------------------------------------------------------------------------------
 
 DenseAdam::DenseAdam(std::vector<std::pair<std::string, at::Tensor>> named, const TrainConfig& t)
@@ -215,7 +226,7 @@ std::unique_ptr<recsys::EmbeddingBackend> make_embeddings(const Config& c, const
   opt.lr = c.dlrm.sparse_lr;
   recsys::TableStorage storage;
   storage.kind = c.dlrm.mode == "ps" ? c.dlrm.ps_storage : "memory";
-  storage.dir = c.run.dir + "/tables/rank" + std::to_string(world.rank());
+  storage.dir = c.run.dir + "/tables";  // the parameter server keeps each rank's files in rank<R>/ below
   if (c.dlrm.mode == "ps") return make_ps_embeddings(c, tables, opt, storage, world);
   return std::make_unique<recsys::ShardedEmbeddings>(world, tables, opt, storage, c.run.seed, c.dlrm.pooling == "mean");
 }

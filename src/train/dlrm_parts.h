@@ -31,6 +31,9 @@ BatchTensors to_tensors(const data::CtrBatch& b, int64_t dense_features);
 std::unique_ptr<data::CtrSource> make_ctr_source(const Config& c);
 // The planner's placement of every table for `world` ranks (dlrm.mode = "ps": row blocks on every server).
 std::vector<recsys::TableDef> plan_tables(const Config& c, int world);
+// dlrm.mode = "ps": the worker's cache (dlrm.cache_rows) and, with ps_storage = memory, its server's rows fit
+// dlrm.memory_budget_mb. UsageError naming the keys otherwise.
+void check_cache_budget(const Config& c);
 // Where the tables live (dlrm.mode).
 std::unique_ptr<recsys::EmbeddingBackend> make_embeddings(const Config& c, const std::vector<recsys::TableDef>& tables,
                                                           comm::Communicator& world);
@@ -70,7 +73,6 @@ class DlrmPsSync {
   void start(int64_t first_step);
   void before_step(int64_t step) { strategy_->before_step(step); }
   void after_step(int64_t step, bool last) { strategy_->after_step(step, last); }
-  void finish() {}
 
  private:
   std::vector<at::Tensor> dense_;

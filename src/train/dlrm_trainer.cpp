@@ -59,7 +59,7 @@ struct DlrmTrainer::State {
   }
   DlrmStep train_step(int64_t step);
   std::pair<double, double> evaluate();
-  void save(int64_t step);
+  void save(int64_t step, bool last);
   int64_t resume();
 };
 
@@ -77,6 +77,7 @@ void check_dlrm_config(const Config& c, int world) {
   if (c.dlrm.mode == "ps" && c.sync.mode != "ssp" && c.sync.mode != "async")
     throw UsageError("dlrm.mode = \"ps\" trains with bounded staleness: set sync.mode = \"ssp\" (or \"async\")");
   plan_tables(c, world);  // the sharding fits the budget, column-wise tables are wide enough
+  check_cache_budget(c);
 }
 
 DlrmTrainer::DlrmTrainer(Config config, comm::Communicator& world)
@@ -100,6 +101,7 @@ DlrmStep DlrmTrainer::State::train_step(int64_t step) {
   const auto start = Clock::now();
   world.set_step(step);
   if (ps) ps->before_step(step);
+  embeddings->set_step(step);
   const int64_t sent_before = embeddings->bytes_sent();
   auto [logits, labels] = forward(batch(true, step - 1), true);
   // Lockstep: the loss is the mean over the global batch, so summed gradients are the one-process gradients.
@@ -140,7 +142,10 @@ std::pair<double, double> DlrmTrainer::State::evaluate() {
   return {recsys::roc_auc(scores, labels), recsys::log_loss(scores, labels)};
 }
 
-void DlrmTrainer::State::save(int64_t step) {
+void DlrmTrainer::State::save(int64_t step, bool last) {
+  // Parameter server: every worker has pushed step `step` (and waits in the commit's collectives until every
+  // rank copied its shards), so the saved tables hold exactly the pushes of steps up to `step`.
+  if (ps && !last && size > 1) world.barrier()->wait();
   checkpoints.save(step, checkpoint_pieces(tables, *embeddings, adam, rank, size),
                    checkpoint_info(c, step, size, tables));
   checkpoints.commit();
@@ -176,9 +181,10 @@ DlrmResult DlrmTrainer::run(const DlrmOptions& options) {
     if (eval) std::tie(result.val_auc, result.val_log_loss) = s.evaluate();
     metrics.write(rec, eval ? result.val_auc : -1, eval ? result.val_log_loss : -1);
     if (talk && (step % s.c.run.log_every == 0 || last || eval)) print_dlrm_step(rec, s.c.train.steps, eval, result);
-    if (last || (s.c.train.checkpoint_every > 0 && step % s.c.train.checkpoint_every == 0)) s.save(step);
+    // The parameter server's last pushes are all applied once every worker said goodbye: the tables are still.
+    if (last) s.embeddings->finish();
+    if (last || (s.c.train.checkpoint_every > 0 && step % s.c.train.checkpoint_every == 0)) s.save(step, last);
   }
-  if (s.ps) s.ps->finish();
   if (options.gather_tables) {
     for (size_t t = 0; t < s.tables.size(); ++t)
       result.tables.push_back(gather_table(s.world, s.tables[t], *s.embeddings, static_cast<int>(t)));

@@ -21,6 +21,10 @@ class EmbeddingBackend {
                                           bool training) = 0;
   // After the backward of the last training forward; `step` counts optimizer steps from 1.
   virtual void update(int64_t step) = 0;
+  // The step the next forward belongs to (a cache's age of rows is counted in steps).
+  virtual void set_step(int64_t step) {}
+  // The end of training: every exchange of this rank is done (the parameter server says goodbye).
+  virtual void finish() {}
   // The shard of table t held by this rank (null: none).
   virtual EmbeddingShard* shard(int t) = 0;
   virtual int64_t bytes_sent() const = 0;  // to other ranks, cumulative

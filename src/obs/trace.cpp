@@ -244,4 +244,11 @@ int64_t rss_bytes() {
   return resident * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
 }
 
+int64_t anonymous_rss_bytes() {
+  std::ifstream in("/proc/self/statm");
+  int64_t pages = 0, resident = 0, file_backed = 0;
+  in >> pages >> resident >> file_backed;
+  return (resident - file_backed) * static_cast<int64_t>(sysconf(_SC_PAGESIZE));
+}
+
 }  // namespace crosstrain::obs

@@ -6,6 +6,9 @@
 #include <cstdio>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/obs/trace.h"
+
+#include <algorithm>
 
 namespace crosstrain::train {
 
@@ -195,6 +198,30 @@ void print_dlrm_step(const DlrmStep& s, int64_t steps, bool eval, const DlrmResu
               static_cast<long long>(steps), s.loss, s.examples_per_s, static_cast<double>(s.exchange_bytes) / 1024);
   if (eval) std::printf(" | val auc %.4f log-loss %.4f", r.val_auc, r.val_log_loss);
   std::printf("\n");
+  std::fflush(stdout);
+}
+
+void summarize(DlrmResult& r) {
+  std::vector<double> rates;
+  double bytes = 0;
+  for (size_t i = 0; i < r.steps.size(); ++i) {
+    if (i > 0 || r.steps.size() == 1) rates.push_back(r.steps[i].examples_per_s);  // the first step warms up
+    bytes += static_cast<double>(r.steps[i].exchange_bytes);
+  }
+  if (!rates.empty()) {
+    std::nth_element(rates.begin(), rates.begin() + rates.size() / 2, rates.end());
+    r.median_examples_per_s = rates[rates.size() / 2];
+  }
+  r.mean_exchange_bytes = r.steps.empty() ? 0 : bytes / static_cast<double>(r.steps.size());
+  r.anonymous_memory_bytes = obs::anonymous_rss_bytes();
+}
+
+void print_dlrm_summary(const DlrmResult& r) {
+  std::printf("done: examples_per_s=%.0f exchange_bytes_per_step=%.0f table_rows_total=%lld table_bytes_rank0=%lld "
+              "tables_in=%s anonymous_memory_rank0=%lld val_auc=%.4f val_log_loss=%.4f\n",
+              r.median_examples_per_s, r.mean_exchange_bytes, static_cast<long long>(r.table_rows_total),
+              static_cast<long long>(r.table_bytes_this_rank), r.tables_in_files ? "files" : "memory",
+              static_cast<long long>(r.anonymous_memory_bytes), r.val_auc, r.val_log_loss);
   std::fflush(stdout);
 }
 

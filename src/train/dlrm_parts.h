@@ -98,6 +98,10 @@ checkpoint::SplitFn dlrm_split();
 // ---- output -------------------------------------------------------------------------------------------------
 void print_dlrm_header(const Config& c, int world, const std::string& data, const DlrmResult& r);
 void print_dlrm_step(const DlrmStep& s, int64_t steps, bool eval, const DlrmResult& r);
+// Fills the run's summary fields of `r` from its steps and this process.
+void summarize(DlrmResult& r);
+// One line that benchmarks parse: "done: ... examples_per_s=... exchange_bytes_per_step=... ...".
+void print_dlrm_summary(const DlrmResult& r);
 // run.dir/metrics.jsonl, one line a step (rank 0; empty path: nothing written).
 class MetricsFile {
  public:

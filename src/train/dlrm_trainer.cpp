@@ -12,6 +12,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/threads.h"
 #include "crosstrain/data/ctr.h"
+#include "crosstrain/obs/trace.h"
 #include "crosstrain/recsys/dlrm.h"
 #include "crosstrain/recsys/metrics.h"
 #include "crosstrain/recsys/sharded_embedding.h"
@@ -168,6 +169,7 @@ DlrmResult DlrmTrainer::run(const DlrmOptions& options) {
     result.placements.push_back(std::string(recsys::sharding_name(t.placement.sharding)) + ": " + t.placement.reason);
   }
   result.table_bytes_this_rank = s.embeddings->bytes();
+  result.tables_in_files = s.c.dlrm.mode == "ps" && s.c.dlrm.ps_storage == "mmap";
   const bool talk = s.rank == 0 && !options.quiet;
   if (talk) print_dlrm_header(s.c, s.size, s.source->describe(), result);
   const int64_t first = options.resume ? s.resume() : 1;
@@ -185,6 +187,8 @@ DlrmResult DlrmTrainer::run(const DlrmOptions& options) {
     if (last) s.embeddings->finish();
     if (last || (s.c.train.checkpoint_every > 0 && step % s.c.train.checkpoint_every == 0)) s.save(step, last);
   }
+  summarize(result);
+  if (talk) print_dlrm_summary(result);
   if (options.gather_tables) {
     for (size_t t = 0; t < s.tables.size(); ++t)
       result.tables.push_back(gather_table(s.world, s.tables[t], *s.embeddings, static_cast<int>(t)));

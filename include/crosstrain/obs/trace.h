@@ -120,5 +120,8 @@ class Tracer {
 
 // Current resident memory of this process (VmRSS), in bytes.
 int64_t rss_bytes();
+// The part of it that is anonymous memory (heap, stacks): resident pages less file-backed ones (mapped files such
+// as memory-mapped embedding tables, which the kernel can write back and drop).
+int64_t anonymous_rss_bytes();
 
 }  // namespace crosstrain::obs

@@ -31,6 +31,10 @@ struct DlrmResult {
   double val_auc = -1, val_log_loss = -1;  // the last evaluation (-1: none)
   int64_t table_rows_total = 0;
   int64_t table_bytes_this_rank = 0;       // weights and optimizer state of the tables held here
+  bool tables_in_files = false;            // dlrm.ps_storage = mmap: those bytes are in mapped files
+  int64_t anonymous_memory_bytes = 0;      // this process's anonymous resident memory at the end
+  double median_examples_per_s = 0;        // over the steps after the first
+  double mean_exchange_bytes = 0;          // per step, this rank
   std::vector<std::string> placements;     // per table: "row-wise: 410 MB > ..." (the planner's reason)
   std::vector<at::Tensor> tables;          // with DlrmOptions::gather_tables: every whole table, on every rank
   std::vector<at::Tensor> dense;           // with gather_tables: the dense parameters

@@ -9,6 +9,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/train/config.h"
+#include "crosstrain/train/dlrm_trainer.h"
 #include "crosstrain/train/hf_checkpoint.h"
 #include "crosstrain/train/hf_layout.h"
 
@@ -24,9 +25,23 @@ checkpoint::SplitFn split_for(const checkpoint::CheckpointReader& reader) {
   const std::string text = reader.info().value("config", "");
   if (text.empty()) throw UsageError("checkpoint '" + reader.dir() + "' does not record its config (manifest.json)");
   models::GPTConfig model = train::parse_config(text, reader.dir() + "/manifest.json").model;
+  if (model.arch == "dlrm") return train::dlrm_checkpoint_split();  // column-wise tables split along dim 1
   return [model](const std::string& name, const at::Tensor& full, int rank, int size) {
     return models::shard_of(name, full, model, rank, size);
   };
+}
+
+// A crosstrain checkpoint (or run directory) saved by a DLRM run; false for anything else, a Hugging Face
+// directory included.
+bool is_dlrm_checkpoint(const std::string& path) {
+  std::string dir;
+  try {
+    dir = checkpoint::resolve_checkpoint(path);
+  } catch (const UsageError&) {
+    return false;
+  }
+  if (!fs::exists(fs::path(dir) / "manifest.json")) return false;
+  return checkpoint::CheckpointReader(dir).info().value("model", "") == "dlrm";
 }
 
 }  // namespace
@@ -109,6 +124,9 @@ int ckpt_export(const std::string& path, const std::string& output, bool optimiz
 
 int ckpt_export_hf(const std::string& path, const std::string& out_dir, const std::string& max_shard_size) {
   const int64_t max_bytes = train::hf::parse_size(max_shard_size);
+  if (is_dlrm_checkpoint(path))
+    throw UsageError("'" + path + "' holds a DLRM model, which has no Hugging Face layout: export it as one safetensors "
+                     "file with `crosstrain ckpt export " + path + " --out dlrm.safetensors`");
   auto source = train::open_weights(path);
   for (const auto& warning : source->warnings()) std::fprintf(stderr, "crosstrain: warning: %s\n", warning.c_str());
   const train::HfExportResult r = train::write_hf_directory(out_dir, *source, max_bytes);

@@ -45,6 +45,8 @@ checkpoint::SplitFn dlrm_split() {
   return [](const std::string&, const at::Tensor& full, int rank, int size) { return recsys::column_block(full, rank, size); };
 }
 
+checkpoint::SplitFn dlrm_checkpoint_split() { return dlrm_split(); }
+
 std::vector<checkpoint::Piece> checkpoint_pieces(const std::vector<recsys::TableDef>& tables,
                                                  recsys::EmbeddingBackend& emb, DenseAdam& adam, int rank, int world) {
   std::vector<checkpoint::Piece> pieces;

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/train/config.h"
 
@@ -48,6 +49,9 @@ struct DlrmOptions {
 
 // Checks a DLRM config for `world` ranks without building anything; UsageError with one clear line.
 void check_dlrm_config(const Config& config, int world);
+
+// How a DLRM checkpoint's column-wise pieces split (for reading whole tensors: ckpt export, resharding).
+checkpoint::SplitFn dlrm_checkpoint_split();
 
 class DlrmTrainer {
  public:

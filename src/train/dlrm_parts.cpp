@@ -28,23 +28,33 @@ BatchTensors to_tensors(const data::CtrBatch& b, int64_t dense_features) {
   return t;
 }
 
-std::unique_ptr<data::CtrSource> make_ctr_source(const Config& c) {
+namespace {
+
+data::CtrSchema schema_of(const Config& c) {
   data::CtrSchema schema;
   schema.dense_features = c.dlrm.dense_features;
   schema.table_rows = c.dlrm.table_rows();
   schema.multi_hot = c.dlrm.multi_hot;
-  if (c.dlrm.data == "synthetic") {
-    data::SyntheticCtrConfig s;
-    s.schema = schema;
-    s.seed = c.run.seed;
-    s.zipf_exponent = c.dlrm.zipf;
-    s.signal = c.dlrm.signal;
-    s.click_rate = c.dlrm.click_rate;
-    return data::make_synthetic_ctr(s);
-  }
+  return schema;
+}
+
+}  // namespace
+
+data::SyntheticCtrConfig synthetic_config(const Config& c) {
+  data::SyntheticCtrConfig s;
+  s.schema = schema_of(c);
+  s.seed = c.run.seed;
+  s.zipf_exponent = c.dlrm.zipf;
+  s.signal = c.dlrm.signal;
+  s.click_rate = c.dlrm.click_rate;
+  return s;
+}
+
+std::unique_ptr<data::CtrSource> make_ctr_source(const Config& c) {
+  if (c.dlrm.data == "synthetic") return data::make_synthetic_ctr(synthetic_config(c));
   data::CriteoConfig k;
   k.path = c.dlrm.data;
-  k.schema = schema;
+  k.schema = schema_of(c);
   k.val_fraction = c.dlrm.val_fraction;
   k.hash_seed = c.run.seed;
   return data::open_criteo(k);
@@ -197,6 +207,7 @@ void print_dlrm_step(const DlrmStep& s, int64_t steps, bool eval, const DlrmResu
   std::printf("step %lld/%lld | loss %.4f | %.0f examples/s | embeddings %.1f KiB sent", static_cast<long long>(s.step),
               static_cast<long long>(steps), s.loss, s.examples_per_s, static_cast<double>(s.exchange_bytes) / 1024);
   if (eval) std::printf(" | val auc %.4f log-loss %.4f", r.val_auc, r.val_log_loss);
+  if (eval && r.planted_auc >= 0) std::printf(" (the planted signal's auc: %.4f)", r.planted_auc);
   std::printf("\n");
   std::fflush(stdout);
 }
@@ -218,10 +229,10 @@ void summarize(DlrmResult& r) {
 
 void print_dlrm_summary(const DlrmResult& r) {
   std::printf("done: examples_per_s=%.0f exchange_bytes_per_step=%.0f table_rows_total=%lld table_bytes_rank0=%lld "
-              "tables_in=%s anonymous_memory_rank0=%lld val_auc=%.4f val_log_loss=%.4f\n",
+              "tables_in=%s anonymous_memory_rank0=%lld val_auc=%.4f val_log_loss=%.4f planted_auc=%.4f\n",
               r.median_examples_per_s, r.mean_exchange_bytes, static_cast<long long>(r.table_rows_total),
               static_cast<long long>(r.table_bytes_this_rank), r.tables_in_files ? "files" : "memory",
-              static_cast<long long>(r.anonymous_memory_bytes), r.val_auc, r.val_log_loss);
+              static_cast<long long>(r.anonymous_memory_bytes), r.val_auc, r.val_log_loss, r.planted_auc);
   std::fflush(stdout);
 }
 

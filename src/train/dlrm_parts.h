@@ -27,6 +27,8 @@ struct BatchTensors {
 };
 BatchTensors to_tensors(const data::CtrBatch& b, int64_t dense_features);
 
+// The synthetic generator's settings from [dlrm] and run.seed.
+data::SyntheticCtrConfig synthetic_config(const Config& c);
 // The data of dlrm.data: the synthetic generator, or a Criteo TSV file.
 std::unique_ptr<data::CtrSource> make_ctr_source(const Config& c);
 // The planner's placement of every table for `world` ranks (dlrm.mode = "ps": row blocks on every server).

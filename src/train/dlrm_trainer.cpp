@@ -60,6 +60,7 @@ struct DlrmTrainer::State {
   }
   DlrmStep train_step(int64_t step);
   std::pair<double, double> evaluate();
+  double planted_auc();
   void save(int64_t step, bool last);
   int64_t resume();
 };
@@ -143,6 +144,18 @@ std::pair<double, double> DlrmTrainer::State::evaluate() {
   return {recsys::roc_auc(scores, labels), recsys::log_loss(scores, labels)};
 }
 
+// The held-out examples evaluate() scores, scored by the logits the generator planted (no communication).
+double DlrmTrainer::State::planted_auc() {
+  const int64_t n = c.train.eval_batches * c.train.global_batch;
+  const auto logits = data::synthetic_ctr_logits(synthetic_config(c), 0, n, /*held_out=*/true);
+  std::vector<float> labels;
+  for (int64_t b = 0; b < c.train.eval_batches; ++b) {
+    const auto part = source->val_batch(b * c.train.global_batch, c.train.global_batch).labels;
+    labels.insert(labels.end(), part.begin(), part.end());
+  }
+  return recsys::roc_auc(logits, labels);
+}
+
 void DlrmTrainer::State::save(int64_t step, bool last) {
   // Parameter server: every worker has pushed step `step` (and waits in the commit's collectives until every
   // rank copied its shards), so the saved tables hold exactly the pushes of steps up to `step`.
@@ -181,6 +194,7 @@ DlrmResult DlrmTrainer::run(const DlrmOptions& options) {
     const bool last = step == s.c.train.steps;
     const bool eval = last || (s.c.train.eval_every > 0 && step % s.c.train.eval_every == 0);
     if (eval) std::tie(result.val_auc, result.val_log_loss) = s.evaluate();
+    if (eval && result.planted_auc < 0 && s.c.dlrm.data == "synthetic") result.planted_auc = s.planted_auc();
     metrics.write(rec, eval ? result.val_auc : -1, eval ? result.val_log_loss : -1);
     if (talk && (step % s.c.run.log_every == 0 || last || eval)) print_dlrm_step(rec, s.c.train.steps, eval, result);
     // The parameter server's last pushes are all applied once every worker said goodbye: the tables are still.

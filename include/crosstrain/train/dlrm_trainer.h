@@ -30,6 +30,7 @@ struct DlrmStep {
 struct DlrmResult {
   std::vector<DlrmStep> steps;
   double val_auc = -1, val_log_loss = -1;  // the last evaluation (-1: none)
+  double planted_auc = -1;  // synthetic data: the AUC of the planted logits on the same examples (the best possible)
   int64_t table_rows_total = 0;
   int64_t table_bytes_this_rank = 0;       // weights and optimizer state of the tables held here
   bool tables_in_files = false;            // dlrm.ps_storage = mmap: those bytes are in mapped files

@@ -6,58 +6,21 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <mutex>
 
 #include "crosstrain/comm/fake.h"
 #include "crosstrain/data/ctr.h"
 #include "crosstrain/recsys/dlrm.h"
 #include "crosstrain/recsys/embedding_table.h"
 #include "crosstrain/train/dlrm_trainer.h"
+#include "dlrm_fixture.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-train::Config dlrm_config(const std::string& tag) {
-  train::Config c;
-  c.model.arch = "dlrm";
-  c.run.dir = (fs::temp_directory_path() / ("ct-dlrm-" + tag + "-" + std::to_string(::getpid()))).string();
-  c.run.seed = 11;
-  c.dlrm.tables = "3000,700,64,40";
-  c.dlrm.embedding_dim = 8;
-  c.dlrm.multi_hot = 3;  // pooled bags with repeats: dedup and sum pooling both matter
-  c.dlrm.bottom_mlp = "16";
-  c.dlrm.top_mlp = "16";
-  c.dlrm.sparse_lr = 0.05;
-  c.train.steps = 20;
-  c.train.global_batch = 64;
-  c.train.lr = 0.01;
-  c.train.min_lr = 0.01;  // constant: a run cut short follows the same schedule as a whole one
-  c.train.warmup_steps = 0;
-  c.train.weight_decay = 0;
-  c.train.eval_every = 0;
-  c.train.eval_batches = 1;
-  c.comm.timeout_s = 60;
-  return c;
-}
-
-train::DlrmResult train_on(int world, train::Config c, bool resume = false) {
-  if (!resume) fs::remove_all(c.run.dir);
-  train::DlrmResult out;
-  std::mutex m;
-  comm::FakeWorld::run(world, [&](comm::Communicator& comm) {
-    train::DlrmTrainer trainer(c, comm);
-    train::DlrmOptions o;
-    o.quiet = true;
-    o.resume = resume;
-    o.gather_tables = true;
-    auto r = trainer.run(o);
-    std::lock_guard<std::mutex> lock(m);
-    if (comm.rank() == 0) out = std::move(r);
-  });
-  return out;
-}
+using crosstrain::testing::dlrm_test_config;
+using crosstrain::testing::train_dlrm;
 
 void expect_same_run(const train::DlrmResult& a, const train::DlrmResult& b, const std::string& what,
                      double tol = 1e-5) {
@@ -83,14 +46,14 @@ int64_t rows_changed(const at::Tensor& table, int t, uint64_t seed) {
 class DlrmShardings : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(DlrmShardings, TwoAndFourRanksMatchOneProcess) {
-  auto c = dlrm_config("parity-" + GetParam());
-  const auto one = train_on(1, c);
+  auto c = dlrm_test_config("parity-" + GetParam());
+  const auto one = train_dlrm(1, c);
   ASSERT_EQ(one.steps.size(), 20u);
   EXPECT_LT(one.steps.back().loss, one.steps.front().loss) << "the model learns";
   EXPECT_GT(rows_changed(one.tables[0], 0, c.run.seed), 100) << "table 0's touched rows were updated";
   c.dlrm.sharding = GetParam();
   for (int world : {2, 4}) {
-    const auto many = train_on(world, c);
+    const auto many = train_dlrm(world, c);
     for (const auto& p : many.placements) EXPECT_EQ(p.rfind(GetParam() + ":", 0), 0u) << p;
     expect_same_run(one, many, GetParam() + "-wise on " + std::to_string(world) + " ranks");
     EXPECT_GT(many.steps.back().exchange_bytes, 0) << "lookups crossed ranks";
@@ -101,22 +64,22 @@ TEST_P(DlrmShardings, TwoAndFourRanksMatchOneProcess) {
 INSTANTIATE_TEST_SUITE_P(EachScheme, DlrmShardings, ::testing::Values("table", "row", "column"));
 
 TEST(Dlrm, AdamAndMeanPoolingMatchOneProcessOnAMixOfSchemes) {
-  auto c = dlrm_config("adam");
+  auto c = dlrm_test_config("adam");
   c.dlrm.sparse_optimizer = "adam";
   c.dlrm.sparse_lr = 0.01;
   c.dlrm.pooling = "mean";
-  const auto one = train_on(1, c);
+  const auto one = train_dlrm(1, c);
   c.dlrm.sharding = "row,column,table,table";
-  expect_same_run(one, train_on(4, c), "adam, mixed sharding, 4 ranks");
+  expect_same_run(one, train_dlrm(4, c), "adam, mixed sharding, 4 ranks");
   fs::remove_all(c.run.dir);
 }
 
 // One step of plain libtorch: the tables are whole dense parameters, embedding_bag pools them, autograd gives
 // their (dense) gradients, and row-wise Adagrad is applied by its formula to the rows the batch touched.
 TEST(Dlrm, OneProcessMatchesAPlainLibtorchReference) {
-  auto c = dlrm_config("reference");
+  auto c = dlrm_test_config("reference");
   c.train.steps = 3;
-  const auto ours = train_on(1, c);
+  const auto ours = train_dlrm(1, c);
 
   const auto rows = c.dlrm.table_rows();
   std::vector<torch::Tensor> tables;
@@ -172,15 +135,15 @@ TEST(Dlrm, OneProcessMatchesAPlainLibtorchReference) {
 }
 
 TEST(Dlrm, StoppedOnFourRanksResumesOnTwoExactly) {
-  auto c = dlrm_config("reshard");
+  auto c = dlrm_test_config("reshard");
   c.dlrm.tables = "5000,3000,64,40";  // auto: 4 ranks and 2 ranks place these differently
-  const auto whole = train_on(4, c);
+  const auto whole = train_dlrm(4, c);
   auto first = c;
   first.train.steps = 10;
-  const auto head = train_on(4, first);
+  const auto head = train_dlrm(4, first);
   ASSERT_TRUE(fs::exists(c.run.dir + "/checkpoints/step_00000010/manifest.json"));
   c.dlrm.sharding = "row,column,table,row";  // and a forced, different layout on 2 ranks
-  const auto tail = train_on(2, c, /*resume=*/true);
+  const auto tail = train_dlrm(2, c, /*resume=*/true);
   ASSERT_EQ(tail.steps.size(), 10u);
   EXPECT_EQ(tail.steps.front().step, 11);
   for (size_t i = 0; i < 10; ++i) {

@@ -5,57 +5,34 @@
 #include <torch/torch.h>
 
 #include <filesystem>
-#include <mutex>
 
 #include "crosstrain/comm/fake.h"
 #include "crosstrain/train/dlrm_trainer.h"
+#include "dlrm_fixture.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
 
 namespace {
 
+// The parity tests' model (dlrm_fixture.h) with its tables on the parameter server.
 train::Config ps_config(const std::string& tag) {
-  train::Config c;
-  c.model.arch = "dlrm";
-  c.run.dir = (fs::temp_directory_path() / ("ct-dlrm-ps-" + tag + "-" + std::to_string(::getpid()))).string();
-  c.run.seed = 5;
+  train::Config c = crosstrain::testing::dlrm_test_config("ps-" + tag);
   c.dlrm.tables = "4000,900,60";
-  c.dlrm.embedding_dim = 8;
   c.dlrm.multi_hot = 2;
-  c.dlrm.bottom_mlp = "16";
-  c.dlrm.top_mlp = "16";
   c.dlrm.signal = 2;
   c.dlrm.mode = "ps";
   c.sync.mode = "ssp";
   c.sync.staleness = 0;
-  c.train.steps = 20;
   c.train.global_batch = 128;
-  c.train.lr = 0.01;
-  c.train.min_lr = 0.01;
-  c.train.warmup_steps = 0;
-  c.train.weight_decay = 0;
-  c.train.eval_every = 0;
   c.train.eval_batches = 4;
-  c.comm.timeout_s = 60;
   return c;
 }
 
 train::DlrmResult train_on(int world, const train::Config& c) {
+  auto r = crosstrain::testing::train_dlrm(world, c);
   fs::remove_all(c.run.dir);
-  train::DlrmResult out;
-  std::mutex m;
-  comm::FakeWorld::run(world, [&](comm::Communicator& comm) {
-    train::DlrmTrainer trainer(c, comm);
-    train::DlrmOptions o;
-    o.quiet = true;
-    o.gather_tables = true;
-    auto r = trainer.run(o);
-    std::lock_guard<std::mutex> lock(m);
-    if (comm.rank() == 0) out = std::move(r);
-  });
-  fs::remove_all(c.run.dir);
-  return out;
+  return r;
 }
 
 }  // namespace

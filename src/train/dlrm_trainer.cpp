@@ -186,6 +186,8 @@ DlrmResult DlrmTrainer::run(const DlrmOptions& options) {
   const bool talk = s.rank == 0 && !options.quiet;
   if (talk) print_dlrm_header(s.c, s.size, s.source->describe(), result);
   const int64_t first = options.resume ? s.resume() : 1;
+  // Nobody asks for rows before every rank has built (and, resuming, loaded) the shards it serves.
+  if (s.size > 1) s.world.barrier()->wait();
   if (s.ps) s.ps->start(first);
   MetricsFile metrics(s.rank == 0 ? s.c.run.dir + "/metrics.jsonl" : "", first > 1);
   for (int64_t step = first; step <= s.c.train.steps; ++step) {

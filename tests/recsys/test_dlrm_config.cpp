@@ -1,0 +1,61 @@
+// The [dlrm] section's parsed forms and checks.
+#include <gtest/gtest.h>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/recsys/dlrm_config.h"
+
+using crosstrain::UsageError;
+using crosstrain::recsys::DlrmConfig;
+
+namespace {
+
+std::string refusal(const DlrmConfig& c) {
+  try {
+    crosstrain::recsys::check_dlrm(c);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST(DlrmConfig, TablesTakeListsAndRepeats) {
+  DlrmConfig c;
+  c.tables = "3x10,7,2x5";
+  EXPECT_EQ(c.table_rows(), (std::vector<int64_t>{10, 10, 10, 7, 5, 5}));
+  c.bottom_mlp = "";
+  c.embedding_dim = 4;
+  EXPECT_EQ(c.bottom_widths(), (std::vector<int64_t>{4})) << "an empty bottom MLP is one layer to embedding_dim";
+  c.top_mlp = "8,2";
+  EXPECT_EQ(c.top_widths(), (std::vector<int64_t>{8, 2, 1}));
+}
+
+TEST(DlrmConfig, ParameterCountAddsTablesAndBothMlps) {
+  DlrmConfig c;
+  c.tables = "100,50";
+  c.embedding_dim = 4;
+  c.dense_features = 3;
+  c.bottom_mlp = "8";
+  c.top_mlp = "6";
+  // tables 600; bottom (3+1)*8 + (8+1)*4 = 68; top input 4 + 3*2/2 = 7: (7+1)*6 + (6+1)*1 = 55.
+  EXPECT_EQ(c.parameter_count(), 600 + 68 + 55);
+}
+
+TEST(DlrmConfig, BadValuesNameTheirKey) {
+  DlrmConfig c;
+  c.tables = "10,x";
+  EXPECT_NE(refusal(c).find("dlrm.tables"), std::string::npos);
+  c.tables = "0";
+  EXPECT_NE(refusal(c).find("dlrm.tables"), std::string::npos);
+  c = DlrmConfig{};
+  c.pooling = "max";
+  EXPECT_NE(refusal(c).find("dlrm.pooling"), std::string::npos);
+  c = DlrmConfig{};
+  c.mode = "gossip";
+  EXPECT_NE(refusal(c).find("dlrm.mode"), std::string::npos);
+  c = DlrmConfig{};
+  c.data = "/some/criteo.tsv";  // 26 categorical features need 26 tables
+  EXPECT_NE(refusal(c).find("26"), std::string::npos);
+  EXPECT_EQ(refusal(DlrmConfig{}), "") << "the defaults are valid";
+}

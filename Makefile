@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys install clean
 
 all: build
 
@@ -102,6 +102,11 @@ bench-plan: build
 bench-models: app
 	@test -f data/fortunes-sp/train.bin || $(BUILD)/crosstrain tokenize /usr/share/games/fortunes --out data/fortunes-sp --vocab-size 2048
 	@python3 bench/models.py --bin $(BUILD)/crosstrain
+
+# DLRM (issue 18): examples/s on 1 and 2 ranks with sharded tables (alternating, medians, speedup), all-to-all
+# bytes per step; then parameter-server tables in mmap files more than 4x a rank's memory budget (AUC). ~3 minutes.
+bench-recsys: app
+	@python3 bench/recsys.py --bin $(BUILD)/crosstrain
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

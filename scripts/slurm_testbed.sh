@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# A small real Slurm cluster on this machine, for tests and demos of the scheduler (docs/scheduler.md): its own
+# munge daemon and key, slurmctld and one slurmd, all state under DIR, on ports PORT and PORT+1. Several can run
+# side by side (other DIR and PORT). Needs root and Debian's slurm-wlm and munge (scripts/install-deps.sh).
+#
+#   scripts/slurm_testbed.sh start DIR NAME PORT [CPUS]   # prints the SLURM_CONF to use; waits until the node is idle
+#   scripts/slurm_testbed.sh stop DIR                     # stops the daemons of DIR (idempotent)
+#   SLURM_CONF=DIR/slurm.conf sbatch --wrap 'hostname'    # then: sbatch, srun, squeue, scancel, sinfo as usual
+set -euo pipefail
+
+usage() { sed -n '2,9p' "$0" >&2; exit 2; }
+
+stop_pidfile() {
+  local f=$1
+  [[ -f $f ]] || return 0
+  local pid
+  pid=$(cat "$f" 2>/dev/null || true)
+  if [[ -n $pid ]] && kill -0 "$pid" 2>/dev/null; then
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -9 "$pid" 2>/dev/null || true
+  fi
+  rm -f "$f"
+}
+
+stop() {
+  local dir=$1
+  stop_pidfile "$dir/slurmd.pid"
+  stop_pidfile "$dir/slurmctld.pid"
+  stop_pidfile "$dir/munge/munged.pid"
+}
+
+write_conf() {
+  local dir=$1 name=$2 port=$3 cpus=$4 host
+  host=$(hostname)
+  cat > "$dir/slurm.conf" <<CONF
+ClusterName=$name
+SlurmctldHost=$host(127.0.0.1)
+SlurmctldPort=$port
+SlurmdPort=$((port + 1))
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket=$dir/munge/munge.socket
+StateSaveLocation=$dir/state
+SlurmdSpoolDir=$dir/spool
+SlurmctldPidFile=$dir/slurmctld.pid
+SlurmdPidFile=$dir/slurmd.pid
+SlurmctldLogFile=$dir/log/slurmctld.log
+SlurmdLogFile=$dir/log/slurmd.log
+SlurmUser=root
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+ReturnToService=2
+MpiDefault=none
+JobCompType=jobcomp/none
+AccountingStorageType=accounting_storage/none
+SlurmctldTimeout=10
+SlurmdTimeout=10
+NodeName=$name-node NodeHostname=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=2000 State=UNKNOWN
+PartitionName=main Nodes=$name-node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
+CONF
+}
+
+start() {
+  local dir=$1 name=$2 port=$3 cpus=${4:-2}
+  [[ $(id -u) -eq 0 ]] || { echo "slurm_testbed: needs root (slurmd runs jobs as any user)" >&2; exit 1; }
+  for b in munged slurmctld slurmd sinfo; do
+    command -v "$b" >/dev/null || { echo "slurm_testbed: $b is missing: scripts/install-deps.sh slurm-wlm munge" >&2; exit 1; }
+  done
+  stop "$dir"
+  mkdir -p "$dir"/{state,spool,log,munge}
+  chmod 700 "$dir/munge"
+  head -c 1024 /dev/urandom > "$dir/munge/munge.key"
+  chmod 600 "$dir/munge/munge.key"
+  munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
+         --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/seed" --force
+  write_conf "$dir" "$name" "$port" "$cpus"
+  export SLURM_CONF=$dir/slurm.conf
+  slurmctld -c -i
+  slurmd -N "$name-node"
+  for _ in $(seq 200); do
+    if sinfo -h -o '%t' 2>/dev/null | grep -qx idle; then echo "SLURM_CONF=$dir/slurm.conf"; return 0; fi
+    sleep 0.1
+  done
+  echo "slurm_testbed: cluster $name did not come up within 20 s; see $dir/log" >&2
+  stop "$dir"
+  exit 1
+}
+
+[[ $# -ge 2 ]] || usage
+case $1 in
+  start) [[ $# -ge 4 ]] || usage; start "$2" "$3" "$4" "${5:-2}" ;;
+  stop) stop "$2" ;;
+  *) usage ;;
+esac

@@ -1,0 +1,150 @@
+// Spot checks of the ledger's claims (scheduler/ledger.h): the work each entry claims against its job's
+// figures, steps claimed twice, and sampled steps' gradient digests against a recomputation.
+#include <sodium.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "crosstrain/scheduler/ledger.h"
+#include "ledger_internal.h"
+
+namespace crosstrain::scheduler {
+using namespace ledger_detail;
+
+namespace {
+
+constexpr char kSampleDomain[] = "crosstrain-spot/1";
+
+std::string fmt(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.4g", v);
+  return buf;
+}
+
+bool off_by_more_than(double claimed, double expected, double tolerance) {
+  return std::abs(claimed - expected) > tolerance * std::max(std::abs(expected), 1.0);
+}
+
+// Claimed tokens and FLOPs against what the job's steps amount to.
+void check_work(const LedgerEntry& e, const SpotCheckOptions& options, SpotCheckReport& report) {
+  const auto job = options.jobs.find(e.job);
+  if (job == options.jobs.end()) return;
+  const JobWork& w = job->second;
+  auto flag = [&](const std::string& why) { report.flags.push_back({e.cluster, e.seq, why}); };
+  const double tokens = w.tokens_per_step > 0 ? static_cast<double>(e.steps) * w.tokens_per_step
+                                               : static_cast<double>(e.tokens);
+  if (w.tokens_per_step > 0 && off_by_more_than(static_cast<double>(e.tokens), tokens, options.tolerance))
+    flag("claims " + std::to_string(e.tokens) + " tokens for " + std::to_string(e.steps) + " steps; job '" + e.job +
+         "' has " + std::to_string(w.tokens_per_step) + " tokens a step, so " + fmt(tokens));
+  const double flops = tokens * w.flops_per_token;
+  if (w.flops_per_token > 0 && off_by_more_than(e.flops, flops, options.tolerance))
+    flag("claims " + fmt(e.flops) + " FLOPs; " + fmt(tokens) + " tokens of job '" + e.job + "' are " + fmt(flops));
+}
+
+// Steps of a job already claimed, as ranges [first, last] with who claimed them.
+struct Claim {
+  int64_t last;
+  std::string cluster;
+  int64_t seq;
+};
+using Claims = std::map<int64_t, Claim>;
+
+void check_double_claims(const LedgerEntry& e, Claims& claims, SpotCheckReport& report) {
+  if (e.steps <= 0) return;
+  const int64_t first = e.first_step, last = e.first_step + e.steps - 1;
+  auto it = claims.upper_bound(last);  // the ranges starting at or before `last`, newest start first
+  if (it != claims.begin()) {
+    --it;
+    if (it->second.last >= first) {
+      const int64_t overlap = std::max(first, it->first);
+      report.flags.push_back({e.cluster, e.seq,
+                              "claims step " + std::to_string(overlap) + " of job '" + e.job +
+                                  "', already claimed by cluster '" + it->second.cluster + "' (seq " +
+                                  std::to_string(it->second.seq) + ")"});
+      return;  // not recorded: the first claim keeps the range
+    }
+  }
+  claims[first] = {last, e.cluster, e.seq};
+}
+
+void check_digests(const LedgerEntry& e, const SpotCheckOptions& options, const Recompute& recompute,
+                   SpotCheckReport& report) {
+  for (const auto& [step, digest] : e.gradient_digests)
+    if (step < e.first_step || step >= e.first_step + e.steps) {
+      report.flags.push_back({e.cluster, e.seq, "reports a digest for step " + std::to_string(step) +
+                                                    ", outside its claimed steps"});
+      break;
+    }
+  for (int64_t step : sample_steps(e, options.seed, options.samples_per_entry)) {
+    const auto committed = e.gradient_digests.find(step);
+    if (committed == e.gradient_digests.end()) {
+      report.flags.push_back({e.cluster, e.seq, "claims step " + std::to_string(step) + " of job '" + e.job +
+                                                    "' but committed no gradient digest for it"});
+      continue;
+    }
+    const std::string expected = recompute(e.job, step);
+    if (expected.empty()) {
+      ++report.steps_skipped;
+      continue;
+    }
+    ++report.steps_recomputed;
+    if (expected == committed->second) {
+      ++report.steps_matched;
+      continue;
+    }
+    report.flags.push_back({e.cluster, e.seq, "step " + std::to_string(step) + " of job '" + e.job +
+                                                  "': reported gradient digest " + committed->second.substr(0, 12) +
+                                                  "... differs from the recomputed " + expected.substr(0, 12) + "..."});
+  }
+}
+
+}  // namespace
+
+std::vector<int64_t> sample_steps(const LedgerEntry& entry, uint64_t seed, int count) {
+  std::vector<int64_t> out;
+  if (entry.steps <= 0 || count <= 0) return out;
+  if (entry.steps <= count) {
+    for (int64_t s = 0; s < entry.steps; ++s) out.push_back(entry.first_step + s);
+    return out;
+  }
+  ensure_sodium();
+  std::set<int64_t> picked;
+  for (uint64_t i = 0; static_cast<int>(picked.size()) < count; ++i) {
+    // SHA-256(domain || seed || entry hash || i), little-endian: the same draw on every machine.
+    unsigned char input[sizeof kSampleDomain + 16 + 64] = {};
+    std::memcpy(input, kSampleDomain, sizeof kSampleDomain);
+    for (int b = 0; b < 8; ++b) {
+      input[sizeof kSampleDomain + b] = static_cast<unsigned char>(seed >> (8 * b));
+      input[sizeof kSampleDomain + 8 + b] = static_cast<unsigned char>(i >> (8 * b));
+    }
+    std::memcpy(input + sizeof kSampleDomain + 16, entry.hash.data(), std::min<size_t>(entry.hash.size(), 64));
+    unsigned char h[crypto_hash_sha256_BYTES];
+    crypto_hash_sha256(h, input, sizeof input);
+    uint64_t v = 0;
+    for (int b = 0; b < 8; ++b) v |= static_cast<uint64_t>(h[b]) << (8 * b);
+    picked.insert(entry.first_step + static_cast<int64_t>(v % static_cast<uint64_t>(entry.steps)));
+  }
+  return {picked.begin(), picked.end()};
+}
+
+SpotCheckReport spot_check(const std::vector<LedgerEntry>& entries, const SpotCheckOptions& options,
+                           const Recompute& recompute) {
+  SpotCheckReport report;
+  std::map<std::string, Claims> claims;  // job -> claimed step ranges
+  for (const LedgerEntry& e : entries) {
+    check_work(e, options, report);
+    check_double_claims(e, claims[e.job], report);
+    check_digests(e, options, recompute, report);
+  }
+  return report;
+}
+
+std::vector<std::string> SpotCheckReport::flagged_clusters() const {
+  std::set<std::string> names;
+  for (const auto& f : flags) names.insert(f.cluster);
+  return {names.begin(), names.end()};
+}
+
+}  // namespace crosstrain::scheduler

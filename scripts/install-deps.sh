@@ -12,7 +12,8 @@
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
           libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread libblas-dev fortunes
-          libcpp-httplib-dev libsentencepiece-dev libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri "$@")
+          libcpp-httplib-dev libsentencepiece-dev libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri
+          libsqlite3-dev "$@")
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

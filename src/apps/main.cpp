@@ -18,6 +18,7 @@
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
+#include "ledger_cmd.h"
 #include "plan_cmd.h"
 #include "report_cmd.h"
 #include "tokenize_cmd.h"
@@ -368,6 +369,7 @@ struct CommandLine {
   ReportCli report;
   PlanCli plan;
   TokenizeCli tokenize;
+  apps::LedgerCli ledger;
 
   CommandLine() {
     app.require_subcommand(1);
@@ -384,6 +386,7 @@ struct CommandLine {
     add_report_commands(app, report);
     add_plan_commands(app, plan);
     add_tokenize_command(app, tokenize);
+    apps::add_ledger_command(app, ledger);
   }
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
@@ -400,7 +403,7 @@ bool is_command(const CLI::App& app, const std::string& name) {
 std::optional<int> parse_command_line(CommandLine& cli, int argc, char** argv, const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(cli.app, args[0])) {
     std::cerr << "crosstrain: unknown command '" << args[0]
-              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, tokenize, demo (crosstrain --help)" << std::endl;
+              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, tokenize, ledger, demo (crosstrain --help)" << std::endl;
     return 2;
   }
   try {
@@ -437,6 +440,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.plan.plan) return apps::plan_command(cli.plan.options);
   if (*cli.plan.sim) return apps::sim_command(cli.plan.options);
   if (*cli.tokenize.cmd) return apps::tokenize_command(cli.tokenize.options);
+  if (cli.ledger.selected()) return apps::run_ledger_command(cli.ledger);
   return 0;
 }
 

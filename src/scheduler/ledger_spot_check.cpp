@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <iterator>
 #include <set>
 
 #include "crosstrain/scheduler/ledger.h"
@@ -54,17 +55,18 @@ using Claims = std::map<int64_t, Claim>;
 void check_double_claims(const LedgerEntry& e, Claims& claims, SpotCheckReport& report) {
   if (e.steps <= 0) return;
   const int64_t first = e.first_step, last = e.first_step + e.steps - 1;
-  auto it = claims.upper_bound(last);  // the ranges starting at or before `last`, newest start first
-  if (it != claims.begin()) {
-    --it;
-    if (it->second.last >= first) {
-      const int64_t overlap = std::max(first, it->first);
-      report.flags.push_back({e.cluster, e.seq,
-                              "claims step " + std::to_string(overlap) + " of job '" + e.job +
-                                  "', already claimed by cluster '" + it->second.cluster + "' (seq " +
-                                  std::to_string(it->second.seq) + ")"});
-      return;  // not recorded: the first claim keeps the range
-    }
+  // Recorded ranges are disjoint, so their ends grow with their starts: walk back from the last range starting at
+  // or before `last` to the earliest one that still reaches `first`.
+  auto it = claims.upper_bound(last);
+  auto overlapping = claims.end();
+  while (it != claims.begin() && std::prev(it)->second.last >= first) overlapping = --it;
+  if (overlapping != claims.end()) {
+    const int64_t overlap = std::max(first, overlapping->first);
+    report.flags.push_back({e.cluster, e.seq,
+                            "claims step " + std::to_string(overlap) + " of job '" + e.job +
+                                "', already claimed by cluster '" + overlapping->second.cluster + "' (seq " +
+                                std::to_string(overlapping->second.seq) + ")"});
+    return;  // not recorded: the first claim keeps the range
   }
   claims[first] = {last, e.cluster, e.seq};
 }

@@ -1,0 +1,78 @@
+// What a user submits (a job and its QoS), what the scheduler decides for it (a placement) and what it records
+// about it (state, attempts, newest checkpoint step). Plain data; pure (no libtorch).
+//
+//   JobSpec job{.name = "llama", .model = planner::model_preset("llama-7b"), .ranks = 64, .global_batch = 512,
+//               .steps = 10000, .qos = {.deadline_s = 86400, .budget = 5000, .max_wan_gbps = 5}};
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "crosstrain/planner/model_shape.h"
+
+namespace crosstrain::scheduler {
+
+// Quality of service a job asks for. Zero or negative fields mean "no limit".
+struct Qos {
+  double deadline_s = 0;    // the run must end within this many seconds of submission (0: none)
+  double budget = 0;        // most the whole run may cost, in the cluster file's price unit (0: none)
+  // Most wide-area bandwidth the job may use on average, Gbit/s per cluster (< 0: no limit; 0: never span
+  // clusters).
+  double max_wan_gbps = -1;
+};
+
+struct JobSpec {
+  std::string name = "job";
+  planner::ModelShape model;
+  int ranks = 1;                  // devices wanted, all started together (a gang)
+  int64_t global_batch = 0;       // sequences per step; 0: one per rank
+  int64_t steps = 1000;           // training steps of the whole run
+  int64_t checkpoint_every = 100;  // steps between checkpoints (where a re-placed job resumes)
+  Qos qos;
+
+  int64_t batch() const { return global_batch > 0 ? global_batch : ranks; }
+};
+
+enum class JobState { Queued, Placed, Running, Failed, Done, Cancelled };
+const char* to_string(JobState state);
+JobState parse_job_state(const std::string& text);  // throws UsageError for an unknown name
+// A job in one of these states holds devices.
+inline bool holds_devices(JobState s) { return s == JobState::Placed || s == JobState::Running; }
+inline bool finished(JobState s) { return s == JobState::Failed || s == JobState::Done || s == JobState::Cancelled; }
+
+// The ranks of a job on one cluster and how they are laid out there.
+struct ClusterShare {
+  std::string cluster;
+  int ranks = 0;
+  std::string layout;  // inside this cluster: "dp=4 tp=2 pp=1"
+};
+
+struct PlacementRecord {
+  std::vector<ClusterShare> shares;  // every cluster of the gang (one or more)
+  std::string layout;                // the whole job, as planner::Layout::describe() prints it
+  std::string sync = "sync";         // across clusters: sync, hierarchical or diloco (sync on one cluster)
+  int inner_steps = 1;               // diloco: steps between outer exchanges
+  double step_s = 0;                 // predicted seconds per step (planner::estimate)
+  double wan_gbps = 0;               // predicted wide-area use per cluster, Gbit/s
+  double cost = 0;                   // predicted cost of the steps left
+  int attempt = 0;                   // which placement of the job this is (1 = first)
+
+  int ranks() const;
+  bool on(const std::string& cluster) const;
+};
+
+struct JobRecord {
+  int64_t id = 0;
+  JobSpec spec;
+  JobState state = JobState::Queued;
+  int attempts = 0;          // placements made so far
+  int64_t step = 0;          // newest checkpoint's step: where the next placement resumes
+  std::string reason;        // why queued, failed or cancelled
+  double submitted_s = 0;    // scheduler clock
+  double updated_s = 0;
+  std::optional<PlacementRecord> placement;  // while placed or running
+};
+
+}  // namespace crosstrain::scheduler

@@ -1,0 +1,115 @@
+// Orchestration: a gang scheduler over an executor. Jobs wait in a FIFO queue; each pass places them in order
+// (a job that does not fit now lets later, smaller ones start: backfill), reserves every rank of a placement at
+// once or none (Registry::reserve), records the decision in the state store in one transaction, then starts the
+// whole gang on the executor. A cluster marked lost gives its jobs back: each is stopped everywhere, resumes from
+// its newest checkpoint (JobRecord::step) and is placed again on the surviving clusters ahead of the queue.
+//
+//   StateStore store("state.db");
+//   SimulatedExecutor exec;
+//   Scheduler s(Registry::from_cluster_file(file), store, exec);
+//   int64_t id = s.submit(spec);      // queued, or rejected at once when it can never run
+//   s.tick();                         // poll the executor, place what fits, start it
+//   s.mark_lost("west");              // re-place the jobs that ran there
+// A Scheduler built on a store that already holds state recovers it: the registry's clusters, links and health
+// come from the file, and every placed or running job's devices are reserved again.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "crosstrain/scheduler/job.h"
+#include "crosstrain/scheduler/placement.h"
+#include "crosstrain/scheduler/registry.h"
+#include "crosstrain/scheduler/state_store.h"
+
+namespace crosstrain::scheduler {
+
+struct ExecStatus {
+  enum Kind { Unknown, Running, Done, Failed } kind = Unknown;
+  int64_t step = 0;             // steps done
+  int64_t checkpoint_step = 0;  // newest complete checkpoint
+  std::string detail;
+};
+
+// What runs the ranks: Slurm, local processes, or a simulation. start() must start every share or throw (and
+// then have started nothing); the scheduler never calls it with a partial gang.
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  virtual void start(const JobRecord& job, const PlacementRecord& placement) = 0;
+  virtual void stop(int64_t job_id) = 0;
+  virtual ExecStatus status(int64_t job_id) = 0;
+  // Clusters the executor cannot reach or run on any more.
+  virtual std::vector<std::string> lost_clusters() = 0;
+};
+
+struct SchedulerOptions {
+  PlacementOptions placement;
+  // Backfill behind a blocked head for at most this many passes; then the queue waits for the head (no starvation).
+  int backfill_passes = 1000;
+};
+
+struct SchedulerStats {
+  int64_t decisions = 0;            // placements made (each timed from the planner call to the commit)
+  int64_t refusals = 0;             // queued jobs that did not fit on a pass
+  int64_t rejected = 0;
+  std::vector<double> decision_s;   // wall seconds of each placement made
+};
+
+class Scheduler {
+ public:
+  using Clock = std::function<double()>;  // seconds, for records and deadlines (the simulation passes its own)
+  Scheduler(Registry registry, StateStore& store, Executor& executor, SchedulerOptions options = {}, Clock clock = {});
+
+  // Queues a job (Queued), or records it Failed with the reason when it can never run. Returns its id.
+  int64_t submit(const JobSpec& spec);
+  // Stops a job wherever it is; false when it had already finished.
+  bool cancel(int64_t id);
+  // One pass: poll running jobs and cluster health, then place and start what fits. Returns placements made.
+  int tick();
+  // Takes a cluster out (lost, drained): its jobs resume elsewhere from their newest checkpoint. Returns how
+  // many jobs it displaced.
+  int mark_lost(const std::string& cluster);
+  void mark_up(const std::string& cluster);
+
+  const JobRecord& job(int64_t id) const;  // throws UsageError for an unknown id
+  std::vector<const JobRecord*> jobs() const;
+  const Registry& registry() const { return registry_; }
+  const SchedulerStats& stats() const { return stats_; }
+  size_t queued() const { return queue_.size(); }
+  // Jobs holding devices, by id.
+  std::vector<int64_t> active() const { return {active_.begin(), active_.end()}; }
+
+ private:
+  void recover();
+  void persist_registry();
+  bool try_place(JobRecord& job);
+  bool fits_up_clusters(const JobRecord& job);  // on every device of the clusters now up (memoised per up-set)
+  void start(JobRecord& job);
+  void release(JobRecord& job);
+  void poll();
+  void finish(JobRecord& job, JobState state, const std::string& reason);
+  JobRecord& mutable_job(int64_t id);
+  double now() const { return clock_(); }
+
+  Registry registry_;
+  StateStore& store_;
+  Executor& executor_;
+  SchedulerOptions options_;
+  Clock clock_;
+  LayoutCache cache_;
+  std::map<int64_t, JobRecord> jobs_;
+  std::vector<int64_t> queue_;   // waiting, in order (re-placed jobs at the front)
+  std::set<int64_t> active_;     // placed or running
+  int64_t blocked_head_ = 0;     // the first waiting job that the up clusters could hold
+  int blocked_passes_ = 0;       // passes it has waited while later jobs backfilled
+  int64_t up_epoch_ = 0;         // changes whenever a cluster goes down or comes up
+  std::map<int64_t, std::pair<int64_t, bool>> fits_up_;  // job -> (up_epoch_, fits the up clusters)
+  SchedulerStats stats_;
+};
+
+}  // namespace crosstrain::scheduler

@@ -1,0 +1,55 @@
+// An executor that runs nothing: each started job advances one step every predicted step time of its placement on
+// a simulated clock, checkpoints every checkpoint_every steps and is done after its steps. It checks the gang
+// contract from the outside: every start must cover the job's ranks on clusters that are up and have room; a
+// start that would not is counted (partial_gangs, overcommits) and refused. For tests and the benchmark.
+#pragma once
+
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "crosstrain/scheduler/scheduler.h"
+
+namespace crosstrain::scheduler {
+
+class SimulatedExecutor : public Executor {
+ public:
+  // Devices per cluster, to detect overcommitment.
+  explicit SimulatedExecutor(std::map<std::string, int> capacity = {}) : capacity_(std::move(capacity)) {}
+  static SimulatedExecutor for_registry(const Registry& registry);
+
+  void start(const JobRecord& job, const PlacementRecord& placement) override;
+  void stop(int64_t job_id) override;
+  ExecStatus status(int64_t job_id) override;
+  std::vector<std::string> lost_clusters() override { return {lost_.begin(), lost_.end()}; }
+
+  double now() const { return now_; }
+  void advance(double seconds) { now_ += seconds; }
+  void lose(const std::string& cluster) { lost_.insert(cluster); }
+  void restore(const std::string& cluster) { lost_.erase(cluster); }
+  // Makes the next start of this job throw (a flaky cluster), once.
+  void fail_next_start(int64_t job_id) { fail_start_.insert(job_id); }
+
+  int used(const std::string& cluster) const;  // ranks running there
+  bool running(int64_t job_id) const { return jobs_.count(job_id) > 0; }
+  int64_t partial_gangs() const { return partial_gangs_; }   // starts that did not cover the job's ranks
+  int64_t overcommits() const { return overcommits_; }       // starts beyond a cluster's devices or on a lost one
+  int64_t starts() const { return starts_; }
+
+ private:
+  struct Run {
+    PlacementRecord placement;
+    double started_s = 0;
+    int64_t first_step = 0, steps = 0, checkpoint_every = 1;
+  };
+  std::map<std::string, int> capacity_;
+  std::map<std::string, int> used_;
+  std::map<int64_t, Run> jobs_;
+  std::set<std::string> lost_;
+  std::set<int64_t> fail_start_;
+  double now_ = 0;
+  int64_t partial_gangs_ = 0, overcommits_ = 0, starts_ = 0;
+};
+
+}  // namespace crosstrain::scheduler

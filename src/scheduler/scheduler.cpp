@@ -1,0 +1,310 @@
+#include "crosstrain/scheduler/scheduler.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::scheduler {
+namespace {
+
+double wall_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double epoch_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::vector<std::pair<std::string, int>> shares_of(const PlacementRecord& p) {
+  std::vector<std::pair<std::string, int>> out;
+  for (const auto& s : p.shares) out.push_back({s.cluster, s.ranks});
+  return out;
+}
+
+std::string describe(const PlacementRecord& p) {
+  std::string s;
+  for (const auto& sh : p.shares) s += (s.empty() ? "" : " + ") + sh.cluster + ":" + std::to_string(sh.ranks);
+  return s + " [" + p.layout + "] " + p.sync;
+}
+
+// The cluster and its device type alone, as a planner cluster file (the clusters table's spec column).
+std::string cluster_toml(const Registry& r, int i) {
+  planner::ClusterFile one;
+  one.name = r.file().clusters[i].name;
+  one.clusters.push_back(r.file().clusters[i]);
+  one.devices.emplace(one.clusters[0].device, r.file().device_of(one.clusters[0]));
+  return planner::to_toml(one);
+}
+
+comm::Link plain_link(double latency_s, double bandwidth_Bps) {
+  comm::Link l;
+  l.latency_s = latency_s, l.bandwidth_Bps = bandwidth_Bps;
+  return l;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Registry registry, StateStore& store, Executor& executor, SchedulerOptions options, Clock clock)
+    : registry_(std::move(registry)), store_(store), executor_(executor), options_(std::move(options)),
+      clock_(clock ? std::move(clock) : Clock(epoch_s)) {
+  if (store_.clusters().empty())
+    persist_registry();
+  else
+    recover();
+}
+
+void Scheduler::persist_registry() {
+  StateStore::Transaction t(store_);
+  for (int i = 0; i < registry_.size(); ++i) store_.put_cluster({registry_.info(i).name, registry_.up(i), cluster_toml(registry_, i)});
+  const planner::ClusterFile& f = registry_.file();
+  store_.put_link({"*", "*", f.wan.latency_s, f.wan.bandwidth_Bps});
+  for (const auto& w : f.wan_links) store_.put_link({w.a, w.b, w.link.latency_s, w.link.bandwidth_Bps});
+  t.commit();
+}
+
+// The registry and the jobs as the file has them; every placed or running job holds its devices again.
+void Scheduler::recover() {
+  Registry r;
+  for (const ClusterRow& row : store_.clusters()) {
+    const planner::ClusterFile one = planner::parse_cluster(row.spec_toml, store_.path() + " (cluster " + row.name + ")");
+    r.add_cluster(one.clusters.at(0), one.device_of(one.clusters.at(0)));
+    r.set_up(row.name, row.up);
+  }
+  for (const LinkRow& l : store_.links()) {
+    if (l.a == "*")
+      r.set_default_link(plain_link(l.latency_s, l.bandwidth_Bps));
+    else
+      r.set_link(l.a, l.b, plain_link(l.latency_s, l.bandwidth_Bps));
+  }
+  registry_ = std::move(r);
+  for (JobRecord& j : store_.jobs()) {
+    const int64_t id = j.id;
+    if (j.state == JobState::Queued) queue_.push_back(id);
+    if (holds_devices(j.state)) {
+      if (!j.placement || !registry_.reserve(shares_of(*j.placement)))
+        throw Error("scheduler state '" + store_.path() + "': job " + std::to_string(id) +
+                    " holds devices its placement cannot reserve again (the file is inconsistent)");
+      active_.insert(id);
+    }
+    jobs_.emplace(id, std::move(j));
+  }
+}
+
+int64_t Scheduler::submit(const JobSpec& spec) {
+  JobRecord j;
+  j.spec = spec;
+  j.submitted_s = j.updated_s = now();
+  const Decision ever = place(spec, progress_of(j, j.submitted_s), registry_.all_free(), options_.placement, &cache_);
+  if (ever.verdict != Verdict::Placed) {
+    j.state = JobState::Failed;
+    j.reason = "rejected: can never run here: " + ever.reason;
+    ++stats_.rejected;
+  }
+  StateStore::Transaction t(store_);
+  j.id = store_.add_job(j);
+  if (j.state == JobState::Failed) store_.add_event(j.updated_s, j.id, "rejected", j.reason);
+  t.commit();
+  if (j.state == JobState::Queued) queue_.push_back(j.id);
+  const int64_t id = j.id;
+  jobs_.emplace(id, std::move(j));
+  return id;
+}
+
+bool Scheduler::try_place(JobRecord& job) {
+  const double t0 = wall_s();
+  if (job.spec.ranks > registry_.free_total()) {  // cheap refusal: not enough free devices anywhere
+    ++stats_.refusals;
+    return false;
+  }
+  Decision d = place(job.spec, progress_of(job, now()), registry_, options_.placement, &cache_);
+  if (d.verdict != Verdict::Placed) {
+    job.reason = d.reason;
+    ++stats_.refusals;
+    return false;
+  }
+  if (!registry_.reserve(shares_of(d.placement)))
+    throw Error("placement of job " + std::to_string(job.id) + " on " + describe(d.placement) +
+                " chose devices that are not free (a scheduler bug)");
+  job.placement = d.placement;
+  job.placement->attempt = ++job.attempts;
+  job.state = JobState::Placed;
+  job.reason.clear();
+  job.updated_s = now();
+  StateStore::Transaction t(store_);
+  store_.update_job(job);
+  store_.add_event(job.updated_s, job.id, "placed", describe(*job.placement));
+  t.commit();
+  active_.insert(job.id);
+  ++stats_.decisions;
+  stats_.decision_s.push_back(wall_s() - t0);
+  return true;
+}
+
+bool Scheduler::fits_up_clusters(const JobRecord& job) {
+  auto it = fits_up_.find(job.id);
+  if (it != fits_up_.end() && it->second.first == up_epoch_) return it->second.second;
+  const bool fits = job.spec.ranks <= registry_.capacity_total() &&
+                    place(job.spec, progress_of(job, now()), registry_.all_free(), options_.placement, &cache_).verdict ==
+                        Verdict::Placed;
+  fits_up_[job.id] = {up_epoch_, fits};
+  return fits;
+}
+
+void Scheduler::start(JobRecord& job) {
+  try {
+    executor_.start(job, *job.placement);
+  } catch (const std::exception& e) {
+    // The executor started nothing: give the devices back and wait for the next pass.
+    release(job);
+    job.state = JobState::Queued;
+    job.reason = std::string("start failed: ") + e.what();
+    StateStore::Transaction t(store_);
+    store_.update_job(job);
+    store_.add_event(now(), job.id, "start-failed", e.what());
+    t.commit();
+    queue_.push_back(job.id);
+    return;
+  }
+  job.state = JobState::Running;
+  job.updated_s = now();
+  StateStore::Transaction t(store_);
+  store_.update_job(job);
+  store_.add_event(job.updated_s, job.id, "started", "");
+  t.commit();
+}
+
+void Scheduler::release(JobRecord& job) {
+  if (job.placement) registry_.release(shares_of(*job.placement));
+  job.placement.reset();
+  active_.erase(job.id);
+}
+
+void Scheduler::finish(JobRecord& job, JobState state, const std::string& reason) {
+  if (holds_devices(job.state)) release(job);
+  job.state = state;
+  job.reason = reason;
+  job.updated_s = now();
+  store_.update_job(job);
+  store_.add_event(job.updated_s, job.id, to_string(state), reason);
+}
+
+void Scheduler::poll() {
+  for (const std::string& c : executor_.lost_clusters())
+    if (registry_.up(registry_.index_of(c))) mark_lost(c);
+  StateStore::Transaction t(store_);  // one commit for the whole poll
+  for (int64_t id : std::vector<int64_t>(active_.begin(), active_.end())) {
+    JobRecord& job = jobs_.at(id);
+    if (job.state != JobState::Running) continue;
+    const ExecStatus s = executor_.status(id);
+    if (s.kind == ExecStatus::Done) {
+      job.step = job.spec.steps;
+      finish(job, JobState::Done, "");
+    } else if (s.kind == ExecStatus::Failed) {
+      finish(job, JobState::Failed, s.detail);
+    } else if (s.checkpoint_step > job.step) {
+      job.step = s.checkpoint_step;  // durable progress: where a re-placement resumes
+      store_.update_job(job);
+    }
+  }
+  t.commit();
+}
+
+int Scheduler::tick() {
+  poll();
+  int placed = 0;
+  bool head_blocked = false;
+  std::vector<int64_t> pass, waiting;
+  pass.swap(queue_);  // a job whose start fails goes back to queue_, for the next pass
+  for (size_t k = 0; k < pass.size(); ++k) {
+    JobRecord& job = jobs_.at(pass[k]);
+    if (progress_of(job, now()).seconds_left <= 0) {
+      StateStore::Transaction t(store_);
+      finish(job, JobState::Failed, "deadline passed while queued");
+      t.commit();
+      continue;
+    }
+    const bool may_try = !head_blocked || blocked_passes_ < options_.backfill_passes;
+    if (may_try && try_place(job)) {
+      start(job);
+      ++placed;
+      continue;
+    }
+    // Only a head that the clusters now up could hold holds back the jobs behind it; one that needs a lost
+    // cluster waits without blocking.
+    if (!head_blocked && fits_up_clusters(job)) {
+      head_blocked = true;
+      if (job.id != blocked_head_) blocked_head_ = job.id, blocked_passes_ = 0;  // a new head: backfill again
+    }
+    waiting.push_back(job.id);
+  }
+  waiting.insert(waiting.end(), queue_.begin(), queue_.end());
+  queue_ = std::move(waiting);
+  blocked_passes_ = head_blocked ? blocked_passes_ + 1 : 0;
+  if (!head_blocked) blocked_head_ = 0;
+  return placed;
+}
+
+int Scheduler::mark_lost(const std::string& cluster) {
+  registry_.set_up(cluster, false);
+  ++up_epoch_;
+  const int index = registry_.index_of(cluster);
+  std::vector<int64_t> displaced;
+  StateStore::Transaction t(store_);
+  store_.put_cluster({cluster, false, cluster_toml(registry_, index)});
+  store_.add_event(now(), 0, "cluster-lost", cluster);
+  for (int64_t id : std::vector<int64_t>(active_.begin(), active_.end())) {
+    JobRecord& job = jobs_.at(id);
+    if (!job.placement || !job.placement->on(cluster)) continue;
+    const ExecStatus s = executor_.status(id);
+    executor_.stop(id);  // every share: a gang never runs in part
+    job.step = std::max(job.step, s.checkpoint_step);
+    release(job);
+    job.state = JobState::Queued;
+    job.reason = "cluster " + cluster + " lost; resumes from step " + std::to_string(job.step);
+    job.updated_s = now();
+    store_.update_job(job);
+    store_.add_event(job.updated_s, id, "displaced", job.reason);
+    displaced.push_back(id);
+  }
+  t.commit();
+  queue_.insert(queue_.begin(), displaced.begin(), displaced.end());
+  blocked_passes_ = 0;
+  return static_cast<int>(displaced.size());
+}
+
+void Scheduler::mark_up(const std::string& cluster) {
+  registry_.set_up(cluster, true);
+  ++up_epoch_;
+  StateStore::Transaction t(store_);
+  store_.put_cluster({cluster, true, cluster_toml(registry_, registry_.index_of(cluster))});
+  store_.add_event(now(), 0, "cluster-up", cluster);
+  t.commit();
+}
+
+bool Scheduler::cancel(int64_t id) {
+  JobRecord& job = mutable_job(id);
+  if (finished(job.state)) return false;
+  if (job.state == JobState::Running) executor_.stop(id);
+  queue_.erase(std::remove(queue_.begin(), queue_.end(), id), queue_.end());
+  StateStore::Transaction t(store_);
+  finish(job, JobState::Cancelled, "cancelled");
+  t.commit();
+  return true;
+}
+
+JobRecord& Scheduler::mutable_job(int64_t id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) throw UsageError("no job " + std::to_string(id) + " (crosstrain job status lists them)");
+  return it->second;
+}
+
+const JobRecord& Scheduler::job(int64_t id) const { return const_cast<Scheduler*>(this)->mutable_job(id); }
+
+std::vector<const JobRecord*> Scheduler::jobs() const {
+  std::vector<const JobRecord*> out;
+  for (const auto& [id, j] : jobs_) out.push_back(&j);
+  return out;
+}
+
+}  // namespace crosstrain::scheduler

@@ -1,0 +1,359 @@
+#include "crosstrain/scheduler/state_store.h"
+
+#include <sqlite3.h>
+
+#include <nlohmann/json.hpp>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::scheduler {
+namespace {
+
+// "CTSC": marks the file as a crosstrain scheduler state (PRAGMA application_id).
+constexpr int kApplicationId = 0x43545343;
+
+// One prepared statement; binds by position (1-based), steps, finalizes on destruction.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql, const std::string& path) : db_(db), path_(path) {
+    if (sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr) != SQLITE_OK) fail("prepare");
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement& bind(int i, int64_t v) { return check(sqlite3_bind_int64(stmt_, i, v)); }
+  Statement& bind(int i, int v) { return check(sqlite3_bind_int64(stmt_, i, v)); }
+  Statement& bind(int i, double v) { return check(sqlite3_bind_double(stmt_, i, v)); }
+  Statement& bind(int i, const std::string& v) {
+    return check(sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+  }
+  // True while a row is available.
+  bool step() {
+    const int rc = sqlite3_step(stmt_);
+    if (rc == SQLITE_ROW) return true;
+    if (rc != SQLITE_DONE) fail("step");
+    return false;
+  }
+  int64_t integer(int col) const { return sqlite3_column_int64(stmt_, col); }
+  double real(int col) const { return sqlite3_column_double(stmt_, col); }
+  std::string text(int col) const {
+    const unsigned char* t = sqlite3_column_text(stmt_, col);
+    return t ? reinterpret_cast<const char*>(t) : "";
+  }
+  sqlite3_stmt* raw() { return stmt_; }
+
+ private:
+  Statement& check(int rc) {
+    if (rc != SQLITE_OK) fail("bind");
+    return *this;
+  }
+  [[noreturn]] void fail(const char* what) const {
+    throw Error("scheduler state '" + path_ + "': " + what + ": " + sqlite3_errmsg(db_));
+  }
+  sqlite3* db_;
+  const std::string& path_;
+  sqlite3_stmt* stmt_ = nullptr;
+};
+
+const char* kSchema = R"(
+CREATE TABLE clusters(name TEXT PRIMARY KEY, up INTEGER NOT NULL, spec TEXT NOT NULL);
+CREATE TABLE links(a TEXT NOT NULL, b TEXT NOT NULL, latency_s REAL NOT NULL, bandwidth_Bps REAL NOT NULL,
+                   PRIMARY KEY(a, b));
+CREATE TABLE jobs(id INTEGER PRIMARY KEY, name TEXT NOT NULL, spec TEXT NOT NULL, state TEXT NOT NULL,
+                  attempts INTEGER NOT NULL, step INTEGER NOT NULL, reason TEXT NOT NULL,
+                  submitted_s REAL NOT NULL, updated_s REAL NOT NULL);
+CREATE INDEX jobs_state ON jobs(state);
+CREATE TABLE placements(job_id INTEGER PRIMARY KEY REFERENCES jobs(id), attempt INTEGER NOT NULL,
+                        layout TEXT NOT NULL, sync TEXT NOT NULL, inner_steps INTEGER NOT NULL,
+                        step_s REAL NOT NULL, wan_gbps REAL NOT NULL, cost REAL NOT NULL);
+CREATE TABLE placement_shares(job_id INTEGER NOT NULL REFERENCES jobs(id), position INTEGER NOT NULL,
+                              cluster TEXT NOT NULL, ranks INTEGER NOT NULL, layout TEXT NOT NULL,
+                              PRIMARY KEY(job_id, position));
+CREATE TABLE events(id INTEGER PRIMARY KEY AUTOINCREMENT, time_s REAL NOT NULL, job_id INTEGER NOT NULL,
+                    kind TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE INDEX events_job ON events(job_id);
+)";
+
+nlohmann::json shape_json(const planner::ModelShape& m) {
+  return {{"name", m.name}, {"arch", m.arch},   {"layers", m.layers}, {"hidden", m.hidden},
+          {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"ffn", m.ffn}, {"vocab", m.vocab},
+          {"seq", m.seq},   {"tied_embeddings", m.tied_embeddings}};
+}
+
+template <typename T>
+void read(const nlohmann::json& j, const char* key, T& out, const std::string& where) {
+  if (!j.contains(key)) return;  // keeps the default
+  try {
+    out = j.at(key).get<T>();
+  } catch (const nlohmann::json::exception&) {
+    throw UsageError("job spec: " + where + key + " has the wrong type (" + j.at(key).dump() + ")");
+  }
+}
+
+}  // namespace
+
+std::string job_spec_to_json(const JobSpec& s) {
+  nlohmann::json j = {{"name", s.name},         {"model", shape_json(s.model)},
+                      {"ranks", s.ranks},       {"global_batch", s.global_batch},
+                      {"steps", s.steps},       {"checkpoint_every", s.checkpoint_every},
+                      {"qos", {{"deadline_s", s.qos.deadline_s}, {"budget", s.qos.budget},
+                               {"max_wan_gbps", s.qos.max_wan_gbps}}}};
+  return j.dump();
+}
+
+JobSpec job_spec_from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(std::string("job spec is not JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw UsageError("job spec must be a JSON object");
+  JobSpec s;
+  read(j, "name", s.name, "");
+  read(j, "ranks", s.ranks, "");
+  read(j, "global_batch", s.global_batch, "");
+  read(j, "steps", s.steps, "");
+  read(j, "checkpoint_every", s.checkpoint_every, "");
+  if (j.contains("model")) {
+    const nlohmann::json& m = j.at("model");
+    if (m.is_string()) {
+      s.model = planner::model_preset(m.get<std::string>());
+    } else {
+      read(m, "name", s.model.name, "model."), read(m, "arch", s.model.arch, "model.");
+      read(m, "layers", s.model.layers, "model."), read(m, "hidden", s.model.hidden, "model.");
+      read(m, "heads", s.model.heads, "model."), read(m, "kv_heads", s.model.kv_heads, "model.");
+      read(m, "ffn", s.model.ffn, "model."), read(m, "vocab", s.model.vocab, "model.");
+      read(m, "seq", s.model.seq, "model."), read(m, "tied_embeddings", s.model.tied_embeddings, "model.");
+    }
+  }
+  if (j.contains("qos")) {
+    const nlohmann::json& q = j.at("qos");
+    read(q, "deadline_s", s.qos.deadline_s, "qos."), read(q, "budget", s.qos.budget, "qos.");
+    read(q, "max_wan_gbps", s.qos.max_wan_gbps, "qos.");
+  }
+  return s;
+}
+
+StateStore::StateStore(const std::string& path, StoreOptions options) : path_(path) {
+  if (sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    const std::string why = db_ ? sqlite3_errmsg(db_) : "out of memory";
+    sqlite3_close(db_);
+    throw UsageError("cannot open scheduler state '" + path + "': " + why + " (check the directory exists and is writable)");
+  }
+  sqlite3_busy_timeout(db_, 5000);
+  try {
+    check_schema();
+    exec("PRAGMA journal_mode=WAL");
+    exec(options.synchronous_full ? "PRAGMA synchronous=FULL" : "PRAGMA synchronous=NORMAL");
+    exec("PRAGMA foreign_keys=ON");
+  } catch (...) {
+    sqlite3_close(db_);
+    throw;
+  }
+}
+
+StateStore::~StateStore() { sqlite3_close(db_); }
+
+void StateStore::exec(const char* sql) const {
+  char* error = nullptr;
+  if (sqlite3_exec(db_, sql, nullptr, nullptr, &error) != SQLITE_OK) {
+    const std::string why = error ? error : sqlite3_errmsg(db_);
+    sqlite3_free(error);
+    throw Error("scheduler state '" + path_ + "': " + why);
+  }
+}
+
+void StateStore::check_schema() {
+  // Reading the header is where a file that is not SQLite (or is damaged) shows itself.
+  int app = 0, version = 0, tables = 0;
+  try {
+    Statement a(db_, "PRAGMA application_id", path_);
+    if (a.step()) app = static_cast<int>(a.integer(0));
+    Statement v(db_, "PRAGMA user_version", path_);
+    if (v.step()) version = static_cast<int>(v.integer(0));
+    Statement t(db_, "SELECT count(*) FROM sqlite_master", path_);
+    if (t.step()) tables = static_cast<int>(t.integer(0));
+  } catch (const Error& e) {
+    throw UsageError("'" + path_ + "' is not a crosstrain scheduler state (" + e.what() +
+                     "); move it away or give another state file");
+  }
+  if (tables == 0 && app == 0) return create_schema();
+  if (app != kApplicationId)
+    throw UsageError("'" + path_ + "' is an SQLite file of another program (application_id " + std::to_string(app) +
+                     "), not a crosstrain scheduler state; give another state file");
+  if (version > kStateSchemaVersion)
+    throw UsageError("scheduler state '" + path_ + "' has schema version " + std::to_string(version) +
+                     ", newer than this crosstrain (" + std::to_string(kStateSchemaVersion) + "); run a newer crosstrain");
+  if (version < 1) throw UsageError("scheduler state '" + path_ + "' has no schema version; it is damaged");
+}
+
+void StateStore::create_schema() {
+  Transaction t(*this);
+  exec(kSchema);
+  exec(("PRAGMA application_id=" + std::to_string(kApplicationId)).c_str());
+  exec(("PRAGMA user_version=" + std::to_string(kStateSchemaVersion)).c_str());
+  t.commit();
+}
+
+StateStore::Transaction::Transaction(StateStore& store) : store_(store) {
+  outer_ = store_.depth_++ == 0;
+  if (outer_) store_.exec("BEGIN IMMEDIATE");
+}
+
+StateStore::Transaction::~Transaction() {
+  if (!done_ && outer_) {
+    try {
+      store_.exec("ROLLBACK");
+    } catch (...) {
+    }
+  }
+  if (!done_) --store_.depth_;
+}
+
+void StateStore::Transaction::commit() {
+  if (done_) return;
+  done_ = true;
+  --store_.depth_;
+  if (outer_) store_.exec("COMMIT");
+}
+
+void StateStore::put_cluster(const ClusterRow& row) {
+  Statement s(db_, "INSERT OR REPLACE INTO clusters(name, up, spec) VALUES(?, ?, ?)", path_);
+  s.bind(1, row.name).bind(2, row.up ? 1 : 0).bind(3, row.spec_toml).step();
+}
+
+void StateStore::put_link(const LinkRow& row) {
+  Statement s(db_, "INSERT OR REPLACE INTO links(a, b, latency_s, bandwidth_Bps) VALUES(?, ?, ?, ?)", path_);
+  s.bind(1, row.a).bind(2, row.b).bind(3, row.latency_s).bind(4, row.bandwidth_Bps).step();
+}
+
+std::vector<ClusterRow> StateStore::clusters() const {
+  std::vector<ClusterRow> out;
+  Statement s(db_, "SELECT name, up, spec FROM clusters ORDER BY rowid", path_);
+  while (s.step()) out.push_back({s.text(0), s.integer(1) != 0, s.text(2)});
+  return out;
+}
+
+std::vector<LinkRow> StateStore::links() const {
+  std::vector<LinkRow> out;
+  Statement s(db_, "SELECT a, b, latency_s, bandwidth_Bps FROM links ORDER BY rowid", path_);
+  while (s.step()) out.push_back({s.text(0), s.text(1), s.real(2), s.real(3)});
+  return out;
+}
+
+int64_t StateStore::add_job(const JobRecord& job) {
+  Transaction t(*this);
+  Statement s(db_,
+              "INSERT INTO jobs(name, spec, state, attempts, step, reason, submitted_s, updated_s) "
+              "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+              path_);
+  s.bind(1, job.spec.name).bind(2, job_spec_to_json(job.spec)).bind(3, std::string(to_string(job.state)));
+  s.bind(4, job.attempts).bind(5, job.step).bind(6, job.reason).bind(7, job.submitted_s).bind(8, job.updated_s);
+  s.step();
+  const int64_t id = sqlite3_last_insert_rowid(db_);
+  write_placement(id, job.placement);
+  add_event(job.submitted_s, id, "submitted", job.spec.name);
+  t.commit();
+  return id;
+}
+
+void StateStore::update_job(const JobRecord& job) {
+  Transaction t(*this);
+  Statement s(db_, "UPDATE jobs SET state = ?, attempts = ?, step = ?, reason = ?, updated_s = ? WHERE id = ?", path_);
+  s.bind(1, std::string(to_string(job.state))).bind(2, job.attempts).bind(3, job.step).bind(4, job.reason);
+  s.bind(5, job.updated_s).bind(6, job.id).step();
+  if (sqlite3_changes(db_) != 1) throw Error("scheduler state '" + path_ + "': no job " + std::to_string(job.id));
+  write_placement(job.id, job.placement);
+  t.commit();
+}
+
+void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRecord>& p) {
+  Statement(db_, "DELETE FROM placement_shares WHERE job_id = ?", path_).bind(1, job_id).step();
+  Statement(db_, "DELETE FROM placements WHERE job_id = ?", path_).bind(1, job_id).step();
+  if (!p) return;
+  Statement s(db_,
+              "INSERT INTO placements(job_id, attempt, layout, sync, inner_steps, step_s, wan_gbps, cost) "
+              "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+              path_);
+  s.bind(1, job_id).bind(2, p->attempt).bind(3, p->layout).bind(4, p->sync).bind(5, p->inner_steps);
+  s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).step();
+  Statement share(db_, "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout) VALUES(?, ?, ?, ?, ?)",
+                  path_);
+  for (size_t i = 0; i < p->shares.size(); ++i) {
+    sqlite3_reset(share.raw());
+    share.bind(1, job_id).bind(2, static_cast<int64_t>(i)).bind(3, p->shares[i].cluster);
+    share.bind(4, p->shares[i].ranks).bind(5, p->shares[i].layout).step();
+  }
+}
+
+std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const {
+  Statement s(db_, "SELECT attempt, layout, sync, inner_steps, step_s, wan_gbps, cost FROM placements WHERE job_id = ?",
+              path_);
+  s.bind(1, job_id);
+  if (!s.step()) return std::nullopt;
+  PlacementRecord p;
+  p.attempt = static_cast<int>(s.integer(0));
+  p.layout = s.text(1), p.sync = s.text(2);
+  p.inner_steps = static_cast<int>(s.integer(3));
+  p.step_s = s.real(4), p.wan_gbps = s.real(5), p.cost = s.real(6);
+  Statement sh(db_, "SELECT cluster, ranks, layout FROM placement_shares WHERE job_id = ? ORDER BY position", path_);
+  sh.bind(1, job_id);
+  while (sh.step()) p.shares.push_back({sh.text(0), static_cast<int>(sh.integer(1)), sh.text(2)});
+  return p;
+}
+
+void StateStore::add_event(double time_s, int64_t job_id, const std::string& kind, const std::string& detail) {
+  Statement s(db_, "INSERT INTO events(time_s, job_id, kind, detail) VALUES(?, ?, ?, ?)", path_);
+  s.bind(1, time_s).bind(2, job_id).bind(3, kind).bind(4, detail).step();
+}
+
+JobRecord StateStore::read_job_row(void* raw) const {
+  auto* s = static_cast<sqlite3_stmt*>(raw);
+  auto text = [&](int c) {
+    const unsigned char* t = sqlite3_column_text(s, c);
+    return std::string(t ? reinterpret_cast<const char*>(t) : "");
+  };
+  JobRecord j;
+  j.id = sqlite3_column_int64(s, 0);
+  j.spec = job_spec_from_json(text(1));
+  j.state = parse_job_state(text(2));
+  j.attempts = sqlite3_column_int(s, 3);
+  j.step = sqlite3_column_int64(s, 4);
+  j.reason = text(5);
+  j.submitted_s = sqlite3_column_double(s, 6);
+  j.updated_s = sqlite3_column_double(s, 7);
+  j.placement = read_placement(j.id);
+  return j;
+}
+
+std::vector<JobRecord> StateStore::jobs() const {
+  std::vector<JobRecord> out;
+  Statement s(db_, "SELECT id, spec, state, attempts, step, reason, submitted_s, updated_s FROM jobs ORDER BY id", path_);
+  while (s.step()) out.push_back(read_job_row(s.raw()));
+  return out;
+}
+
+std::optional<JobRecord> StateStore::job(int64_t id) const {
+  Statement s(db_, "SELECT id, spec, state, attempts, step, reason, submitted_s, updated_s FROM jobs WHERE id = ?", path_);
+  s.bind(1, id);
+  if (!s.step()) return std::nullopt;
+  return read_job_row(s.raw());
+}
+
+std::vector<EventRow> StateStore::events(int64_t job_id) const {
+  std::vector<EventRow> out;
+  Statement s(db_,
+              job_id < 0 ? "SELECT id, time_s, job_id, kind, detail FROM events WHERE ? < 0 ORDER BY id"
+                         : "SELECT id, time_s, job_id, kind, detail FROM events WHERE job_id = ? ORDER BY id",
+              path_);
+  s.bind(1, job_id);
+  while (s.step()) out.push_back({s.integer(0), s.real(1), s.integer(2), s.text(3), s.text(4)});
+  return out;
+}
+
+int64_t StateStore::last_job_id() const {
+  Statement s(db_, "SELECT coalesce(max(id), 0) FROM jobs", path_);
+  return s.step() ? s.integer(0) : 0;
+}
+
+}  // namespace crosstrain::scheduler

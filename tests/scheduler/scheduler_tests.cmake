@@ -1,0 +1,9 @@
+# The scheduler's resource, control and state core (issue 19, docs/scheduler.md): placement against hand-worked
+# cases, the SQLite state and its recovery, the gang scheduler over the simulated executor, the bench's smoke run.
+add_executable(scheduler_tests
+  ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_placement.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_state_store.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_gang_scheduler.cpp)
+target_compile_options(scheduler_tests PRIVATE -Wall -Wextra -Wno-unused-parameter)
+target_link_libraries(scheduler_tests PRIVATE crosstrain_scheduler SQLite::SQLite3 GTest::gtest_main)
+gtest_discover_tests(scheduler_tests PROPERTIES LABELS unit TIMEOUT 120 DISCOVERY_TIMEOUT 60)

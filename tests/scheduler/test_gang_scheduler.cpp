@@ -1,0 +1,263 @@
+// The gang scheduler over the simulated executor: re-placement after a cluster is lost, recovery from the SQLite
+// file, gangs never partial under random load, and a small run of the benchmark.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <map>
+#include <random>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/bench.h"
+#include "crosstrain/scheduler/scheduler.h"
+#include "crosstrain/scheduler/sim_executor.h"
+#include "scheduler_test_util.h"
+
+namespace crosstrain::scheduler {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  const std::string p = (std::filesystem::temp_directory_path() /
+                         ("ct_gang_" + std::to_string(::getpid()) + "_" + name)).string();
+  for (const char* s : {"", "-wal", "-shm"}) std::remove((p + s).c_str());
+  return p;
+}
+
+JobSpec job(const std::string& model, int ranks, int64_t steps) {
+  JobSpec j;
+  j.name = model + "x" + std::to_string(ranks);
+  j.model = planner::model_preset(model);
+  j.ranks = ranks;
+  j.global_batch = 768;  // divisible by every dp of 8..96 ranks
+  j.steps = steps;
+  j.checkpoint_every = 10;
+  return j;
+}
+
+struct Rig {
+  explicit Rig(const std::string& path, Registry r = testing::two_clusters(1))
+      : exec(SimulatedExecutor::for_registry(r)), store(path),
+        sched(std::move(r), store, exec, {}, [this] { return exec.now(); }) {}
+  SimulatedExecutor exec;
+  StateStore store;
+  Scheduler sched;
+};
+
+TEST(GangScheduler, ALostClustersJobsResumeFromTheirCheckpointElsewhere) {
+  Rig rig(temp_path("loss.db"));
+  const int64_t id = rig.sched.submit(job("gpt2", 32, 100000));
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).state, JobState::Running);
+  const std::string first = rig.sched.job(id).placement->shares.at(0).cluster;
+  const std::string other = first == "a" ? "b" : "a";
+  // Run 25 steps (checkpoints every 10: the newest is step 20), then lose the cluster.
+  rig.exec.advance(rig.sched.job(id).placement->step_s * 25.5);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(id).step, 20);
+  rig.exec.lose(first);
+  rig.sched.tick();  // sees the loss, displaces the job, places it on the survivor
+  const JobRecord& j = rig.sched.job(id);
+  ASSERT_EQ(j.state, JobState::Running) << j.reason;
+  EXPECT_EQ(j.attempts, 2);
+  EXPECT_EQ(j.step, 20);
+  ASSERT_EQ(j.placement->shares.size(), 1u);
+  EXPECT_EQ(j.placement->shares[0].cluster, other);
+  EXPECT_EQ(rig.exec.used(first), 0);
+  EXPECT_EQ(rig.exec.used(other), 32);
+  EXPECT_EQ(rig.exec.status(id).step, 20);  // the executor resumed it from the checkpoint
+  EXPECT_FALSE(rig.sched.registry().up(rig.sched.registry().index_of(first)));
+  bool displaced = false;
+  for (const EventRow& e : rig.store.events(id)) displaced = displaced || e.kind == "displaced";
+  EXPECT_TRUE(displaced);
+}
+
+TEST(GangScheduler, ASpanningJobIsStoppedEverywhereWhenOneOfItsClustersIsLost) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  Rig rig(temp_path("span.db"), std::move(r));
+  const int64_t id = rig.sched.submit(job("gpt2-xl", 96, 100000));
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).placement->shares.size(), 2u);
+  const std::string lost = rig.sched.job(id).placement->shares[0].cluster;
+  rig.exec.lose(lost);
+  rig.sched.tick();
+  const JobRecord& j = rig.sched.job(id);
+  ASSERT_TRUE(holds_devices(j.state)) << j.reason;
+  EXPECT_FALSE(j.placement->on(lost));
+  EXPECT_EQ(j.placement->ranks(), 96);
+  int used = 0;
+  for (const char* c : {"a", "b", "c"}) used += rig.exec.used(c);
+  EXPECT_EQ(used, 96);  // the old gang is gone from every cluster, the new one is whole
+}
+
+TEST(GangScheduler, RestartRecoversEveryJobAndPlacementFromTheFile) {
+  const std::string path = temp_path("restart.db");
+  std::vector<JobRecord> before;
+  std::vector<int> free_before;
+  std::vector<bool> up_before;
+  SimulatedExecutor exec = SimulatedExecutor::for_registry(testing::two_clusters(1));
+  {
+    StateStore store(path);
+    Scheduler s(testing::two_clusters(1), store, exec, {}, [&exec] { return exec.now(); });
+    for (int i = 0; i < 12; ++i) s.submit(job(i % 2 ? "gpt2" : "gpt2-medium", 8 << (i % 4), 200 + 500 * (i % 3)));
+    s.submit(job("gpt2", 1000, 10));  // rejected
+    s.tick();
+    exec.advance(30);
+    s.tick();
+    s.cancel(s.jobs().back()->id - 1);
+    exec.lose("b");
+    s.tick();
+    for (const JobRecord* j : s.jobs()) before.push_back(*j);
+    for (int i = 0; i < s.registry().size(); ++i) {
+      free_before.push_back(s.registry().free(i));
+      up_before.push_back(s.registry().up(i));
+    }
+  }
+  StateStore store(path);
+  Scheduler s(Registry{}, store, exec, {}, [&exec] { return exec.now(); });
+  ASSERT_EQ(s.jobs().size(), before.size());
+  std::map<JobState, int> states;
+  for (size_t k = 0; k < before.size(); ++k) {
+    const JobRecord& a = before[k];
+    const JobRecord& b = *s.jobs()[k];
+    ++states[a.state];
+    EXPECT_EQ(b.id, a.id);
+    EXPECT_EQ(job_spec_to_json(b.spec), job_spec_to_json(a.spec));
+    EXPECT_EQ(b.state, a.state) << a.id;
+    EXPECT_EQ(b.attempts, a.attempts);
+    EXPECT_EQ(b.step, a.step);
+    EXPECT_EQ(b.reason, a.reason);
+    EXPECT_EQ(b.submitted_s, a.submitted_s);
+    ASSERT_EQ(b.placement.has_value(), a.placement.has_value()) << a.id;
+    if (!a.placement) continue;
+    EXPECT_EQ(b.placement->layout, a.placement->layout);
+    EXPECT_EQ(b.placement->sync, a.placement->sync);
+    EXPECT_EQ(b.placement->step_s, a.placement->step_s);
+    ASSERT_EQ(b.placement->shares.size(), a.placement->shares.size());
+    for (size_t i = 0; i < a.placement->shares.size(); ++i) {
+      EXPECT_EQ(b.placement->shares[i].cluster, a.placement->shares[i].cluster);
+      EXPECT_EQ(b.placement->shares[i].ranks, a.placement->shares[i].ranks);
+    }
+  }
+  // The run covered the interesting states, so the comparison means something.
+  EXPECT_GT(states[JobState::Running], 0);
+  EXPECT_GT(states[JobState::Queued], 0);
+  EXPECT_GT(states[JobState::Failed], 0);
+  EXPECT_GT(states[JobState::Cancelled], 0);
+  for (int i = 0; i < s.registry().size(); ++i) {
+    EXPECT_EQ(s.registry().free(i), free_before[i]) << s.registry().info(i).name;
+    EXPECT_EQ(s.registry().up(i), up_before[i]);
+  }
+  EXPECT_EQ(s.queued(), static_cast<size_t>(states[JobState::Queued]));
+}
+
+// Invariants after every operation: each job holding devices has a whole gang reserved and running; each
+// cluster's free devices are its devices less exactly those reservations; the executor never saw a partial gang.
+void check_invariants(const Scheduler& s, const SimulatedExecutor& exec) {
+  const Registry& r = s.registry();
+  std::map<std::string, int> held;
+  for (const JobRecord* j : s.jobs()) {
+    if (!holds_devices(j->state)) {
+      EXPECT_FALSE(j->placement) << "job " << j->id << " is " << to_string(j->state) << " with a placement";
+      continue;
+    }
+    ASSERT_TRUE(j->placement) << j->id;
+    EXPECT_EQ(j->placement->ranks(), j->spec.ranks) << "partial gang: job " << j->id;
+    for (const auto& sh : j->placement->shares) held[sh.cluster] += sh.ranks;
+    EXPECT_EQ(j->state == JobState::Running, exec.running(j->id)) << j->id;
+  }
+  for (int i = 0; i < r.size(); ++i) {
+    const std::string name = r.info(i).name;
+    EXPECT_EQ(r.free(i), r.devices(i) - held[name]) << name;
+    EXPECT_GE(r.free(i), 0) << name;
+    EXPECT_EQ(exec.used(name), held[name]) << name;
+  }
+  EXPECT_EQ(exec.partial_gangs(), 0);
+  EXPECT_EQ(exec.overcommits(), 0);
+}
+
+TEST(GangScheduler, GangsAreNeverPartialUnderRandomLoad) {
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    std::mt19937_64 rng(seed);
+    Registry r = bench_registry(4, rng);
+    std::vector<std::string> names;
+    for (const ClusterInfo& c : r.clusters()) names.push_back(c.name);
+    SimulatedExecutor exec = SimulatedExecutor::for_registry(r);
+    StateStore store(temp_path("random" + std::to_string(seed) + ".db"), {false});
+    Scheduler s(std::move(r), store, exec, {}, [&exec] { return exec.now(); });
+    for (int op = 0; op < 250; ++op) {
+      const int what = static_cast<int>(rng() % 20);
+      if (what < 10) {
+        s.submit(bench_job(op, rng));
+      } else if (what < 16) {
+        exec.advance(static_cast<double>(rng() % 300));
+      } else if (what == 16) {
+        const std::string c = names[rng() % names.size()];
+        exec.lose(c);
+      } else if (what == 17) {
+        const std::string c = names[rng() % names.size()];
+        exec.restore(c);
+        s.mark_up(c);
+      } else if (what == 18 && !s.jobs().empty()) {
+        s.cancel(s.jobs()[rng() % s.jobs().size()]->id);
+      } else if (!s.jobs().empty()) {
+        exec.fail_next_start(s.jobs().back()->id);
+      }
+      s.tick();
+      check_invariants(s, exec);
+      if (::testing::Test::HasFailure()) FAIL() << "seed " << seed << " op " << op;
+    }
+    EXPECT_GT(exec.starts(), 20) << "seed " << seed;
+  }
+}
+
+TEST(GangScheduler, AFailedStartHoldsNothingAndIsRetried) {
+  Rig rig(temp_path("failstart.db"));
+  const int64_t id = rig.sched.submit(job("gpt2", 16, 1000));
+  rig.exec.fail_next_start(id);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(id).state, JobState::Queued);
+  EXPECT_NE(rig.sched.job(id).reason.find("start failed"), std::string::npos);
+  EXPECT_EQ(rig.sched.registry().free_total(), 128);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(id).state, JobState::Running);
+  EXPECT_EQ(rig.sched.registry().free_total(), 112);
+}
+
+TEST(GangScheduler, JobsRunToCompletionAndGiveTheirDevicesBack) {
+  Rig rig(temp_path("complete.db"));
+  const int64_t big = rig.sched.submit(job("gpt2", 64, 100));
+  const int64_t also = rig.sched.submit(job("gpt2", 64, 100));
+  const int64_t waits = rig.sched.submit(job("gpt2", 64, 100));
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(big).state, JobState::Running);
+  EXPECT_EQ(rig.sched.job(also).state, JobState::Running);
+  EXPECT_EQ(rig.sched.job(waits).state, JobState::Queued);
+  rig.exec.advance(1e6);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(big).state, JobState::Done);
+  EXPECT_EQ(rig.sched.job(big).step, 100);
+  EXPECT_EQ(rig.sched.job(waits).state, JobState::Running);
+  EXPECT_THROW(rig.sched.job(999), UsageError);
+}
+
+TEST(GangScheduler, BenchSmoke) {
+  SchedulerBenchOptions o;
+  o.jobs = 60;
+  o.clusters = 4;
+  o.state_path = temp_path("bench.db");
+  const SchedulerBenchResult r = run_scheduler_bench(o);
+  EXPECT_EQ(r.partial_gangs, 0);
+  EXPECT_EQ(r.overcommits, 0);
+  EXPECT_GT(r.placements, 20);
+  EXPECT_GT(r.done, 20);
+  EXPECT_GT(r.decision_p95_ms, 0);
+  EXPECT_FALSE(r.lost_cluster.empty());
+  EXPECT_GT(r.displaced, 0);
+  const std::string line = r.line();
+  for (const char* key : {"placements_per_s=", "decision_p95_ms=", "partial_gangs=0", "replace_after_loss_s="})
+    EXPECT_NE(line.find(key), std::string::npos) << line;
+}
+
+}  // namespace
+}  // namespace crosstrain::scheduler

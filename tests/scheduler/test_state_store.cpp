@@ -1,0 +1,141 @@
+// The SQLite state: round trips, transactions, refusals of files that are not ours.
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/state_store.h"
+
+namespace crosstrain::scheduler {
+namespace {
+
+std::string temp_path(const std::string& name) {
+  const std::string p = (std::filesystem::temp_directory_path() /
+                         ("ct_sched_" + std::to_string(::getpid()) + "_" + name)).string();
+  for (const char* s : {"", "-wal", "-shm"}) std::remove((p + s).c_str());
+  return p;
+}
+
+JobRecord sample_job() {
+  JobRecord j;
+  j.spec.name = "llama";
+  j.spec.model = planner::model_preset("llama-7b");
+  j.spec.ranks = 24;
+  j.spec.global_batch = 480;
+  j.spec.steps = 777;
+  j.spec.checkpoint_every = 25;
+  j.spec.qos = {3600.5, 120.25, 2.5};
+  j.submitted_s = j.updated_s = 12.5;
+  return j;
+}
+
+TEST(StateStore, JobsAndPlacementsRoundTripThroughANewStore) {
+  const std::string path = temp_path("roundtrip.db");
+  JobRecord j = sample_job();
+  {
+    StateStore s(path);
+    j.id = s.add_job(j);
+    j.state = JobState::Running;
+    j.attempts = 2;
+    j.step = 150;
+    j.placement = PlacementRecord{{{"east", 16, "dp=8 tp=2 pp=1"}, {"west", 8, "dp=4 tp=2 pp=1"}},
+                                  "dp=12 tp=2 pp=1 zero=1", "diloco", 50, 0.75, 1.5, 99.5, 2};
+    j.updated_s = 30;
+    s.update_job(j);
+  }
+  StateStore again(path);
+  const auto back = again.job(j.id);
+  ASSERT_TRUE(back);
+  EXPECT_EQ(job_spec_to_json(back->spec), job_spec_to_json(j.spec));
+  EXPECT_EQ(back->spec.model.parameters(), j.spec.model.parameters());
+  EXPECT_EQ(back->state, JobState::Running);
+  EXPECT_EQ(back->attempts, 2);
+  EXPECT_EQ(back->step, 150);
+  EXPECT_EQ(back->updated_s, 30);
+  ASSERT_TRUE(back->placement);
+  ASSERT_EQ(back->placement->shares.size(), 2u);
+  EXPECT_EQ(back->placement->shares[1].cluster, "west");
+  EXPECT_EQ(back->placement->shares[1].ranks, 8);
+  EXPECT_EQ(back->placement->sync, "diloco");
+  EXPECT_EQ(back->placement->inner_steps, 50);
+  EXPECT_EQ(back->placement->cost, 99.5);
+  EXPECT_EQ(back->placement->attempt, 2);
+  // Clearing the placement deletes it.
+  JobRecord done = *back;
+  done.state = JobState::Done;
+  done.placement.reset();
+  again.update_job(done);
+  EXPECT_FALSE(again.job(j.id)->placement);
+  EXPECT_EQ(again.events(j.id).front().kind, "submitted");
+}
+
+TEST(StateStore, ATransactionThatIsNotCommittedLeavesNothing) {
+  const std::string path = temp_path("rollback.db");
+  StateStore s(path);
+  {
+    StateStore::Transaction t(s);
+    s.add_job(sample_job());
+    s.add_event(1, 0, "x", "y");
+  }  // destroyed without commit
+  EXPECT_TRUE(s.jobs().empty());
+  EXPECT_TRUE(s.events().empty());
+  EXPECT_EQ(s.last_job_id(), 0);
+}
+
+TEST(StateStore, RefusesAFileThatIsNotSQLite) {
+  const std::string path = temp_path("garbage.db");
+  std::ofstream(path) << std::string(4096, 'x');
+  try {
+    StateStore s(path);
+    FAIL() << "opened a garbage file";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("not a crosstrain scheduler state"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+TEST(StateStore, RefusesAnotherProgramsDatabaseAndANewerSchema) {
+  const std::string foreign = temp_path("foreign.db");
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE photos(id INTEGER)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  try {
+    StateStore s(foreign);
+    FAIL() << "opened another program's database";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("another program"), std::string::npos) << e.what();
+  }
+
+  const std::string newer = temp_path("newer.db");
+  { StateStore s(newer); }
+  ASSERT_EQ(sqlite3_open(newer.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version=99", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  try {
+    StateStore s(newer);
+    FAIL() << "opened a newer schema";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("newer"), std::string::npos) << e.what();
+  }
+}
+
+TEST(StateStore, JobSpecJsonNamesTheBadField) {
+  EXPECT_THROW(job_spec_from_json("{"), UsageError);
+  try {
+    job_spec_from_json(R"({"ranks": "many"})");
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("ranks"), std::string::npos) << e.what();
+  }
+  const JobSpec s = job_spec_from_json(R"({"model": "gpt2", "ranks": 8, "qos": {"max_wan_gbps": 0}})");
+  EXPECT_EQ(s.model.name, "gpt2");
+  EXPECT_EQ(s.ranks, 8);
+  EXPECT_EQ(s.qos.max_wan_gbps, 0);
+}
+
+}  // namespace
+}  // namespace crosstrain::scheduler

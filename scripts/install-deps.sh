@@ -7,13 +7,14 @@
 # not installed here).
 # libopenblas0-pthread replaces Debian's reference BLAS behind libtorch: about 10x faster CPU matmuls.
 # libblas-dev: cblas.h and the link library for the fused attention's tile GEMMs (OpenBLAS answers at run time).
+# slurm-wlm and munge: the scheduler's tests start small real Slurm clusters (scripts/slurm_testbed.sh).
 # libsentencepiece-dev trains and runs SentencePiece tokenizers (crosstrain tokenize).
 # fortunes brings the English text the demo trains on (/usr/share/games/fortunes).
 set -euo pipefail
 packages=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
           libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread libblas-dev fortunes
           libcpp-httplib-dev libsentencepiece-dev libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri
-          libsqlite3-dev "$@")
+          libsqlite3-dev slurm-wlm munge "$@")
 missing=()
 for p in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)

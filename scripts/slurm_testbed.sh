@@ -23,9 +23,24 @@ stop_pidfile() {
   rm -f "$f"
 }
 
+# Job steps outlive slurmd; they carry the cluster's SLURM_CONF (slurmd passes its environment on).
+stop_job_steps() {
+  local dir=$1 pid
+  for pid in $(pgrep -x slurmstepd || true); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$dir/slurm.conf"; then
+      pkill -KILL -P "$pid" 2>/dev/null || true
+      kill -KILL "$pid" 2>/dev/null || true
+    fi
+  done
+}
+
 stop() {
   local dir=$1
+  if [[ -f $dir/slurm.conf ]]; then
+    SLURM_CONF=$dir/slurm.conf timeout 5 scancel --user="$(id -un)" >/dev/null 2>&1 || true
+  fi
   stop_pidfile "$dir/slurmd.pid"
+  stop_job_steps "$dir"
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/munge/munged.pid"
 }

@@ -1,0 +1,57 @@
+// Runs a job's gang on real Slurm clusters through their own commands (sbatch, squeue, scancel, scontrol), one
+// batch job per cluster share. Each cluster is reached through its SLURM_CONF, so one scheduler drives several
+// clusters (scripts/slurm_testbed.sh starts small ones on one machine).
+//
+// start() submits every share; if any submission fails it cancels the shares already submitted and throws, so
+// a gang never runs in part. Each share's batch script records its exit status in the job's folder, so status()
+// knows how a share ended after Slurm forgot it, and a new executor on the same folder finds its jobs again.
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "crosstrain/scheduler/scheduler.h"
+
+namespace crosstrain::scheduler {
+
+struct SlurmCluster {
+  std::string name;       // the registry's cluster name
+  std::string conf;       // its slurm.conf (SLURM_CONF for every command)
+  std::string partition;  // "" : the default partition
+};
+
+// What share `share` of a placed job runs (a shell command line; Slurm starts it once, on the share's first node,
+// with the share's tasks allocated). The environment adds CROSSTRAIN_JOB_ID, CROSSTRAIN_CLUSTER,
+// CROSSTRAIN_SHARE, CROSSTRAIN_SHARES, CROSSTRAIN_RANK_OFFSET (the share's first global rank) and
+// CROSSTRAIN_WORLD_SIZE.
+using ShareCommand = std::function<std::string(const JobRecord& job, const PlacementRecord& placement, size_t share)>;
+
+class SlurmExecutor : public Executor {
+ public:
+  SlurmExecutor(std::vector<SlurmCluster> clusters, std::string work_dir, ShareCommand command,
+                std::chrono::milliseconds command_timeout = std::chrono::milliseconds(10000));
+  void start(const JobRecord& job, const PlacementRecord& placement) override;
+  void stop(int64_t job_id) override;
+  ExecStatus status(int64_t job_id) override;
+  std::vector<std::string> lost_clusters() override;
+
+  // The Slurm job id of each share (cluster name -> id), from memory or the job's folder.
+  std::map<std::string, std::string> slurm_ids(int64_t job_id) const;
+  std::string job_dir(int64_t job_id) const;
+
+ private:
+  const SlurmCluster& cluster(const std::string& name) const;
+  std::string submit(const JobRecord& job, const PlacementRecord& placement, size_t share);
+  // Slurm's state of a share ("RUNNING", "PENDING", ...; "" once Slurm no longer lists it).
+  std::string slurm_state(const SlurmCluster& c, const std::string& id);
+
+  std::vector<SlurmCluster> clusters_;
+  std::string work_dir_;
+  ShareCommand command_;
+  std::chrono::milliseconds timeout_;
+};
+
+}  // namespace crosstrain::scheduler

@@ -1,0 +1,163 @@
+#include "crosstrain/scheduler/slurm_executor.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/command.h"
+
+namespace crosstrain::scheduler {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string read_file(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  std::string text = s.str();
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+void write_file(const fs::path& p, const std::string& text) {
+  const fs::path tmp = p.string() + ".tmp";
+  std::ofstream(tmp) << text;
+  fs::rename(tmp, p);
+}
+
+std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+SlurmExecutor::SlurmExecutor(std::vector<SlurmCluster> clusters, std::string work_dir, ShareCommand command,
+                             std::chrono::milliseconds command_timeout)
+    : clusters_(std::move(clusters)), work_dir_(std::move(work_dir)), command_(std::move(command)),
+      timeout_(command_timeout) {
+  fs::create_directories(work_dir_);
+}
+
+const SlurmCluster& SlurmExecutor::cluster(const std::string& name) const {
+  for (const auto& c : clusters_)
+    if (c.name == name) return c;
+  throw UsageError("scheduler: no Slurm cluster named '" + name + "' is configured for the executor");
+}
+
+std::string SlurmExecutor::job_dir(int64_t job_id) const { return work_dir_ + "/job" + std::to_string(job_id); }
+
+// One share as a batch job: the command, then its exit status into the job's folder (read by status()).
+std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& placement, size_t share) {
+  const ClusterShare& s = placement.shares[share];
+  const SlurmCluster& c = cluster(s.cluster);
+  int offset = 0;
+  for (size_t i = 0; i < share; ++i) offset += placement.shares[i].ranks;
+  const fs::path dir = job_dir(job.id);
+  const std::string stem = (dir / ("share" + std::to_string(share))).string();
+  std::ostringstream script;
+  script << "#!/bin/bash\n"
+         << "export CROSSTRAIN_JOB_ID=" << job.id << " CROSSTRAIN_CLUSTER=" << s.cluster << " CROSSTRAIN_SHARE=" << share
+         << " CROSSTRAIN_SHARES=" << placement.shares.size() << " CROSSTRAIN_RANK_OFFSET=" << offset
+         << " CROSSTRAIN_WORLD_SIZE=" << placement.ranks() << "\n"
+         << command_(job, placement, share) << "\n"
+         << "echo $? > " << stem << ".exit.tmp && mv " << stem << ".exit.tmp " << stem << ".exit\n";
+  write_file(stem + ".sh", script.str());
+  std::vector<std::string> argv{"sbatch", "--parsable", "--job-name=ct" + std::to_string(job.id) + "-" + s.cluster,
+                                "--ntasks=" + std::to_string(s.ranks), "--output=" + stem + ".out"};
+  if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
+  argv.push_back(stem + ".sh");
+  const CommandResult r = run_command(argv, {{"SLURM_CONF", c.conf}}, timeout_);
+  if (!r.ok())
+    throw Error("scheduler: job " + std::to_string(job.id) + ": sbatch on cluster '" + s.cluster + "' failed" +
+                (r.timed_out ? " (no answer within the timeout)" : "") + ": " + first_line(r.output));
+  const std::string id = first_line(r.output).substr(0, first_line(r.output).find(';'));  // "id" or "id;cluster"
+  write_file(stem + ".slurm", s.cluster + " " + id);
+  return id;
+}
+
+void SlurmExecutor::start(const JobRecord& job, const PlacementRecord& placement) {
+  const fs::path dir = job_dir(job.id);
+  fs::remove_all(dir);  // a re-placed job starts its shares afresh
+  fs::create_directories(dir);
+  for (size_t i = 0; i < placement.shares.size(); ++i) {
+    try {
+      submit(job, placement, i);
+    } catch (...) {
+      stop(job.id);  // all or nothing: the shares already submitted go
+      throw;
+    }
+  }
+}
+
+std::map<std::string, std::string> SlurmExecutor::slurm_ids(int64_t job_id) const {
+  std::map<std::string, std::string> ids;
+  const fs::path dir = job_dir(job_id);
+  if (!fs::exists(dir)) return ids;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() != ".slurm") continue;
+    std::istringstream in(read_file(e.path()));
+    std::string cluster, id;
+    if (in >> cluster >> id) ids[cluster] = id;
+  }
+  return ids;
+}
+
+void SlurmExecutor::stop(int64_t job_id) {
+  for (const auto& [name, id] : slurm_ids(job_id)) {
+    // A lost cluster cannot be asked; its job ends with it.
+    run_command({"scancel", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
+  }
+}
+
+std::string SlurmExecutor::slurm_state(const SlurmCluster& c, const std::string& id) {
+  const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%T"}, {{"SLURM_CONF", c.conf}}, timeout_);
+  if (!r.ok()) return "";
+  return first_line(r.output);
+}
+
+ExecStatus SlurmExecutor::status(int64_t job_id) {
+  ExecStatus st;
+  const auto ids = slurm_ids(job_id);
+  if (ids.empty()) {
+    st.detail = "no shares submitted";
+    return st;
+  }
+  int done = 0;
+  for (const auto& [name, id] : ids) {
+    std::string share_exit;
+    for (const auto& e : fs::directory_iterator(job_dir(job_id)))
+      if (e.path().extension() == ".slurm" && read_file(e.path()) == name + " " + id) {
+        const fs::path exit_file = fs::path(e.path()).replace_extension(".exit");
+        if (fs::exists(exit_file)) share_exit = read_file(exit_file);
+      }
+    if (!share_exit.empty()) {
+      if (share_exit != "0") {
+        st.kind = ExecStatus::Failed;
+        st.detail = "share on " + name + " (Slurm job " + id + ") exited with " + share_exit;
+        return st;
+      }
+      ++done;
+      continue;
+    }
+    const std::string state = slurm_state(cluster(name), id);
+    if (state.empty()) {
+      st.kind = ExecStatus::Failed;
+      st.detail = "share on " + name + " (Slurm job " + id + ") ended without an exit status (cancelled or lost)";
+      return st;
+    }
+    st.detail += name + ": " + state + " ";
+  }
+  st.kind = done == static_cast<int>(ids.size()) ? ExecStatus::Done : ExecStatus::Running;
+  return st;
+}
+
+std::vector<std::string> SlurmExecutor::lost_clusters() {
+  std::vector<std::string> lost;
+  for (const auto& c : clusters_) {
+    const CommandResult r = run_command({"scontrol", "ping"}, {{"SLURM_CONF", c.conf}}, timeout_);
+    if (!r.ok() || r.output.find("UP") == std::string::npos) lost.push_back(c.name);
+  }
+  return lost;
+}
+
+}  // namespace crosstrain::scheduler

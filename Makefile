@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys install clean
+.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys bench-scheduler install clean
 
 all: build
 
@@ -107,6 +107,11 @@ bench-models: app
 # bytes per step; then parameter-server tables in mmap files more than 4x a rank's memory budget (AUC). ~3 minutes.
 bench-recsys: app
 	@python3 bench/recsys.py --bin $(BUILD)/crosstrain
+
+# The scheduler (issue 19): 1,000 gang jobs onto 6 simulated clusters through placement, the SQLite state on disk
+# (build/bench-scheduler.db) and one cluster lost half-way. A few seconds.
+bench-scheduler: app
+	@$(BUILD)/crosstrain bench scheduler --jobs 1000 --clusters 6 --state $(BUILD)/bench-scheduler.db
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

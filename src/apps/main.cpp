@@ -13,6 +13,7 @@
 #include "bench_comm.h"
 #include "bench_cost_model.h"
 #include "bench_pipeline.h"
+#include "bench_scheduler.h"
 #include "ckpt_cmd.h"
 #include "error_line.h"
 #include "crosstrain/core/error.h"
@@ -363,6 +364,7 @@ struct CommandLine {
   BenchCostModelCli bench_cost_model;
   BenchPipelineCli bench_pipeline;
   BenchAttentionCli bench_attention;
+  apps::BenchSchedulerCli bench_scheduler;
   TrainCli train;
   DemoCli demo;
   CkptCli ckpt;
@@ -380,6 +382,7 @@ struct CommandLine {
     add_bench_cost_model_command(*bench, bench_cost_model);
     add_bench_pipeline_command(*bench, bench_pipeline);
     add_bench_attention_command(*bench, bench_attention);
+    apps::add_bench_scheduler_command(*bench, bench_scheduler);
     add_train_command(app, train);
     add_demo_command(app, demo);
     add_ckpt_command(app, ckpt);
@@ -425,6 +428,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.demo.cmd) return apps::demo_comm(cli.demo.nproc, args);
   if (*cli.bench_pipeline.cmd) return run_bench_pipeline(cli.bench_pipeline, args);
   if (*cli.bench_attention.cmd) return apps::bench_attention(cli.bench_attention.options);
+  if (*cli.bench_scheduler.cmd) return apps::bench_scheduler(cli.bench_scheduler);
   if (*cli.train.cmd) return apps::train_command(cli.train.options, args);
   if (*cli.ckpt.info) return apps::ckpt_info(cli.ckpt.path, cli.ckpt.tensors, cli.ckpt.verify);
   if (*cli.ckpt.export_cmd) {

@@ -220,8 +220,14 @@ TEST(Ledger, TruncatedLastLineIsRefusedAndBlocksAppends) {
   EXPECT_EQ(fs::file_size(f.path), size - 40);  // the refused append wrote nothing
 }
 
-TEST(Ledger, AddedFieldAndSmuggledWhitespaceAreHandled) {
+// The signature covers the values, not the bytes: verify rebuilds the canonical form, so reformatting a line
+// (spaces after the colons) changes nothing, while a field the signature does not cover is refused.
+TEST(Ledger, AddedFieldIsRefusedButReformattingIsHarmless) {
   Fixture f("field");
+  auto lines = read_lines(f.path);
+  lines[1] = std::regex_replace(lines[1], std::regex("\":"), "\": ");
+  write_lines(f.path, lines);
+  EXPECT_TRUE(verify_ledger(f.path, f.keys).ok) << verify_ledger(f.path, f.keys).message();
   edit_line(f.path, 0, "\\}$", ",\"note\":\"paid\"}");
   const auto r = verify_ledger(f.path, f.keys);
   EXPECT_FALSE(r.ok);

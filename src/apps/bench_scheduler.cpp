@@ -31,8 +31,8 @@ int bench_scheduler(const BenchSchedulerCli& cli) {
               r.wall_s);
   std::printf("decision_p50_ms=%.2f decision_max_ms=%.2f overcommits=%lld\n", r.decision_p50_ms, r.decision_max_ms,
               static_cast<long long>(r.overcommits));
-  std::printf("lost=%s displaced=%d replace_wait_simulated_s=%.0f\n", r.lost_cluster.c_str(), r.displaced,
-              r.replace_wait_sim_s);
+  std::printf("lost=%s displaced=%d stranded=%d replace_wait_simulated_s=%.0f\n", r.lost_cluster.c_str(),
+              r.displaced, r.stranded, r.replace_wait_sim_s);
   std::printf("%s\n", r.line().c_str());
   if (temporary)
     for (const char* s : {"", "-wal", "-shm"}) std::remove((o.state_path + s).c_str());

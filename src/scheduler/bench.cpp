@@ -42,16 +42,22 @@ double percentile(std::vector<double> v, double q) {
   return v[std::min(v.size() - 1, static_cast<size_t>(q * (v.size() - 1) + 0.5))];
 }
 
-// Runs passes, advancing the simulated clock, until every displaced job holds devices again (or has ended).
-void wait_replaced(Scheduler& s, SimulatedExecutor& exec, const std::vector<int64_t>& displaced, double step_s) {
-  for (int pass = 0; pass < 100000; ++pass) {
-    bool all = true;
-    for (int64_t id : displaced) all = all && (holds_devices(s.job(id).state) || finished(s.job(id).state));
-    if (all) return;
+// Runs passes, advancing the simulated clock, until every displaced job holds devices again, has ended, or could
+// only run on the lost cluster (stranded: returned). Throws after a simulated week.
+int wait_replaced(Scheduler& s, SimulatedExecutor& exec, const std::vector<int64_t>& displaced, double step_s) {
+  for (double waited = 0; waited < 7 * 86400; waited += step_s) {
+    int waiting = 0, stranded = 0;
+    for (int64_t id : displaced) {
+      const JobState st = s.job(id).state;
+      if (holds_devices(st) || finished(st)) continue;
+      ++waiting;
+      stranded += !s.could_run(id);
+    }
+    if (waiting == stranded) return stranded;
     exec.advance(step_s);
     s.tick();
   }
-  throw Error("bench scheduler: displaced jobs were not placed again after 100000 passes");
+  throw Error("bench scheduler: displaced jobs were not placed again within a simulated week");
 }
 
 }  // namespace
@@ -140,7 +146,7 @@ SchedulerBenchResult run_scheduler_bench(const SchedulerBenchOptions& o) {
     const double lost_at = wall_s(), sim_at = exec.now();
     exec.lose(r.lost_cluster);
     s.tick();  // the poll sees the loss, displaces the jobs and places them again
-    wait_replaced(s, exec, displaced, o.interarrival_s);
+    r.stranded = wait_replaced(s, exec, displaced, o.interarrival_s);
     r.replace_after_loss_s = wall_s() - lost_at;
     r.replace_wait_sim_s = exec.now() - sim_at;
     r.displaced = static_cast<int>(displaced.size());

@@ -113,16 +113,21 @@ int64_t Scheduler::submit(const JobSpec& spec) {
 
 bool Scheduler::try_place(JobRecord& job) {
   const double t0 = wall_s();
-  if (job.spec.ranks > registry_.free_total()) {  // cheap refusal: not enough free devices anywhere
+  // Cheap refusals: not enough free devices anywhere, or no device freed since this job was last refused (less
+  // room and a nearer deadline never turn a refusal into a placement).
+  auto refused = refused_at_.find(job.id);
+  if (job.spec.ranks > registry_.free_total() || (refused != refused_at_.end() && refused->second == freed_)) {
     ++stats_.refusals;
     return false;
   }
   Decision d = place(job.spec, progress_of(job, now()), registry_, options_.placement, &cache_);
   if (d.verdict != Verdict::Placed) {
     job.reason = d.reason;
+    refused_at_[job.id] = freed_;
     ++stats_.refusals;
     return false;
   }
+  refused_at_.erase(job.id);
   if (!registry_.reserve(shares_of(d.placement)))
     throw Error("placement of job " + std::to_string(job.id) + " on " + describe(d.placement) +
                 " chose devices that are not free (a scheduler bug)");
@@ -175,7 +180,7 @@ void Scheduler::start(JobRecord& job) {
 }
 
 void Scheduler::release(JobRecord& job) {
-  if (job.placement) registry_.release(shares_of(*job.placement));
+  if (job.placement) registry_.release(shares_of(*job.placement)), ++freed_;
   job.placement.reset();
   active_.erase(job.id);
 }
@@ -275,7 +280,7 @@ int Scheduler::mark_lost(const std::string& cluster) {
 
 void Scheduler::mark_up(const std::string& cluster) {
   registry_.set_up(cluster, true);
-  ++up_epoch_;
+  ++up_epoch_, ++freed_;
   StateStore::Transaction t(store_);
   store_.put_cluster({cluster, true, cluster_toml(registry_, registry_.index_of(cluster))});
   store_.add_event(now(), 0, "cluster-up", cluster);

@@ -5,7 +5,8 @@
 //   decision_p95_ms   95th percentile of one placement: the planner's choice, the reservation and its transaction
 //   partial_gangs     starts the executor saw that did not cover every rank of a job (must be 0)
 //   replace_after_loss_s  wall seconds from the executor reporting the cluster lost to every job that ran there
-//                     placed again (simulated waiting for capacity, if any, is printed apart)
+//                     placed again (simulated waiting for capacity, if any, is printed apart; jobs that only the
+//                     lost cluster could hold wait for it and are counted apart as stranded)
 #pragma once
 
 #include <cstdint>
@@ -33,6 +34,7 @@ struct SchedulerBenchResult {
   int64_t partial_gangs = 0, overcommits = 0;
   std::string lost_cluster;
   int displaced = 0;
+  int stranded = 0;  // displaced jobs only the lost cluster could hold (they wait for it; not in the time)
   double replace_after_loss_s = 0, replace_wait_sim_s = 0;
   std::string line() const;  // "placements_per_s=... decision_p95_ms=... partial_gangs=... replace_after_loss_s=..."
 };

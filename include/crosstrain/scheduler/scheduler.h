@@ -77,6 +77,8 @@ class Scheduler {
   void mark_up(const std::string& cluster);
 
   const JobRecord& job(int64_t id) const;  // throws UsageError for an unknown id
+  // Whether the clusters now up could hold the job if they were empty (false: it waits for a lost one to return).
+  bool could_run(int64_t id) { return fits_up_clusters(mutable_job(id)); }
   std::vector<const JobRecord*> jobs() const;
   const Registry& registry() const { return registry_; }
   const SchedulerStats& stats() const { return stats_; }
@@ -108,6 +110,8 @@ class Scheduler {
   int64_t blocked_head_ = 0;     // the first waiting job that the up clusters could hold
   int blocked_passes_ = 0;       // passes it has waited while later jobs backfilled
   int64_t up_epoch_ = 0;         // changes whenever a cluster goes down or comes up
+  int64_t freed_ = 0;            // changes whenever devices are given back or a cluster comes up
+  std::map<int64_t, int64_t> refused_at_;  // job -> freed_ when placement last refused it
   std::map<int64_t, std::pair<int64_t, bool>> fits_up_;  // job -> (up_epoch_, fits the up clusters)
   SchedulerStats stats_;
 };

@@ -217,6 +217,9 @@ void Scheduler::poll() {
 
 int Scheduler::tick() {
   poll();
+  // Placed but not started: a restart came between the placement's commit and the start.
+  for (int64_t id : std::vector<int64_t>(active_.begin(), active_.end()))
+    if (jobs_.at(id).state == JobState::Placed) start(jobs_.at(id));
   int placed = 0;
   bool head_blocked = false;
   std::vector<int64_t> pass, waiting;

@@ -151,6 +151,31 @@ TEST(GangScheduler, RestartRecoversEveryJobAndPlacementFromTheFile) {
   EXPECT_EQ(s.queued(), static_cast<size_t>(states[JobState::Queued]));
 }
 
+TEST(GangScheduler, AJobPlacedButNotStartedBeforeARestartIsStartedAfterIt) {
+  const std::string path = temp_path("placed.db");
+  SimulatedExecutor exec = SimulatedExecutor::for_registry(testing::two_clusters(1));
+  int64_t id = 0;
+  {
+    StateStore store(path);
+    Scheduler s(testing::two_clusters(1), store, exec, {}, [&exec] { return exec.now(); });
+    // As if the scheduler died between committing the placement and starting the gang.
+    JobRecord j = s.job(s.submit(job("gpt2", 16, 1000)));
+    id = j.id;
+    j.state = JobState::Placed;
+    j.attempts = 1;
+    j.placement = PlacementRecord{{{"b", 16, "dp=16 tp=1 pp=1"}}, "dp=16", "sync", 1, 0.5, 0, 1, 1};
+    store.update_job(j);
+  }
+  StateStore store(path);
+  Scheduler s(Registry{}, store, exec, {}, [&exec] { return exec.now(); });
+  EXPECT_EQ(s.registry().free(s.registry().index_of("b")), 48);  // reserved again from the file
+  EXPECT_EQ(s.queued(), 0u);
+  s.tick();
+  EXPECT_EQ(s.job(id).state, JobState::Running);
+  EXPECT_EQ(exec.used("b"), 16);
+  EXPECT_EQ(exec.used("a"), 0);
+}
+
 // Invariants after every operation: each job holding devices has a whole gang reserved and running; each
 // cluster's free devices are its devices less exactly those reservations; the executor never saw a partial gang.
 void check_invariants(const Scheduler& s, const SimulatedExecutor& exec) {

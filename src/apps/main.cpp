@@ -20,6 +20,7 @@
 #include "demo_comm.h"
 #include "launcher.h"
 #include "ledger_cmd.h"
+#include "scheduler_cmd.h"
 #include "plan_cmd.h"
 #include "report_cmd.h"
 #include "tokenize_cmd.h"
@@ -372,6 +373,7 @@ struct CommandLine {
   PlanCli plan;
   TokenizeCli tokenize;
   apps::LedgerCli ledger;
+  apps::SchedulerCli scheduler;
 
   CommandLine() {
     app.require_subcommand(1);
@@ -390,6 +392,7 @@ struct CommandLine {
     add_plan_commands(app, plan);
     add_tokenize_command(app, tokenize);
     apps::add_ledger_command(app, ledger);
+    apps::add_scheduler_commands(app, scheduler);
   }
   CommandLine(const CommandLine&) = delete;
   CommandLine& operator=(const CommandLine&) = delete;
@@ -406,7 +409,7 @@ bool is_command(const CLI::App& app, const std::string& name) {
 std::optional<int> parse_command_line(CommandLine& cli, int argc, char** argv, const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(cli.app, args[0])) {
     std::cerr << "crosstrain: unknown command '" << args[0]
-              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, tokenize, ledger, demo (crosstrain --help)" << std::endl;
+              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, tokenize, ledger, scheduler, job, demo (crosstrain --help)" << std::endl;
     return 2;
   }
   try {
@@ -445,6 +448,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.plan.sim) return apps::sim_command(cli.plan.options);
   if (*cli.tokenize.cmd) return apps::tokenize_command(cli.tokenize.options);
   if (cli.ledger.selected()) return apps::run_ledger_command(cli.ledger);
+  if (cli.scheduler.selected()) return apps::run_scheduler_command(cli.scheduler);
   return 0;
 }
 

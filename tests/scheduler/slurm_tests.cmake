@@ -1,5 +1,13 @@
-# The Slurm executor (issue 19) against two real Slurm clusters the test starts (scripts/slurm_testbed.sh; root).
+# The scheduler (issue 19) end to end: the Slurm executor against two real Slurm clusters the test starts
+# (scripts/slurm_testbed.sh; root), and the daemon with its HTTP/JSON API.
 add_executable(slurm_executor_tests scheduler/test_slurm_executor.cpp)
 target_link_libraries(slurm_executor_tests PRIVATE crosstrain_scheduler GTest::gtest_main)
 target_compile_definitions(slurm_executor_tests PRIVATE CT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 gtest_discover_tests(slurm_executor_tests PROPERTIES LABELS train TIMEOUT 300 DISCOVERY_TIMEOUT 60 RUN_SERIAL TRUE)
+# The daemon and its HTTP/JSON API through `crosstrain scheduler` and `crosstrain job` (real processes).
+add_executable(scheduler_cli_tests scheduler/test_scheduler_cli.cpp)
+target_link_libraries(scheduler_cli_tests PRIVATE ct_test_support GTest::gtest_main)
+target_compile_definitions(scheduler_cli_tests PRIVATE
+  CT_CROSSTRAIN_BIN="$<TARGET_FILE:crosstrain_app>" CT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_dependencies(scheduler_cli_tests crosstrain_app)
+gtest_discover_tests(scheduler_cli_tests PROPERTIES LABELS train TIMEOUT 300 DISCOVERY_TIMEOUT 60)

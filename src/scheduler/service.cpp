@@ -1,0 +1,159 @@
+#include "crosstrain/scheduler/service.h"
+
+#include <httplib.h>
+#include <sys/socket.h>
+
+#include <cerrno>
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::scheduler {
+namespace {
+
+using nlohmann::json;
+
+json placement_json(const PlacementRecord& p) {
+  json shares = json::array();
+  for (const auto& s : p.shares) shares.push_back({{"cluster", s.cluster}, {"ranks", s.ranks}, {"layout", s.layout}});
+  return {{"shares", shares}, {"layout", p.layout},   {"sync", p.sync},       {"inner_steps", p.inner_steps},
+          {"step_s", p.step_s}, {"wan_gbps", p.wan_gbps}, {"cost", p.cost}, {"attempt", p.attempt}};
+}
+
+json job_json(const JobRecord& j) {
+  json out = {{"id", j.id},
+              {"name", j.spec.name},
+              {"state", to_string(j.state)},
+              {"ranks", j.spec.ranks},
+              {"steps", j.spec.steps},
+              {"attempts", j.attempts},
+              {"step", j.step},
+              {"reason", j.reason},
+              {"submitted_s", j.submitted_s},
+              {"updated_s", j.updated_s},
+              {"spec", json::parse(job_spec_to_json(j.spec))}};
+  out["placement"] = j.placement ? placement_json(*j.placement) : json(nullptr);
+  return out;
+}
+
+void reply(httplib::Response& res, int status, const json& body) {
+  res.status = status;
+  res.set_content(body.dump(), "application/json");
+}
+
+int64_t id_of(const httplib::Request& req) { return std::stoll(req.matches[1]); }
+
+}  // namespace
+
+std::string job_to_json(const JobRecord& job) { return job_json(job).dump(); }
+
+SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, const std::string& host, int port,
+                                   std::chrono::milliseconds tick_every)
+    : scheduler_(scheduler), store_(store), server_(std::make_unique<httplib::Server>()), tick_every_(tick_every) {
+  server_->new_task_queue = [] { return new httplib::ThreadPool(4); };
+  server_->set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+  });
+  server_->set_keep_alive_max_count(1);
+  server_->set_read_timeout(5, 0);
+  server_->set_write_timeout(5, 0);
+  routes();
+  errno = 0;
+  port_ = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
+  if (port_ <= 0)
+    throw UsageError("scheduler: cannot listen on " + host + ":" + std::to_string(port) +
+                     (errno ? std::string(": ") + std::strerror(errno) : "") + "; choose another --port");
+  http_ = std::thread([this] { server_->listen_after_bind(); });
+  ticker_ = std::thread([this] { tick_loop(); });
+}
+
+SchedulerService::~SchedulerService() { stop(); }
+
+void SchedulerService::stop() {
+  {
+    std::lock_guard<std::mutex> lock(stop_mutex_);
+    if (stopping_ && !http_.joinable()) return;
+    stopping_ = true;
+  }
+  stopped_.notify_all();
+  server_->stop();
+  if (http_.joinable()) http_.join();
+  if (ticker_.joinable()) ticker_.join();
+}
+
+void SchedulerService::wait() {
+  std::unique_lock<std::mutex> lock(stop_mutex_);
+  stopped_.wait(lock, [this] { return stopping_; });
+}
+
+void SchedulerService::tick_loop() {
+  std::unique_lock<std::mutex> lock(stop_mutex_);
+  while (!stopping_) {
+    lock.unlock();
+    {
+      std::lock_guard<std::mutex> guard(mutex_);
+      try {
+        scheduler_.tick();
+      } catch (const std::exception& e) {
+        store_.add_event(0, 0, "tick-failed", e.what());  // kept for the operator; the loop goes on
+      }
+    }
+    lock.lock();
+    stopped_.wait_for(lock, tick_every_, [this] { return stopping_; });
+  }
+}
+
+void SchedulerService::routes() {
+  auto guarded = [this](auto handler) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      try {
+        handler(req, res);
+      } catch (const UsageError& e) {
+        reply(res, std::string(e.what()).rfind("no job ", 0) == 0 ? 404 : 400, {{"error", e.what()}});
+      } catch (const std::exception& e) {
+        reply(res, 500, {{"error", e.what()}});
+      }
+    };
+  };
+  server_->Get("/api/health", guarded([this](const httplib::Request&, httplib::Response& res) {
+    reply(res, 200, {{"ok", true}, {"jobs", scheduler_.jobs().size()}, {"queued", scheduler_.queued()}});
+  }));
+  server_->Get("/api/clusters", guarded([this](const httplib::Request&, httplib::Response& res) {
+    json out = json::array();
+    for (const auto& c : scheduler_.registry().clusters())
+      out.push_back({{"name", c.name}, {"device", c.device}, {"devices", c.devices}, {"free", c.free}, {"up", c.up},
+                     {"price_per_device_hour", c.price_per_device_hour}, {"power_w", c.power_w},
+                     {"peak_flops", c.peak_flops}});
+    reply(res, 200, out);
+  }));
+  server_->Get("/api/jobs", guarded([this](const httplib::Request&, httplib::Response& res) {
+    json out = json::array();
+    for (const JobRecord* j : scheduler_.jobs()) out.push_back(job_json(*j));
+    reply(res, 200, out);
+  }));
+  server_->Get(R"(/api/jobs/(\d+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    reply(res, 200, job_json(scheduler_.job(id_of(req))));
+  }));
+  server_->Get(R"(/api/jobs/(\d+)/events)", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    scheduler_.job(id_of(req));  // 404 for an unknown job
+    json out = json::array();
+    for (const auto& e : store_.events(id_of(req)))
+      out.push_back({{"time_s", e.time_s}, {"kind", e.kind}, {"detail", e.detail}});
+    reply(res, 200, out);
+  }));
+  server_->Post("/api/jobs", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const int64_t id = scheduler_.submit(job_spec_from_json(req.body));
+    const JobRecord& j = scheduler_.job(id);
+    // A job that can never run is recorded too (failed, with the reason): the client decides how to report it.
+    reply(res, 201, {{"id", id}, {"state", to_string(j.state)}, {"reason", j.reason}});
+  }));
+  server_->Delete(R"(/api/jobs/(\d+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const bool cancelled = scheduler_.cancel(id_of(req));
+    reply(res, 200, {{"id", id_of(req)}, {"cancelled", cancelled}, {"state", to_string(scheduler_.job(id_of(req)).state)}});
+  }));
+}
+
+}  // namespace crosstrain::scheduler

@@ -1,0 +1,90 @@
+// The scheduler daemon and its clients as a user runs them: `crosstrain scheduler` (state in SQLite, HTTP/JSON
+// API) and `crosstrain job submit|status|logs|cancel`, real processes. A job placed and running survives the
+// daemon being killed (SIGKILL) and restarted on the same state file; a job that can never run is refused with
+// the reason; errors name what is wrong. The executor is the wall-clock simulation (real clusters:
+// test_slurm_executor.cpp).
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <filesystem>
+#include <thread>
+
+#include "subprocess.h"
+
+using namespace crosstrain::testing;
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+namespace {
+
+const std::string kBin = CT_CROSSTRAIN_BIN;
+const std::string kClusters = CT_SOURCE_DIR "/clusters/three-clusters.toml";
+
+std::unique_ptr<Process> start_daemon(const std::string& state, int port) {
+  auto p = std::make_unique<Process>(std::vector<std::string>{kBin, "scheduler", "--state", state, "--clusters",
+                                                              kClusters, "--port", std::to_string(port)});
+  EXPECT_TRUE(p->wait_for_output("/api (Ctrl-C", milliseconds(20000)));
+  return p;
+}
+
+ProcessResult job(int port, std::vector<std::string> args) {
+  std::vector<std::string> argv{kBin, "job", "--server", "http://127.0.0.1:" + std::to_string(port)};
+  argv.insert(argv.end(), args.begin(), args.end());
+  return run_process(argv, {}, milliseconds(30000));
+}
+
+// `job status` once the job has left `state` (or 10 s passed).
+ProcessResult status_after(int port, const std::string& state) {
+  ProcessResult r = job(port, {"status", "1"});
+  for (int i = 0; i < 100 && contains(r.output, state); ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    r = job(port, {"status", "1"});
+  }
+  return r;
+}
+
+}  // namespace
+
+TEST(SchedulerCli, ARunningJobSurvivesTheDaemonBeingKilledAndRestarted) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "ct-scheduler-cli";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string state = (dir / "state.db").string();
+  const int port = free_port();
+  auto daemon = start_daemon(state, port);
+
+  auto submitted = job(port, {"submit", "--name", "long", "--model", "gpt3-175b", "--ranks", "64", "--steps", "100000"});
+  ASSERT_EQ(submitted.exit_code(), 0) << submitted.output;
+  EXPECT_TRUE(contains(submitted.output, "job 1 queued")) << submitted.output;
+  auto never = job(port, {"submit", "--name", "never", "--model", "gpt-small", "--ranks", "100000"});
+  EXPECT_EQ(never.exit_code(), 1);
+  EXPECT_TRUE(contains(never.output, "job 2 failed: rejected: can never run here")) << never.output;
+  auto running = status_after(port, "queued");
+  ASSERT_TRUE(contains(running.output, "running")) << running.output;
+  EXPECT_TRUE(contains(running.output, ":64")) << "placed on one cluster's 64 devices: " << running.output;
+
+  daemon->signal(SIGKILL);
+  daemon->wait(milliseconds(5000));
+  auto down = job(port, {"status"});
+  EXPECT_NE(down.exit_code(), 0);
+  EXPECT_TRUE(contains(down.output, "no scheduler answers")) << down.output;
+
+  daemon = start_daemon(state, port);
+  auto after = job(port, {"status"});
+  ASSERT_EQ(after.exit_code(), 0) << after.output;
+  EXPECT_TRUE(contains(after.output, "long")) << after.output;
+  EXPECT_TRUE(contains(after.output, "running")) << "no job was lost: " << after.output;
+  EXPECT_TRUE(contains(after.output, "rejected")) << after.output;
+  auto logs = job(port, {"logs", "1"});
+  EXPECT_TRUE(contains(logs.output, "submitted") && contains(logs.output, "placed") && contains(logs.output, "started"))
+      << logs.output;
+
+  auto cancelled = job(port, {"cancel", "1"});
+  EXPECT_TRUE(contains(cancelled.output, "job 1 cancelled")) << cancelled.output;
+  auto missing = job(port, {"status", "7"});
+  EXPECT_NE(missing.exit_code(), 0);
+  EXPECT_TRUE(contains(missing.output, "no job 7")) << missing.output;
+  daemon->signal(SIGINT);
+  EXPECT_EQ(daemon->wait(milliseconds(10000)).exit_code(), 0);
+  fs::remove_all(dir);
+}

@@ -29,6 +29,8 @@ int bench_scheduler(const BenchSchedulerCli& cli) {
               static_cast<long long>(r.placements), static_cast<long long>(r.spanning),
               static_cast<long long>(r.diloco), static_cast<long long>(r.rejected), static_cast<long long>(r.done),
               r.wall_s);
+  std::printf("failed=%lld (rejected at submission or deadline passed in the queue) queued_at_end=%lld\n",
+              static_cast<long long>(r.failed), static_cast<long long>(r.queued_at_end));
   std::printf("decision_p50_ms=%.2f decision_max_ms=%.2f overcommits=%lld\n", r.decision_p50_ms, r.decision_max_ms,
               static_cast<long long>(r.overcommits));
   std::printf("lost=%s displaced=%d stranded=%d replace_wait_simulated_s=%.0f\n", r.lost_cluster.c_str(),

@@ -161,7 +161,11 @@ SchedulerBenchResult run_scheduler_bench(const SchedulerBenchOptions& o) {
   const SchedulerStats& st = s.stats();
   r.placements = st.decisions;
   r.rejected = st.rejected;
-  for (const JobRecord* j : s.jobs()) r.done += j->state == JobState::Done;
+  for (const JobRecord* j : s.jobs()) {
+    r.done += j->state == JobState::Done;
+    r.failed += j->state == JobState::Failed;
+    r.queued_at_end += j->state == JobState::Queued;
+  }
   for (const EventRow& e : store.events())
     if (e.kind == "placed") {
       r.spanning += e.detail.find(" + ") != std::string::npos;

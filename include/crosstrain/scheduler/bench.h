@@ -30,6 +30,8 @@ struct SchedulerBenchOptions {
 struct SchedulerBenchResult {
   int jobs = 0, clusters = 0, devices = 0;
   int64_t placements = 0, rejected = 0, done = 0, spanning = 0, diloco = 0;
+  int64_t failed = 0;         // rejected at submission, or past their deadline while queued
+  int64_t queued_at_end = 0;  // waiting for the lost cluster when the run ends
   double wall_s = 0, placements_per_s = 0, decision_p50_ms = 0, decision_p95_ms = 0, decision_max_ms = 0;
   int64_t partial_gangs = 0, overcommits = 0;
   std::string lost_cluster;

@@ -268,6 +268,36 @@ TEST(GangScheduler, JobsRunToCompletionAndGiveTheirDevicesBack) {
   EXPECT_THROW(rig.sched.job(999), UsageError);
 }
 
+TEST(GangScheduler, TheSimulatedExecutorCountsAPartialGangOrAnOvercommit) {
+  SimulatedExecutor exec = SimulatedExecutor::for_registry(testing::two_clusters(1));
+  JobRecord j;
+  j.id = 7;
+  j.spec = job("gpt2", 16, 100);
+  EXPECT_THROW(exec.start(j, PlacementRecord{{{"a", 8, ""}}, "", "sync", 1, 1, 0, 0, 1}), Error);
+  EXPECT_EQ(exec.partial_gangs(), 1);
+  EXPECT_EQ(exec.used("a"), 0);
+  j.spec.ranks = 72;
+  EXPECT_THROW(exec.start(j, PlacementRecord{{{"a", 72, ""}}, "", "sync", 1, 1, 0, 0, 1}), Error);
+  EXPECT_EQ(exec.overcommits(), 1);
+  EXPECT_EQ(exec.used("a"), 0);
+}
+
+TEST(GangScheduler, AQueuedJobPastItsDeadlineFails) {
+  Rig rig(temp_path("deadline.db"));
+  const int64_t hog = rig.sched.submit(job("gpt2", 128, 1000000));
+  JobSpec hurry = job("gpt2", 16, 10);
+  hurry.qos.deadline_s = 100;
+  const int64_t id = rig.sched.submit(hurry);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(hog).state, JobState::Running);
+  EXPECT_EQ(rig.sched.job(id).state, JobState::Queued);
+  rig.exec.advance(101);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(id).state, JobState::Failed);
+  EXPECT_NE(rig.sched.job(id).reason.find("deadline"), std::string::npos);
+  EXPECT_EQ(rig.sched.queued(), 0u);
+}
+
 TEST(GangScheduler, BenchSmoke) {
   SchedulerBenchOptions o;
   o.jobs = 60;

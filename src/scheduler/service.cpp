@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/dashboard.h"
 
 namespace crosstrain::scheduler {
 namespace {
@@ -121,13 +122,24 @@ void SchedulerService::routes() {
   server_->Get("/api/health", guarded([this](const httplib::Request&, httplib::Response& res) {
     reply(res, 200, {{"ok", true}, {"jobs", scheduler_.jobs().size()}, {"queued", scheduler_.queued()}});
   }));
+  server_->Get("/", [](const httplib::Request&, httplib::Response& res) {
+    res.set_content(dashboard_html(), "text/html; charset=utf-8");
+  });
   server_->Get("/api/clusters", guarded([this](const httplib::Request&, httplib::Response& res) {
-    json out = json::array();
-    for (const auto& c : scheduler_.registry().clusters())
-      out.push_back({{"name", c.name}, {"device", c.device}, {"devices", c.devices}, {"free", c.free}, {"up", c.up},
-                     {"price_per_device_hour", c.price_per_device_hour}, {"power_w", c.power_w},
-                     {"peak_flops", c.peak_flops}});
-    reply(res, 200, out);
+    const Registry& r = scheduler_.registry();
+    json clusters = json::array(), links = json::array();
+    for (const auto& c : r.clusters())
+      clusters.push_back({{"name", c.name}, {"device", c.device}, {"devices", c.devices}, {"free", c.free},
+                          {"up", c.up}, {"price_per_device_hour", c.price_per_device_hour}, {"power_w", c.power_w},
+                          {"peak_flops", c.peak_flops}});
+    const auto all = r.clusters();
+    for (size_t a = 0; a < all.size(); ++a)
+      for (size_t b = a + 1; b < all.size(); ++b) {
+        const auto& l = r.link(all[a].name, all[b].name);
+        links.push_back({{"a", all[a].name}, {"b", all[b].name}, {"bandwidth_Bps", l.bandwidth_Bps},
+                         {"latency_s", l.latency_s}});
+      }
+    reply(res, 200, {{"clusters", clusters}, {"links", links}});
   }));
   server_->Get("/api/jobs", guarded([this](const httplib::Request&, httplib::Response& res) {
     json out = json::array();

@@ -7,6 +7,8 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
+#include <cstdlib>
 #include <thread>
 
 #include "subprocess.h"
@@ -86,5 +88,56 @@ TEST(SchedulerCli, ARunningJobSurvivesTheDaemonBeingKilledAndRestarted) {
   EXPECT_TRUE(contains(missing.output, "no job 7")) << missing.output;
   daemon->signal(SIGINT);
   EXPECT_EQ(daemon->wait(milliseconds(10000)).exit_code(), 0);
+  fs::remove_all(dir);
+}
+
+namespace {
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Headless Chromium on `url` with a fresh profile: the DOM after the page's scripts ran (stdout to a file, so the
+// page cannot pass for a log line), and a screenshot when `png` is given. Killed at its deadline.
+std::string chromium_dom(const std::string& url, const fs::path& work, const std::string& png = "") {
+  fs::create_directories(work);
+  std::vector<std::string> argv = {"/bin/sh", "-c", "out=$1; shift; exec \"$@\" >\"$out\" 2>/dev/null", "sh",
+                                   (work / "dom.html").string(), "/usr/bin/chromium", "--headless=new", "--no-sandbox",
+                                   "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
+                                   "--user-data-dir=" + (work / "profile").string(), "--virtual-time-budget=4000"};
+  if (png.empty()) argv.push_back("--dump-dom");
+  else argv.insert(argv.end(), {"--screenshot=" + png, "--window-size=1300,900"});
+  argv.push_back(url);
+  const auto r = run_process(argv, {}, milliseconds(90000));
+  EXPECT_FALSE(r.timed_out);
+  return slurp(work / "dom.html");
+}
+
+}  // namespace
+
+TEST(SchedulerCli, TheDashboardShowsClustersLinksJobsAndPlacementsInABrowser) {
+  if (!fs::exists("/usr/bin/chromium")) GTEST_SKIP() << "chromium is absent (scripts/install-deps.sh installs it)";
+  const fs::path dir = fs::path(::testing::TempDir()) / "ct-scheduler-dashboard";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const int port = free_port();
+  auto daemon = start_daemon((dir / "state.db").string(), port);
+  ASSERT_EQ(job(port, {"submit", "--name", "llama-pretrain", "--model", "gpt3-175b", "--ranks", "64", "--steps", "100000"})
+                .exit_code(), 0);
+  ASSERT_EQ(job(port, {"submit", "--name", "too-big", "--model", "gpt-small", "--ranks", "5000"}).exit_code(), 1);
+  status_after(port, "queued");
+  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/";
+  const std::string dom = chromium_dom(url, dir / "browser");
+  EXPECT_TRUE(contains(dom, "data-status=\"ok\"")) << dom.substr(0, 3000);
+  for (const char* text : {"east", "west", "Gbit/s", "llama-pretrain", "state-running", "east:64", "too-big",
+                           "rejected: can never run here", "submitted", "placed"})
+    EXPECT_TRUE(contains(dom, text)) << "the dashboard lacks '" << text << "'";
+  const std::string png = (dir / "dashboard.png").string();
+  chromium_dom(url, dir / "browser-shot", png);
+  EXPECT_GT(fs::exists(png) ? fs::file_size(png) : 0, 10000u) << "the screenshot is missing or empty";
+  if (const char* keep = std::getenv("CT_DASHBOARD_PNG")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
+  daemon->signal(SIGINT);
+  daemon->wait(milliseconds(10000));
   fs::remove_all(dir);
 }

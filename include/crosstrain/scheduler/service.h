@@ -2,7 +2,8 @@
 // drives it. One mutex guards the scheduler: requests and the periodic tick take turns.
 //
 //   GET    /api/health               {"ok": true, "jobs": N, "queued": N}
-//   GET    /api/clusters             the registry: devices, free, up, price, power
+//   GET    /                         the dashboard (dashboard.h)
+//   GET    /api/clusters             {"clusters": [devices, free, up, price, power], "links": [a, b, bandwidth, latency]}
 //   GET    /api/jobs                 every job: id, name, state, ranks, attempts, step, reason, placement
 //   GET    /api/jobs/ID              one job
 //   GET    /api/jobs/ID/events       its events (submitted, placed, started, re-placed, ...), oldest first

@@ -37,16 +37,15 @@ std::vector<at::Tensor> PsEmbeddings::forward(const std::vector<at::Tensor>& ids
                                               bool training) {
   std::vector<at::Tensor> unique, inverse;
   for (const auto& t : ids) {
-    auto [u, inv, unused] = at::_unique2(t, /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/false);
-    unique.push_back(u);
-    inverse.push_back(inv);
+    UniqueIds d = dedup(t);
+    unique.push_back(d.unique);
+    inverse.push_back(d.inverse);
   }
   std::vector<at::Tensor> rows = client_->rows_for(unique, step_);
   std::vector<at::Tensor> pooled;
   for (size_t t = 0; t < ids.size(); ++t) {
     if (training) rows[t] = rows[t].detach().requires_grad_(true);
-    pooled.push_back(std::get<0>(at::embedding_bag(rows[t], inverse[t], offsets[t], false, mean_pooling_ ? 1 : 0, false,
-                                                   /*per_sample_weights=*/{}, /*include_last_offset=*/true)));
+    pooled.push_back(pool_bags(rows[t], inverse[t], offsets[t], mean_pooling_));
   }
   if (training) unique_ = std::move(unique), leaves_ = std::move(rows);
   return pooled;

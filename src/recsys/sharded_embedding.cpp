@@ -137,9 +137,10 @@ std::vector<at::Tensor> ShardedEmbeddings::forward(const std::vector<at::Tensor>
   auto* cp = counts.data_ptr<int64_t>();
   p->sent_begin.assign(tables, std::vector<int64_t>(world, 0));
   for (int t = 0; t < tables; ++t) {
-    auto [u, inv, unused] = at::_unique2(ids[t], /*sorted=*/true, /*return_inverse=*/true, /*return_counts=*/false);
-    unique[t] = u;
-    inverse[t] = inv;
+    UniqueIds d = dedup(ids[t]);
+    const at::Tensor& u = d.unique;
+    unique[t] = d.unique;
+    inverse[t] = d.inverse;
     requests[t] = route(t, u);
     int64_t begin = 0;
     for (int r = 0; r < world; ++r) {
@@ -193,8 +194,7 @@ std::vector<at::Tensor> ShardedEmbeddings::forward(const std::vector<at::Tensor>
     at::Tensor rows = assemble(t, parts, unique[t].numel());
     if (training) rows.requires_grad_(true);
     p->leaves.push_back(rows);
-    pooled[t] = std::get<0>(at::embedding_bag(rows, inverse[t], offsets[t], false, mean_pooling_ ? 1 : 0, false,
-                                              /*per_sample_weights=*/{}, /*include_last_offset=*/true));
+    pooled[t] = pool_bags(rows, inverse[t], offsets[t], mean_pooling_);
   }
   p->sent_counts = counts;
   p->recv_counts = asked_counts;
@@ -241,9 +241,9 @@ void ShardedEmbeddings::update(int64_t step) {
       read[s] += n * cols;
     }
     if (!shards_[t]) continue;
-    auto [u, inv, unused] = at::_unique2(at::cat(ids), true, true, false);
-    rows[t] = u;
-    sums[t] = at::zeros({u.numel(), cols}, at::kFloat).index_add_(0, inv, at::cat(grads));
+    const UniqueIds d = dedup(at::cat(ids));
+    rows[t] = d.unique;
+    sums[t] = at::zeros({d.unique.numel(), cols}, at::kFloat).index_add_(0, d.inverse, at::cat(grads));
     squares[t] = EmbeddingShard::row_square_sums(sums[t]);
   }
   // Row-wise Adagrad on a column-wise table needs the whole row's squares: every rank holds columns of the same

@@ -12,6 +12,15 @@
 
 namespace crosstrain::recsys {
 
+// The pieces both homes share: an id list deduplicated (sorted unique ids, and each id's index among them), and the
+// rows gathered for the unique ids pooled per example (sum or mean; offsets: batch + 1 entries), differentiable
+// with respect to `rows`.
+struct UniqueIds {
+  at::Tensor unique, inverse;
+};
+UniqueIds dedup(const at::Tensor& ids);
+at::Tensor pool_bags(const at::Tensor& rows, const at::Tensor& inverse, const at::Tensor& offsets, bool mean);
+
 class EmbeddingBackend {
  public:
   virtual ~EmbeddingBackend() = default;

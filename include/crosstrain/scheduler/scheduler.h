@@ -45,6 +45,9 @@ class Executor {
   virtual ExecStatus status(int64_t job_id) = 0;
   // Clusters the executor cannot reach or run on any more.
   virtual std::vector<std::string> lost_clusters() = 0;
+  // The run folder of a job that trains a recipe (its metrics.jsonl, checkpoints/, report), "" when there is none
+  // (a simulation). Read by the service for each job's live metrics and report.
+  virtual std::string run_dir(int64_t /*job_id*/) const { return ""; }
 };
 
 struct SchedulerOptions {

@@ -84,6 +84,7 @@ class Scheduler {
   bool could_run(int64_t id) { return fits_up_clusters(mutable_job(id)); }
   std::vector<const JobRecord*> jobs() const;
   const Registry& registry() const { return registry_; }
+  const Executor& executor() const { return executor_; }  // the service reads each job's run folder through it
   const SchedulerStats& stats() const { return stats_; }
   size_t queued() const { return queue_.size(); }
   // Jobs holding devices, by id.

@@ -16,6 +16,10 @@ int report_command(const std::string& run_dir, const std::string& out) {
   return 0;
 }
 
+std::string report_page(const std::string& run_dir) {
+  return obs::report_html(obs::load_run(run_dir), obs::chart_js_source());
+}
+
 int trace_merge_command(const std::string& run_dir) {
   const obs::MergeSummary merged = obs::merge_traces(run_dir);
   std::printf("merged %d ranks, %lld events, %.3f s of time: %s\n", merged.ranks,

@@ -17,6 +17,7 @@
 #include "crosstrain/scheduler/service.h"
 #include "crosstrain/scheduler/sim_executor.h"
 #include "crosstrain/scheduler/state_store.h"
+#include "report_cmd.h"
 
 namespace crosstrain::apps {
 namespace {
@@ -56,7 +57,9 @@ int serve(const SchedulerCli& cli) {
   // processes, so it takes back every job the store says is running, from the step it had reached.
   for (const int64_t id : sched.active())
     if (const auto& job = sched.job(id); job.placement) executor.start(job, *job.placement);
-  scheduler::SchedulerService service(sched, store, cli.host, cli.port, std::chrono::milliseconds(cli.tick_ms));
+  // Each recipe job's run report comes from obs, which the scheduler layer cannot reach: report_cmd.h renders it.
+  scheduler::SchedulerService service(sched, store, cli.host, cli.port, std::chrono::milliseconds(cli.tick_ms),
+                                      scheduler::ServiceOptions{report_page});
   std::printf("crosstrain scheduler: %zu jobs recovered from %s; serving http://%s:%d/api (Ctrl-C stops)\n",
               sched.jobs().size(), cli.state.c_str(), cli.host.c_str(), service.port());
   std::fflush(stdout);

@@ -5,6 +5,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include "crosstrain/core/error.h"
@@ -45,13 +48,52 @@ void reply(httplib::Response& res, int status, const json& body) {
 
 int64_t id_of(const httplib::Request& req) { return std::stoll(req.matches[1]); }
 
+// Runs a handler, turning its exceptions into JSON errors: "no job N" is 404, other usage errors 400.
+template <typename Handler>
+void answer(const httplib::Request& req, httplib::Response& res, const Handler& handler) {
+  try {
+    handler(req, res);
+  } catch (const UsageError& e) {
+    reply(res, std::string(e.what()).rfind("no job ", 0) == 0 ? 404 : 400, {{"error", e.what()}});
+  } catch (const std::exception& e) {
+    reply(res, 500, {{"error", e.what()}});
+  }
+}
+
+// The newest rows a metrics request may return (about 1 MB of the trainer's rows): enough for the dashboard's charts.
+constexpr size_t kMetricsRows = 1000;
+
+int64_t since_of(const httplib::Request& req) {
+  if (!req.has_param("since")) return -1;
+  const std::string text = req.get_param_value("since");
+  try {
+    size_t used = 0;
+    const int64_t since = std::stoll(text, &used);
+    if (used == text.size()) return since;
+  } catch (const std::exception&) {
+  }
+  throw UsageError("metrics: ?since=" + text + " is not a step number (give the last step you have, e.g. since=120)");
+}
+
+// The contents of a file, or "" when it cannot be read.
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream text;
+  if (in) text << in.rdbuf();
+  return text.str();
+}
+
 }  // namespace
 
 std::string job_to_json(const JobRecord& job) { return job_json(job).dump(); }
 
 SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, const std::string& host, int port,
-                                   std::chrono::milliseconds tick_every)
-    : scheduler_(scheduler), store_(store), server_(std::make_unique<httplib::Server>()), tick_every_(tick_every) {
+                                   std::chrono::milliseconds tick_every, ServiceOptions options)
+    : scheduler_(scheduler),
+      store_(store),
+      options_(std::move(options)),
+      server_(std::make_unique<httplib::Server>()),
+      tick_every_(tick_every) {
   server_->new_task_queue = [] { return new httplib::ThreadPool(4); };
   server_->set_socket_options([](socket_t sock) {
     int yes = 1;
@@ -61,6 +103,7 @@ SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, cons
   server_->set_read_timeout(5, 0);
   server_->set_write_timeout(5, 0);
   routes();
+  run_routes();
   errno = 0;
   port_ = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (port_ <= 0)
@@ -110,13 +153,7 @@ void SchedulerService::routes() {
   auto guarded = [this](auto handler) {
     return [this, handler](const httplib::Request& req, httplib::Response& res) {
       std::lock_guard<std::mutex> lock(mutex_);
-      try {
-        handler(req, res);
-      } catch (const UsageError& e) {
-        reply(res, std::string(e.what()).rfind("no job ", 0) == 0 ? 404 : 400, {{"error", e.what()}});
-      } catch (const std::exception& e) {
-        reply(res, 500, {{"error", e.what()}});
-      }
+      answer(req, res, handler);
     };
   };
   server_->Get("/api/health", guarded([this](const httplib::Request&, httplib::Response& res) {
@@ -166,6 +203,50 @@ void SchedulerService::routes() {
     const bool cancelled = scheduler_.cancel(id_of(req));
     reply(res, 200, {{"id", id_of(req)}, {"cancelled", cancelled}, {"state", to_string(scheduler_.job(id_of(req)).state)}});
   }));
+}
+
+// A job's run folder is read without the scheduler's lock (a report of a long run takes a while): only finding the
+// folder takes it.
+void SchedulerService::run_routes() {
+  auto run_dir = [this](const httplib::Request& req) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    scheduler_.job(id_of(req));  // "no job N": 404
+    return scheduler_.executor().run_dir(id_of(req));
+  };
+  server_->Get(R"(/api/jobs/(\d+)/metrics)", [run_dir](const httplib::Request& req, httplib::Response& res) {
+    answer(req, res, [&](const httplib::Request&, httplib::Response&) {
+      const int64_t since = since_of(req);
+      const std::string dir = run_dir(req);
+      res.status = 200;
+      res.set_content(dir.empty() ? "[]" : metrics_rows_json(dir + "/metrics.jsonl", since, kMetricsRows),
+                      "application/json");
+    });
+  });
+  server_->Get(R"(/api/jobs/(\d+)/report)", [this, run_dir](const httplib::Request& req, httplib::Response& res) {
+    answer(req, res, [&](const httplib::Request&, httplib::Response&) {
+      const std::string job = "job " + std::to_string(id_of(req));
+      const std::string dir = run_dir(req);
+      if (dir.empty())
+        return reply(res, 404, {{"error", job + " has no run folder (a simulated job, or no recipe): no report"}});
+      const std::string metrics = dir + "/metrics.jsonl";
+      std::error_code ec;
+      if (std::filesystem::file_size(metrics, ec) == 0 || ec)
+        return reply(res, 404, {{"error", job + " has no metrics yet (" + metrics +
+                                              " is missing or empty): the report comes once it has trained a step"}});
+      if (!options_.report_html)
+        return reply(res, 404, {{"error", "this scheduler renders no reports (started without a report renderer); "
+                                          "run `crosstrain report " + dir + "`"}});
+      res.status = 200;
+      res.set_content(options_.report_html(dir), "text/html; charset=utf-8");
+    });
+  });
+  server_->Get("/chart.js", [this](const httplib::Request&, httplib::Response& res) {
+    const std::string chart_js = read_file(options_.chart_js_path);  // 200 KB, once per page load
+    if (chart_js.empty())
+      return reply(res, 404, {{"error", "no Chart.js at '" + options_.chart_js_path +
+                                            "': apt-get install libjs-chart.js (the dashboard shows figures only)"}});
+    res.set_content(chart_js, "application/javascript");
+  });
 }
 
 }  // namespace crosstrain::scheduler

@@ -9,11 +9,20 @@
 //   GET    /api/jobs/ID/events       its events (submitted, placed, started, re-placed, ...), oldest first
 //   POST   /api/jobs                 a job spec (JSON, state_store.h) -> {"id": N, "state": ...}; 400 with the reason
 //   DELETE /api/jobs/ID              cancel
+//   GET    /api/jobs/ID/metrics      its run folder's metrics.jsonl rows (step, loss, tokens_per_s, mfu, ...), oldest
+//                                    first, the newest 1000 at most; ?since=STEP: only rows past STEP (the dashboard
+//                                    polls with the last step it has). [] for a job with no run folder (simulated)
+//                                    or no step trained yet; a torn last line (the trainer mid-write) is left out.
+//   GET    /api/jobs/ID/report       the run report (`crosstrain report`) of its run folder, HTML, rendered by
+//                                    ServiceOptions::report_html; 404 naming why when there is no run folder, no
+//                                    metrics yet or no renderer.
+//   GET    /chart.js                 Chart.js from Debian's libjs-chart.js, for the dashboard's charts (no network)
 // Errors are JSON too: {"error": "..."} with 400 (bad request), 404 (no such job) or 500.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -28,11 +37,19 @@ class Server;
 
 namespace crosstrain::scheduler {
 
+struct ServiceOptions {
+  // The HTML report of a run folder. The apps pass obs's report (this layer cannot reach obs); empty: the report
+  // endpoint answers 404 saying so.
+  std::function<std::string(const std::string& run_dir)> report_html;
+  // Served at /chart.js; where Debian's libjs-chart.js puts it (the dashboard shows figures without charts if absent).
+  std::string chart_js_path = "/usr/share/javascript/chart.js/chart.min.js";
+};
+
 class SchedulerService {
  public:
   // Serves on host:port (port 0: any free one, see port()) and ticks the scheduler every `tick_every`.
   SchedulerService(Scheduler& scheduler, StateStore& store, const std::string& host, int port,
-                   std::chrono::milliseconds tick_every);
+                   std::chrono::milliseconds tick_every, ServiceOptions options = {});
   ~SchedulerService();
   SchedulerService(const SchedulerService&) = delete;
   SchedulerService& operator=(const SchedulerService&) = delete;
@@ -45,10 +62,12 @@ class SchedulerService {
 
  private:
   void routes();
+  void run_routes();  // a job's run folder: metrics and report
   void tick_loop();
 
   Scheduler& scheduler_;
   StateStore& store_;
+  ServiceOptions options_;
   std::unique_ptr<httplib::Server> server_;
   std::mutex mutex_;  // the scheduler and the store
   std::chrono::milliseconds tick_every_;
@@ -61,5 +80,10 @@ class SchedulerService {
 
 // JSON of a job as the API returns it.
 std::string job_to_json(const JobRecord& job);
+
+// The rows of the metrics.jsonl at `path` with a step past `since` (all when since < 0), oldest first, the newest
+// `limit` of them, as a JSON array; lines that do not parse (a torn last line) are left out, a missing file is [].
+// Reads from the end of the file: steps only grow in it (a resumed run truncates what came after its checkpoint).
+std::string metrics_rows_json(const std::string& path, int64_t since, size_t limit);
 
 }  // namespace crosstrain::scheduler

@@ -145,7 +145,7 @@ int show(const LedgerCli& cli) {
 
 }  // namespace
 
-bool LedgerCli::selected() const { return *keygen || *append || *verify || *show; }
+bool LedgerCli::selected() const { return *keygen || *append || *verify || *show || *claim || *spot_check; }
 
 void add_ledger_command(CLI::App& app, LedgerCli& cli) {
   auto* cmd = app.add_subcommand("ledger", "the signed ledger of contributed compute (docs/ledger.md)");
@@ -153,6 +153,7 @@ void add_ledger_command(CLI::App& app, LedgerCli& cli) {
   add_keygen(*cmd, cli);
   add_append(*cmd, cli);
   add_verify_and_show(*cmd, cli);
+  add_claim_and_spot_check(*cmd, cli);
 }
 
 int run_ledger_command(const LedgerCli& cli) {
@@ -167,6 +168,8 @@ int run_ledger_command(const LedgerCli& cli) {
   }
   if (*cli.append) return append(cli);
   if (*cli.verify) return verify(cli);
+  if (*cli.claim) return run_claim(cli);
+  if (*cli.spot_check) return run_spot_check(cli);
   return show(cli);
 }
 

@@ -34,11 +34,15 @@ void check_work(const LedgerEntry& e, const SpotCheckOptions& options, SpotCheck
   if (job == options.jobs.end()) return;
   const JobWork& w = job->second;
   auto flag = [&](const std::string& why) { report.flags.push_back({e.cluster, e.seq, why}); };
-  const double tokens = w.tokens_per_step > 0 ? static_cast<double>(e.steps) * w.tokens_per_step
-                                               : static_cast<double>(e.tokens);
-  if (w.tokens_per_step > 0 && off_by_more_than(static_cast<double>(e.tokens), tokens, options.tolerance))
+  const double claimed = static_cast<double>(e.tokens), steps_tokens = static_cast<double>(e.steps) * w.tokens_per_step;
+  // Shared steps: a cluster's share of a step is at most the whole step.
+  const bool wrong = w.shared_steps ? claimed > steps_tokens + options.tolerance * std::max(steps_tokens, 1.0)
+                                    : off_by_more_than(claimed, steps_tokens, options.tolerance);
+  if (w.tokens_per_step > 0 && wrong)
     flag("claims " + std::to_string(e.tokens) + " tokens for " + std::to_string(e.steps) + " steps; job '" + e.job +
-         "' has " + std::to_string(w.tokens_per_step) + " tokens a step, so " + fmt(tokens));
+         "' has " + std::to_string(w.tokens_per_step) + " tokens a step, so " + (w.shared_steps ? "at most " : "") +
+         fmt(steps_tokens));
+  const double tokens = w.tokens_per_step > 0 && !w.shared_steps ? steps_tokens : claimed;
   const double flops = tokens * w.flops_per_token;
   if (w.flops_per_token > 0 && off_by_more_than(e.flops, flops, options.tolerance))
     flag("claims " + fmt(e.flops) + " FLOPs; " + fmt(tokens) + " tokens of job '" + e.job + "' are " + fmt(flops));
@@ -69,6 +73,51 @@ void check_double_claims(const LedgerEntry& e, Claims& claims, SpotCheckReport& 
     return;  // not recorded: the first claim keeps the range
   }
   claims[first] = {last, e.cluster, e.seq};
+}
+
+// Shared steps: the tokens claimed for each step of a job so far, piecewise constant: a level holds from its key to
+// the next key (before the first key: nothing claimed), with who claimed it.
+struct Level {
+  double tokens = 0;
+  std::string who;  // "east (seq 1), west (seq 2)"
+};
+using Levels = std::map<int64_t, Level>;
+
+// Makes `at` a key, keeping the level that holds there.
+Levels::iterator split_at(Levels& levels, int64_t at) {
+  auto next = levels.upper_bound(at);
+  if (next == levels.begin()) return levels.emplace_hint(next, at, Level{});
+  auto prev = std::prev(next);
+  if (prev->first == at) return prev;
+  return levels.emplace_hint(next, at, prev->second);
+}
+
+// A cluster claiming a step twice is flagged like an exclusive double claim (over its own claims); several
+// clusters may share a step while their tokens for it stay within the job's tokens a step.
+void check_shared_claims(const LedgerEntry& e, const JobWork* w, double tolerance, Claims& own, Levels& levels,
+                         SpotCheckReport& report) {
+  const size_t flags_before = report.flags.size();
+  check_double_claims(e, own, report);
+  if (report.flags.size() > flags_before || !w || w->tokens_per_step <= 0 || e.steps <= 0) return;
+  const double per_step = static_cast<double>(e.tokens) / static_cast<double>(e.steps);
+  const double limit = w->tokens_per_step + tolerance * std::max<double>(w->tokens_per_step, 1.0);
+  const auto first = split_at(levels, e.first_step);
+  const auto end = split_at(levels, e.first_step + e.steps);
+  for (auto it = first; it != end; ++it) {
+    if (it->second.tokens + per_step <= limit) continue;
+    report.flags.push_back({e.cluster, e.seq,
+                            "claims " + fmt(per_step) + " tokens a step for steps " + std::to_string(e.first_step) +
+                                "-" + std::to_string(e.first_step + e.steps - 1) + " of job '" + e.job + "'; with the " +
+                                fmt(it->second.tokens) + " that " + it->second.who + " claimed for step " +
+                                std::to_string(std::max(it->first, e.first_step)) + " that exceeds the job's " +
+                                std::to_string(w->tokens_per_step) + " tokens a step"});
+    return;  // not recorded: the earlier claims keep the step
+  }
+  const std::string me = e.cluster + " (seq " + std::to_string(e.seq) + ")";
+  for (auto it = first; it != end; ++it) {
+    it->second.tokens += per_step;
+    it->second.who += (it->second.who.empty() ? "" : ", ") + me;
+  }
 }
 
 void check_digests(const LedgerEntry& e, const SpotCheckOptions& options, const Recompute& recompute,
@@ -135,9 +184,16 @@ SpotCheckReport spot_check(const std::vector<LedgerEntry>& entries, const SpotCh
                            const Recompute& recompute) {
   SpotCheckReport report;
   std::map<std::string, Claims> claims;  // job -> claimed step ranges
+  std::map<std::pair<std::string, std::string>, Claims> own;  // shared steps: (job, cluster) -> its claimed ranges
+  std::map<std::string, Levels> shares;                       // shared steps: job -> tokens claimed per step
   for (const LedgerEntry& e : entries) {
     check_work(e, options, report);
-    check_double_claims(e, claims[e.job], report);
+    const auto job = options.jobs.find(e.job);
+    const JobWork* work = job == options.jobs.end() ? nullptr : &job->second;
+    if (work && work->shared_steps)
+      check_shared_claims(e, work, options.tolerance, own[{e.job, e.cluster}], shares[e.job], report);
+    else
+      check_double_claims(e, claims[e.job], report);
     check_digests(e, options, recompute, report);
   }
   return report;

@@ -100,6 +100,7 @@ std::vector<Field> run_model_data_fields(Config& c) {
       uint_field("run", "seed", c.run.seed),
       int_field("run", "log_every", c.run.log_every),
       string_field("run", "secret_file", c.run.secret_file),
+      bool_field("run", "work_log", c.run.work_log),
       int_field("model", "n_layer", c.model.n_layer),
       int_field("model", "n_head", c.model.n_head),
       int_field("model", "n_embd", c.model.n_embd),
@@ -322,6 +323,12 @@ void check_ranges(const Config& c) {
     throw UsageError(key + " = " + v.str() + " " + rule);
   };
   need(c.run.log_every >= 1, "run.log_every", c.run.log_every, "must be at least 1");
+  // The digest is of the gradient before the data-parallel reduction: ZeRO-2 and -3 reduce inside every
+  // backward pass, so no such gradient exists there; the DLRM trainer has no work log.
+  if (c.run.work_log && (c.parallel.zero >= 2 || c.model.arch == "dlrm"))
+    throw UsageError("run.work_log = true needs parallel.zero 0 or 1 and a GPT or Llama model (got parallel.zero = " +
+                     std::to_string(c.parallel.zero) + ", model.arch = \"" + c.model.arch +
+                     "\"): its digests are of each step's gradient before reduction");
   need(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");
   need(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction", c.data.val_fraction,
        "must be in [0, 1)");

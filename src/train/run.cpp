@@ -75,6 +75,14 @@ class Phase {
   const char* outer_;
 };
 
+// This rank's parameters in the model's unit order (forward order), the order of the work log's digests.
+std::vector<at::Tensor> parameters_in_order(const models::ParallelGPT& model) {
+  std::vector<at::Tensor> out;
+  for (const auto& names : model.unit_names())
+    for (const auto& name : names) out.push_back(model.shards().at(name));
+  return out;
+}
+
 obs::SpanKind span_kind(parallel::ActionType type) {
   using parallel::ActionType;
   switch (type) {
@@ -310,6 +318,13 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   }
   // Every rank measured its own; the mean makes MFU one number.
   peak_flops_ = all_reduce(&world_, peak_flops_, comm::ReduceOp::Avg);
+  if (c.run.work_log) {
+    // A replica's tokens count once: on its first stage's tensor-parallel rank 0.
+    const bool counts = tp_index_ == 0 && mesh_.index(Axis::PP) == 0;
+    work_log_ = WorkLog::open(world_, c.run.dir, cluster_of_this_node(c.sync.topology),
+                              counts ? sampler_->local_batch() * c.model.block_size : 0);
+    wan_bytes_logged_ = sync_->stats().wan_bytes;
+  }
   start_trace(start);
 }
 
@@ -450,6 +465,9 @@ void Run::print_header() const {
               static_cast<long long>(c_.train.global_batch), static_cast<long long>(c_.model.block_size),
               optimizer_->describe().c_str(), c_.run.dir.c_str());
   std::printf("  sync: %s\n", sync_->describe().c_str());  // [sync]
+  if (work_log_)
+    std::printf("  work log: %s/work/cluster<K>.jsonl, a line per step from each cluster's first rank (docs/ledger.md)\n",
+                c_.run.dir.c_str());
   if (gemm_peak_.best_flops > 0)
     std::printf("  MFU peak per thread (%s): %s\n", c_.train.precision.c_str(), describe(gemm_peak_).c_str());
   std::fflush(stdout);
@@ -490,14 +508,17 @@ double Run::forward_backward(bool training) {
     if (training) trace_pipeline_step(step_, started_us);
     const bool contributes = pipeline->holds_last_stage() && tp_index_ == 0;
     const double replica = all_reduce(mesh_.replica_group(), contributes ? local : 0.0, comm::ReduceOp::Sum);
+    if (training && digests_gradients()) step_digest_ = gradient_digest(parameters_in_order(*model_));
     if (training) reducer.synchronize();
     return training ? all_reduce(sync_->gradient_group(), replica, comm::ReduceOp::Avg) : replica;
   }
   const int64_t M = dims_.microbatches;
+  // run.work_log: the reduction waits for the end of backward, when this rank's own gradient is digested.
+  const bool deferred = work_log_ != nullptr;
   double loss = 0;
   for (int64_t m = 0; m < M; ++m) {
     const bool last = m == M - 1;
-    reducer.set_sync(last);
+    reducer.set_sync(last && !deferred);
     at::Tensor l;
     {
       Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Compute, "forward", step_, static_cast<int>(m));
@@ -511,7 +532,13 @@ double Run::forward_backward(bool training) {
     l.backward();
   }
   if (!training) return loss;
-  reducer.finish();
+  if (deferred) {
+    if (digests_gradients()) step_digest_ = gradient_digest(parameters_in_order(*model_));
+    reducer.set_sync(true);  // a syncing pass: ZeRO-1 averages the side values (the loss) only then
+    reducer.synchronize();
+  } else {
+    reducer.finish();
+  }
   if (!sync_->gradient_group()) return loss;
   // Replicated bf16 buckets would round the loss riding in them; it travels on its own then.
   const bool exact_side_values = dims_.zero > 0 || compute_dtype() == at::kFloat;
@@ -543,6 +570,7 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
   if (!std::isfinite(rec.loss))
     throw Error("step " + std::to_string(step) + ": the loss is " + std::to_string(rec.loss) +
                 "; lower train.lr or check the data");
+  if (work_log_) log_work(step);
   if (window_busy_s_.empty()) window_first_step_ = step;
   window_busy_s_.push_back(std::max(0.0, rec.step_time_s - (recorder_->blocked_seconds() - blocked_before)));
   if (lockstep() && c_.obs.straggler_every > 0 && step % c_.obs.straggler_every == 0) exchange_straggler_timings(step);
@@ -600,6 +628,16 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
   Phase phase(t, *recorder_, SpanKind::Sync, "sync.after_step", step);
   sync_->after_step(step, step == c_.train.steps);  // [sync] outer step, gossip round, push/pull
   return rec;
+}
+
+// run.work_log: the step's line. Bytes: this rank's share of the gradient reduction in the step, and what the
+// strategy sent across clusters since the last line.
+void Run::log_work(int64_t step) {
+  const int64_t wan = sync_->stats().wan_bytes;
+  const int64_t bytes = optimizer_->reducer().stats().bytes_sent + (wan - wan_bytes_logged_);
+  wan_bytes_logged_ = wan;
+  work_log_->record(step, step_digest_, bytes);
+  step_digest_.clear();
 }
 
 // Every straggler_every steps (lockstep training): each rank's busy time per step, a few bytes from each.

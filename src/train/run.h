@@ -23,6 +23,7 @@
 #include "crosstrain/train/optimizer.h"
 #include "crosstrain/train/sync_strategy.h"
 #include "crosstrain/train/trainer.h"
+#include "crosstrain/train/work_log.h"
 #include "peak_flops.h"
 
 namespace crosstrain::train {
@@ -113,6 +114,9 @@ class Run {
   void trace_pipeline_step(int64_t step, int64_t started_us);
   void exchange_straggler_timings(int64_t step);
   StepRecord step_phases(int64_t step, const std::function<void()>& before_commit);
+  // run.work_log: whether this rank digests its gradient before the reduction, and the step's line.
+  bool digests_gradients() const { return work_log_ && work_log_->writes(); }
+  void log_work(int64_t step);
 
   const Config& c_;
   // Every operation of the run goes through the recorded world (comm/recording.h); world_ refers to it.
@@ -147,6 +151,11 @@ class Run {
   int64_t window_first_step_ = 0;
   obs::StragglerVerdict last_verdict_;
   bool verdict_fresh_ = false;
+  // run.work_log (train/work_log.h): null when off. Every rank defers its gradient reduction to the end of the
+  // backward pass then (the same collectives everywhere); the cluster's first rank digests the gradient first.
+  std::unique_ptr<WorkLog> work_log_;
+  std::string step_digest_;
+  int64_t wan_bytes_logged_ = 0;  // the strategy's cumulative wide-area bytes at the last logged step
 };
 
 }  // namespace crosstrain::train

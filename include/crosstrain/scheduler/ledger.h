@@ -106,9 +106,15 @@ LedgerEntry append_ledger(const std::string& path, LedgerEntry entry, const Ledg
 // ---- spot checks -------------------------------------------------------------------------------------------------
 // What a job's steps must amount to: tokens = steps * tokens_per_step; flops = tokens * flops_per_token (6 * the
 // parameter count for a dense model's forward + backward) within `tolerance`.
+// shared_steps: several clusters compute parts of every step (one job trained data-parallel across clusters, each
+// claiming its own share from its work log: `crosstrain ledger claim`). Then an entry's tokens may be less than
+// steps * tokens_per_step, its flops must be its own tokens * flops_per_token, the same step may be claimed by
+// several clusters as long as their tokens for it add up to at most tokens_per_step (an entry's tokens count as
+// spread evenly over its steps), and a cluster that claims a step twice is flagged.
 struct JobWork {
   int64_t tokens_per_step = 0;  // 0: not checked
   double flops_per_token = 0;   // 0: not checked
+  bool shared_steps = false;
 };
 
 struct SpotCheckOptions {

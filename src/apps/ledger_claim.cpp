@@ -1,0 +1,234 @@
+// `crosstrain ledger claim` (a cluster signs what its work log says it did, once per step) and
+// `crosstrain ledger spot-check` (the chain, then the claims against the job's figures). docs/ledger.md.
+#include <CLI/CLI.hpp>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/ledger.h"
+#include "crosstrain/train/config.h"
+#include "crosstrain/train/work_log.h"
+#include "ledger_cmd.h"
+
+namespace crosstrain::apps {
+namespace fs = std::filesystem;
+using namespace crosstrain::scheduler;
+
+namespace {
+
+void add_claim(CLI::App& cmd, LedgerCli& cli) {
+  auto* c = cli.claim = cmd.add_subcommand(
+      "claim", "sign and append the steps of RUN_DIR/work/cluster<K>.jsonl (run.work_log = true) that this cluster "
+               "has not claimed yet for the job: one entry per run of consecutive steps; nothing new: no entry");
+  c->add_option("ledger", cli.ledger, "ledger file (JSONL; created if missing)")->required();
+  c->add_option("--run-dir", cli.run_dir, "the training run's folder (run.dir), which holds work/")->required();
+  c->add_option("--cluster", cli.cluster, "this cluster's name in the ledger (the key's)")->required();
+  c->add_option("--cluster-index", cli.cluster_index, "this cluster's index K in the run (CROSSTRAIN_CLUSTER)")
+      ->required()
+      ->check(CLI::NonNegativeNumber);
+  c->add_option("--key", cli.key, "the cluster's secret key file (ledger keygen)")->required();
+  c->add_option("--job", cli.job, "job the work was for")->required();
+  c->add_option("--flops-per-token", cli.flops_per_token,
+                "FLOPs = tokens x this (default: the model's, 6 N + attention, from RUN_DIR/config.toml)")
+      ->check(CLI::PositiveNumber);
+  c->add_option("--keys", cli.keys, "keys file: also check the other clusters' signatures before appending");
+}
+
+void add_spot_check(CLI::App& cmd, LedgerCli& cli) {
+  auto* s = cli.spot_check = cmd.add_subcommand(
+      "spot-check",
+      "verify the chain, then check a job's claims: tokens against tokens a step (clusters share each step unless "
+      "--exclusive-steps), FLOPs against tokens x FLOPs per token, steps claimed twice, and a committed gradient "
+      "digest for each sampled step. Gradients are NOT recomputed here: a digest is checked to exist, not to be "
+      "right (docs/ledger.md). Exit 0: nothing flagged; 3: flags printed; 1: the ledger does not verify");
+  s->add_option("ledger", cli.ledger, "ledger file")->required();
+  s->add_option("--keys", cli.keys, "keys file: {\"CLUSTER\": \"HEX public key\", ...}")->required();
+  s->add_option("--job", cli.job, "the job whose entries are checked")->required();
+  s->add_option("--tokens-per-step", cli.tokens_per_step, "the job's tokens a step (global batch x block size)")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--flops-per-token", cli.flops_per_token, "the job's FLOPs per token")
+      ->required()
+      ->check(CLI::PositiveNumber);
+  s->add_option("--seed", cli.seed, "with each entry's hash, fixes the sampled steps (anyone can redraw them)");
+  s->add_option("--samples", cli.samples, "steps sampled from each entry")->check(CLI::Range(1, 1000000));
+  s->add_option("--tolerance", cli.tolerance, "relative tolerance for tokens and FLOPs")->check(CLI::Range(0.0, 1.0));
+  s->add_flag("--exclusive-steps", cli.exclusive_steps,
+              "each step is computed by one cluster alone (tokens = steps x tokens a step; a step claimed by two "
+              "clusters is flagged); default: clusters share each step, their tokens for it add up to at most one "
+              "step's");
+}
+
+// One `ledger claim` at a time per ledger: between reading what is claimed and appending, no other claim of the
+// same cluster may append the same steps. (append_ledger's own lock covers only the append.)
+class ClaimLock {
+ public:
+  explicit ClaimLock(const std::string& ledger) : path_(ledger + ".claim-lock") {
+    fd_ = ::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw Error("ledger claim: cannot open the lock file '" + path_ + "': " + std::strerror(errno));
+    const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+      if (std::chrono::steady_clock::now() > give_up) {
+        ::close(fd_);
+        throw Error("ledger claim: another claim has held '" + path_ + "' for 60 s; is one stuck? (nothing was "
+                    "claimed; try again)");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  }
+  ~ClaimLock() { ::close(fd_); }
+  ClaimLock(const ClaimLock&) = delete;
+  ClaimLock& operator=(const ClaimLock&) = delete;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+double claim_flops_per_token(const LedgerCli& cli) {
+  if (cli.flops_per_token > 0) return cli.flops_per_token;
+  const std::string config = (fs::path(cli.run_dir) / "config.toml").string();
+  if (!fs::exists(config))
+    throw UsageError("ledger claim: no '" + config + "' to take the model's FLOPs per token from; give "
+                     "--flops-per-token");
+  return train::load_config(config).model.flops_per_token();
+}
+
+// The job's steps this cluster has claimed: first step -> last step.
+std::map<int64_t, int64_t> claimed_ranges(const std::vector<LedgerEntry>& entries, const LedgerCli& cli) {
+  std::map<int64_t, int64_t> out;
+  for (const auto& e : entries)
+    if (e.job == cli.job && e.cluster == cli.cluster && e.steps > 0) out[e.first_step] = e.first_step + e.steps - 1;
+  return out;
+}
+
+bool is_claimed(const std::map<int64_t, int64_t>& ranges, int64_t step) {
+  auto it = ranges.upper_bound(step);
+  if (it == ranges.begin()) return false;
+  return std::prev(it)->second >= step;
+}
+
+// Runs of consecutive unclaimed steps, each one entry.
+std::vector<std::vector<train::WorkRecord>> unclaimed_runs(const std::vector<train::WorkRecord>& records,
+                                                           const std::map<int64_t, int64_t>& claimed) {
+  std::vector<std::vector<train::WorkRecord>> runs;
+  for (const auto& r : records) {
+    if (is_claimed(claimed, r.step)) continue;
+    if (runs.empty() || runs.back().back().step + 1 != r.step) runs.emplace_back();
+    runs.back().push_back(r);
+  }
+  return runs;
+}
+
+LedgerEntry entry_for(const std::vector<train::WorkRecord>& run, const LedgerCli& cli, double flops_per_token) {
+  LedgerEntry e;
+  e.cluster = cli.cluster;
+  e.job = cli.job;
+  e.first_step = run.front().step;
+  e.steps = static_cast<int64_t>(run.size());
+  for (const auto& r : run) {
+    e.tokens += r.tokens;
+    e.bytes += r.bytes;
+    e.gradient_digests[r.step] = r.digest;
+  }
+  e.flops = static_cast<double>(e.tokens) * flops_per_token;
+  e.interval_start = static_cast<int64_t>(std::floor(run.front().time));
+  e.interval_end = std::max(e.interval_start, static_cast<int64_t>(std::ceil(run.back().time)));
+  return e;
+}
+
+}  // namespace
+
+void add_claim_and_spot_check(CLI::App& ledger_cmd, LedgerCli& cli) {
+  add_claim(ledger_cmd, cli);
+  add_spot_check(ledger_cmd, cli);
+}
+
+int run_claim(const LedgerCli& cli) {
+  const LedgerKey key = read_ledger_key(cli.key);
+  if (key.cluster != cli.cluster)
+    throw UsageError("ledger claim: --key '" + cli.key + "' is cluster '" + key.cluster + "''s key, not --cluster '" +
+                     cli.cluster + "''s");
+  const PublicKeys keys = cli.keys.empty() ? PublicKeys{} : read_public_keys(cli.keys);
+  const std::string log = train::work_log_path(cli.run_dir, cli.cluster_index);
+  const std::vector<train::WorkRecord> records = train::read_work_log(log);
+  const double flops_per_token = claim_flops_per_token(cli);
+  ClaimLock lock(cli.ledger);
+  LedgerVerifyReport chain;
+  if (fs::exists(cli.ledger)) {
+    LedgerVerifyOptions options;
+    options.require_known_clusters = false;  // links and hashes here; append_ledger checks the signatures it can
+    chain = verify_ledger(cli.ledger, {}, options);
+    if (!chain.ok)
+      throw Error("ledger claim: " + cli.ledger + " does not verify (" + chain.message() + "); nothing was claimed");
+  }
+  const auto runs = unclaimed_runs(records, claimed_ranges(chain.parsed, cli));
+  if (runs.empty()) {
+    std::printf("nothing to claim: %s holds %zu steps, all already claimed by %s for job %s\n", log.c_str(),
+                records.size(), cli.cluster.c_str(), cli.job.c_str());
+    return 0;
+  }
+  for (const auto& run : runs) {
+    const LedgerEntry done = append_ledger(cli.ledger, entry_for(run, cli, flops_per_token), key, keys);
+    std::printf("claimed steps %lld-%lld of job %s for %s: %lld tokens, %.6g FLOPs (%.6g a token), %lld bytes, "
+                "%zu digests; seq %lld, hash %s\n",
+                static_cast<long long>(done.first_step), static_cast<long long>(done.first_step + done.steps - 1),
+                done.job.c_str(), done.cluster.c_str(), static_cast<long long>(done.tokens), done.flops,
+                flops_per_token, static_cast<long long>(done.bytes), done.gradient_digests.size(),
+                static_cast<long long>(done.seq), done.hash.c_str());
+  }
+  return 0;
+}
+
+int run_spot_check(const LedgerCli& cli) {
+  const LedgerVerifyReport chain = verify_ledger(cli.ledger, read_public_keys(cli.keys));
+  if (!chain.ok) {
+    std::cerr << "crosstrain: ledger " + cli.ledger + " does not verify, so its claims are not checked: " +
+                     chain.message() + "\n" << std::flush;
+    return 1;
+  }
+  std::vector<LedgerEntry> entries;
+  std::set<std::string> jobs;
+  for (const auto& e : chain.parsed) {
+    jobs.insert(e.job);
+    if (e.job == cli.job) entries.push_back(e);
+  }
+  if (entries.empty()) {
+    std::string names;
+    for (const auto& j : jobs) names += (names.empty() ? "" : ", ") + j;
+    throw UsageError("ledger spot-check: " + cli.ledger + " has no entries of job '" + cli.job + "' (jobs: " +
+                     (names.empty() ? "none" : names) + ")");
+  }
+  SpotCheckOptions options;
+  options.seed = cli.seed;
+  options.samples_per_entry = cli.samples;
+  options.tolerance = cli.tolerance;
+  options.jobs[cli.job] = {cli.tokens_per_step, cli.flops_per_token, !cli.exclusive_steps};
+  // No recomputation: every sampled step with a committed digest counts as skipped (docs/ledger.md says why).
+  const SpotCheckReport report = spot_check(entries, options, [](const std::string&, int64_t) { return std::string(); });
+  std::string flagged;
+  for (const auto& c : report.flagged_clusters()) flagged += (flagged.empty() ? "clusters " : ", ") + c;
+  for (const auto& f : report.flags)
+    std::printf("FLAG cluster %s seq %lld: %s\n", f.cluster.c_str(), static_cast<long long>(f.seq), f.reason.c_str());
+  std::printf("spot-check of job %s in %s: chain verified (%lld entries), %zu entries of the job checked, seed %llu; "
+              "%lld sampled steps have a committed digest (not recomputed: this command does not recompute "
+              "gradients); %zu flags%s\n",
+              cli.job.c_str(), cli.ledger.c_str(), static_cast<long long>(chain.entries), entries.size(),
+              static_cast<unsigned long long>(cli.seed), static_cast<long long>(report.steps_skipped),
+              report.flags.size(), flagged.empty() ? "" : (": " + flagged).c_str());
+  return report.flags.empty() ? 0 : kSpotCheckFlagged;
+}
+
+}  // namespace crosstrain::apps

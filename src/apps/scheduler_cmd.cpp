@@ -6,7 +6,9 @@
 #include <chrono>
 #include <thread>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -15,8 +17,13 @@
 #include "crosstrain/planner/cluster.h"
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/service.h"
+#include "crosstrain/planner/model_shape.h"
+#include "crosstrain/scheduler/local_executor.h"
 #include "crosstrain/scheduler/sim_executor.h"
+#include "crosstrain/scheduler/slurm_executor.h"
 #include "crosstrain/scheduler/state_store.h"
+#include "crosstrain/scheduler/train_share.h"
+#include "crosstrain/train/config.h"
 #include "report_cmd.h"
 
 namespace crosstrain::apps {
@@ -44,24 +51,73 @@ class WallClockSimulation : public scheduler::Executor {
   Clock::time_point start_;
 };
 
+// The path of this binary, which the ranks of recipe jobs run.
+std::string own_binary() {
+  std::error_code ec;
+  const auto path = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string("crosstrain") : path.string();
+}
+
+// --slurm NAME=SLURM_CONF[:PARTITION] for every cluster of the cluster file.
+std::vector<scheduler::SlurmCluster> slurm_clusters(const SchedulerCli& cli, const scheduler::Registry& registry) {
+  std::vector<scheduler::SlurmCluster> out;
+  for (const std::string& s : cli.slurm) {
+    const auto eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw UsageError("scheduler: --slurm '" + s + "' is not NAME=SLURM_CONF[:PARTITION] (e.g. east=/etc/slurm-east/slurm.conf)");
+    scheduler::SlurmCluster c{s.substr(0, eq), s.substr(eq + 1), ""};
+    if (const auto colon = c.conf.find(':'); colon != std::string::npos)
+      c.partition = c.conf.substr(colon + 1), c.conf.resize(colon);
+    registry.index_of(c.name);  // names a cluster of the cluster file, or says which exist
+    if (!std::filesystem::exists(c.conf))
+      throw UsageError("scheduler: --slurm " + c.name + "=" + c.conf + ": no such file (the cluster's slurm.conf)");
+    out.push_back(c);
+  }
+  for (const auto& info : registry.clusters()) {
+    bool given = false;
+    for (const auto& c : out) given = given || c.name == info.name;
+    if (!given) throw UsageError("scheduler: --executor slurm needs --slurm " + info.name + "=SLURM_CONF for cluster '" +
+                                 info.name + "' of " + cli.clusters);
+  }
+  return out;
+}
+
+std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, const scheduler::Registry& registry) {
+  if (cli.executor == "sim")
+    return std::make_unique<WallClockSimulation>(scheduler::SimulatedExecutor::for_registry(registry));
+  const std::string work = !cli.work_dir.empty() ? cli.work_dir
+                                                 : (std::filesystem::absolute(cli.state).parent_path() / "jobs").string();
+  scheduler::TrainLaunch launch;
+  launch.crosstrain = own_binary();
+  launch.master_host = cli.master_host;
+  auto command = scheduler::train_share_command(launch, work);
+  if (cli.executor == "local") return std::make_unique<scheduler::LocalExecutor>(work, command);
+  if (cli.executor == "slurm")
+    return std::make_unique<scheduler::SlurmExecutor>(slurm_clusters(cli, registry), work, command);
+  throw UsageError("scheduler: --executor '" + cli.executor + "': use sim, local or slurm");
+}
+
 int serve(const SchedulerCli& cli) {
   if (cli.state.empty()) throw UsageError("scheduler: give --state FILE (the SQLite file that keeps every job)");
   if (cli.clusters.empty()) throw UsageError("scheduler: give --clusters FILE (a cluster file, e.g. clusters/three-clusters.toml)");
   auto registry = scheduler::Registry::from_cluster_file(planner::load_cluster(cli.clusters));
+  auto executor = make_executor(cli, registry);
   scheduler::StateStore store(cli.state);
-  WallClockSimulation executor(scheduler::SimulatedExecutor::for_registry(registry));
   const auto start = Clock::now();
-  scheduler::Scheduler sched(std::move(registry), store, executor, {},
+  scheduler::Scheduler sched(std::move(registry), store, *executor, {},
                              [start] { return std::chrono::duration<double>(Clock::now() - start).count(); });
-  // A real executor finds its running jobs again (Slurm's job folders); the simulation has no memory across
-  // processes, so it takes back every job the store says is running, from the step it had reached.
-  for (const int64_t id : sched.active())
-    if (const auto& job = sched.job(id); job.placement) executor.start(job, *job.placement);
+  // A real executor finds its running jobs again (Slurm's and the local executor's job folders); the simulation
+  // has no memory across processes, so it takes back every job the store says is running, from the step it had
+  // reached.
+  if (cli.executor == "sim")
+    for (const int64_t id : sched.active())
+      if (const auto& job = sched.job(id); job.placement) executor->start(job, *job.placement);
+  const int64_t tick_ms = cli.tick_ms > 0 ? cli.tick_ms : (cli.executor == "sim" ? 100 : 1000);
   // Each recipe job's run report comes from obs, which the scheduler layer cannot reach: report_cmd.h renders it.
-  scheduler::SchedulerService service(sched, store, cli.host, cli.port, std::chrono::milliseconds(cli.tick_ms),
+  scheduler::SchedulerService service(sched, store, cli.host, cli.port, std::chrono::milliseconds(tick_ms),
                                       scheduler::ServiceOptions{report_page});
-  std::printf("crosstrain scheduler: %zu jobs recovered from %s; serving http://%s:%d/api (Ctrl-C stops)\n",
-              sched.jobs().size(), cli.state.c_str(), cli.host.c_str(), service.port());
+  std::printf("crosstrain scheduler: %zu jobs recovered from %s; %s executor; serving http://%s:%d/api (Ctrl-C stops)\n",
+              sched.jobs().size(), cli.state.c_str(), cli.executor.c_str(), cli.host.c_str(), service.port());
   std::fflush(stdout);
   catch_interrupt();  // Ctrl-C and SIGTERM end the daemon between passes; the state is already on disk
   while (!interrupt_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -91,6 +147,22 @@ json call(const SchedulerCli& cli, const std::string& method, const std::string&
   return j;
 }
 
+// A recipe job: the model shape, batch and steps from the recipe (with --set), the recipe by absolute path (the
+// ranks start elsewhere), and the overrides passed on to the ranks.
+void recipe_spec(const SchedulerCli& cli, scheduler::JobSpec& spec) {
+  const train::Config c = train::load_config(cli.recipe, cli.sets);
+  if (c.model.arch != "gpt" && c.model.arch != "llama")
+    throw UsageError("job submit: the scheduler places GPT and Llama recipes; " + cli.recipe + " has model.arch = " +
+                     c.model.arch);
+  spec.model = planner::from_gpt_config(c.model, c.run.name);
+  spec.recipe = std::filesystem::absolute(cli.recipe).string();
+  spec.overrides = cli.sets;
+  spec.global_batch = cli.global_batch > 0 ? cli.global_batch : c.train.global_batch;
+  spec.steps = cli.steps > 0 ? cli.steps : c.train.steps;
+  spec.checkpoint_every = cli.checkpoint_every > 0 ? cli.checkpoint_every
+                          : c.train.checkpoint_every > 0 ? c.train.checkpoint_every : spec.checkpoint_every;
+}
+
 std::string spec_of(const SchedulerCli& cli) {
   if (!cli.spec.empty()) {
     std::ifstream in(cli.spec);
@@ -99,9 +171,22 @@ std::string spec_of(const SchedulerCli& cli) {
     s << in.rdbuf();
     return s.str();
   }
-  json j = {{"name", cli.name}, {"model", cli.model}, {"ranks", cli.ranks}, {"steps", cli.steps},
-            {"qos", {{"deadline_s", cli.deadline_s}, {"budget", cli.budget}, {"max_wan_gbps", cli.max_wan_gbps}}}};
-  return j.dump();
+  if (!cli.sets.empty() && cli.recipe.empty()) throw UsageError("job submit: --set applies to --recipe jobs");
+  scheduler::JobSpec spec;
+  spec.name = cli.name;
+  spec.ranks = cli.ranks;
+  spec.min_ranks = cli.min_ranks;
+  spec.max_restarts = cli.max_restarts;
+  spec.qos = {cli.deadline_s, cli.budget, cli.max_wan_gbps};
+  if (!cli.recipe.empty()) {
+    recipe_spec(cli, spec);
+  } else {
+    spec.model = planner::model_preset(cli.model);
+    spec.steps = cli.steps > 0 ? cli.steps : 1000;
+    spec.global_batch = cli.global_batch;
+    if (cli.checkpoint_every > 0) spec.checkpoint_every = cli.checkpoint_every;
+  }
+  return scheduler::job_spec_to_json(spec);
 }
 
 void print_job(const json& j) {
@@ -150,7 +235,14 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.serve->add_option("--clusters", cli.clusters, "cluster file: clusters, devices, prices, links");
   cli.serve->add_option("--host", cli.host, "address to listen on");
   cli.serve->add_option("--port", cli.port, "port of the API (0: any free one)");
-  cli.serve->add_option("--tick-ms", cli.tick_ms, "milliseconds between scheduling passes");
+  cli.serve->add_option("--tick-ms", cli.tick_ms, "milliseconds between scheduling passes (default 100 for sim, else 1000)");
+  cli.serve->add_option("--executor", cli.executor, "what runs the ranks: sim (nothing: a simulation on the wall "
+                        "clock), local (processes on this machine) or slurm (sbatch on each cluster)")
+      ->capture_default_str();
+  cli.serve->add_option("--slurm", cli.slurm, "NAME=SLURM_CONF[:PARTITION]: how to reach cluster NAME (repeat per cluster)");
+  cli.serve->add_option("--work-dir", cli.work_dir, "jobs' folders: scripts, output, run folders (default: jobs/ beside --state)");
+  cli.serve->add_option("--master-host", cli.master_host, "address at which the shares of a job reach its first share")
+      ->capture_default_str();
   auto* job = app.add_subcommand("job", "submit, watch and cancel jobs of a running scheduler");
   job->require_subcommand(1);
   job->add_option("--server", cli.server, "the scheduler's address")->capture_default_str();
@@ -159,7 +251,13 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.submit->add_option("--name", cli.name, "job name");
   cli.submit->add_option("--model", cli.model, "a model preset (crosstrain plan --help lists them)");
   cli.submit->add_option("--ranks", cli.ranks, "devices, started together");
-  cli.submit->add_option("--steps", cli.steps, "training steps");
+  cli.submit->add_option("--steps", cli.steps, "training steps (default: the recipe's, else 1000)");
+  cli.submit->add_option("--recipe", cli.recipe, "a training recipe the ranks run (crosstrain train RECIPE)");
+  cli.submit->add_option("--set", cli.sets, "KEY=VALUE override of the recipe (repeatable)");
+  cli.submit->add_option("--min-ranks", cli.min_ranks, "elastic: may start or continue on as few ranks as this");
+  cli.submit->add_option("--max-restarts", cli.max_restarts, "place a failed gang again from its checkpoint this many times");
+  cli.submit->add_option("--global-batch", cli.global_batch, "sequences per step (default: the recipe's, else ranks)");
+  cli.submit->add_option("--checkpoint-every", cli.checkpoint_every, "steps between checkpoints (where a re-placed job resumes)");
   cli.submit->add_option("--deadline-s", cli.deadline_s, "QoS: finish within this many seconds");
   cli.submit->add_option("--budget", cli.budget, "QoS: most the run may cost");
   cli.submit->add_option("--max-wan-gbps", cli.max_wan_gbps, "QoS: most wide-area bandwidth (0: one cluster only)");

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace CLI {
 class App;
@@ -17,11 +18,20 @@ struct SchedulerCli {
   // serve
   std::string state, clusters, host = "127.0.0.1";
   int port = 8650;
-  int64_t tick_ms = 100;
+  int64_t tick_ms = 0;                // 0: 100 ms for the simulation, 1000 ms for processes and Slurm
+  std::string executor = "sim";       // sim, local or slurm
+  std::vector<std::string> slurm;     // NAME=SLURM_CONF[:PARTITION], one per cluster of the cluster file
+  std::string work_dir;               // jobs' folders (default: beside the state file)
+  std::string master_host = "127.0.0.1";
+  // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
+  std::string recipe;
+  std::vector<std::string> sets;
+  int min_ranks = 0, max_restarts = 0;
+  int64_t global_batch = 0, checkpoint_every = 0;
   // job *
   std::string server = "http://127.0.0.1:8650", spec, name = "job", model = "gpt-small";
   int ranks = 1;
-  int64_t steps = 1000, id = -1;
+  int64_t steps = 0, id = -1;  // steps 0: the recipe's, else 1000
   double deadline_s = 0, budget = 0, max_wan_gbps = -1;
   bool selected() const;
 };

@@ -355,7 +355,19 @@ JobProgress progress_of(const JobRecord& job, double now_s) {
 
 Decision place(const JobSpec& job, const JobProgress& progress, const Registry& registry,
                const PlacementOptions& options, LayoutCache* cache) {
-  return Placer(job, progress, registry, options, cache).run();
+  Decision full = Placer(job, progress, registry, options, cache).run();
+  if (full.verdict == Verdict::Placed || job.least_ranks() >= job.ranks) return full;
+  // An elastic gang: the most ranks that place now and divide the (unchanged) global batch.
+  JobSpec fewer = job;
+  fewer.global_batch = job.batch();
+  for (int ranks = job.ranks - 1; ranks >= job.least_ranks(); --ranks) {
+    if (fewer.global_batch % ranks != 0 || ranks > registry.free_total()) continue;
+    fewer.ranks = ranks;
+    Decision d = Placer(fewer, progress, registry, options, cache).run();
+    d.estimates += full.estimates;
+    if (d.verdict == Verdict::Placed) return d;
+  }
+  return full;
 }
 
 Decision classify(const JobSpec& job, const JobProgress& progress, const Registry& registry,

@@ -116,7 +116,7 @@ bool Scheduler::try_place(JobRecord& job) {
   // Cheap refusals: not enough free devices anywhere, or no device freed since this job was last refused (less
   // room and a nearer deadline never turn a refusal into a placement).
   auto refused = refused_at_.find(job.id);
-  if (job.spec.ranks > registry_.free_total() || (refused != refused_at_.end() && refused->second == freed_)) {
+  if (job.spec.least_ranks() > registry_.free_total() || (refused != refused_at_.end() && refused->second == freed_)) {
     ++stats_.refusals;
     return false;
   }
@@ -149,7 +149,7 @@ bool Scheduler::try_place(JobRecord& job) {
 bool Scheduler::fits_up_clusters(const JobRecord& job) {
   auto it = fits_up_.find(job.id);
   if (it != fits_up_.end() && it->second.first == up_epoch_) return it->second.second;
-  const bool fits = job.spec.ranks <= registry_.capacity_total() &&
+  const bool fits = job.spec.least_ranks() <= registry_.capacity_total() &&
                     place(job.spec, progress_of(job, now()), registry_.all_free(), options_.placement, &cache_).verdict ==
                         Verdict::Placed;
   fits_up_[job.id] = {up_epoch_, fits};
@@ -205,6 +205,8 @@ void Scheduler::poll() {
     if (s.kind == ExecStatus::Done) {
       job.step = job.spec.steps;
       finish(job, JobState::Done, "");
+    } else if (s.kind == ExecStatus::Failed && job.restarts < job.spec.max_restarts) {
+      restart(job, s);
     } else if (s.kind == ExecStatus::Failed) {
       finish(job, JobState::Failed, s.detail);
     } else if (s.checkpoint_step > job.step) {
@@ -213,6 +215,22 @@ void Scheduler::poll() {
     }
   }
   t.commit();
+}
+
+// The gang failed (a crash, a preempted or killed share): stop what is left of it and queue it again from its
+// newest checkpoint.
+void Scheduler::restart(JobRecord& job, const ExecStatus& failure) {
+  executor_.stop(job.id);
+  job.step = std::max(job.step, failure.checkpoint_step);
+  ++job.restarts;
+  release(job);
+  job.state = JobState::Queued;
+  job.reason = "restart " + std::to_string(job.restarts) + " of " + std::to_string(job.spec.max_restarts) +
+               " from step " + std::to_string(job.step) + " after: " + failure.detail;
+  job.updated_s = now();
+  store_.update_job(job);
+  store_.add_event(job.updated_s, job.id, "restarted", job.reason);
+  queue_.insert(queue_.begin(), job.id);
 }
 
 int Scheduler::tick() {
@@ -287,6 +305,44 @@ void Scheduler::mark_up(const std::string& cluster) {
   StateStore::Transaction t(store_);
   store_.put_cluster({cluster, true, cluster_toml(registry_, registry_.index_of(cluster))});
   store_.add_event(now(), 0, "cluster-up", cluster);
+  t.commit();
+}
+
+std::string Scheduler::register_cluster(const planner::ClusterFile& one) {
+  if (one.clusters.size() != 1)
+    throw UsageError("register a cluster with a cluster file holding exactly one cluster (it holds " +
+                     std::to_string(one.clusters.size()) + ")");
+  const planner::ClusterSpec& spec = one.clusters[0];
+  int index = -1;
+  for (int i = 0; i < registry_.size(); ++i)
+    if (registry_.info(i).name == spec.name) index = i;
+  if (index < 0) {
+    registry_.add_cluster(spec, one.device_of(spec));
+    ++up_epoch_, ++freed_;
+    index = registry_.size() - 1;
+    StateStore::Transaction t(store_);
+    store_.put_cluster({spec.name, true, cluster_toml(registry_, index)});
+    store_.add_event(now(), 0, "cluster-added", spec.name + ": " + std::to_string(registry_.devices(index)) + " x " + spec.device);
+    t.commit();
+    return "added";
+  }
+  Registry probe;
+  probe.add_cluster(spec, one.device_of(spec));
+  if (cluster_toml(probe, 0) != cluster_toml(registry_, index))
+    throw UsageError("cluster '" + spec.name + "' is registered with another spec (devices, device type or links); "
+                     "to change it, edit the daemon's cluster file and restart the daemon on a new state file");
+  if (registry_.up(index)) return "unchanged";
+  mark_up(spec.name);
+  return "up";
+}
+
+void Scheduler::set_link(const std::string& a, const std::string& b, const comm::Link& link) {
+  registry_.set_link(a, b, link);  // names both clusters, or throws naming the ones registered
+  ++up_epoch_, ++freed_;           // placements may change: re-ask the queue
+  cache_ = LayoutCache();
+  StateStore::Transaction t(store_);
+  store_.put_link({a, b, link.latency_s, link.bandwidth_Bps});
+  store_.add_event(now(), 0, "link", a + " - " + b + ": " + std::to_string(link.bandwidth_Bps * 8 / 1e9) + " Gbit/s");
   t.commit();
 }
 

@@ -16,10 +16,10 @@ SimulatedExecutor SimulatedExecutor::for_registry(const Registry& registry) {
 void SimulatedExecutor::start(const JobRecord& job, const PlacementRecord& placement) {
   if (fail_start_.erase(job.id)) throw Error("simulated start failure of job " + std::to_string(job.id));
   if (jobs_.count(job.id)) throw Error("job " + std::to_string(job.id) + " started twice");
-  if (placement.ranks() != job.spec.ranks) {
+  if (placement.ranks() < job.spec.least_ranks() || placement.ranks() > job.spec.ranks) {
     ++partial_gangs_;
     throw Error("job " + std::to_string(job.id) + ": placement covers " + std::to_string(placement.ranks()) +
-                " of its " + std::to_string(job.spec.ranks) + " ranks");
+                " of its " + std::to_string(job.spec.least_ranks()) + ".." + std::to_string(job.spec.ranks) + " ranks");
   }
   for (const ClusterShare& s : placement.shares) {
     const auto cap = capacity_.find(s.cluster);
@@ -49,7 +49,11 @@ ExecStatus SimulatedExecutor::status(int64_t job_id) {
   st.step = std::min<int64_t>(r.steps, r.first_step + static_cast<int64_t>(done));
   st.checkpoint_step = st.step == r.steps ? r.steps : st.step / r.checkpoint_every * r.checkpoint_every;
   st.kind = st.step >= r.steps ? ExecStatus::Done : ExecStatus::Running;
-  if (st.kind == ExecStatus::Done) stop(job_id);
+  if (crash_.erase(job_id) && st.kind == ExecStatus::Running) {
+    st.kind = ExecStatus::Failed;
+    st.detail = "simulated crash of a rank";
+  }
+  if (st.kind != ExecStatus::Running) stop(job_id);
   return st;
 }
 

@@ -6,6 +6,7 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/scheduler/command.h"
+#include "crosstrain/scheduler/train_share.h"
 
 namespace crosstrain::scheduler {
 namespace fs = std::filesystem;
@@ -44,26 +45,19 @@ const SlurmCluster& SlurmExecutor::cluster(const std::string& name) const {
   throw UsageError("scheduler: no Slurm cluster named '" + name + "' is configured for the executor");
 }
 
-std::string SlurmExecutor::job_dir(int64_t job_id) const { return work_dir_ + "/job" + std::to_string(job_id); }
+std::string SlurmExecutor::job_dir(int64_t job_id) const { return job_dir_in(work_dir_, job_id); }
+
+std::string SlurmExecutor::run_dir(int64_t job_id) const { return job_run_dir(work_dir_, job_id); }
 
 // One share as a batch job: the command, then its exit status into the job's folder (read by status()).
 std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& placement, size_t share) {
   const ClusterShare& s = placement.shares[share];
   const SlurmCluster& c = cluster(s.cluster);
-  int offset = 0;
-  for (size_t i = 0; i < share; ++i) offset += placement.shares[i].ranks;
-  const fs::path dir = job_dir(job.id);
-  const std::string stem = (dir / ("share" + std::to_string(share))).string();
-  std::ostringstream script;
-  script << "#!/bin/bash\n"
-         << "export CROSSTRAIN_JOB_ID=" << job.id << " CROSSTRAIN_CLUSTER=" << s.cluster << " CROSSTRAIN_SHARE=" << share
-         << " CROSSTRAIN_SHARES=" << placement.shares.size() << " CROSSTRAIN_RANK_OFFSET=" << offset
-         << " CROSSTRAIN_WORLD_SIZE=" << placement.ranks() << "\n"
-         << command_(job, placement, share) << "\n"
-         << "echo $? > " << stem << ".exit.tmp && mv " << stem << ".exit.tmp " << stem << ".exit\n";
-  write_file(stem + ".sh", script.str());
+  const std::string stem = (fs::path(job_dir(job.id)) / ("share" + std::to_string(share))).string();
+  write_file(stem + ".sh", share_script(job, placement, share, command_(job, placement, share), stem));
+  // One node per share: the launcher in the script starts the share's ranks there.
   std::vector<std::string> argv{"sbatch", "--parsable", "--job-name=ct" + std::to_string(job.id) + "-" + s.cluster,
-                                "--ntasks=" + std::to_string(s.ranks), "--output=" + stem + ".out"};
+                                "--nodes=1", "--ntasks=" + std::to_string(s.ranks), "--output=" + stem + ".out"};
   if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
   argv.push_back(stem + ".sh");
   const CommandResult r = run_command(argv, {{"SLURM_CONF", c.conf}}, timeout_);
@@ -77,7 +71,11 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
 
 void SlurmExecutor::start(const JobRecord& job, const PlacementRecord& placement) {
   const fs::path dir = job_dir(job.id);
-  fs::remove_all(dir);  // a re-placed job starts its shares afresh
+  // A re-placed job starts its shares afresh; its run folder (checkpoints) stays.
+  std::error_code ec;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("share", 0) == 0) fs::remove_all(e.path(), ec);
   fs::create_directories(dir);
   for (size_t i = 0; i < placement.shares.size(); ++i) {
     try {
@@ -109,14 +107,18 @@ void SlurmExecutor::stop(int64_t job_id) {
   }
 }
 
-std::string SlurmExecutor::slurm_state(const SlurmCluster& c, const std::string& id) {
+std::optional<std::string> SlurmExecutor::slurm_state(const SlurmCluster& c, const std::string& id) {
   const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%T"}, {{"SLURM_CONF", c.conf}}, timeout_);
-  if (!r.ok()) return "";
-  return first_line(r.output);
+  if (r.ok()) return first_line(r.output);
+  // squeue also fails for a job id the controller has already purged; that one ended, unlike an unreachable cluster.
+  if (r.output.find("Invalid job id") != std::string::npos) return std::string();
+  return std::nullopt;
 }
 
 ExecStatus SlurmExecutor::status(int64_t job_id) {
   ExecStatus st;
+  st.checkpoint_step = newest_checkpoint_step(run_dir(job_id));  // known even when a share failed or is lost
+  st.step = last_metrics_step(run_dir(job_id));
   const auto ids = slurm_ids(job_id);
   if (ids.empty()) {
     st.detail = "no shares submitted";
@@ -139,13 +141,19 @@ ExecStatus SlurmExecutor::status(int64_t job_id) {
       ++done;
       continue;
     }
-    const std::string state = slurm_state(cluster(name), id);
-    if (state.empty()) {
+    const std::optional<std::string> state = slurm_state(cluster(name), id);
+    if (!state) {
+      // The cluster does not answer: lost_clusters() decides whether it is gone; until then nothing is known.
+      st.kind = ExecStatus::Unknown;
+      st.detail = "cluster " + name + " does not answer squeue";
+      return st;
+    }
+    if (state->empty()) {
       st.kind = ExecStatus::Failed;
       st.detail = "share on " + name + " (Slurm job " + id + ") ended without an exit status (cancelled or lost)";
       return st;
     }
-    st.detail += name + ": " + state + " ";
+    st.detail += name + ": " + *state + " ";
   }
   st.kind = done == static_cast<int>(ids.size()) ? ExecStatus::Done : ExecStatus::Running;
   return st;

@@ -96,6 +96,10 @@ std::string job_spec_to_json(const JobSpec& s) {
                       {"steps", s.steps},       {"checkpoint_every", s.checkpoint_every},
                       {"qos", {{"deadline_s", s.qos.deadline_s}, {"budget", s.qos.budget},
                                {"max_wan_gbps", s.qos.max_wan_gbps}}}};
+  if (s.min_ranks > 0) j["min_ranks"] = s.min_ranks;
+  if (s.max_restarts > 0) j["max_restarts"] = s.max_restarts;
+  if (!s.recipe.empty()) j["recipe"] = s.recipe;
+  if (!s.overrides.empty()) j["set"] = s.overrides;
   return j.dump();
 }
 
@@ -113,6 +117,17 @@ JobSpec job_spec_from_json(const std::string& text) {
   read(j, "global_batch", s.global_batch, "");
   read(j, "steps", s.steps, "");
   read(j, "checkpoint_every", s.checkpoint_every, "");
+  read(j, "min_ranks", s.min_ranks, "");
+  read(j, "max_restarts", s.max_restarts, "");
+  if (s.max_restarts < 0) throw UsageError("job spec: max_restarts = " + std::to_string(s.max_restarts) + " must be 0 or more");
+  read(j, "recipe", s.recipe, "");
+  read(j, "set", s.overrides, "");
+  for (const std::string& o : s.overrides)
+    if (o.find('=') == std::string::npos || o.front() == '=')
+      throw UsageError("job spec: set entry '" + o + "' is not KEY=VALUE (as crosstrain train --set)");
+  if (s.min_ranks < 0 || s.min_ranks > s.ranks)
+    throw UsageError("job spec: min_ranks = " + std::to_string(s.min_ranks) + " must be between 1 and ranks = " +
+                     std::to_string(s.ranks) + " (0: exactly ranks)");
   if (j.contains("model")) {
     const nlohmann::json& m = j.at("model");
     if (m.is_string()) {
@@ -323,6 +338,10 @@ JobRecord StateStore::read_job_row(void* raw) const {
   j.submitted_s = sqlite3_column_double(s, 6);
   j.updated_s = sqlite3_column_double(s, 7);
   j.placement = read_placement(j.id);
+  // Restarts are the job's "restarted" events (the events table is the record of what happened to a job).
+  Statement restarts(db_, "SELECT COUNT(*) FROM events WHERE job_id = ? AND kind = 'restarted'", path_);
+  restarts.bind(1, j.id);
+  if (restarts.step()) j.restarts = static_cast<int>(restarts.integer(0));
   return j;
 }
 

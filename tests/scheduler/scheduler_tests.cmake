@@ -3,7 +3,9 @@
 add_executable(scheduler_tests
   ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_placement.cpp
   ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_state_store.cpp
-  ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_gang_scheduler.cpp)
+  ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_gang_scheduler.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_train_share.cpp
+  ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_local_executor.cpp)
 target_compile_options(scheduler_tests PRIVATE -Wall -Wextra -Wno-unused-parameter)
 target_link_libraries(scheduler_tests PRIVATE crosstrain_scheduler SQLite::SQLite3 GTest::gtest_main)
 gtest_discover_tests(scheduler_tests PROPERTIES LABELS unit TIMEOUT 120 DISCOVERY_TIMEOUT 60)

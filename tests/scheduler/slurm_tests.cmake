@@ -11,3 +11,12 @@ target_compile_definitions(scheduler_cli_tests PRIVATE
   CT_CROSSTRAIN_BIN="$<TARGET_FILE:crosstrain_app>" CT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(scheduler_cli_tests crosstrain_app)
 gtest_discover_tests(scheduler_cli_tests PROPERTIES LABELS train TIMEOUT 300 DISCOVERY_TIMEOUT 60)
+# The compute network end to end: two Slurm clusters, the daemon with the Slurm executor, a real DiLoCo job that
+# loses a cluster and survives a daemon restart, the dashboard in Chromium (root; a few minutes).
+add_executable(compute_network_tests scheduler/test_compute_network.cpp)
+target_link_libraries(compute_network_tests PRIVATE ct_test_support crosstrain_scheduler nlohmann_json::nlohmann_json PkgConfig::HTTPLIB
+  GTest::gtest_main)
+target_compile_definitions(compute_network_tests PRIVATE
+  CT_CROSSTRAIN_BIN="$<TARGET_FILE:crosstrain_app>" CT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
+add_dependencies(compute_network_tests crosstrain_app)
+gtest_discover_tests(compute_network_tests PROPERTIES LABELS train TIMEOUT 600 DISCOVERY_TIMEOUT 60 RUN_SERIAL TRUE)

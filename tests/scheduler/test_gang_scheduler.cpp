@@ -298,6 +298,73 @@ TEST(GangScheduler, AQueuedJobPastItsDeadlineFails) {
   EXPECT_EQ(rig.sched.queued(), 0u);
 }
 
+// The resource layer's registration: a cluster that joins makes room for a waiting job; a lost one that returns
+// comes back up; a measured link is kept; all of it survives a restart.
+TEST(GangScheduler, ClustersRegisterAndComeBackAndTheFileKeepsThem) {
+  const std::string path = temp_path("register.db");
+  Registry one;
+  one.add_cluster(testing::cluster("a", "a100", 8), testing::a100());
+  {
+    Rig rig(path, one);
+    ASSERT_EQ(rig.sched.submit(job("gpt2", 64, 100000)), 1);
+    const int64_t second = rig.sched.submit(job("gpt2", 64, 100000));
+    rig.sched.tick();
+    ASSERT_EQ(rig.sched.job(second).state, JobState::Queued) << "a's 64 devices are busy";
+    planner::ClusterFile b;
+    b.clusters.push_back(testing::cluster("b", "a100", 8));
+    b.devices.emplace("a100", testing::a100());
+    EXPECT_EQ(rig.sched.register_cluster(b), "added");
+    EXPECT_EQ(rig.sched.register_cluster(b), "unchanged");
+    rig.sched.set_link("a", "b", testing::gbps_link(100, 0.01));
+    rig.sched.tick();
+    ASSERT_EQ(rig.sched.job(second).state, JobState::Running) << rig.sched.job(second).reason;
+    EXPECT_EQ(rig.sched.job(second).placement->shares.at(0).cluster, "b");
+    rig.sched.mark_lost("b");
+    EXPECT_EQ(rig.sched.registry().free_total(), 0);
+    EXPECT_EQ(rig.sched.register_cluster(b), "up") << "a lost cluster that registers again is back";
+    EXPECT_EQ(rig.sched.registry().free_total(), 64);
+    planner::ClusterFile changed = b;
+    changed.clusters[0].hosts = 2;
+    EXPECT_THROW(rig.sched.register_cluster(changed), UsageError);
+  }
+  Rig again(path, one);
+  EXPECT_EQ(again.sched.registry().size(), 2) << "the registered cluster is in the file";
+  EXPECT_NEAR(again.sched.registry().link("a", "b").bandwidth_Bps, 100e9 / 8, 1);
+}
+
+// A gang that fails is placed again from its newest checkpoint, up to max_restarts times (counted across a
+// restart of the scheduler), then the job fails with the reason.
+TEST(GangScheduler, AFailedGangRestartsFromItsCheckpointUpToMaxRestarts) {
+  const std::string path = temp_path("restarts.db");
+  int64_t id = 0;
+  {
+    Rig rig(path);
+    JobSpec spec = job("gpt2", 32, 100000);
+    spec.max_restarts = 2;
+    id = rig.sched.submit(spec);
+    rig.sched.tick();
+    rig.exec.advance(rig.sched.job(id).placement->step_s * 25.5);
+    rig.exec.crash(id);
+    rig.sched.tick();  // sees the failure, queues it again from step 20 and places it in the same pass
+    const JobRecord& j = rig.sched.job(id);
+    ASSERT_EQ(j.state, JobState::Running) << j.reason;
+    EXPECT_EQ(j.step, 20);
+    EXPECT_EQ(j.attempts, 2);
+    EXPECT_EQ(j.restarts, 1);
+    EXPECT_EQ(rig.exec.status(id).step, 20) << "the new gang starts from the checkpoint";
+  }
+  Rig rig(path);  // the count survives a restart of the scheduler
+  EXPECT_EQ(rig.sched.job(id).restarts, 1);
+  rig.exec.start(rig.sched.job(id), *rig.sched.job(id).placement);
+  for (int crash = 0; crash < 2; ++crash) {
+    rig.exec.crash(id);
+    rig.sched.tick();
+  }
+  EXPECT_EQ(rig.sched.job(id).state, JobState::Failed);
+  EXPECT_EQ(rig.sched.job(id).restarts, 2);
+  EXPECT_NE(rig.sched.job(id).reason.find("simulated crash"), std::string::npos) << rig.sched.job(id).reason;
+}
+
 TEST(GangScheduler, BenchSmoke) {
   SchedulerBenchOptions o;
   o.jobs = 60;

@@ -173,5 +173,27 @@ TEST(Placement, MemoisedLayoutsGiveTheSameDecision) {
   EXPECT_EQ(first.placement.sync, second.placement.sync);
 }
 
+// An elastic gang (min_ranks) takes what is free, down to its minimum, keeping the global batch: after a cluster
+// is lost it continues on the survivors instead of waiting for the lost one.
+TEST(Placement, AnElasticGangPlacesOnFewerRanksDownToItsMinimum) {
+  Registry r = two_clusters(1);
+  JobSpec j = job("gpt2-xl", 96);
+  j.min_ranks = 48;
+  Decision d = place(j, fresh(j), r);
+  ASSERT_EQ(d.verdict, Verdict::Placed) << d.reason;
+  EXPECT_EQ(d.placement.ranks(), 96) << "all ranks while they are free";
+  r.set_up("b", false);
+  d = place(j, fresh(j), r);
+  ASSERT_EQ(d.verdict, Verdict::Placed) << d.reason;
+  EXPECT_EQ(d.placement.ranks(), 64) << "the most of 48..96 that fit one cluster of 64 and divide 768";
+  ASSERT_EQ(d.placement.shares.size(), 1u);
+  EXPECT_EQ(d.placement.shares[0].cluster, "a");
+  ASSERT_TRUE(r.reserve({{"a", 20}}));  // 44 free: below the minimum
+  EXPECT_EQ(place(j, fresh(j), r).verdict, Verdict::NotNow);
+  j.min_ranks = 0;  // a fixed gang never shrinks
+  r.release({{"a", 20}});
+  EXPECT_EQ(place(j, fresh(j), r).verdict, Verdict::NotNow);
+}
+
 }  // namespace
 }  // namespace crosstrain::scheduler

@@ -104,7 +104,7 @@ TEST_F(TwoSlurmClusters, AGangWithAShareOnEachClusterRunsAndEndsDone) {
   const fs::path out = root_ / "gang-out";
   fs::create_directories(out);
   auto e = executor([&](const JobRecord&, const PlacementRecord&, size_t) {
-    return "echo cluster=$CROSSTRAIN_CLUSTER offset=$CROSSTRAIN_RANK_OFFSET world=$CROSSTRAIN_WORLD_SIZE "
+    return "echo cluster=$CROSSTRAIN_CLUSTER_NAME offset=$CROSSTRAIN_RANK_OFFSET world=$CROSSTRAIN_WORLD_SIZE "
            "tasks=$SLURM_NTASKS > " + out.string() + "/share$CROSSTRAIN_SHARE.txt";
   });
   e.start(job(1), gang(1, 2));

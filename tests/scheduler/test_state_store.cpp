@@ -125,6 +125,28 @@ TEST(StateStore, RefusesAnotherProgramsDatabaseAndANewerSchema) {
   }
 }
 
+TEST(StateStore, RecipeJobSpecsRoundTripAndBadOnesAreRefused) {
+  JobSpec j;
+  j.name = "tiny";
+  j.ranks = 4;
+  j.min_ranks = 2;
+  j.recipe = "/abs/recipes/gpt-tiny.toml";
+  j.overrides = {"train.lr=0.001", "sync.inner_steps=5"};
+  const JobSpec back = job_spec_from_json(job_spec_to_json(j));
+  EXPECT_EQ(back.min_ranks, 2);
+  EXPECT_EQ(back.least_ranks(), 2);
+  EXPECT_EQ(back.recipe, j.recipe);
+  EXPECT_EQ(back.overrides, j.overrides);
+  EXPECT_EQ(job_spec_from_json(R"({"ranks": 4})").least_ranks(), 4) << "0: exactly ranks";
+  try {
+    job_spec_from_json(R"({"ranks": 4, "set": ["train.lr"]})");
+    ADD_FAILURE() << "an override without = was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("'train.lr' is not KEY=VALUE"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(job_spec_from_json(R"({"ranks": 4, "min_ranks": 5})"), UsageError);
+}
+
 TEST(StateStore, JobSpecJsonNamesTheBadField) {
   EXPECT_THROW(job_spec_from_json("{"), UsageError);
   try {

@@ -27,12 +27,23 @@ struct JobSpec {
   std::string name = "job";
   planner::ModelShape model;
   int ranks = 1;                  // devices wanted, all started together (a gang)
+  // Elastic gang, as torchrun's --nnodes MIN:MAX: the job may start, or be re-placed after a loss, on as few as
+  // this many ranks (the global batch stays the same, so it must divide it). 0: exactly `ranks`.
+  int min_ranks = 0;
   int64_t global_batch = 0;       // sequences per step; 0: one per rank
   int64_t steps = 1000;           // training steps of the whole run
   int64_t checkpoint_every = 100;  // steps between checkpoints (where a re-placed job resumes)
+  // A gang that fails (a rank crashed, a share was preempted or killed) is placed again from its newest checkpoint
+  // up to this many times before the job fails, as torchrun's --max-restarts. A lost cluster does not count.
+  int max_restarts = 0;
   Qos qos;
+  // What the ranks run: a training recipe (crosstrain train RECIPE) and its --set overrides. Empty for jobs that
+  // only exercise the scheduler (the simulation). The executor adds the placement's layout, sync mode and run folder.
+  std::string recipe;
+  std::vector<std::string> overrides;  // "key=value", as `crosstrain train --set`
 
   int64_t batch() const { return global_batch > 0 ? global_batch : ranks; }
+  int least_ranks() const { return min_ranks > 0 ? min_ranks : ranks; }
 };
 
 enum class JobState { Queued, Placed, Running, Failed, Done, Cancelled };
@@ -68,6 +79,7 @@ struct JobRecord {
   JobSpec spec;
   JobState state = JobState::Queued;
   int attempts = 0;          // placements made so far
+  int restarts = 0;          // of them, after the gang failed (JobSpec::max_restarts)
   int64_t step = 0;          // newest checkpoint's step: where the next placement resumes
   std::string reason;        // why queued, failed or cancelled
   double submitted_s = 0;    // scheduler clock

@@ -78,6 +78,13 @@ class Scheduler {
   // many jobs it displaced.
   int mark_lost(const std::string& cluster);
   void mark_up(const std::string& cluster);
+  // The resource layer's registration: a cluster announces itself with a planner cluster file holding it alone
+  // (its device type, devices, links inside it). A new name joins the pool; a known one with the same spec comes
+  // back up (a cluster that was lost and returns). Returns "added", "up" or "unchanged"; a known name with another
+  // spec is a UsageError (take it out of the cluster file and restart the daemon to change a cluster).
+  std::string register_cluster(const planner::ClusterFile& one);
+  // A measured wide-area link between two registered clusters (crosstrain bench cost-model measures them).
+  void set_link(const std::string& a, const std::string& b, const comm::Link& link);
 
   const JobRecord& job(int64_t id) const;  // throws UsageError for an unknown id
   // Whether the clusters now up could hold the job if they were empty (false: it waits for a lost one to return).
@@ -98,6 +105,7 @@ class Scheduler {
   void start(JobRecord& job);
   void release(JobRecord& job);
   void poll();
+  void restart(JobRecord& job, const ExecStatus& failure);
   void finish(JobRecord& job, JobState state, const std::string& reason);
   JobRecord& mutable_job(int64_t id);
   double now() const { return clock_(); }

@@ -30,6 +30,8 @@ class SimulatedExecutor : public Executor {
   void restore(const std::string& cluster) { lost_.erase(cluster); }
   // Makes the next start of this job throw (a flaky cluster), once.
   void fail_next_start(int64_t job_id) { fail_start_.insert(job_id); }
+  // Makes the job's gang fail at its next status (a rank crashed, a share was preempted), once.
+  void crash(int64_t job_id) { crash_.insert(job_id); }
 
   int used(const std::string& cluster) const;  // ranks running there
   bool running(int64_t job_id) const { return jobs_.count(job_id) > 0; }
@@ -47,7 +49,7 @@ class SimulatedExecutor : public Executor {
   std::map<std::string, int> used_;
   std::map<int64_t, Run> jobs_;
   std::set<std::string> lost_;
-  std::set<int64_t> fail_start_;
+  std::set<int64_t> fail_start_, crash_;
   double now_ = 0;
   int64_t partial_gangs_ = 0, overcommits_ = 0, starts_ = 0;
 };

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -24,7 +25,7 @@ struct SlurmCluster {
 };
 
 // What share `share` of a placed job runs (a shell command line; Slurm starts it once, on the share's first node,
-// with the share's tasks allocated). The environment adds CROSSTRAIN_JOB_ID, CROSSTRAIN_CLUSTER,
+// with the share's tasks allocated). The environment adds CROSSTRAIN_JOB_ID, CROSSTRAIN_CLUSTER_NAME,
 // CROSSTRAIN_SHARE, CROSSTRAIN_SHARES, CROSSTRAIN_RANK_OFFSET (the share's first global rank) and
 // CROSSTRAIN_WORLD_SIZE.
 using ShareCommand = std::function<std::string(const JobRecord& job, const PlacementRecord& placement, size_t share)>;
@@ -37,6 +38,7 @@ class SlurmExecutor : public Executor {
   void stop(int64_t job_id) override;
   ExecStatus status(int64_t job_id) override;
   std::vector<std::string> lost_clusters() override;
+  std::string run_dir(int64_t job_id) const override;  // WORK_DIR/jobID/run (train_share.h)
 
   // The Slurm job id of each share (cluster name -> id), from memory or the job's folder.
   std::map<std::string, std::string> slurm_ids(int64_t job_id) const;
@@ -45,8 +47,9 @@ class SlurmExecutor : public Executor {
  private:
   const SlurmCluster& cluster(const std::string& name) const;
   std::string submit(const JobRecord& job, const PlacementRecord& placement, size_t share);
-  // Slurm's state of a share ("RUNNING", "PENDING", ...; "" once Slurm no longer lists it).
-  std::string slurm_state(const SlurmCluster& c, const std::string& id);
+  // Slurm's state of a share ("RUNNING", "PENDING", ...; "" once Slurm no longer lists it; nullopt when the
+  // cluster does not answer).
+  std::optional<std::string> slurm_state(const SlurmCluster& c, const std::string& id);
 
   std::vector<SlurmCluster> clusters_;
   std::string work_dir_;

@@ -1,0 +1,35 @@
+// Runs a job's gang as processes on this machine: each cluster share's batch script (train_share.h) in a process
+// group of its own, its output in the job's folder. For one machine (a workstation, a single node, the tests);
+// Slurm clusters: slurm_executor.h. The same folder layout as the Slurm executor, so status() knows how a share
+// ended from its exit file after the daemon restarted, and stop() reaches shares started by an earlier daemon
+// through their recorded process groups.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+#include "crosstrain/scheduler/scheduler.h"
+#include "crosstrain/scheduler/slurm_executor.h"
+
+namespace crosstrain::scheduler {
+
+class LocalExecutor : public Executor {
+ public:
+  LocalExecutor(std::string work_dir, ShareCommand command,
+                std::chrono::milliseconds stop_grace = std::chrono::milliseconds(10000));
+  void start(const JobRecord& job, const PlacementRecord& placement) override;
+  // SIGTERM to every share's process group (the launcher stops its ranks), SIGKILL after the grace period.
+  void stop(int64_t job_id) override;
+  ExecStatus status(int64_t job_id) override;
+  std::vector<std::string> lost_clusters() override { return {}; }  // one machine: it is up while we run
+  std::string run_dir(int64_t job_id) const override;
+
+ private:
+  int spawn(const std::string& script, const std::string& out) const;
+
+  std::string work_dir_;
+  ShareCommand command_;
+  std::chrono::milliseconds grace_;
+};
+
+}  // namespace crosstrain::scheduler

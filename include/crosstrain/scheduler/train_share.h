@@ -1,0 +1,69 @@
+// What one cluster's share of a recipe job runs, and what an executor reads back from the job's run folder.
+// Pure (no libtorch): command lines and file names only, so every executor (Slurm, local processes) builds the
+// same command and the rules are unit-tested.
+//
+// A share is one launcher node of the job: `crosstrain run --nproc R --nnodes S --node-rank K --master H:P
+// --cluster K -- crosstrain train RECIPE --set ...`. Share 0's node hosts the rendezvous store; the shares of a
+// gang meet there whichever cluster they run on. The scheduler's decisions become --set overrides (run folder,
+// steps, checkpoints, tp and pp inside each cluster, sync mode across clusters); the user's own `set` entries come
+// last and win. --resume is added when the run folder holds a checkpoint, so a re-placed job continues from it.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "crosstrain/scheduler/job.h"
+
+namespace crosstrain::scheduler {
+
+struct TrainLaunch {
+  std::string crosstrain = "crosstrain";  // the binary the ranks run
+  std::string run_dir;                    // the job's run folder (every share's: a shared file system)
+  std::string master_host = "127.0.0.1";  // where share 0's node is reached
+  int master_port = 0;                    // the job's rendezvous port, the same for every share
+  int rendezvous_timeout_s = 300;         // shares may wait in their clusters' queues before they meet
+  bool resume = false;                    // the run folder holds a checkpoint
+};
+
+// Each share must have the same number of ranks (the launcher's ranks are node_rank x nproc + local rank);
+// throws UsageError naming the shares otherwise.
+std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementRecord& placement, size_t share,
+                                          const TrainLaunch& launch);
+// The argv as one shell-quoted line.
+std::string shell_line(const std::vector<std::string>& argv);
+
+// A degree of a layout as the planner writes it ("dp=4 tp=2 pp=1 zero=1 ..."): `absent` when it is not there.
+int layout_degree(const std::string& layout, const std::string& key, int absent);
+int layout_degree(const std::string& layout, const std::string& key);  // 1 when absent
+
+// The newest complete checkpoint's step in RUN_DIR/checkpoints (step_NNNNNNNN folders without a dot; a ".tmp"
+// one is still being written), 0 when there is none.
+int64_t newest_checkpoint_step(const std::string& run_dir);
+// The step of the last complete line of RUN_DIR/metrics.jsonl, 0 when there is none.
+int64_t last_metrics_step(const std::string& run_dir);
+
+// A free TCP port on this machine for a job's rendezvous (bound and released; the launcher binds it next).
+int free_port();
+
+}  // namespace crosstrain::scheduler
+
+namespace crosstrain::scheduler {
+
+// Where an executor keeps a job: WORK_DIR/jobID holds each share's script, output and exit status
+// (shareK.sh, shareK.out, shareK.exit); WORK_DIR/jobID/run is the job's run folder, kept across re-placements.
+std::string job_dir_in(const std::string& work_dir, int64_t job_id);
+std::string job_run_dir(const std::string& work_dir, int64_t job_id);
+
+// The batch script of share `share`: the CROSSTRAIN_* variables (slurm_executor.h), the command, then its exit
+// status into STEM.exit (written to a temporary name and renamed, so a reader never sees half of it).
+std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
+                         const std::string& command, const std::string& stem);
+
+// The usual ShareCommand for recipe jobs: train_share_argv with a fresh rendezvous port per placement (found when
+// share 0 is built), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint.
+std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
+                                                                                              std::string work_dir);
+
+}  // namespace crosstrain::scheduler

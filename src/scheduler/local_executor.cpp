@@ -1,0 +1,142 @@
+#include "crosstrain/scheduler/local_executor.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/train_share.h"
+
+namespace crosstrain::scheduler {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string trimmed(const fs::path& p) {
+  std::ifstream in(p);
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
+
+// Every share's process group of a job, from its shareK.pid files.
+std::vector<std::pair<fs::path, pid_t>> share_groups(const fs::path& dir) {
+  std::vector<std::pair<fs::path, pid_t>> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".pid") {
+      try {
+        out.emplace_back(e.path(), static_cast<pid_t>(std::stol(trimmed(e.path()))));
+      } catch (const std::exception&) {
+        // a pid file cut short by a crash: that share never started
+      }
+    }
+  return out;
+}
+
+// Whether any process of the group is left (reaping our own children so that they do not linger as zombies).
+bool group_alive(pid_t pgid) {
+  while (::waitpid(-pgid, nullptr, WNOHANG) > 0) {
+  }
+  return ::kill(-pgid, 0) == 0;
+}
+
+}  // namespace
+
+LocalExecutor::LocalExecutor(std::string work_dir, ShareCommand command, std::chrono::milliseconds stop_grace)
+    : work_dir_(std::move(work_dir)), command_(std::move(command)), grace_(stop_grace) {
+  fs::create_directories(work_dir_);
+}
+
+std::string LocalExecutor::run_dir(int64_t job_id) const { return job_run_dir(work_dir_, job_id); }
+
+// bash SCRIPT > OUT 2>&1 in a process group of its own (out of reach of the daemon's terminal's Ctrl-C).
+int LocalExecutor::spawn(const std::string& script, const std::string& out) const {
+  const pid_t pid = ::fork();
+  if (pid < 0) throw Error("scheduler: cannot fork to start " + script);
+  if (pid == 0) {
+    ::setpgid(0, 0);
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int null = ::open("/dev/null", O_RDONLY);
+    if (fd >= 0) ::dup2(fd, 1), ::dup2(fd, 2);
+    if (null >= 0) ::dup2(null, 0);
+    // Nothing of the daemon's (its listening socket, the state file) may outlive it in the job's processes.
+    ::close_range(3, ~0U, 0);
+    ::execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here: the group exists before anyone looks for it, whichever runs first
+  return pid;
+}
+
+void LocalExecutor::start(const JobRecord& job, const PlacementRecord& placement) {
+  const fs::path dir = job_dir_in(work_dir_, job.id);
+  std::error_code ec;
+  if (fs::is_directory(dir))
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().rfind("share", 0) == 0) fs::remove_all(e.path(), ec);
+  fs::create_directories(dir);
+  // Build every share's command first: a share that cannot be built starts nothing (all or nothing).
+  std::vector<std::string> stems;
+  for (size_t i = 0; i < placement.shares.size(); ++i) {
+    const std::string stem = (dir / ("share" + std::to_string(i))).string();
+    std::ofstream(stem + ".sh") << share_script(job, placement, i, command_(job, placement, i), stem);
+    stems.push_back(stem);
+  }
+  for (const std::string& stem : stems) {
+    const int pid = spawn(stem + ".sh", stem + ".out");
+    std::ofstream(stem + ".pid.tmp") << pid << "\n";
+    fs::rename(stem + ".pid.tmp", stem + ".pid");
+  }
+}
+
+void LocalExecutor::stop(int64_t job_id) {
+  const auto groups = share_groups(job_dir_in(work_dir_, job_id));
+  for (const auto& [path, pgid] : groups) ::kill(-pgid, SIGTERM);
+  const auto until = std::chrono::steady_clock::now() + grace_;
+  for (const auto& [path, pgid] : groups) {
+    while (group_alive(pgid) && std::chrono::steady_clock::now() < until)
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (group_alive(pgid)) ::kill(-pgid, SIGKILL);
+  }
+}
+
+ExecStatus LocalExecutor::status(int64_t job_id) {
+  ExecStatus st;
+  st.checkpoint_step = newest_checkpoint_step(run_dir(job_id));
+  st.step = last_metrics_step(run_dir(job_id));
+  const auto groups = share_groups(job_dir_in(work_dir_, job_id));
+  if (groups.empty()) {
+    st.detail = "no shares started";
+    return st;
+  }
+  size_t done = 0;
+  for (const auto& [pid_file, pgid] : groups) {
+    const fs::path exit_file = fs::path(pid_file).replace_extension(".exit");
+    const std::string share = pid_file.stem().string();
+    if (fs::exists(exit_file)) {
+      const std::string code = trimmed(exit_file);
+      if (code != "0") {
+        st.kind = ExecStatus::Failed;
+        st.detail = share + " (process group " + std::to_string(pgid) + ") exited with " + code + "; see " +
+                    fs::path(pid_file).replace_extension(".out").string();
+        return st;
+      }
+      ++done;
+    } else if (!group_alive(pgid)) {
+      st.kind = ExecStatus::Failed;
+      st.detail = share + " (process group " + std::to_string(pgid) + ") ended without an exit status (killed)";
+      return st;
+    }
+  }
+  st.kind = done == groups.size() ? ExecStatus::Done : ExecStatus::Running;
+  return st;
+}
+
+}  // namespace crosstrain::scheduler

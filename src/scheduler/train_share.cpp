@@ -1,0 +1,179 @@
+#include "crosstrain/scheduler/train_share.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::scheduler {
+namespace fs = std::filesystem;
+
+namespace {
+
+void check_even_shares(const JobRecord& job, const PlacementRecord& placement) {
+  for (const ClusterShare& s : placement.shares)
+    if (s.ranks != placement.shares.front().ranks)
+      throw UsageError("job " + std::to_string(job.id) + ": shares of " + std::to_string(placement.shares.front().ranks) +
+                       " and " + std::to_string(s.ranks) + " ranks (" + s.cluster +
+                       "): the launcher needs the same ranks on every node of a recipe job; give ranks a multiple "
+                       "of the clusters' sizes");
+}
+
+// The scheduler's decisions as `crosstrain train --set` overrides.
+std::vector<std::string> placement_overrides(const JobRecord& job, const PlacementRecord& placement,
+                                             const TrainLaunch& launch) {
+  // The whole job's layout (tp and pp are the same inside every cluster; data parallelism spans them).
+  const std::string& inside = placement.layout.empty() ? placement.shares.front().layout : placement.layout;
+  std::vector<std::string> sets{
+      "run.dir=" + launch.run_dir,
+      "train.steps=" + std::to_string(job.spec.steps),
+      "train.checkpoint_every=" + std::to_string(job.spec.checkpoint_every),
+      "train.global_batch=" + std::to_string(job.spec.batch()),
+      "parallel.tp=" + std::to_string(layout_degree(inside, "tp")),
+      "parallel.pp=" + std::to_string(layout_degree(inside, "pp")),
+      "parallel.zero=" + std::to_string(std::max(0, layout_degree(inside, "zero", 0))),
+  };
+  if (placement.shares.size() > 1 && placement.sync == "diloco") {
+    sets.push_back("sync.mode=diloco");
+    sets.push_back("sync.inner_steps=" + std::to_string(placement.inner_steps));
+  } else if (placement.shares.size() > 1 && placement.sync == "hierarchical") {
+    sets.push_back("sync.hierarchical=true");
+  }
+  return sets;
+}
+
+}  // namespace
+
+int layout_degree(const std::string& layout, const std::string& key, int absent) {
+  std::istringstream in(layout);
+  std::string word;
+  while (in >> word)
+    if (word.rfind(key + "=", 0) == 0) return std::stoi(word.substr(key.size() + 1));
+  return absent;
+}
+
+int layout_degree(const std::string& layout, const std::string& key) { return layout_degree(layout, key, 1); }
+
+std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementRecord& placement, size_t share,
+                                          const TrainLaunch& launch) {
+  if (job.spec.recipe.empty())
+    throw UsageError("job " + std::to_string(job.id) + " has no recipe: submit it with --recipe FILE to run it");
+  if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
+  check_even_shares(job, placement);
+  const auto nodes = std::to_string(placement.shares.size());
+  std::vector<std::string> argv{launch.crosstrain, "run", "--nproc", std::to_string(placement.shares[share].ranks),
+                                "--nnodes", nodes, "--node-rank", std::to_string(share),
+                                "--timeout", std::to_string(launch.rendezvous_timeout_s)};
+  if (placement.shares.size() > 1) {
+    if (launch.master_port <= 0) throw UsageError("a job across clusters needs a rendezvous port (TrainLaunch::master_port)");
+    argv.insert(argv.end(), {"--master", launch.master_host + ":" + std::to_string(launch.master_port), "--cluster",
+                             std::to_string(share)});
+  }
+  argv.insert(argv.end(), {"--", launch.crosstrain, "train", job.spec.recipe});
+  for (const std::string& s : placement_overrides(job, placement, launch)) argv.insert(argv.end(), {"--set", s});
+  for (const std::string& s : job.spec.overrides) argv.insert(argv.end(), {"--set", s});
+  if (launch.resume) argv.push_back("--resume");
+  return argv;
+}
+
+std::string shell_line(const std::vector<std::string>& argv) {
+  std::string line;
+  for (const std::string& a : argv) {
+    std::string q = "'";
+    for (char c : a) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    line += (line.empty() ? "" : " ") + q + "'";
+  }
+  return line;
+}
+
+int64_t newest_checkpoint_step(const std::string& run_dir) {
+  std::error_code ec;
+  const fs::path root = fs::path(run_dir) / "checkpoints";
+  if (!fs::is_directory(root, ec)) return 0;
+  int64_t best = 0;
+  for (const auto& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) != 0 || name.find('.') != std::string::npos || !fs::exists(e.path() / "manifest.json"))
+      continue;
+    try {
+      best = std::max<int64_t>(best, std::stoll(name.substr(5)));
+    } catch (const std::exception&) {
+      // not a checkpoint of ours
+    }
+  }
+  return best;
+}
+
+int64_t last_metrics_step(const std::string& run_dir) {
+  std::ifstream in(fs::path(run_dir) / "metrics.jsonl");
+  std::string line;
+  int64_t step = 0;
+  while (std::getline(in, line)) {
+    if (in.eof()) break;  // a last line without its newline may still be being written
+    const auto row = nlohmann::json::parse(line, nullptr, false);
+    if (row.is_object() && row.contains("step") && row["step"].is_number_integer()) step = row["step"].get<int64_t>();
+  }
+  return step;
+}
+
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) throw Error("scheduler: cannot open a socket to find a free port");
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 &&
+                  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  ::close(fd);
+  if (!ok) throw Error("scheduler: cannot find a free port for a job's rendezvous");
+  return ntohs(addr.sin_port);
+}
+
+}  // namespace crosstrain::scheduler
+
+namespace crosstrain::scheduler {
+
+std::string job_dir_in(const std::string& work_dir, int64_t job_id) {
+  return (fs::path(work_dir) / ("job" + std::to_string(job_id))).string();
+}
+
+std::string job_run_dir(const std::string& work_dir, int64_t job_id) {
+  return (fs::path(job_dir_in(work_dir, job_id)) / "run").string();
+}
+
+std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
+                         const std::string& command, const std::string& stem) {
+  int offset = 0;
+  for (size_t i = 0; i < share; ++i) offset += placement.shares[i].ranks;
+  std::ostringstream script;
+  script << "#!/bin/bash\n"
+         << "export CROSSTRAIN_JOB_ID=" << job.id << " CROSSTRAIN_CLUSTER_NAME=" << placement.shares[share].cluster
+         << " CROSSTRAIN_SHARE=" << share << " CROSSTRAIN_SHARES=" << placement.shares.size()
+         << " CROSSTRAIN_RANK_OFFSET=" << offset << " CROSSTRAIN_WORLD_SIZE=" << placement.ranks() << "\n"
+         << "(\n" << command << "\n)\n"  // a subshell: even a command that calls exit leaves its status here
+         << "echo $? > " << stem << ".exit.tmp && mv " << stem << ".exit.tmp " << stem << ".exit\n";
+  return script.str();
+}
+
+std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
+                                                                                              std::string work_dir) {
+  auto port = std::make_shared<int>(0);
+  return [base, work_dir, port](const JobRecord& job, const PlacementRecord& placement, size_t share) {
+    if (share == 0) *port = free_port();  // shares are built in order; one port per placement
+    TrainLaunch launch = base;
+    launch.run_dir = job_run_dir(work_dir, job.id);
+    launch.master_port = *port;
+    launch.resume = newest_checkpoint_step(launch.run_dir) > 0;
+    return shell_line(train_share_argv(job, placement, share, launch));
+  };
+}
+
+}  // namespace crosstrain::scheduler

@@ -1,0 +1,221 @@
+// The compute network end to end (issue 19), as a user runs it: two real Slurm clusters started by the test
+// (scripts/slurm_testbed.sh), the scheduler daemon driving them (`crosstrain scheduler --executor slurm`), and one
+// recipe job submitted with `crosstrain job submit`. The job is placed across both clusters in DiLoCo mode and
+// trains for real (gpt-tiny, ranks as processes under each cluster's slurmd). Mid-run one cluster dies (its
+// controller, node daemon and job steps are killed): the scheduler notices, stops the gang and re-places the job
+// on the survivor from its newest checkpoint (an elastic gang: 4 ranks, at least 2). Then the daemon itself is
+// killed (SIGKILL) and restarted on the same state file: the job is still there and runs to the end. The dashboard
+// is rendered in headless Chromium along the way. Needs root (slurmd), slurm-wlm, munge and chromium.
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <thread>
+
+#include "chromium_dom.h"
+#include "crosstrain/scheduler/train_share.h"
+#include "subprocess.h"
+
+using namespace crosstrain::testing;
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using nlohmann::json;
+
+namespace {
+
+const std::string kBin = CT_CROSSTRAIN_BIN;
+const std::string kTestbed = CT_SOURCE_DIR "/scripts/slurm_testbed.sh";
+const std::string kRecipe = CT_SOURCE_DIR "/recipes/gpt-tiny.toml";
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Two clusters of one 2-CPU node each ("2 devices"), joined by a slow wide-area link: a 4-rank job must span
+// both, and across 50 Mbit/s DiLoCo beats a synchronous all-reduce of every step.
+void write_cluster_file(const fs::path& path) {
+  std::ofstream(path) << R"(name = "two-slurm-clusters"
+[devices.cpu]
+peak_tflops = { fp32 = 0.05, bf16 = 0.05 }
+memory_gb = 8
+memory_bandwidth_gbs = 20
+power_w = 15
+gemm_efficiency = 0.5
+price_per_hour = 0.1
+[[clusters]]
+name = "east"
+device = "cpu"
+hosts = 1
+devices_per_host = 2
+[clusters.links.host]
+latency_us = 5
+bandwidth_gbps = 40
+[clusters.links.cluster]
+latency_us = 20
+bandwidth_gbps = 10
+[[clusters]]
+name = "west"
+device = "cpu"
+hosts = 1
+devices_per_host = 2
+[clusters.links.host]
+latency_us = 5
+bandwidth_gbps = 40
+[clusters.links.cluster]
+latency_us = 20
+bandwidth_gbps = 10
+[links.wan]
+latency_us = 20000
+bandwidth_gbps = 0.05
+)";
+}
+
+class ComputeNetwork : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to run slurmd";
+    root_ = fs::temp_directory_path() / ("ct-network-" + std::to_string(::getpid()));
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    for (const char* name : {"east", "west"}) {
+      const auto r = run_process({kTestbed, "start", (root_ / name).string(), name, std::to_string(port(name))}, {},
+                                 milliseconds(60000));
+      ASSERT_EQ(r.exit_code(), 0) << r.output;
+    }
+    write_cluster_file(root_ / "clusters.toml");
+    api_port_ = free_port();
+  }
+  void TearDown() override {
+    if (daemon_) daemon_->signal(SIGKILL), daemon_->wait(milliseconds(5000));
+    for (const char* name : {"east", "west"}) run_process({kTestbed, "stop", (root_ / name).string()}, {}, milliseconds(30000));
+    if (!HasFailure()) fs::remove_all(root_);
+    else std::fprintf(stderr, "kept %s for a look\n", root_.c_str());
+  }
+  static int port(const std::string& name) { return 23000 + (::getpid() % 400) * 20 + (name == "west" ? 10 : 0); }
+
+  void start_daemon() {
+    daemon_ = std::make_unique<Process>(std::vector<std::string>{
+        kBin, "scheduler", "--state", (root_ / "state.db").string(), "--clusters", (root_ / "clusters.toml").string(),
+        "--port", std::to_string(api_port_), "--executor", "slurm", "--work-dir", (root_ / "jobs").string(),
+        "--slurm", "east=" + (root_ / "east" / "slurm.conf").string(), "--slurm",
+        "west=" + (root_ / "west" / "slurm.conf").string(), "--tick-ms", "500"});
+    ASSERT_TRUE(daemon_->wait_for_output("/api (Ctrl-C", milliseconds(30000)));
+  }
+  void kill_daemon() {
+    daemon_->signal(SIGKILL);
+    daemon_->wait(milliseconds(5000));
+    daemon_.reset();
+  }
+  ProcessResult job(std::vector<std::string> args) {
+    std::vector<std::string> argv{kBin, "job", "--server", "http://127.0.0.1:" + std::to_string(api_port_)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, {}, milliseconds(30000));
+  }
+  // The API's view of job 1 ({} while the daemon does not answer).
+  json job1() {
+    httplib::Client c("127.0.0.1", api_port_);
+    c.set_connection_timeout(5, 0);
+    c.set_read_timeout(15, 0);
+    const auto r = c.Get("/api/jobs/1");
+    return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json::object();
+  }
+  std::string url() const { return "http://127.0.0.1:" + std::to_string(api_port_) + "/"; }
+  // Polls job 1 until `done` holds of it (or the deadline passes); returns the last view.
+  json wait_job(const std::function<bool(const json&)>& done, seconds deadline) {
+    const auto until = std::chrono::steady_clock::now() + deadline;
+    json j = job1();
+    while (!(j.is_object() && j.contains("state") && done(j)) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(500));
+      j = job1();
+    }
+    return j;
+  }
+  std::string run_dir() const { return crosstrain::scheduler::job_run_dir((root_ / "jobs").string(), 1); }
+  // Kills a cluster as a power cut would: controller first (so it stops answering), then the node daemon and the
+  // job steps with their ranks; no job is cancelled through Slurm.
+  void cut_power(const std::string& name) {
+    const std::string pid = slurp(root_ / name / "slurmctld.pid");
+    ASSERT_EQ(::kill(std::stoi(pid), SIGKILL), 0);
+    const auto r = run_process({kTestbed, "stop", (root_ / name).string()}, {}, milliseconds(30000));
+    ASSERT_EQ(r.exit_code(), 0) << r.output;
+  }
+  static std::string shares(const json& j) {
+    std::string s;
+    if (j.contains("placement") && j["placement"].is_object())
+      for (const auto& sh : j["placement"]["shares"])
+        s += (s.empty() ? "" : " + ") + sh["cluster"].get<std::string>() + ":" + std::to_string(sh["ranks"].get<int>());
+    return s;
+  }
+
+  fs::path root_;
+  int api_port_ = 0;
+  std::unique_ptr<Process> daemon_;
+};
+
+}  // namespace
+
+TEST_F(ComputeNetwork, ADiLoCoJobAcrossTwoSlurmClustersSurvivesALostClusterAndADaemonRestart) {
+  start_daemon();
+  const auto submitted = job({"submit", "--recipe", kRecipe, "--name", "tiny", "--ranks", "4", "--min-ranks", "2",
+                              "--steps", "400", "--checkpoint-every", "10", "--set", "sync.inner_steps=5", "--set",
+                              "train.eval_every=0", "--set", "train.sample_tokens=0", "--set", "run.log_every=10",
+                              "--set", "train.warmup_steps=5", "--set", "comm.timeout_s=20"});
+  ASSERT_EQ(submitted.exit_code(), 0) << submitted.output;
+  ASSERT_TRUE(contains(submitted.output, "job 1 queued")) << submitted.output;
+
+  // 1. Placed across both clusters in DiLoCo mode, and training: checkpoints appear in its run folder.
+  json j = wait_job([](const json& v) { return v["state"] == "running"; }, seconds(60));
+  ASSERT_EQ(j.value("state", ""), "running") << j.dump();
+  EXPECT_EQ(shares(j), "east:2 + west:2") << j.dump();
+  EXPECT_EQ(j["placement"]["sync"], "diloco") << j.dump();
+  const auto until = std::chrono::steady_clock::now() + seconds(150);
+  while (crosstrain::scheduler::newest_checkpoint_step(run_dir()) < 20 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(milliseconds(300));
+  const int64_t before_loss = crosstrain::scheduler::newest_checkpoint_step(run_dir());
+  ASSERT_GE(before_loss, 20) << "no checkpoint from the gang; share output:\n"
+                             << slurp(root_ / "jobs" / "job1" / "share0.out") << slurp(root_ / "jobs" / "job1" / "share1.out");
+
+  // 2. West dies mid-run: the job is re-placed on east alone (2 ranks), resuming from the newest checkpoint.
+  cut_power("west");
+  j = wait_job([](const json& v) { return v["state"] == "running" && v.value("attempts", 0) == 2; }, seconds(90));
+  ASSERT_EQ(j.value("attempts", 0), 2) << j.dump();
+  EXPECT_EQ(shares(j), "east:2") << j.dump();
+  EXPECT_GE(j.value("step", int64_t{0}), before_loss) << "it resumes from the newest checkpoint at least";
+  const auto logs = job({"logs", "1"});
+  EXPECT_TRUE(contains(logs.output, "cluster-lost") || contains(logs.output, "displaced")) << logs.output;
+  EXPECT_TRUE(contains(logs.output, "west lost; resumes from step")) << logs.output;
+
+  // 3. The daemon is killed mid-run and restarted: the job is still there, still running, and finishes.
+  kill_daemon();
+  std::this_thread::sleep_for(seconds(2));
+  start_daemon();
+  const auto after = job({"status", "1"});
+  ASSERT_EQ(after.exit_code(), 0) << after.output;
+  EXPECT_TRUE(contains(after.output, "tiny")) << after.output;
+  EXPECT_FALSE(contains(after.output, "queued") || contains(after.output, "failed")) << "no job was lost: " << after.output;
+  // The dashboard of the restarted daemon: west lost, the job on east, its live metrics from the run folder.
+  const std::string dom = chromium_dom(url() + "#job=1", root_ / "browser");
+  for (const char* text : {"data-status=\"ok\"", "east", "west", "lost", "tiny", "state-running", "east:2",
+                           "displaced", "id=\"m-step\""})
+    EXPECT_TRUE(contains(dom, text)) << "the dashboard lacks '" << text << "'";
+  std::smatch shown;
+  ASSERT_TRUE(std::regex_search(dom, shown, std::regex("id=\"m-step\">(\\d+)<"))) << "no live step on the dashboard";
+  EXPECT_GT(std::stoll(shown[1]), before_loss) << "the live metrics are the running job's";
+  j = wait_job([](const json& v) { return v["state"] == "done" || v["state"] == "failed"; }, seconds(300));
+  ASSERT_EQ(j.value("state", ""), "done") << j.dump() << "\n" << slurp(root_ / "jobs" / "job1" / "share0.out");
+  EXPECT_EQ(j.value("step", int64_t{0}), 400);
+  EXPECT_EQ(crosstrain::scheduler::newest_checkpoint_step(run_dir()), 400);
+  // The second placement resumed from the checkpoint the first left, not from scratch.
+  const std::string second = slurp(root_ / "jobs" / "job1" / "share0.out");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(second, m, std::regex("resum\\w* (from )?.*step (\\d+)"))) << second;
+  EXPECT_GE(std::stoll(m[2]), before_loss) << second;
+  EXPECT_EQ(crosstrain::scheduler::last_metrics_step(run_dir()), 400);
+}

@@ -1,0 +1,111 @@
+// What a cluster share of a recipe job runs (train_share.h): the launcher and trainer command line built from a
+// placement, and what executors read back from a run folder (newest checkpoint, last metrics step).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/train_share.h"
+
+namespace crosstrain::scheduler {
+namespace {
+namespace fs = std::filesystem;
+
+JobRecord recipe_job() {
+  JobRecord j;
+  j.id = 7;
+  j.spec.name = "tiny";
+  j.spec.ranks = 4;
+  j.spec.global_batch = 16;
+  j.spec.steps = 40;
+  j.spec.checkpoint_every = 10;
+  j.spec.recipe = "/r/gpt-tiny.toml";
+  j.spec.overrides = {"train.lr=0.001"};
+  return j;
+}
+
+PlacementRecord two_shares() {
+  PlacementRecord p;
+  p.shares = {{"east", 2, "dp=2 tp=1 pp=1"}, {"west", 2, "dp=2 tp=1 pp=1"}};
+  p.layout = "dp=4 tp=1 pp=1 zero=1 m=1 mb=4 fp32 diloco H=5";
+  p.sync = "diloco";
+  p.inner_steps = 5;
+  return p;
+}
+
+std::string joined(const std::vector<std::string>& argv) {
+  std::string s;
+  for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
+  return s;
+}
+
+TEST(TrainShare, EachShareIsALauncherNodeMeetingAtShareZero) {
+  TrainLaunch l{"/bin/crosstrain", "/w/job7/run", "10.0.0.1", 29500, 120, false};
+  const std::string west = joined(train_share_argv(recipe_job(), two_shares(), 1, l));
+  EXPECT_EQ(west,
+            "/bin/crosstrain run --nproc 2 --nnodes 2 --node-rank 1 --timeout 120 --master 10.0.0.1:29500 --cluster 1 "
+            "-- /bin/crosstrain train /r/gpt-tiny.toml --set run.dir=/w/job7/run --set train.steps=40 "
+            "--set train.checkpoint_every=10 --set train.global_batch=16 --set parallel.tp=1 --set parallel.pp=1 "
+            "--set parallel.zero=1 --set sync.mode=diloco --set sync.inner_steps=5 --set train.lr=0.001");
+  l.resume = true;
+  const auto east = train_share_argv(recipe_job(), two_shares(), 0, l);
+  EXPECT_NE(joined(east).find("--node-rank 0 "), std::string::npos);
+  EXPECT_EQ(east.back(), "--resume");
+}
+
+TEST(TrainShare, OneClusterRunsSynchronouslyWithoutARendezvousAddress) {
+  PlacementRecord p;
+  p.shares = {{"east", 2, "dp=2 tp=1 pp=1"}};
+  p.layout = "dp=2 tp=1 pp=1 zero=0 m=1 mb=8 fp32 sync";
+  const std::string cmd = joined(train_share_argv(recipe_job(), p, 0, {"ct", "/run", "h", 0, 60, false}));
+  EXPECT_EQ(cmd.find("--master"), std::string::npos) << cmd;
+  EXPECT_EQ(cmd.find("sync.mode"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--nproc 2 --nnodes 1 --node-rank 0"), std::string::npos) << cmd;
+}
+
+TEST(TrainShare, UnevenSharesAndJobsWithoutARecipeAreRefused) {
+  PlacementRecord p = two_shares();
+  p.shares[1].ranks = 1;
+  try {
+    train_share_argv(recipe_job(), p, 0, {"ct", "/run", "h", 1, 60, false});
+    ADD_FAILURE() << "uneven shares were accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("same ranks on every node"), std::string::npos) << e.what();
+  }
+  JobRecord bare = recipe_job();
+  bare.spec.recipe.clear();
+  EXPECT_THROW(train_share_argv(bare, two_shares(), 0, {"ct", "/run", "h", 1, 60, false}), UsageError);
+}
+
+TEST(TrainShare, ShellLineQuotesEveryArgument) {
+  EXPECT_EQ(shell_line({"a b", "it's", "$HOME"}), "'a b' 'it'\\''s' '$HOME'");
+}
+
+TEST(TrainShare, NewestCompleteCheckpointAndLastWholeMetricsLine) {
+  const fs::path run = fs::temp_directory_path() / ("ct-share-" + std::to_string(::getpid()));
+  fs::remove_all(run);
+  EXPECT_EQ(newest_checkpoint_step(run.string()), 0);
+  for (const char* d : {"step_00000010", "step_00000020", "step_00000030.tmp", "step_00000040"})
+    fs::create_directories(run / "checkpoints" / d);
+  for (const char* d : {"step_00000010", "step_00000020", "step_00000030.tmp"})
+    std::ofstream(run / "checkpoints" / d / "manifest.json") << "{}";
+  EXPECT_EQ(newest_checkpoint_step(run.string()), 20) << "30 is still being written, 40 has no manifest";
+  std::ofstream(run / "metrics.jsonl") << "{\"step\": 1}\n{\"step\": 2}\n{\"step\": 3, \"lo";
+  EXPECT_EQ(last_metrics_step(run.string()), 2) << "the last line is still being written";
+  EXPECT_EQ(job_run_dir("/w", 7), "/w/job7/run");
+  fs::remove_all(run);
+}
+
+TEST(TrainShare, ShareCommandsOfOnePlacementShareOneFreshPort) {
+  const auto command = train_share_command({"ct", "", "127.0.0.1", 0, 60, false}, "/w");
+  const std::string first = command(recipe_job(), two_shares(), 0), second = command(recipe_job(), two_shares(), 1);
+  const auto port = [](const std::string& s) { return s.substr(s.find("'--master' ") + 11, 18); };
+  EXPECT_EQ(port(first), port(second)) << first << "\n" << second;
+  EXPECT_NE(first.find("'run.dir=/w/job7/run'"), std::string::npos) << first;
+  EXPECT_GT(free_port(), 0);
+}
+
+}  // namespace
+}  // namespace crosstrain::scheduler

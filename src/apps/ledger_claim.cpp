@@ -51,8 +51,10 @@ void add_spot_check(CLI::App& cmd, LedgerCli& cli) {
       "spot-check",
       "verify the chain, then check a job's claims: tokens against tokens a step (clusters share each step unless "
       "--exclusive-steps), FLOPs against tokens x FLOPs per token, steps claimed twice, and a committed gradient "
-      "digest for each sampled step. Gradients are NOT recomputed here: a digest is checked to exist, not to be "
-      "right (docs/ledger.md). Exit 0: nothing flagged; 3: flags printed; 1: the ledger does not verify");
+      "digest for each sampled step. This command runs no training: a sampled digest is compared only with a "
+      "--recomputed work log, which YOU produce by re-running the sampled steps (--list-samples) from the run's "
+      "checkpoints; without one it is checked to exist, not to be right (docs/ledger.md). Exit 0: nothing "
+      "flagged; 3: flags printed; 1: the ledger does not verify");
   s->add_option("ledger", cli.ledger, "ledger file")->required();
   s->add_option("--keys", cli.keys, "keys file: {\"CLUSTER\": \"HEX public key\", ...}")->required();
   s->add_option("--job", cli.job, "the job whose entries are checked")->required();
@@ -65,6 +67,12 @@ void add_spot_check(CLI::App& cmd, LedgerCli& cli) {
   s->add_option("--seed", cli.seed, "with each entry's hash, fixes the sampled steps (anyone can redraw them)");
   s->add_option("--samples", cli.samples, "steps sampled from each entry")->check(CLI::Range(1, 1000000));
   s->add_option("--tolerance", cli.tolerance, "relative tolerance for tokens and FLOPs")->check(CLI::Range(0.0, 1.0));
+  s->add_flag("--list-samples", cli.list_samples,
+              "only print the steps sampled from each entry (after verifying the chain): the steps to re-run");
+  s->add_option("--recomputed", cli.recomputed,
+                "CLUSTER=WORKLOG: a work log (run.work_log) the checker wrote itself by re-running sampled steps "
+                "(crosstrain train --resume from the checkpoint before the step, same layout and clusters); its "
+                "digests are the recomputation of CLUSTER's share (repeatable). Never the contributor's own log");
   s->add_flag("--exclusive-steps", cli.exclusive_steps,
               "each step is computed by one cluster alone (tokens = steps x tokens a step; a step claimed by two "
               "clusters is flagged); default: clusters share each step, their tokens for it add up to at most one "
@@ -149,6 +157,29 @@ LedgerEntry entry_for(const std::vector<train::WorkRecord>& run, const LedgerCli
   return e;
 }
 
+// --recomputed CLUSTER=WORKLOG: cluster -> step -> the recomputed digest.
+std::map<std::string, std::map<int64_t, std::string>> read_recomputed(const std::vector<std::string>& items) {
+  std::map<std::string, std::map<int64_t, std::string>> out;
+  for (const auto& item : items) {
+    const auto eq = item.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == item.size())
+      throw UsageError("--recomputed '" + item + "' must be CLUSTER=WORKLOG, e.g. --recomputed east=check/work/cluster0.jsonl");
+    for (const auto& r : train::read_work_log(item.substr(eq + 1))) out[item.substr(0, eq)][r.step] = r.digest;
+  }
+  return out;
+}
+
+int list_samples(const std::vector<LedgerEntry>& entries, const LedgerCli& cli) {
+  for (const auto& e : entries) {
+    std::string steps;
+    for (int64_t s : sample_steps(e, cli.seed, cli.samples)) steps += " " + std::to_string(s);
+    std::printf("sample cluster %s seq %lld (steps %lld-%lld):%s\n", e.cluster.c_str(), static_cast<long long>(e.seq),
+                static_cast<long long>(e.first_step), static_cast<long long>(e.first_step + e.steps - 1),
+                steps.c_str());
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_claim_and_spot_check(CLI::App& ledger_cmd, LedgerCli& cli) {
@@ -211,22 +242,31 @@ int run_spot_check(const LedgerCli& cli) {
     throw UsageError("ledger spot-check: " + cli.ledger + " has no entries of job '" + cli.job + "' (jobs: " +
                      (names.empty() ? "none" : names) + ")");
   }
+  if (cli.list_samples) return list_samples(entries, cli);
   SpotCheckOptions options;
   options.seed = cli.seed;
   options.samples_per_entry = cli.samples;
   options.tolerance = cli.tolerance;
   options.jobs[cli.job] = {cli.tokens_per_step, cli.flops_per_token, !cli.exclusive_steps};
-  // No recomputation: every sampled step with a committed digest counts as skipped (docs/ledger.md says why).
-  const SpotCheckReport report = spot_check(entries, options, [](const std::string&, int64_t) { return std::string(); });
+  // Only the checker's own re-run counts as a recomputation; a step it did not re-run counts as skipped.
+  const auto recomputed = read_recomputed(cli.recomputed);
+  const SpotCheckReport report =
+      spot_check_shares(entries, options, [&](const std::string& cluster, const std::string&, int64_t step) {
+        const auto c = recomputed.find(cluster);
+        if (c == recomputed.end()) return std::string();
+        const auto s = c->second.find(step);
+        return s == c->second.end() ? std::string() : s->second;
+      });
   std::string flagged;
   for (const auto& c : report.flagged_clusters()) flagged += (flagged.empty() ? "clusters " : ", ") + c;
   for (const auto& f : report.flags)
     std::printf("FLAG cluster %s seq %lld: %s\n", f.cluster.c_str(), static_cast<long long>(f.seq), f.reason.c_str());
   std::printf("spot-check of job %s in %s: chain verified (%lld entries), %zu entries of the job checked, seed %llu; "
-              "%lld sampled steps have a committed digest (not recomputed: this command does not recompute "
-              "gradients); %zu flags%s\n",
+              "sampled steps: %lld recomputed (%lld matched), %lld with a committed digest not recomputed (no "
+              "--recomputed log holds them); %zu flags%s\n",
               cli.job.c_str(), cli.ledger.c_str(), static_cast<long long>(chain.entries), entries.size(),
-              static_cast<unsigned long long>(cli.seed), static_cast<long long>(report.steps_skipped),
+              static_cast<unsigned long long>(cli.seed), static_cast<long long>(report.steps_recomputed),
+              static_cast<long long>(report.steps_matched), static_cast<long long>(report.steps_skipped),
               report.flags.size(), flagged.empty() ? "" : (": " + flagged).c_str());
   return report.flags.empty() ? 0 : kSpotCheckFlagged;
 }

@@ -30,6 +30,8 @@ struct LedgerCli {
   int samples = 2;
   double tolerance = 0.05;
   bool exclusive_steps = false;
+  bool list_samples = false;
+  std::vector<std::string> recomputed;  // CLUSTER=WORKLOG, the checker's own re-run
   std::vector<std::string> digests;  // STEP=HEX
   bool selected() const;
 };

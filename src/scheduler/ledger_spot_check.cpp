@@ -120,7 +120,7 @@ void check_shared_claims(const LedgerEntry& e, const JobWork* w, double toleranc
   }
 }
 
-void check_digests(const LedgerEntry& e, const SpotCheckOptions& options, const Recompute& recompute,
+void check_digests(const LedgerEntry& e, const SpotCheckOptions& options, const RecomputeShare& recompute,
                    SpotCheckReport& report) {
   for (const auto& [step, digest] : e.gradient_digests)
     if (step < e.first_step || step >= e.first_step + e.steps) {
@@ -135,7 +135,7 @@ void check_digests(const LedgerEntry& e, const SpotCheckOptions& options, const 
                                                     "' but committed no gradient digest for it"});
       continue;
     }
-    const std::string expected = recompute(e.job, step);
+    const std::string expected = recompute(e.cluster, e.job, step);
     if (expected.empty()) {
       ++report.steps_skipped;
       continue;
@@ -182,6 +182,12 @@ std::vector<int64_t> sample_steps(const LedgerEntry& entry, uint64_t seed, int c
 
 SpotCheckReport spot_check(const std::vector<LedgerEntry>& entries, const SpotCheckOptions& options,
                            const Recompute& recompute) {
+  return spot_check_shares(entries, options,
+                           [&](const std::string&, const std::string& job, int64_t step) { return recompute(job, step); });
+}
+
+SpotCheckReport spot_check_shares(const std::vector<LedgerEntry>& entries, const SpotCheckOptions& options,
+                                  const RecomputeShare& recompute) {
   SpotCheckReport report;
   std::map<std::string, Claims> claims;  // job -> claimed step ranges
   std::map<std::pair<std::string, std::string>, Claims> own;  // shared steps: (job, cluster) -> its claimed ranges

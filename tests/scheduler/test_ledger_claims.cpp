@@ -42,16 +42,46 @@ ProcessResult ct(std::vector<std::string> args) {
   return run_process(args, {}, milliseconds(30000));
 }
 
-// Node `node` of 2 (one rank each), in cluster `node`: `crosstrain run --cluster` sets CROSSTRAIN_CLUSTER.
-std::vector<std::string> node_command(int node, int port, const std::string& run_dir, int steps) {
+// Node `node` of 2 (one rank each), in cluster `node`: `crosstrain run --cluster` sets CROSSTRAIN_CLUSTER. A
+// checkpoint every step, for the checker's recomputation.
+std::vector<std::string> node_command(int node, int port, const std::string& run_dir, int steps,
+                                      const std::vector<std::string>& extra) {
   std::vector<std::string> train = tiny_args(run_dir, 1, steps);
   train.erase(train.begin() + 3, train.begin() + 5);  // "--nproc 1": the launcher starts the ranks
-  train.insert(train.end(), {"--set", "run.work_log=true", "--set", "train.eval_every=0"});
+  train.insert(train.end(), {"--set", "run.work_log=true", "--set", "train.eval_every=0", "--set",
+                             "train.checkpoint_every=1", "--set", "train.keep_checkpoints=0"});
+  train.insert(train.end(), extra.begin(), extra.end());
   std::vector<std::string> args = {kBin, "run", "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "1",
                                    "--cluster", std::to_string(node), "--master", "127.0.0.1:" + std::to_string(port),
                                    "--"};
   args.insert(args.end(), train.begin(), train.end());
   return args;
+}
+
+// Both nodes of a run; the output of both when one fails.
+std::string train_two_clusters(const std::string& run_dir, int steps, const std::vector<std::string>& extra = {}) {
+  const int port = free_port();
+  Process node0(node_command(0, port, run_dir, steps, extra)), node1(node_command(1, port, run_dir, steps, extra));
+  auto r0 = node0.wait(milliseconds(120000));
+  auto r1 = node1.wait(milliseconds(30000));
+  if (r0.exit_code() == 0 && r1.exit_code() == 0) return "";
+  return r0.output + "\n--- node 1 ---\n" + r1.output;
+}
+
+// The checker's recomputation of step `step`: the same layout and clusters, from the run's checkpoint of the step
+// before (step 1: from the initial weights), into a folder of its own. Returns that folder.
+std::string recompute_step(const std::string& run, int step, const std::string& into) {
+  fs::create_directories(into + "/checkpoints");
+  std::vector<std::string> extra = {"--set", "train.steps=" + std::to_string(step)};
+  if (step > 1) {
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08d", step - 1);
+    fs::copy(run + "/checkpoints/" + name, into + "/checkpoints/" + name, fs::copy_options::recursive);
+    extra.push_back("--resume");
+  }
+  const std::string failed = train_two_clusters(into, step, extra);
+  EXPECT_EQ(failed, "");
+  return into;
 }
 
 struct Dir {
@@ -70,13 +100,8 @@ TEST(LedgerClaims, TrainingAcrossTwoClustersIsClaimedOnceAndSpotChecked) {
   constexpr int64_t kStepTokens = 8 * 32, kClusterTokens = kStepTokens / 2;
   Dir d("ct_ledger_claims");
   const std::string run = d.dir + "/run", ledger = d.dir + "/ledger.jsonl", keys = d.dir + "/keys/keys.json";
-  const int port = free_port();
   const auto before = std::chrono::system_clock::now();
-  Process node0(node_command(0, port, run, kSteps)), node1(node_command(1, port, run, kSteps));
-  auto r0 = node0.wait(milliseconds(120000));
-  auto r1 = node1.wait(milliseconds(30000));
-  ASSERT_EQ(r0.exit_code(), 0) << r0.output << "\n--- node 1 ---\n" << r1.output;
-  ASSERT_EQ(r1.exit_code(), 0) << r1.output;
+  ASSERT_EQ(train_two_clusters(run, kSteps), "");
 
   // (a) One line per step in each cluster's log: the cluster's tokens, bytes sent, a digest of its own gradient.
   const double t0 = std::chrono::duration<double>(before.time_since_epoch()).count();
@@ -126,13 +151,58 @@ TEST(LedgerClaims, TrainingAcrossTwoClustersIsClaimedOnceAndSpotChecked) {
   // Honest claims pass the spot check.
   char flops_text[32];
   std::snprintf(flops_text, sizeof flops_text, "%.17g", per_token);
-  auto spot = [&] {
-    return ct({"ledger", "spot-check", ledger, "--keys", keys, "--job", "gpt", "--tokens-per-step",
-               std::to_string(kStepTokens), "--flops-per-token", flops_text, "--seed", "7", "--samples", "3"});
+  auto spot = [&](const std::string& on, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"ledger", "spot-check", on, "--keys", keys, "--job", "gpt",
+                                     "--tokens-per-step", std::to_string(kStepTokens), "--flops-per-token",
+                                     flops_text, "--seed", "7"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return ct(args);
   };
-  auto honest = spot();
+  auto honest = spot(ledger, {"--samples", "3"});
   EXPECT_EQ(honest.exit_code(), 0) << honest.output;
+  EXPECT_TRUE(contains(honest.output, "0 recomputed (0 matched), 6 with a committed digest not recomputed")) << honest.output;
   EXPECT_TRUE(contains(honest.output, "0 flags")) << honest.output;
+
+  // The checker re-runs each cluster's sampled step from the run's checkpoints: the digests match bit for bit.
+  auto samples = spot(ledger, {"--samples", "1", "--list-samples"});
+  ASSERT_EQ(samples.exit_code(), 0) << samples.output;
+  std::vector<std::string> recomputed;
+  std::set<int> sampled;
+  const std::regex sample_line(R"(\(steps 1-6\): (\d+))");
+  for (std::sregex_iterator m(samples.output.begin(), samples.output.end(), sample_line), end;
+       m != end; ++m)
+    sampled.insert(std::stoi((*m)[1]));
+  ASSERT_FALSE(sampled.empty()) << samples.output;
+  for (int step : sampled) {
+    const std::string again = recompute_step(run, step, d.dir + "/check" + std::to_string(step));
+    recomputed.insert(recomputed.end(), {"--recomputed", "east=" + again + "/work/cluster0.jsonl", "--recomputed",
+                                         "west=" + again + "/work/cluster1.jsonl"});
+  }
+  std::vector<std::string> checked = {"--samples", "1"};
+  checked.insert(checked.end(), recomputed.begin(), recomputed.end());
+  auto matched = spot(ledger, checked);
+  EXPECT_EQ(matched.exit_code(), 0) << matched.output;
+  EXPECT_TRUE(contains(matched.output, "2 recomputed (2 matched), 0 with a committed digest not recomputed")) << matched.output;
+
+  // A cluster whose digests are not of the gradients it was given (here: made up) is flagged on the re-run step.
+  const std::string lazy = d.dir + "/lazy", ledger2 = d.dir + "/ledger2.jsonl";
+  fs::create_directories(lazy + "/work");
+  fs::copy(run + "/config.toml", lazy + "/config.toml");
+  std::vector<std::string> made_up;
+  for (auto r : logs[1]) {
+    r.digest = std::string(r.digest.rbegin(), r.digest.rend());
+    made_up.push_back(crosstrain::train::work_record_json(r));
+  }
+  write_lines(lazy + "/work/cluster1.jsonl", made_up);
+  auto lazy_claim = ct({"ledger", "claim", ledger2, "--run-dir", lazy, "--cluster", "west", "--cluster-index", "1",
+                        "--key", d.dir + "/keys/west.key", "--job", "gpt"});
+  ASSERT_EQ(lazy_claim.exit_code(), 0) << lazy_claim.output;
+  checked[1] = "6";  // every step sampled: the re-run ones are compared
+  auto mismatch = spot(ledger2, checked);
+  EXPECT_EQ(mismatch.exit_code(), 3) << mismatch.output;
+  EXPECT_TRUE(contains(mismatch.output, "differs from the recomputed")) << mismatch.output;
+  EXPECT_TRUE(contains(mismatch.output, "FLAG cluster west seq 1: step " + std::to_string(*sampled.begin())))
+      << mismatch.output;
 
   // (c) A third key claims steps the two clusters already account for in full, and 4x a step's tokens for steps
   // of its own, without digests: flagged, exit 3; the honest clusters are not.
@@ -145,7 +215,7 @@ TEST(LedgerClaims, TrainingAcrossTwoClustersIsClaimedOnceAndSpotChecked) {
                       "--first-step", "7", "--steps", "2", "--tokens", "2048", "--flops", "1e15", "--bytes", "0",
                       "--keys", keys});
   ASSERT_EQ(inflated.exit_code(), 0) << inflated.output;
-  auto caught = spot();
+  auto caught = spot(ledger, {"--samples", "3"});
   EXPECT_EQ(caught.exit_code(), 3) << caught.output;
   EXPECT_TRUE(contains(caught.output, "FLAG cluster mallory seq 3: claims 128 tokens a step for steps 1-6")) << caught.output;
   EXPECT_TRUE(contains(caught.output, "FLAG cluster mallory seq 4: claims 2048 tokens for 2 steps")) << caught.output;
@@ -162,7 +232,7 @@ TEST(LedgerClaims, TrainingAcrossTwoClustersIsClaimedOnceAndSpotChecked) {
   auto bad_verify = ct({"ledger", "verify", ledger, "--keys", keys});
   EXPECT_EQ(bad_verify.exit_code(), 1) << bad_verify.output;
   EXPECT_TRUE(contains(bad_verify.output, "line 1: hash does not match")) << bad_verify.output;
-  auto bad_spot = spot();
+  auto bad_spot = spot(ledger, {"--samples", "3"});
   EXPECT_EQ(bad_spot.exit_code(), 1) << bad_spot.output;
   EXPECT_TRUE(contains(bad_spot.output, "does not verify, so its claims are not checked: line 1")) << bad_spot.output;
 }

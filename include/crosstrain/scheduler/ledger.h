@@ -144,5 +144,10 @@ std::vector<int64_t> sample_steps(const LedgerEntry& entry, uint64_t seed, int c
 // sampled step without a committed digest, and a committed digest that differs from the recomputed one.
 SpotCheckReport spot_check(const std::vector<LedgerEntry>& entries, const SpotCheckOptions& options,
                            const Recompute& recompute);
+// The same, for jobs whose clusters share steps: each cluster's share of a step has its own gradient, so the
+// checker recomputes cluster `cluster`'s share ("" when it cannot).
+using RecomputeShare = std::function<std::string(const std::string& cluster, const std::string& job, int64_t step)>;
+SpotCheckReport spot_check_shares(const std::vector<LedgerEntry>& entries, const SpotCheckOptions& options,
+                                  const RecomputeShare& recompute);
 
 }  // namespace crosstrain::scheduler

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <chrono>
+#include <ctime>
 #include <thread>
 #include <cstdio>
 #include <filesystem>
@@ -90,6 +91,18 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
   scheduler::TrainLaunch launch;
   launch.crosstrain = own_binary();
   launch.master_host = cli.master_host;
+  if (cli.ledger.empty() != cli.ledger_keys.empty())
+    throw UsageError("scheduler: give --ledger FILE and --ledger-keys DIR together (DIR holds each cluster's "
+                     "NAME.key and keys.json, from crosstrain ledger keygen)");
+  if (!cli.ledger.empty()) {
+    launch.ledger = std::filesystem::absolute(cli.ledger).string();
+    launch.ledger_keys = std::filesystem::absolute(cli.ledger_keys).string();
+    launch.claim_every_s = cli.claim_every_s;
+    for (const auto& c : registry.clusters())
+      if (!std::filesystem::exists(std::filesystem::path(launch.ledger_keys) / (c.name + ".key")))
+        throw UsageError("scheduler: --ledger-keys " + cli.ledger_keys + " has no key for cluster '" + c.name +
+                         "'; make one with crosstrain ledger keygen --cluster " + c.name + " --out " + cli.ledger_keys);
+  }
   auto command = scheduler::train_share_command(launch, work);
   if (cli.executor == "local") return std::make_unique<scheduler::LocalExecutor>(work, command);
   if (cli.executor == "slurm")
@@ -103,9 +116,9 @@ int serve(const SchedulerCli& cli) {
   auto registry = scheduler::Registry::from_cluster_file(planner::load_cluster(cli.clusters));
   auto executor = make_executor(cli, registry);
   scheduler::StateStore store(cli.state);
-  const auto start = Clock::now();
-  scheduler::Scheduler sched(std::move(registry), store, *executor, {},
-                             [start] { return std::chrono::duration<double>(Clock::now() - start).count(); });
+  // The scheduler's clock is Unix time (its default): submission times and deadlines keep their meaning across
+  // restarts of the daemon.
+  scheduler::Scheduler sched(std::move(registry), store, *executor);
   // A real executor finds its running jobs again (Slurm's and the local executor's job folders); the simulation
   // has no memory across processes, so it takes back every job the store says is running, from the step it had
   // reached.
@@ -201,7 +214,26 @@ void print_job(const json& j) {
               j["reason"].get<std::string>().empty() ? "" : ("  (" + j["reason"].get<std::string>() + ")").c_str());
 }
 
+int cluster_command(const SchedulerCli& cli) {
+  if (*cli.register_cluster) {
+    std::ifstream in(cli.cluster_file);
+    if (!in) throw UsageError("cluster register: cannot read '" + cli.cluster_file + "'");
+    std::stringstream text;
+    text << in.rdbuf();
+    planner::parse_cluster(text.str(), cli.cluster_file);  // a bad file is refused here, naming the file and key
+    const json r = call(cli, "POST", "/api/clusters", text.str());
+    std::printf("cluster %s %s\n", r["cluster"].get<std::string>().c_str(), r["result"].get<std::string>().c_str());
+    return 0;
+  }
+  const json body = {{"a", cli.link_a}, {"b", cli.link_b}, {"bandwidth_gbps", cli.bandwidth_gbps}, {"latency_us", cli.latency_us}};
+  const json r = call(cli, "POST", "/api/links", body.dump());
+  std::printf("link %s - %s: %.3f Gbit/s, %.0f us\n", cli.link_a.c_str(), cli.link_b.c_str(),
+              r["bandwidth_Bps"].get<double>() * 8 / 1e9, r["latency_s"].get<double>() * 1e6);
+  return 0;
+}
+
 int client_command(const SchedulerCli& cli) {
+  if (*cli.register_cluster || *cli.link) return cluster_command(cli);
   if (*cli.submit) {
     const json r = call(cli, "POST", "/api/jobs", spec_of(cli));
     const std::string state = r["state"].get<std::string>(), reason = r.value("reason", "");
@@ -215,9 +247,16 @@ int client_command(const SchedulerCli& cli) {
     return 0;
   }
   if (*cli.logs) {
-    for (const auto& e : call(cli, "GET", "/api/jobs/" + std::to_string(cli.id) + "/events"))
-      std::printf("%10.3f  %-12s %s\n", e["time_s"].get<double>(), e["kind"].get<std::string>().c_str(),
+    const json events = call(cli, "GET", "/api/jobs/" + std::to_string(cli.id) + "/events");
+    const double t0 = events.empty() ? 0 : events.front()["time_s"].get<double>();
+    for (const auto& e : events) {
+      // UTC time of day, and seconds since the job was submitted.
+      const auto t = static_cast<std::time_t>(e["time_s"].get<double>());
+      char clock[16];
+      std::strftime(clock, sizeof clock, "%H:%M:%S", std::gmtime(&t));
+      std::printf("%s  +%9.3f s  %-12s %s\n", clock, e["time_s"].get<double>() - t0, e["kind"].get<std::string>().c_str(),
                   e["detail"].get<std::string>().c_str());
+    }
     return 0;
   }
   const json r = call(cli, "DELETE", "/api/jobs/" + std::to_string(cli.id));
@@ -227,7 +266,10 @@ int client_command(const SchedulerCli& cli) {
 
 }  // namespace
 
-bool SchedulerCli::selected() const { return (serve && *serve) || (submit && (*submit || *status || *logs || *cancel)); }
+bool SchedulerCli::selected() const {
+  return (serve && *serve) || (submit && (*submit || *status || *logs || *cancel)) ||
+         (register_cluster && (*register_cluster || *link));
+}
 
 void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.serve = app.add_subcommand("scheduler", "the compute-network scheduler daemon: jobs in SQLite, an HTTP/JSON API");
@@ -241,6 +283,10 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
       ->capture_default_str();
   cli.serve->add_option("--slurm", cli.slurm, "NAME=SLURM_CONF[:PARTITION]: how to reach cluster NAME (repeat per cluster)");
   cli.serve->add_option("--work-dir", cli.work_dir, "jobs' folders: scripts, output, run folders (default: jobs/ beside --state)");
+  cli.serve->add_option("--ledger", cli.ledger, "recipe jobs' clusters sign what they trained into this ledger");
+  cli.serve->add_option("--ledger-keys", cli.ledger_keys, "folder of the clusters' keys (NAME.key, keys.json)");
+  cli.serve->add_option("--claim-every-s", cli.claim_every_s, "seconds between a training share's ledger claims")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   cli.serve->add_option("--master-host", cli.master_host, "address at which the shares of a job reach its first share")
       ->capture_default_str();
   auto* job = app.add_subcommand("job", "submit, watch and cancel jobs of a running scheduler");
@@ -267,6 +313,18 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.logs->add_option("id", cli.id, "job id")->required();
   cli.cancel = job->add_subcommand("cancel", "stop a job wherever it runs");
   cli.cancel->add_option("id", cli.id, "job id")->required();
+  auto* cluster = app.add_subcommand("cluster", "clusters joining a running scheduler, and measured links");
+  cluster->require_subcommand(1);
+  cluster->add_option("--server", cli.server, "the scheduler's address")->capture_default_str();
+  cli.register_cluster = cluster->add_subcommand("register", "a cluster joins the pool (or comes back after a loss)");
+  cli.register_cluster->add_option("file", cli.cluster_file, "cluster file holding this cluster alone (clusters/*.toml format)")
+      ->required();
+  cli.link = cluster->add_subcommand("link", "record a measured wide-area link between two clusters");
+  cli.link->add_option("a", cli.link_a, "cluster")->required();
+  cli.link->add_option("b", cli.link_b, "cluster")->required();
+  cli.link->add_option("--bandwidth-gbps", cli.bandwidth_gbps, "measured bandwidth, Gbit/s")->required()
+      ->check(CLI::PositiveNumber);
+  cli.link->add_option("--latency-us", cli.latency_us, "measured latency, microseconds")->check(CLI::NonNegativeNumber);
 }
 
 int run_scheduler_command(const SchedulerCli& cli) {

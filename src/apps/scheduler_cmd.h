@@ -15,6 +15,10 @@ namespace crosstrain::apps {
 // CLI11 keeps pointers into this: do not move it.
 struct SchedulerCli {
   CLI::App *serve = nullptr, *submit = nullptr, *status = nullptr, *logs = nullptr, *cancel = nullptr;
+  CLI::App *register_cluster = nullptr, *link = nullptr;
+  // cluster register FILE | cluster link A B
+  std::string cluster_file, link_a, link_b;
+  double bandwidth_gbps = 0, latency_us = 0;
   // serve
   std::string state, clusters, host = "127.0.0.1";
   int port = 8650;
@@ -23,6 +27,8 @@ struct SchedulerCli {
   std::vector<std::string> slurm;     // NAME=SLURM_CONF[:PARTITION], one per cluster of the cluster file
   std::string work_dir;               // jobs' folders (default: beside the state file)
   std::string master_host = "127.0.0.1";
+  std::string ledger, ledger_keys;    // recipe jobs sign their clusters' work into this ledger (docs/ledger.md)
+  int claim_every_s = 30;
   // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
   std::string recipe;
   std::vector<std::string> sets;

@@ -42,7 +42,7 @@ constexpr const char* kBody = R"HTML(<body data-status="loading">
 <div class="muted" id="m-note"></div>
 <div class="charts"><div class="chart"><canvas id="chart-loss"></canvas></div>
 <div class="chart"><canvas id="chart-tps"></canvas></div></div></div>
-<h2>Events of job <span id="event-job">-</span></h2><table id="events"><thead><tr><th>time (s)</th><th>event</th>
+<h2>Events of job <span id="event-job">-</span></h2><table id="events"><thead><tr><th>since submitted (s)</th><th>event</th>
 <th>detail</th></tr></thead><tbody></tbody></table>
 )HTML";
 
@@ -77,7 +77,8 @@ async function refresh() {
     if (selected !== null) {
       const events = await fetch('/api/jobs/' + selected + '/events').then(r => r.json());
       document.getElementById('event-job').textContent = selected;
-      fill('events', (Array.isArray(events) ? events : []).map(e => row([cell(e.time_s.toFixed(3)), cell(e.kind), cell(e.detail)])));
+      const evs = Array.isArray(events) ? events : [], t0 = evs.length ? evs[0].time_s : 0;
+      fill('events', evs.map(e => row([cell('+' + (e.time_s - t0).toFixed(3)), cell(e.kind), cell(e.detail)])));
       await refreshMetrics(jobs.find(j => j.id === selected) || {id: selected, name: 'unknown', attempts: 0, spec: {}});
     }
     document.body.dataset.status = 'ok';

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "crosstrain/core/error.h"
 
@@ -35,6 +36,15 @@ std::string cluster_toml(const Registry& r, int i) {
   one.clusters.push_back(r.file().clusters[i]);
   one.devices.emplace(one.clusters[0].device, r.file().device_of(one.clusters[0]));
   return planner::to_toml(one);
+}
+
+// The same devices, speed, memory, price and power (a spec read back from the state file may differ in the last
+// bits of its numbers).
+bool same_cluster(const ClusterInfo& a, const ClusterInfo& b) {
+  auto close = [](double x, double y) { return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y)); };
+  return a.name == b.name && a.device == b.device && a.devices == b.devices && a.devices_per_host == b.devices_per_host &&
+         close(a.peak_flops, b.peak_flops) && close(a.memory_bytes, b.memory_bytes) &&
+         close(a.price_per_device_hour, b.price_per_device_hour) && close(a.power_w, b.power_w);
 }
 
 comm::Link plain_link(double latency_s, double bandwidth_Bps) {
@@ -328,7 +338,7 @@ std::string Scheduler::register_cluster(const planner::ClusterFile& one) {
   }
   Registry probe;
   probe.add_cluster(spec, one.device_of(spec));
-  if (cluster_toml(probe, 0) != cluster_toml(registry_, index))
+  if (!same_cluster(probe.info(0), registry_.info(index)))
     throw UsageError("cluster '" + spec.name + "' is registered with another spec (devices, device type or links); "
                      "to change it, edit the daemon's cluster file and restart the daemon on a new state file");
   if (registry_.up(index)) return "unchanged";

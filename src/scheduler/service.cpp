@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/planner/cluster.h"
 #include "crosstrain/scheduler/dashboard.h"
 
 namespace crosstrain::scheduler {
@@ -32,6 +33,7 @@ json job_json(const JobRecord& j) {
               {"ranks", j.spec.ranks},
               {"steps", j.spec.steps},
               {"attempts", j.attempts},
+              {"restarts", j.restarts},
               {"step", j.step},
               {"reason", j.reason},
               {"submitted_s", j.submitted_s},
@@ -104,6 +106,7 @@ SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, cons
   server_->set_write_timeout(5, 0);
   routes();
   run_routes();
+  resource_routes();
   errno = 0;
   port_ = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (port_ <= 0)
@@ -202,6 +205,33 @@ void SchedulerService::routes() {
   server_->Delete(R"(/api/jobs/(\d+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
     const bool cancelled = scheduler_.cancel(id_of(req));
     reply(res, 200, {{"id", id_of(req)}, {"cancelled", cancelled}, {"state", to_string(scheduler_.job(id_of(req)).state)}});
+  }));
+}
+
+// The resource layer's registration: clusters announce themselves (a planner cluster file holding one cluster, as
+// TOML) and measured links between them.
+void SchedulerService::resource_routes() {
+  auto guarded = [this](auto handler) {
+    return [this, handler](const httplib::Request& req, httplib::Response& res) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      answer(req, res, handler);
+    };
+  };
+  server_->Post("/api/clusters", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const planner::ClusterFile one = planner::parse_cluster(req.body, "the registration");
+    const std::string what = scheduler_.register_cluster(one);
+    reply(res, what == "added" ? 201 : 200, {{"cluster", one.clusters.at(0).name}, {"result", what}});
+  }));
+  server_->Post("/api/links", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const json j = json::parse(req.body, nullptr, false);
+    if (!j.is_object() || !j.contains("a") || !j.contains("b") || !j.contains("bandwidth_gbps") ||
+        !j["bandwidth_gbps"].is_number() || j["bandwidth_gbps"].get<double>() <= 0)
+      throw UsageError("a link is {\"a\": CLUSTER, \"b\": CLUSTER, \"bandwidth_gbps\": > 0, \"latency_us\": >= 0}");
+    comm::Link link;
+    link.bandwidth_Bps = j["bandwidth_gbps"].get<double>() * 1e9 / 8;
+    link.latency_s = j.value("latency_us", 0.0) * 1e-6;
+    scheduler_.set_link(j["a"].get<std::string>(), j["b"].get<std::string>(), link);
+    reply(res, 200, {{"a", j["a"]}, {"b", j["b"]}, {"bandwidth_Bps", link.bandwidth_Bps}, {"latency_s", link.latency_s}});
   }));
 }
 

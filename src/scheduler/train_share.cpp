@@ -40,6 +40,11 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
       "parallel.pp=" + std::to_string(layout_degree(inside, "pp")),
       "parallel.zero=" + std::to_string(std::max(0, layout_degree(inside, "zero", 0))),
   };
+  if (!launch.ledger.empty()) {
+    // The work log digests each rank's whole local gradient, which ZeRO-2 and -3 never hold: at most ZeRO-1.
+    sets.push_back("run.work_log=true");
+    if (layout_degree(inside, "zero", 0) > 1) sets.push_back("parallel.zero=1");
+  }
   if (placement.shares.size() > 1 && placement.sync == "diloco") {
     sets.push_back("sync.mode=diloco");
     sets.push_back("sync.inner_steps=" + std::to_string(placement.inner_steps));
@@ -91,6 +96,21 @@ std::string shell_line(const std::vector<std::string>& argv) {
     line += (line.empty() ? "" : " ") + q + "'";
   }
   return line;
+}
+
+std::string train_share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
+                               const TrainLaunch& launch) {
+  const std::string train = shell_line(train_share_argv(job, placement, share, launch));
+  if (launch.ledger.empty()) return train;
+  const std::string& cluster = placement.shares[share].cluster;
+  const std::string claim =
+      shell_line({launch.crosstrain, "ledger", "claim", launch.ledger, "--run-dir", launch.run_dir, "--cluster", cluster,
+                  "--key", (fs::path(launch.ledger_keys) / (cluster + ".key")).string(), "--job",
+                  job.spec.name + "-" + std::to_string(job.id), "--keys",
+                  (fs::path(launch.ledger_keys) / "keys.json").string()});
+  // Claims while training (a cluster lost mid-run keeps what it claimed) and once more at the end.
+  return "(while sleep " + std::to_string(launch.claim_every_s) + "; do " + claim + " > /dev/null 2>&1; done) &\n" +
+         "claims=$!\n" + train + "\nstatus=$?\nkill $claims 2>/dev/null\n" + claim + "\nexit $status";
 }
 
 int64_t newest_checkpoint_step(const std::string& run_dir) {
@@ -172,7 +192,7 @@ std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> tra
     launch.run_dir = job_run_dir(work_dir, job.id);
     launch.master_port = *port;
     launch.resume = newest_checkpoint_step(launch.run_dir) > 0;
-    return shell_line(train_share_argv(job, placement, share, launch));
+    return train_share_script(job, placement, share, launch);
   };
 }
 

@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <cctype>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -21,8 +23,19 @@
 namespace crosstrain::train {
 namespace fs = std::filesystem;
 
-std::string work_log_path(const std::string& run_dir, int cluster) {
-  return (fs::path(run_dir) / "work" / ("cluster" + std::to_string(cluster) + ".jsonl")).string();
+std::string work_log_path(const std::string& run_dir, int cluster, const std::string& name) {
+  const std::string file = name.empty() ? "cluster" + std::to_string(cluster) : name;
+  return (fs::path(run_dir) / "work" / (file + ".jsonl")).string();
+}
+
+std::string cluster_name_from_environment() {
+  const char* name = std::getenv("CROSSTRAIN_CLUSTER_NAME");
+  if (!name || !*name) return "";
+  for (const char* c = name; *c; ++c)
+    if (!std::isalnum(static_cast<unsigned char>(*c)) && *c != '-' && *c != '_' && *c != '.')
+      throw UsageError(std::string("CROSSTRAIN_CLUSTER_NAME = '") + name +
+                       "' may hold only letters, digits and - _ . (it names the cluster's work log)");
+  return name;
 }
 
 std::string work_record_json(const WorkRecord& r) {
@@ -113,7 +126,7 @@ std::unique_ptr<WorkLog> WorkLog::open(comm::Communicator& world, const std::str
     if (first < 0) first = r;
     log->cluster_tokens_ += v[2 * r + 1];
   }
-  log->path_ = work_log_path(run_dir, log->cluster_);
+  log->path_ = work_log_path(run_dir, log->cluster_, cluster_name_from_environment());
   if (first != world.rank()) return log;
   std::error_code ec;
   fs::create_directories(fs::path(log->path_).parent_path(), ec);

@@ -21,10 +21,10 @@ inline std::string chromium_dom(const std::string& url, const std::filesystem::p
                                    "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
                                    "--user-data-dir=" + (work / "profile").string(), "--virtual-time-budget=4000"};
   if (png.empty()) argv.push_back("--dump-dom");
-  else argv.insert(argv.end(), {"--screenshot=" + png, "--window-size=1300,900"});
+  else argv.insert(argv.end(), {"--screenshot=" + png, "--window-size=1300,1300"});
   argv.push_back(url);
   const auto r = run_process(argv, {}, std::chrono::milliseconds(90000));
-  EXPECT_FALSE(r.timed_out);
+  EXPECT_FALSE(r.timed_out) << "chromium did not finish within 90 s on " << url;
   std::ifstream in(work / "dom.html");
   return std::string(std::istreambuf_iterator<char>(in), {});
 }

@@ -13,6 +13,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <thread>
@@ -90,6 +91,10 @@ class ComputeNetwork : public ::testing::Test {
       ASSERT_EQ(r.exit_code(), 0) << r.output;
     }
     write_cluster_file(root_ / "clusters.toml");
+    for (const char* name : {"east", "west", "mallory"}) {
+      const auto r = run_process({kBin, "ledger", "keygen", "--cluster", name, "--out", (root_ / "keys").string()});
+      ASSERT_EQ(r.exit_code(), 0) << r.output;
+    }
     api_port_ = free_port();
   }
   void TearDown() override {
@@ -105,7 +110,8 @@ class ComputeNetwork : public ::testing::Test {
         kBin, "scheduler", "--state", (root_ / "state.db").string(), "--clusters", (root_ / "clusters.toml").string(),
         "--port", std::to_string(api_port_), "--executor", "slurm", "--work-dir", (root_ / "jobs").string(),
         "--slurm", "east=" + (root_ / "east" / "slurm.conf").string(), "--slurm",
-        "west=" + (root_ / "west" / "slurm.conf").string(), "--tick-ms", "500"});
+        "west=" + (root_ / "west" / "slurm.conf").string(), "--tick-ms", "500", "--ledger", ledger(), "--ledger-keys",
+        (root_ / "keys").string(), "--claim-every-s", "5"});
     ASSERT_TRUE(daemon_->wait_for_output("/api (Ctrl-C", milliseconds(30000)));
   }
   void kill_daemon() {
@@ -137,6 +143,12 @@ class ComputeNetwork : public ::testing::Test {
     }
     return j;
   }
+  std::string ledger() const { return (root_ / "ledger.jsonl").string(); }
+  ProcessResult ledger_cmd(std::vector<std::string> args) {
+    std::vector<std::string> argv{kBin, "ledger"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, {}, milliseconds(60000));
+  }
   std::string run_dir() const { return crosstrain::scheduler::job_run_dir((root_ / "jobs").string(), 1); }
   // Kills a cluster as a power cut would: controller first (so it stops answering), then the node daemon and the
   // job steps with their ranks; no job is cancelled through Slurm.
@@ -154,12 +166,49 @@ class ComputeNetwork : public ::testing::Test {
     return s;
   }
 
+  void check_the_ledger();
+
   fs::path root_;
   int api_port_ = 0;
   std::unique_ptr<Process> daemon_;
 };
 
 }  // namespace
+
+// The clusters signed what they trained as they went: the ledger verifies, with east's work in it; a contributor
+// that claims work it did not do is flagged by the spot check (the honest clusters are not); a tampered copy of
+// the ledger is refused.
+void ComputeNetwork::check_the_ledger() {
+  const std::string keys = (root_ / "keys" / "keys.json").string();
+  const auto verified = ledger_cmd({"verify", ledger(), "--keys", keys});
+  ASSERT_EQ(verified.exit_code(), 0) << verified.output;
+  EXPECT_TRUE(contains(verified.output, "east")) << verified.output;
+  std::ifstream in(ledger());
+  std::string first;
+  std::getline(in, first);
+  const json entry = json::parse(first);
+  const double flops_per_token = entry["flops"].get<double>() / entry["tokens"].get<double>();
+  const std::vector<std::string> check{"spot-check", ledger(), "--keys", keys, "--job", "tiny-1", "--tokens-per-step",
+                                       "2048", "--flops-per-token", std::to_string(flops_per_token)};
+  const auto honest = ledger_cmd(check);
+  EXPECT_EQ(honest.exit_code(), 0) << "the honest clusters' claims hold: " << honest.output;
+  // Mallory claims 50 steps it never computed, at 4x a step's tokens.
+  const auto faked = ledger_cmd({"append", ledger(), "--cluster", "mallory", "--key", (root_ / "keys" / "mallory.key").string(),
+                                 "--job", "tiny-1", "--first-step", "101", "--steps", "50", "--tokens", "409600",
+                                 "--flops", std::to_string(409600 * flops_per_token), "--bytes", "0"});
+  ASSERT_EQ(faked.exit_code(), 0) << faked.output;
+  const auto caught = ledger_cmd(check);
+  EXPECT_EQ(caught.exit_code(), 3) << caught.output;
+  EXPECT_TRUE(contains(caught.output, "FLAG cluster mallory")) << caught.output;
+  EXPECT_FALSE(contains(caught.output, "FLAG cluster east") || contains(caught.output, "FLAG cluster west")) << caught.output;
+  // One number changed in a copy: verify refuses it, naming the line.
+  std::string text = slurp(ledger());
+  text.insert(text.find("\"steps\":") + 8, "1");
+  std::ofstream(root_ / "tampered.jsonl") << text;
+  const auto tampered = ledger_cmd({"verify", (root_ / "tampered.jsonl").string(), "--keys", keys});
+  EXPECT_EQ(tampered.exit_code(), 1) << tampered.output;
+  EXPECT_TRUE(contains(tampered.output, "line 1")) << tampered.output;
+}
 
 TEST_F(ComputeNetwork, ADiLoCoJobAcrossTwoSlurmClustersSurvivesALostClusterAndADaemonRestart) {
   start_daemon();
@@ -182,6 +231,7 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossTwoSlurmClustersSurvivesALostClusterAndAD
   ASSERT_GE(before_loss, 20) << "no checkpoint from the gang; share output:\n"
                              << slurp(root_ / "jobs" / "job1" / "share0.out") << slurp(root_ / "jobs" / "job1" / "share1.out");
 
+  std::printf("west's power cut at step %lld's checkpoint\n", static_cast<long long>(before_loss));
   // 2. West dies mid-run: the job is re-placed on east alone (2 ranks), resuming from the newest checkpoint.
   cut_power("west");
   j = wait_job([](const json& v) { return v["state"] == "running" && v.value("attempts", 0) == 2; }, seconds(90));
@@ -218,4 +268,8 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossTwoSlurmClustersSurvivesALostClusterAndAD
   ASSERT_TRUE(std::regex_search(second, m, std::regex("resum\\w* (from )?.*step (\\d+)"))) << second;
   EXPECT_GE(std::stoll(m[2]), before_loss) << second;
   EXPECT_EQ(crosstrain::scheduler::last_metrics_step(run_dir()), 400);
+  check_the_ledger();
+  // The timeline, for the record (docs/scheduler.md quotes it).
+  std::printf("checkpoint before the loss: step %lld\n%s", static_cast<long long>(before_loss),
+              job({"logs", "1"}).output.c_str());
 }

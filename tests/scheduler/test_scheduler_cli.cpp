@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <thread>
 
+#include "chromium_dom.h"
 #include "subprocess.h"
 
 using namespace crosstrain::testing;
@@ -91,31 +92,6 @@ TEST(SchedulerCli, ARunningJobSurvivesTheDaemonBeingKilledAndRestarted) {
   fs::remove_all(dir);
 }
 
-namespace {
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-// Headless Chromium on `url` with a fresh profile: the DOM after the page's scripts ran (stdout to a file, so the
-// page cannot pass for a log line), and a screenshot when `png` is given. Killed at its deadline.
-std::string chromium_dom(const std::string& url, const fs::path& work, const std::string& png = "") {
-  fs::create_directories(work);
-  std::vector<std::string> argv = {"/bin/sh", "-c", "out=$1; shift; exec \"$@\" >\"$out\" 2>/dev/null", "sh",
-                                   (work / "dom.html").string(), "/usr/bin/chromium", "--headless=new", "--no-sandbox",
-                                   "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                                   "--user-data-dir=" + (work / "profile").string(), "--virtual-time-budget=4000"};
-  if (png.empty()) argv.push_back("--dump-dom");
-  else argv.insert(argv.end(), {"--screenshot=" + png, "--window-size=1300,900"});
-  argv.push_back(url);
-  const auto r = run_process(argv, {}, milliseconds(90000));
-  EXPECT_FALSE(r.timed_out);
-  return slurp(work / "dom.html");
-}
-
-}  // namespace
-
 TEST(SchedulerCli, TheDashboardShowsClustersLinksJobsAndPlacementsInABrowser) {
   if (!fs::exists("/usr/bin/chromium")) GTEST_SKIP() << "chromium is absent (scripts/install-deps.sh installs it)";
   const fs::path dir = fs::path(::testing::TempDir()) / "ct-scheduler-dashboard";
@@ -137,6 +113,57 @@ TEST(SchedulerCli, TheDashboardShowsClustersLinksJobsAndPlacementsInABrowser) {
   chromium_dom(url, dir / "browser-shot", png);
   EXPECT_GT(fs::exists(png) ? fs::file_size(png) : 0, 10000u) << "the screenshot is missing or empty";
   if (const char* keep = std::getenv("CT_DASHBOARD_PNG")) fs::copy_file(png, keep, fs::copy_options::overwrite_existing);
+  daemon->signal(SIGINT);
+  daemon->wait(milliseconds(10000));
+  fs::remove_all(dir);
+}
+
+// The resource layer's registration through the CLI: a new cluster joins a running daemon, a second registration
+// changes nothing, a measured link is recorded, and bad input is refused naming what is wrong.
+TEST(SchedulerCli, ClustersRegisterWithARunningDaemonAndLinksAreRecorded) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "ct-scheduler-register";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const int port = free_port();
+  auto daemon = start_daemon((dir / "state.db").string(), port);
+  std::ofstream(dir / "south.toml") << R"(name = "south"
+[devices.l4]
+peak_tflops = { fp32 = 30, bf16 = 121 }
+memory_gb = 24
+memory_bandwidth_gbs = 300
+power_w = 72
+price_per_hour = 0.8
+[[clusters]]
+name = "south"
+device = "l4"
+hosts = 4
+devices_per_host = 8
+)";
+  const std::string server = "http://127.0.0.1:" + std::to_string(port);
+  auto cluster = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv{kBin, "cluster", "--server", server};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run_process(argv, {}, milliseconds(30000));
+  };
+  auto added = cluster({"register", (dir / "south.toml").string()});
+  ASSERT_EQ(added.exit_code(), 0) << added.output;
+  EXPECT_TRUE(contains(added.output, "cluster south added")) << added.output;
+  EXPECT_TRUE(contains(cluster({"register", (dir / "south.toml").string()}).output, "cluster south unchanged"));
+  auto link = cluster({"link", "east", "south", "--bandwidth-gbps", "2.5", "--latency-us", "40000"});
+  ASSERT_EQ(link.exit_code(), 0) << link.output;
+  EXPECT_TRUE(contains(link.output, "link east - south: 2.500 Gbit/s, 40000 us")) << link.output;
+  auto unknown = cluster({"link", "east", "nowhere", "--bandwidth-gbps", "1"});
+  EXPECT_NE(unknown.exit_code(), 0);
+  EXPECT_TRUE(contains(unknown.output, "nowhere")) << unknown.output;
+  std::ofstream(dir / "bad.toml") << "name = \"x\"\n[[clusters]]\nname = \"x\"\ndevice = \"tpu9\"\nhosts = 1\n";
+  auto bad = cluster({"register", (dir / "bad.toml").string()});
+  EXPECT_NE(bad.exit_code(), 0);
+  EXPECT_TRUE(contains(bad.output, "bad.toml")) << bad.output;
+  // The daemon keeps them across a restart.
+  daemon->signal(SIGKILL);
+  daemon->wait(milliseconds(5000));
+  daemon = start_daemon((dir / "state.db").string(), port);
+  EXPECT_TRUE(contains(cluster({"register", (dir / "south.toml").string()}).output, "cluster south unchanged"));
   daemon->signal(SIGINT);
   daemon->wait(milliseconds(10000));
   fs::remove_all(dir);

@@ -14,6 +14,7 @@
 
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/service.h"
+#include "chromium_dom.h"
 #include "scheduler_test_util.h"
 #include "subprocess.h"
 
@@ -187,23 +188,7 @@ TEST(SchedulerServiceRun, ChartJsIsServedFromDebiansPackageOr404NamingIt) {
 
 // ---- the dashboard in a browser ---------------------------------------------------------------------------------
 
-// Headless Chromium on `url` with a fresh profile: the DOM after the page's scripts ran for 4 s of virtual time
-// (two redraws), or a screenshot when `png` is given. stdout goes to a file so that a log line cannot pass for the
-// page; killed at its deadline.
-std::string chromium_dom(const std::string& url, const fs::path& work, const std::string& png = "") {
-  fs::create_directories(work);
-  std::vector<std::string> argv = {"/bin/sh", "-c", "out=$1; shift; exec \"$@\" >\"$out\" 2>/dev/null", "sh",
-                                   (work / "dom.html").string(), "/usr/bin/chromium", "--headless=new", "--no-sandbox",
-                                   "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-                                   "--user-data-dir=" + (work / "profile").string(), "--virtual-time-budget=4000"};
-  if (png.empty()) argv.push_back("--dump-dom");
-  else argv.insert(argv.end(), {"--screenshot=" + png, "--window-size=1300,1300"});
-  argv.push_back(url);
-  const auto r = crosstrain::testing::run_process(argv, {}, std::chrono::milliseconds(90000));
-  EXPECT_FALSE(r.timed_out) << "chromium did not finish within 90 s on " << url;
-  std::ifstream in(work / "dom.html");
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
+using crosstrain::testing::chromium_dom;
 
 TEST(SchedulerServiceRun, TheDashboardShowsTheSelectedJobsLiveMetricsInABrowser) {
   if (!fs::exists("/usr/bin/chromium")) GTEST_SKIP() << "chromium is absent (scripts/install-deps.sh installs it)";

@@ -35,6 +35,16 @@ PlacementRecord two_shares() {
   return p;
 }
 
+TrainLaunch launch(const std::string& run_dir, const std::string& host, int port) {
+  TrainLaunch l;
+  l.crosstrain = "ct";
+  l.run_dir = run_dir;
+  l.master_host = host;
+  l.master_port = port;
+  l.rendezvous_timeout_s = 60;
+  return l;
+}
+
 std::string joined(const std::vector<std::string>& argv) {
   std::string s;
   for (const auto& a : argv) s += (s.empty() ? "" : " ") + a;
@@ -42,7 +52,9 @@ std::string joined(const std::vector<std::string>& argv) {
 }
 
 TEST(TrainShare, EachShareIsALauncherNodeMeetingAtShareZero) {
-  TrainLaunch l{"/bin/crosstrain", "/w/job7/run", "10.0.0.1", 29500, 120, false};
+  TrainLaunch l = launch("/w/job7/run", "10.0.0.1", 29500);
+  l.crosstrain = "/bin/crosstrain";
+  l.rendezvous_timeout_s = 120;
   const std::string west = joined(train_share_argv(recipe_job(), two_shares(), 1, l));
   EXPECT_EQ(west,
             "/bin/crosstrain run --nproc 2 --nnodes 2 --node-rank 1 --timeout 120 --master 10.0.0.1:29500 --cluster 1 "
@@ -59,7 +71,7 @@ TEST(TrainShare, OneClusterRunsSynchronouslyWithoutARendezvousAddress) {
   PlacementRecord p;
   p.shares = {{"east", 2, "dp=2 tp=1 pp=1"}};
   p.layout = "dp=2 tp=1 pp=1 zero=0 m=1 mb=8 fp32 sync";
-  const std::string cmd = joined(train_share_argv(recipe_job(), p, 0, {"ct", "/run", "h", 0, 60, false}));
+  const std::string cmd = joined(train_share_argv(recipe_job(), p, 0, launch("/run", "h", 0)));
   EXPECT_EQ(cmd.find("--master"), std::string::npos) << cmd;
   EXPECT_EQ(cmd.find("sync.mode"), std::string::npos) << cmd;
   EXPECT_NE(cmd.find("--nproc 2 --nnodes 1 --node-rank 0"), std::string::npos) << cmd;
@@ -69,14 +81,33 @@ TEST(TrainShare, UnevenSharesAndJobsWithoutARecipeAreRefused) {
   PlacementRecord p = two_shares();
   p.shares[1].ranks = 1;
   try {
-    train_share_argv(recipe_job(), p, 0, {"ct", "/run", "h", 1, 60, false});
+    train_share_argv(recipe_job(), p, 0, launch("/run", "h", 1));
     ADD_FAILURE() << "uneven shares were accepted";
   } catch (const UsageError& e) {
     EXPECT_NE(std::string(e.what()).find("same ranks on every node"), std::string::npos) << e.what();
   }
   JobRecord bare = recipe_job();
   bare.spec.recipe.clear();
-  EXPECT_THROW(train_share_argv(bare, two_shares(), 0, {"ct", "/run", "h", 1, 60, false}), UsageError);
+  EXPECT_THROW(train_share_argv(bare, two_shares(), 0, launch("/run", "h", 1)), UsageError);
+}
+
+// With a ledger, the ranks keep a work log (and at most ZeRO-1, whose ranks hold whole gradients) and the share
+// signs its cluster's steps while it trains and at its end, keeping the launcher's exit status.
+TEST(TrainShare, WithALedgerEachShareClaimsItsClustersWork) {
+  TrainLaunch l = launch("/w/job7/run", "h", 1);
+  l.ledger = "/l/ledger.jsonl";
+  l.ledger_keys = "/keys";
+  l.claim_every_s = 20;
+  PlacementRecord p = two_shares();
+  p.layout = "dp=4 tp=1 pp=1 zero=2 m=1 mb=4 fp32 diloco H=5";
+  const std::string script = train_share_script(recipe_job(), p, 1, l);
+  EXPECT_NE(script.find("'run.work_log=true'"), std::string::npos) << script;
+  EXPECT_NE(script.find("'parallel.zero=1'"), std::string::npos) << script;
+  const std::string claim = "'ct' 'ledger' 'claim' '/l/ledger.jsonl' '--run-dir' '/w/job7/run' '--cluster' 'west' "
+                            "'--key' '/keys/west.key' '--job' 'tiny-7' '--keys' '/keys/keys.json'";
+  EXPECT_NE(script.find("while sleep 20; do " + claim), std::string::npos) << script;
+  EXPECT_EQ(script.substr(script.size() - 13), "\nexit $status") << script;
+  EXPECT_EQ(train_share_script(recipe_job(), p, 1, launch("/w/job7/run", "h", 1)).find("ledger"), std::string::npos);
 }
 
 TEST(TrainShare, ShellLineQuotesEveryArgument) {
@@ -99,7 +130,7 @@ TEST(TrainShare, NewestCompleteCheckpointAndLastWholeMetricsLine) {
 }
 
 TEST(TrainShare, ShareCommandsOfOnePlacementShareOneFreshPort) {
-  const auto command = train_share_command({"ct", "", "127.0.0.1", 0, 60, false}, "/w");
+  const auto command = train_share_command(launch("", "127.0.0.1", 0), "/w");
   const std::string first = command(recipe_job(), two_shares(), 0), second = command(recipe_job(), two_shares(), 1);
   const auto port = [](const std::string& s) { return s.substr(s.find("'--master' ") + 11, 18); };
   EXPECT_EQ(port(first), port(second)) << first << "\n" << second;

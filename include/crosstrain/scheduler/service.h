@@ -17,6 +17,10 @@
 //                                    ServiceOptions::report_html; 404 naming why when there is no run folder, no
 //                                    metrics yet or no renderer.
 //   GET    /chart.js                 Chart.js from Debian's libjs-chart.js, for the dashboard's charts (no network)
+//   POST   /api/clusters             a cluster registers: a cluster file holding it alone (TOML) -> {"result":
+//                                    "added" (201), "up" (a lost cluster is back) or "unchanged"}; 400 for another
+//                                    spec under a known name
+//   POST   /api/links                a measured link {"a", "b", "bandwidth_gbps", "latency_us"}
 // Errors are JSON too: {"error": "..."} with 400 (bad request), 404 (no such job) or 500.
 #pragma once
 
@@ -62,7 +66,8 @@ class SchedulerService {
 
  private:
   void routes();
-  void run_routes();  // a job's run folder: metrics and report
+  void run_routes();       // a job's run folder: metrics and report
+  void resource_routes();  // clusters registering, measured links
   void tick_loop();
 
   Scheduler& scheduler_;

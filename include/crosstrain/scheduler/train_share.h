@@ -25,7 +25,17 @@ struct TrainLaunch {
   int master_port = 0;                    // the job's rendezvous port, the same for every share
   int rendezvous_timeout_s = 300;         // shares may wait in their clusters' queues before they meet
   bool resume = false;                    // the run folder holds a checkpoint
+  // The ledger of contributed compute (ledger.h): when set, the ranks keep a work log (run.work_log) and each
+  // share signs its cluster's steps into the ledger with its key LEDGER_KEYS/CLUSTER.key, every claim_every_s
+  // while it trains and once at its end (crosstrain ledger claim).
+  std::string ledger, ledger_keys;
+  int claim_every_s = 30;
 };
+
+// The share's whole command: the launcher line, and with a ledger the periodic and final claims around it. The
+// share's exit status is the launcher's.
+std::string train_share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
+                               const TrainLaunch& launch);
 
 // Each share must have the same number of ranks (the launcher's ranks are node_rank x nproc + local rank);
 // throws UsageError naming the shares otherwise.

@@ -25,8 +25,11 @@ struct WorkRecord {
   double time = 0;     // Unix seconds, when the step was done
 };
 
-// RUN_DIR/work/cluster<K>.jsonl
-std::string work_log_path(const std::string& run_dir, int cluster);
+// RUN_DIR/work/cluster<K>.jsonl, or RUN_DIR/work/NAME.jsonl when the cluster has a name: the scheduler names
+// each share's cluster (CROSSTRAIN_CLUSTER_NAME), whose index may differ from one placement of a job to the next.
+std::string work_log_path(const std::string& run_dir, int cluster, const std::string& name = "");
+// CROSSTRAIN_CLUSTER_NAME, checked to be a file name; "" when unset.
+std::string cluster_name_from_environment();
 // The record as one line, without the newline.
 std::string work_record_json(const WorkRecord& record);
 // The records of a work log, one per step in increasing step order: a resumed run repeats the steps after its

@@ -5,10 +5,11 @@
 #
 #   scripts/slurm_testbed.sh start DIR NAME PORT [CPUS]   # prints the SLURM_CONF to use; waits until the node is idle
 #   scripts/slurm_testbed.sh stop DIR                     # stops the daemons of DIR (idempotent)
+#   scripts/slurm_testbed.sh kill DIR                     # a power cut: SIGKILL to its jobs' processes and daemons
 #   SLURM_CONF=DIR/slurm.conf sbatch --wrap 'hostname'    # then: sbatch, srun, squeue, scancel, sinfo as usual
 set -euo pipefail
 
-usage() { sed -n '2,9p' "$0" >&2; exit 2; }
+usage() { sed -n '2,10p' "$0" >&2; exit 2; }
 
 stop_pidfile() {
   local f=$1
@@ -23,12 +24,23 @@ stop_pidfile() {
   rm -f "$f"
 }
 
-# Job steps outlive slurmd; they carry the cluster's SLURM_CONF (slurmd passes its environment on).
+descendants() {
+  local child
+  for child in $(pgrep -P "$1" || true); do
+    echo "$child"
+    descendants "$child"
+  done
+}
+
+# Job steps outlive slurmd; they carry the cluster's SLURM_CONF (slurmd passes its environment on). Their whole
+# process trees go (a batch script's launcher and its ranks are grandchildren of the step).
 stop_job_steps() {
   local dir=$1 pid
   for pid in $(pgrep -x slurmstepd || true); do
     if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "SLURM_CONF=$dir/slurm.conf"; then
-      pkill -KILL -P "$pid" 2>/dev/null || true
+      kill -STOP "$pid" 2>/dev/null || true
+      # shellcheck disable=SC2046
+      kill -KILL $(descendants "$pid") 2>/dev/null || true
       kill -KILL "$pid" 2>/dev/null || true
     fi
   done
@@ -43,6 +55,16 @@ stop() {
   stop_job_steps "$dir"
   stop_pidfile "$dir/slurmctld.pid"
   stop_pidfile "$dir/munge/munged.pid"
+}
+
+# No goodbyes: the controller first (it stops answering), then the node daemon, the job steps and their processes.
+power_cut() {
+  local dir=$1 f
+  for f in "$dir/slurmctld.pid" "$dir/slurmd.pid"; do
+    [[ -f $f ]] && kill -KILL "$(cat "$f")" 2>/dev/null || true
+  done
+  stop_job_steps "$dir"
+  stop "$dir"
 }
 
 write_conf() {
@@ -109,5 +131,6 @@ start() {
 case $1 in
   start) [[ $# -ge 4 ]] || usage; start "$2" "$3" "$4" "${5:-2}" ;;
   stop) stop "$2" ;;
+  kill) power_cut "$2" ;;
   *) usage ;;
 esac

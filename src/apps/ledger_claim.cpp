@@ -36,9 +36,9 @@ void add_claim(CLI::App& cmd, LedgerCli& cli) {
   c->add_option("--run-dir", cli.run_dir, "the training run's folder (run.dir), which holds work/")->required();
   c->add_option("--cluster", cli.cluster, "this cluster's name in the ledger (the key's)")->required();
   c->add_option("--cluster-index", cli.cluster_index,
-                "this cluster's index K in the run (CROSSTRAIN_CLUSTER): reads work/cluster<K>.jsonl; without it, "
-                "work/NAME.jsonl (the scheduler's runs name each cluster's log)")
+                "this cluster's index K in the run (CROSSTRAIN_CLUSTER): reads work/cluster<K>.jsonl")
       ->check(CLI::NonNegativeNumber);
+  c->add_option("--work-log", cli.work_log, "reads work/NAME.jsonl instead (CROSSTRAIN_WORK_LOG_NAME of the run)");
   c->add_option("--key", cli.key, "the cluster's secret key file (ledger keygen)")->required();
   c->add_option("--job", cli.job, "job the work was for")->required();
   c->add_option("--flops-per-token", cli.flops_per_token,
@@ -194,8 +194,9 @@ int run_claim(const LedgerCli& cli) {
     throw UsageError("ledger claim: --key '" + cli.key + "' is cluster '" + key.cluster + "''s key, not --cluster '" +
                      cli.cluster + "''s");
   const PublicKeys keys = cli.keys.empty() ? PublicKeys{} : read_public_keys(cli.keys);
-  const std::string log = cli.cluster_index >= 0 ? train::work_log_path(cli.run_dir, cli.cluster_index)
-                                                 : train::work_log_path(cli.run_dir, 0, cli.cluster);
+  const std::string log = !cli.work_log.empty()    ? train::work_log_path(cli.run_dir, 0, cli.work_log)
+                          : cli.cluster_index >= 0 ? train::work_log_path(cli.run_dir, cli.cluster_index)
+                                                   : train::work_log_path(cli.run_dir, 0, cli.cluster);
   const std::vector<train::WorkRecord> records = train::read_work_log(log);
   const double flops_per_token = claim_flops_per_token(cli);
   ClaimLock lock(cli.ledger);

@@ -23,6 +23,7 @@ struct LedgerCli {
   // claim: the run's folder and this cluster's index in it; FLOPs per token (0: from RUN_DIR/config.toml).
   std::string run_dir;
   int cluster_index = -1;  // claim: < 0 reads work/CLUSTER.jsonl
+  std::string work_log;    // claim: reads work/NAME.jsonl
   double flops_per_token = 0;
   // spot-check
   int64_t tokens_per_step = 0;

@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/scheduler/command.h"
@@ -101,13 +102,33 @@ std::map<std::string, std::string> SlurmExecutor::slurm_ids(int64_t job_id) cons
 }
 
 void SlurmExecutor::stop(int64_t job_id) {
-  for (const auto& [name, id] : slurm_ids(job_id)) {
+  const auto ids = slurm_ids(job_id);
+  for (const auto& [name, id] : ids) {
     // A lost cluster cannot be asked; its job ends with it.
-    run_command({"scancel", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
+    if (!unreachable_.count(name)) run_command({"scancel", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
+  }
+  // Wait until the reachable clusters no longer list the shares (SIGKILL after half the grace): a re-placed job
+  // must not meet the old gang's ranks still writing to its run folder.
+  const auto start = std::chrono::steady_clock::now();
+  bool killed = false;
+  for (const auto& [name, id] : ids) {
+    for (;;) {
+      const std::optional<std::string> state = slurm_state(cluster(name), id);
+      if (!state || state->empty()) break;  // gone, or a cluster that does not answer
+      const auto waited = std::chrono::steady_clock::now() - start;
+      if (waited > stop_grace_) break;
+      if (!killed && waited > stop_grace_ / 2) {
+        run_command({"scancel", "--signal=KILL", "--full", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
+        killed = true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
   }
 }
 
 std::optional<std::string> SlurmExecutor::slurm_state(const SlurmCluster& c, const std::string& id) {
+  // A controller that did not answer its last ping is not asked again: squeue retries a dead one for 18 s.
+  if (unreachable_.count(c.name)) return std::nullopt;
   const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%T"}, {{"SLURM_CONF", c.conf}}, timeout_);
   if (r.ok()) return first_line(r.output);
   // squeue also fails for a job id the controller has already purged; that one ended, unlike an unreachable cluster.
@@ -165,6 +186,7 @@ std::vector<std::string> SlurmExecutor::lost_clusters() {
     const CommandResult r = run_command({"scontrol", "ping"}, {{"SLURM_CONF", c.conf}}, timeout_);
     if (!r.ok() || r.output.find("UP") == std::string::npos) lost.push_back(c.name);
   }
+  unreachable_ = {lost.begin(), lost.end()};
   return lost;
 }
 

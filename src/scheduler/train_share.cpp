@@ -105,9 +105,9 @@ std::string train_share_script(const JobRecord& job, const PlacementRecord& plac
   const std::string& cluster = placement.shares[share].cluster;
   const std::string claim =
       shell_line({launch.crosstrain, "ledger", "claim", launch.ledger, "--run-dir", launch.run_dir, "--cluster", cluster,
-                  "--key", (fs::path(launch.ledger_keys) / (cluster + ".key")).string(), "--job",
-                  job.spec.name + "-" + std::to_string(job.id), "--keys",
-                  (fs::path(launch.ledger_keys) / "keys.json").string()});
+                  "--work-log", work_log_name(placement, share), "--key",
+                  (fs::path(launch.ledger_keys) / (cluster + ".key")).string(), "--job", ledger_job(job, placement),
+                  "--keys", (fs::path(launch.ledger_keys) / "keys.json").string()});
   // Claims while training (a cluster lost mid-run keeps what it claimed) and once more at the end.
   return "(while sleep " + std::to_string(launch.claim_every_s) + "; do " + claim + " > /dev/null 2>&1; done) &\n" +
          "claims=$!\n" + train + "\nstatus=$?\nkill $claims 2>/dev/null\n" + claim + "\nexit $status";
@@ -161,6 +161,14 @@ int free_port() {
 
 namespace crosstrain::scheduler {
 
+std::string work_log_name(const PlacementRecord& placement, size_t share) {
+  return placement.shares[share].cluster + ".a" + std::to_string(placement.attempt);
+}
+
+std::string ledger_job(const JobRecord& job, const PlacementRecord& placement) {
+  return job.spec.name + "-" + std::to_string(job.id) + ".a" + std::to_string(placement.attempt);
+}
+
 std::string job_dir_in(const std::string& work_dir, int64_t job_id) {
   return (fs::path(work_dir) / ("job" + std::to_string(job_id))).string();
 }
@@ -177,7 +185,8 @@ std::string share_script(const JobRecord& job, const PlacementRecord& placement,
   script << "#!/bin/bash\n"
          << "export CROSSTRAIN_JOB_ID=" << job.id << " CROSSTRAIN_CLUSTER_NAME=" << placement.shares[share].cluster
          << " CROSSTRAIN_SHARE=" << share << " CROSSTRAIN_SHARES=" << placement.shares.size()
-         << " CROSSTRAIN_RANK_OFFSET=" << offset << " CROSSTRAIN_WORLD_SIZE=" << placement.ranks() << "\n"
+         << " CROSSTRAIN_RANK_OFFSET=" << offset << " CROSSTRAIN_WORLD_SIZE=" << placement.ranks()
+         << " CROSSTRAIN_WORK_LOG_NAME=" << work_log_name(placement, share) << "\n"
          << "(\n" << command << "\n)\n"  // a subshell: even a command that calls exit leaves its status here
          << "echo $? > " << stem << ".exit.tmp && mv " << stem << ".exit.tmp " << stem << ".exit\n";
   return script.str();

@@ -28,12 +28,12 @@ std::string work_log_path(const std::string& run_dir, int cluster, const std::st
   return (fs::path(run_dir) / "work" / (file + ".jsonl")).string();
 }
 
-std::string cluster_name_from_environment() {
-  const char* name = std::getenv("CROSSTRAIN_CLUSTER_NAME");
+std::string work_log_name_from_environment() {
+  const char* name = std::getenv("CROSSTRAIN_WORK_LOG_NAME");
   if (!name || !*name) return "";
   for (const char* c = name; *c; ++c)
     if (!std::isalnum(static_cast<unsigned char>(*c)) && *c != '-' && *c != '_' && *c != '.')
-      throw UsageError(std::string("CROSSTRAIN_CLUSTER_NAME = '") + name +
+      throw UsageError(std::string("CROSSTRAIN_WORK_LOG_NAME = '") + name +
                        "' may hold only letters, digits and - _ . (it names the cluster's work log)");
   return name;
 }
@@ -126,7 +126,7 @@ std::unique_ptr<WorkLog> WorkLog::open(comm::Communicator& world, const std::str
     if (first < 0) first = r;
     log->cluster_tokens_ += v[2 * r + 1];
   }
-  log->path_ = work_log_path(run_dir, log->cluster_, cluster_name_from_environment());
+  log->path_ = work_log_path(run_dir, log->cluster_, work_log_name_from_environment());
   if (first != world.rank()) return log;
   std::error_code ec;
   fs::create_directories(fs::path(log->path_).parent_path(), ec);

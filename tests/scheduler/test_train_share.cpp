@@ -100,11 +100,13 @@ TEST(TrainShare, WithALedgerEachShareClaimsItsClustersWork) {
   l.claim_every_s = 20;
   PlacementRecord p = two_shares();
   p.layout = "dp=4 tp=1 pp=1 zero=2 m=1 mb=4 fp32 diloco H=5";
+  p.attempt = 2;
   const std::string script = train_share_script(recipe_job(), p, 1, l);
   EXPECT_NE(script.find("'run.work_log=true'"), std::string::npos) << script;
   EXPECT_NE(script.find("'parallel.zero=1'"), std::string::npos) << script;
   const std::string claim = "'ct' 'ledger' 'claim' '/l/ledger.jsonl' '--run-dir' '/w/job7/run' '--cluster' 'west' "
-                            "'--key' '/keys/west.key' '--job' 'tiny-7' '--keys' '/keys/keys.json'";
+                            "'--work-log' 'west.a2' '--key' '/keys/west.key' '--job' 'tiny-7.a2' '--keys' "
+                            "'/keys/keys.json'";
   EXPECT_NE(script.find("while sleep 20; do " + claim), std::string::npos) << script;
   EXPECT_EQ(script.substr(script.size() - 13), "\nexit $status") << script;
   EXPECT_EQ(train_share_script(recipe_job(), p, 1, launch("/w/job7/run", "h", 1)).find("ledger"), std::string::npos);

@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -35,6 +36,8 @@ class SlurmExecutor : public Executor {
   SlurmExecutor(std::vector<SlurmCluster> clusters, std::string work_dir, ShareCommand command,
                 std::chrono::milliseconds command_timeout = std::chrono::milliseconds(10000));
   void start(const JobRecord& job, const PlacementRecord& placement) override;
+  // scancel every share, then wait (at most 20 s; SIGKILL after 10) until the clusters that answer no longer list
+  // them.
   void stop(int64_t job_id) override;
   ExecStatus status(int64_t job_id) override;
   std::vector<std::string> lost_clusters() override;
@@ -55,6 +58,8 @@ class SlurmExecutor : public Executor {
   std::string work_dir_;
   ShareCommand command_;
   std::chrono::milliseconds timeout_;
+  std::chrono::milliseconds stop_grace_{20000};  // stop(): how long to wait for cancelled shares to end
+  std::set<std::string> unreachable_;            // clusters whose controller missed the last ping
 };
 
 }  // namespace crosstrain::scheduler

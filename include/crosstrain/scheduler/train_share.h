@@ -66,6 +66,12 @@ namespace crosstrain::scheduler {
 std::string job_dir_in(const std::string& work_dir, int64_t job_id);
 std::string job_run_dir(const std::string& work_dir, int64_t job_id);
 
+// Each placement of a job is its own computation in the ledger: a re-placed job repeats the steps after its
+// checkpoint, and both placements did that work. The share's work log is work/CLUSTER.aATTEMPT.jsonl
+// (CROSSTRAIN_WORK_LOG_NAME), and its claims are for job NAME-ID.aATTEMPT.
+std::string work_log_name(const PlacementRecord& placement, size_t share);
+std::string ledger_job(const JobRecord& job, const PlacementRecord& placement);
+
 // The batch script of share `share`: the CROSSTRAIN_* variables (slurm_executor.h), the command, then its exit
 // status into STEM.exit (written to a temporary name and renamed, so a reader never sees half of it).
 std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,

@@ -25,11 +25,12 @@ struct WorkRecord {
   double time = 0;     // Unix seconds, when the step was done
 };
 
-// RUN_DIR/work/cluster<K>.jsonl, or RUN_DIR/work/NAME.jsonl when the cluster has a name: the scheduler names
-// each share's cluster (CROSSTRAIN_CLUSTER_NAME), whose index may differ from one placement of a job to the next.
+// RUN_DIR/work/cluster<K>.jsonl, or RUN_DIR/work/NAME.jsonl when the log is named: the scheduler names each
+// share's log after its cluster and placement (CROSSTRAIN_WORK_LOG_NAME = "east.a2"), since a cluster's index
+// changes from one placement of a job to the next and a re-placed job repeats the steps after its checkpoint.
 std::string work_log_path(const std::string& run_dir, int cluster, const std::string& name = "");
-// CROSSTRAIN_CLUSTER_NAME, checked to be a file name; "" when unset.
-std::string cluster_name_from_environment();
+// CROSSTRAIN_WORK_LOG_NAME, checked to be a file name; "" when unset.
+std::string work_log_name_from_environment();
 // The record as one line, without the newline.
 std::string work_record_json(const WorkRecord& record);
 // The records of a work log, one per step in increasing step order: a resumed run repeats the steps after its

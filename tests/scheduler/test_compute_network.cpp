@@ -42,40 +42,14 @@ std::string slurp(const fs::path& p) {
 // Two clusters of one 2-CPU node each ("2 devices"), joined by a slow wide-area link: a 4-rank job must span
 // both, and across 50 Mbit/s DiLoCo beats a synchronous all-reduce of every step.
 void write_cluster_file(const fs::path& path) {
-  std::ofstream(path) << R"(name = "two-slurm-clusters"
-[devices.cpu]
-peak_tflops = { fp32 = 0.05, bf16 = 0.05 }
-memory_gb = 8
-memory_bandwidth_gbs = 20
-power_w = 15
-gemm_efficiency = 0.5
-price_per_hour = 0.1
-[[clusters]]
-name = "east"
-device = "cpu"
-hosts = 1
-devices_per_host = 2
-[clusters.links.host]
-latency_us = 5
-bandwidth_gbps = 40
-[clusters.links.cluster]
-latency_us = 20
-bandwidth_gbps = 10
-[[clusters]]
-name = "west"
-device = "cpu"
-hosts = 1
-devices_per_host = 2
-[clusters.links.host]
-latency_us = 5
-bandwidth_gbps = 40
-[clusters.links.cluster]
-latency_us = 20
-bandwidth_gbps = 10
-[links.wan]
-latency_us = 20000
-bandwidth_gbps = 0.05
-)";
+  std::ofstream out(path);
+  out << "name = \"two-slurm-clusters\"\n[devices.cpu]\npeak_tflops = { fp32 = 0.05, bf16 = 0.05 }\nmemory_gb = 8\n"
+         "memory_bandwidth_gbs = 20\npower_w = 15\ngemm_efficiency = 0.5\nprice_per_hour = 0.1\n";
+  for (const char* name : {"east", "west"})
+    out << "[[clusters]]\nname = \"" << name << "\"\ndevice = \"cpu\"\nhosts = 1\ndevices_per_host = 2\n"
+        << "[clusters.links.host]\nlatency_us = 5\nbandwidth_gbps = 40\n"
+        << "[clusters.links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n";
+  out << "[links.wan]\nlatency_us = 20000\nbandwidth_gbps = 0.05\n";
 }
 
 class ComputeNetwork : public ::testing::Test {

@@ -4,12 +4,16 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys bench-scheduler install clean
+.PHONY: all deps deps-core build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys bench-scheduler install clean
 
 all: build
 
 deps:
 	@scripts/install-deps.sh
+
+# What the binaries and the demo need, without the test suite's browser and Slurm clusters.
+deps-core:
+	@scripts/install-deps.sh --core
 
 $(BUILD)/CMakeCache.txt:
 	@cmake -S . -B $(BUILD) $(CMAKE_FLAGS) > /dev/null
@@ -18,12 +22,13 @@ build: deps $(BUILD)/CMakeCache.txt
 	@cmake --build $(BUILD) -j $(JOBS) -- --no-print-directory
 
 # The library and the binaries only (crosstrain, the testbed's delay relay): no test suite.
-app: deps $(BUILD)/CMakeCache.txt
+app: deps-core $(BUILD)/CMakeCache.txt
 	@cmake --build $(BUILD) -j $(JOBS) --target crosstrain_app crosstrain-delay-relay -- --no-print-directory
 
 # Everything but the `slow` label; ranks are processes, so two at a time is the limit on 2 cores.
 test: build
-	@cd $(BUILD) && ctest -j2 -LE slow --output-on-failure --timeout 900
+	@start=$$(date +%s); cd $(BUILD) && ctest -j2 -LE slow --output-on-failure --timeout 900; status=$$?; \
+	  echo "make test: the suite took $$(( $$(date +%s) - start )) s (make test-all adds the slow label)"; exit $$status
 
 test-all: build
 	@cd $(BUILD) && ctest -j2 --output-on-failure

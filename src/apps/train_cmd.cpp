@@ -13,8 +13,9 @@
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/elastic/membership.h"
-#include "crosstrain/train/dlrm_trainer.h"
+#include "crosstrain/train/model_family.h"
 #include "crosstrain/train/hf_checkpoint.h"
+#include "crosstrain/train/resume_check.h"
 #include "crosstrain/train/elastic.h"
 #include "crosstrain/train/trainer.h"
 #include "launcher.h"
@@ -36,6 +37,7 @@ void check_resume(const train::Config& config) {
   } catch (const UsageError& e) {
     throw UsageError(std::string(e.what()) + "; " + checkpoint::intact_checkpoint_hint(config.run.dir, *latest));
   }
+  train::check_resume_model(config, *latest);  // the same model (config and tensors), before anything loads it
   train::check_resume_step(*latest, step, config.train.steps);
 }
 
@@ -71,15 +73,6 @@ int train_elastic_rank(const train::Config& config, const LaunchEnv& env) {
   return 0;
 }
 
-// One rank of a DLRM job (train/dlrm_trainer.h).
-int train_dlrm_rank(const train::Config& config, comm::Communicator& world, bool resume) {
-  train::DlrmTrainer trainer(config, world);
-  train::DlrmOptions options;
-  options.resume = resume;
-  trainer.run(options);
-  return 0;
-}
-
 }  // namespace
 
 int train_command(const TrainCommand& cmd, const std::vector<std::string>& relaunch_args) {
@@ -94,14 +87,11 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   LaunchEnv env = detect_launch_env(current_environment());
   env.secret = job_secret(env, config);
   const bool launching = env.source == LaunchSource::Single && cmd.nproc > 1;
-  const bool dlrm = config.model.arch == "dlrm";
-  if (dlrm && config.elastic.enabled)
-    throw UsageError("elastic training (--max-restarts, elastic.enabled) is not available for model.arch = \"dlrm\" "
-                     "yet: resume from its checkpoints with --resume instead");
-  if (dlrm)
-    train::check_dlrm_config(config, launching ? cmd.nproc : env.world_size);
-  else
-    train::check_config(config, launching ? cmd.nproc : env.world_size);
+  const train::ModelFamily& family = train::model_family(config);
+  if (!family.elastic && config.elastic.enabled)
+    throw UsageError("elastic training (--max-restarts, elastic.enabled) is not available for model.arch = \"" +
+                     family.name + "\" yet: resume from its checkpoints with --resume instead");
+  family.check(config, launching ? cmd.nproc : env.world_size);
   if (config.elastic.enabled) train::check_elastic_config(config, launching ? cmd.nproc : env.world_size);
   // Elastic training resumes from the newest checkpoint by itself when no live replica holds the state.
   if (!cmd.resume && !config.elastic.enabled && checkpoint::latest_checkpoint(config.run.dir))
@@ -118,12 +108,9 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   if (launching) {
     // Ranks write into pipes; tell rank 0 whether a person is watching.
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);
-    // At the least, each rank holds its share of the model state (fp32 weights, gradients and two Adam moments:
-    // 16 bytes a parameter) even when every layout shards it as far as it goes.
-    // DLRM: fp32 tables and their row-wise state, spread over the ranks, unless they live in files (ps + mmap).
-    const bool tables_in_files = dlrm && config.dlrm.mode == "ps" && config.dlrm.ps_storage == "mmap";
-    const int64_t parameters = dlrm ? (tables_in_files ? 0 : config.dlrm.parameter_count()) : config.model.parameter_count();
-    const int64_t state_per_rank = (dlrm ? 8 : 16) * parameters / cmd.nproc;
+    // At the least, each rank holds its share of the model state (GPT: fp32 weights, gradients and two Adam
+    // moments; DLRM: tables and their row-wise state) even when every layout shards it as far as it goes.
+    const int64_t state_per_rank = family.state_bytes_per_parameter * family.parameters(config) / cmd.nproc;
     ElasticLaunch elastic;
     elastic.enabled = config.elastic.enabled;
     elastic.max_restarts = static_cast<int>(config.elastic.max_restarts);
@@ -131,7 +118,6 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   }
   if (config.elastic.enabled) return train_elastic_rank(config, env);
   auto world = comm::init_world(env, config.comm);
-  if (dlrm) return train_dlrm_rank(config, *world, cmd.resume);
   train::Trainer trainer(config, *world);
   train::TrainOptions options;
   options.resume = cmd.resume;

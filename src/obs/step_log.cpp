@@ -36,8 +36,9 @@ std::string metrics_row(const StepMetrics& m) {
 std::string progress_line(const StepMetrics& m) {
   return "step " + std::to_string(m.step) + "/" + std::to_string(m.total_steps) + " | loss " + fmt("%.4f", m.loss) +
          (m.val_loss >= 0 ? " | val " + fmt("%.4f", m.val_loss) : "") + " | lr " + fmt("%.2e", m.lr) + " | " +
-         fmt("%.0f", m.tokens_per_s) + " tok/s | mfu " + fmt("%.1f%%", 100 * m.mfu) + " | comm " +
-         fmt("%.0f", 1000 * m.comm_time_s) + " ms (exposed " + fmt("%.0f", 1000 * m.exposed_comm_time_s) + ")";
+         fmt("%.0f", m.tokens_per_s) + " " + m.unit + "/s" + (m.mfu > 0 ? " | mfu " + fmt("%.1f%%", 100 * m.mfu) : "") +
+         " | comm " + fmt("%.0f", 1000 * m.comm_time_s) + " ms (exposed " + fmt("%.0f", 1000 * m.exposed_comm_time_s) +
+         ")" + (m.note.empty() ? "" : " | " + m.note);
 }
 
 void ProgressPrinter::print(const StepMetrics& m) {

@@ -18,7 +18,7 @@
 #include "crosstrain/models/parallelize.h"
 #include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
-#include "crosstrain/train/sample.h"
+#include "crosstrain/train/loop.h"
 #include "debug_fault.h"
 #include "run.h"
 
@@ -54,7 +54,7 @@ class ElasticLoop {
  public:
   ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o)
       : c_(c), m_(m), o_(o), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
-        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")) {}
+        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")), loop_(c, o) {}
   ~ElasticLoop();
   TrainResult run();
 
@@ -66,7 +66,6 @@ class ElasticLoop {
   void finish();
   void note(const std::string& line) const;
   void fault_if_asked(int64_t step) const;
-  void open_metrics();
 
   const Config& c_;
   elastic::Membership& m_;
@@ -90,13 +89,9 @@ class ElasticLoop {
   int64_t switch_to_ = 0;
   double peak_flops_ = 0;
   bool header_printed_ = false;
-  std::unique_ptr<obs::MetricsWriter> metrics_;
-  std::unique_ptr<obs::MetricsServer> live_metrics_;  // while this process is rank 0 (obs.metrics_port)
   double vote_s_ = 0;  // time in the per-step vote (the cost of membership on the critical path)
   int64_t votes_ = 0;
-  obs::ProgressPrinter progress_{false};
-  Clock::time_point start_ = Clock::now();
-  TrainResult result_;
+  TrainLoop loop_;  // the run's outputs (while this process is rank 0) and its steps
 };
 
 ElasticLoop::~ElasticLoop() {
@@ -132,7 +127,7 @@ TrainResult ElasticLoop::run() {
     }
   }
   finish();
-  return result_;
+  return loop_.result();
 }
 
 // After a failure: learns the fate of the step in flight (it never commits here: this rank did not vote), keeps
@@ -162,7 +157,7 @@ bool ElasticLoop::run_generation() {
   configs_.push_back(std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_)));
   worlds_.push_back(m_.build_world(gen_));
   world_ = worlds_.back().get();
-  if (world_->rank() != 0) live_metrics_.reset();  // a rank 0 of an earlier generation serves no stale figures
+  if (world_->rank() != 0) loop_.close_outputs();  // a rank 0 of an earlier generation serves no stale figures
   RunStart start;
   start.refuse_old_run_dir = false;
   start.slot = m_.replica();
@@ -179,23 +174,11 @@ bool ElasticLoop::run_generation() {
          " of " + std::to_string(slots_) + " replicas train from step " + std::to_string(next_step_));
     if (!header_printed_) run_->print_header();
     header_printed_ = true;
-    open_metrics();
+    // A new rank 0 may find the metrics port still held by the last one's process: an elastic job goes on
+    // without the endpoint rather than fail (and be restarted, and fail again) over a monitor.
+    loop_.open_outputs(next_step_, /*tolerate_busy_port=*/true);
   }
   return train_steps();
-}
-
-void ElasticLoop::open_metrics() {
-  fs::create_directories(c_.run.dir);
-  if (!metrics_) std::ofstream(fs::path(c_.run.dir) / "config.toml") << to_toml(c_);
-  metrics_ = std::make_unique<obs::MetricsWriter>((fs::path(c_.run.dir) / "metrics.jsonl").string(), next_step_);
-  if (live_metrics_) return;
-  try {
-    live_metrics_ = obs::start_metrics_server(c_.obs, o_.quiet);
-  } catch (const UsageError& e) {
-    // A new rank 0 may find the port still held by the last one's process: an elastic job goes on without the
-    // endpoint rather than fail (and be restarted, and fail again) over a monitor.
-    note(std::string("no live metrics in this generation: ") + e.what());
-  }
 }
 
 // Who holds what: live state carried from the last generation (the newest step wins), else the newest checkpoint,
@@ -239,63 +222,44 @@ void ElasticLoop::bootstrap_state() {
                  static_cast<long long>(gen_.id), run_->state_digest().c_str(), static_cast<long long>(next_step_));
 }
 
+// The generation's steps through the one loop: an injected fault before a step, the step's vote before its
+// update, and a new generation named by a committed step ends this one.
 bool ElasticLoop::train_steps() {
-  const bool leader = world_->rank() == 0;
   const int64_t first = next_step_;
-  for (int64_t step = next_step_; step <= c_.train.steps; ++step) {
-    run_->set_step(step);
+  elastic::Decision d;
+  StepHooks hooks;
+  hooks.before_step = [&](int64_t step) {
     fault_if_asked(step);
     decided_ = false;
-    elastic::Decision d;
-    const StepRecord rec = run_->train_step(step, [&] {
-      const auto vote_start = Clock::now();
-      d = m_.vote(gen_, step);
-      vote_s_ += seconds_since(vote_start);
-      ++votes_;
-      decided_ = true;
-      if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
-    });
+  };
+  hooks.before_commit = [&](int64_t step) {
+    const auto vote_start = Clock::now();
+    d = m_.vote(gen_, step);
+    vote_s_ += seconds_since(vote_start);
+    ++votes_;
+    decided_ = true;
+    if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
+  };
+  hooks.committed = [&](int64_t step) {
     next_step_ = step + 1;
-    if (leader && step == first) note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
-    result_.steps.push_back(rec);
-    double val_loss = -1;
-    if (c_.train.eval_every > 0 && (step % c_.train.eval_every == 0 || step == c_.train.steps) && c_.data.val_fraction > 0)
-      val_loss = result_.val_loss = run_->evaluate();
-    const auto checkpoint_start = Clock::now();
-    const std::string saved = run_->checkpoint_hooks(step);
-    if (leader) {
-      if (!saved.empty() && !o_.quiet) std::printf("saved checkpoint %s\n", saved.c_str());
-      const obs::StepMetrics m = run_->metrics(rec, val_loss, seconds_since(checkpoint_start), seconds_since(start_));
-      metrics_->write(obs::metrics_row(m));
-      if (live_metrics_) live_metrics_->publish(m);
-      if (!o_.quiet && (step % c_.run.log_every == 0 || step == c_.train.steps || val_loss >= 0)) progress_.print(m);
-    }
-    if (d.next_generation > gen_.id) {
-      switch_to_ = d.next_generation;
-      return false;
-    }
-  }
-  return true;
+    if (world_->rank() == 0 && step == first)
+      note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
+  };
+  hooks.keep_going = [&](int64_t) {
+    if (d.next_generation <= gen_.id) return true;
+    switch_to_ = d.next_generation;
+    return false;
+  };
+  return loop_.run(*run_, *world_, first, hooks) == LoopEnd::Finished;
 }
 
 void ElasticLoop::finish() {
   m_.finish();
-  run_->commit_pending();
-  run_->flush_trace();
-  const bool talk = world_->rank() == 0 && !o_.quiet;
-  if (talk) {
-    std::printf("trained to step %lld in %.1f s\n", static_cast<long long>(c_.train.steps), seconds_since(start_));
-    if (votes_ > 0) note("membership: " + std::to_string(votes_) + " step votes, " +
-                         std::to_string(1000 * vote_s_ / static_cast<double>(votes_)) + " ms each on average");
-  }
-  run_->fill_dump();
-  if (world_->rank() == 0 && c_.train.sample_tokens > 0) {
-    result_.sample = sample_text(c_, *checkpoint::latest_checkpoint(c_.run.dir));
-    if (talk)
-      std::printf("--- sample (%lld tokens) ---\n%s\n---\n", static_cast<long long>(c_.train.sample_tokens),
-                  result_.sample.c_str());
-  }
-  std::fflush(stdout);
+  const bool leader = world_->rank() == 0;
+  loop_.finish(*run_, leader);
+  if (leader && !o_.quiet && votes_ > 0)
+    note("membership: " + std::to_string(votes_) + " step votes, " +
+         std::to_string(1000 * vote_s_ / static_cast<double>(votes_)) + " ms each on average");
 }
 
 }  // namespace

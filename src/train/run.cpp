@@ -27,11 +27,13 @@
 #include "crosstrain/train/hf_checkpoint.h"
 #include "crosstrain/train/lr_schedule.h"
 #include "crosstrain/train/optimizer.h"
+#include "crosstrain/train/resume_check.h"
 #include "crosstrain/train/sample.h"
 #include "crosstrain/train/stop_vote.h"
 #include "crosstrain/train/sync_strategy.h"
 #include "crosstrain/train/test_hooks.h"
 #include "debug_fault.h"
+#include "recording.h"
 
 namespace crosstrain::train {
 namespace fs = std::filesystem;
@@ -45,35 +47,6 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 void need(bool ok, const std::string& message) {
   if (!ok) throw UsageError(message);
 }
-
-comm::RecordingOptions recording_options(const Config& c, int rank, comm::HangDoctor* doctor,
-                                         std::shared_ptr<comm::FlightRecorder> recorder) {
-  comm::RecordingOptions o;
-  o.recorder = std::move(recorder);
-  o.doctor = doctor;
-  // debug.skip_collective = "RANK@STEP": the step at which this rank holds back a collective.
-  o.hold_back_step = parse_debug_fault(c.debug.skip_collective, "skip_collective").step_for(rank);
-  return o;
-}
-
-// A phase of the training thread: a span in the trace and, while it lasts, what the flight recorder says this
-// rank is doing (a peer's hang diagnosis reads it).
-class Phase {
- public:
-  Phase(obs::Tracer* tracer, comm::FlightRecorder& recorder, obs::SpanKind kind, const char* name, int64_t step,
-        int mb = -1, int stage = -1)
-      : scope_(tracer, kind, name, step, mb, stage), recorder_(recorder), outer_(recorder.activity()) {
-    recorder_.set_activity(name);
-  }
-  ~Phase() { recorder_.set_activity(outer_); }
-  Phase(const Phase&) = delete;
-  Phase& operator=(const Phase&) = delete;
-
- private:
-  obs::Tracer::Scope scope_;
-  comm::FlightRecorder& recorder_;
-  const char* outer_;
-};
 
 // This rank's parameters in the model's unit order (forward order), the order of the work log's digests.
 std::vector<at::Tensor> parameters_in_order(const models::ParallelGPT& model) {
@@ -107,40 +80,6 @@ const char* span_name(parallel::ActionType type) {
     case ActionType::SendGrad: return "send_grad";
   }
   return "?";
-}
-
-obs::Span wait_span(const comm::OpRecord& r, int group, int64_t from_us, int64_t to_us) {
-  obs::Span wait;
-  wait.kind = obs::SpanKind::Wait;
-  wait.name = "wait";
-  wait.op = r.op;
-  wait.ts_us = from_us;
-  wait.dur_us = to_us - from_us;
-  wait.step = r.step;
-  wait.group = group;
-  wait.seq = r.seq;
-  return wait;
-}
-
-// A finished operation of the recorded communicators: its span from issue to completion (on a lane of its
-// group), and the parts a thread spent blocked on it: in the call that issued it (some paths do their work
-// there), then in its wait. Waits too short to matter are left out to keep traces small.
-void trace_operation(obs::Tracer& tracer, comm::FlightRecorder& recorder, const comm::OpRecord& r) {
-  obs::Span span;
-  span.kind = obs::SpanKind::Comm;
-  span.name = r.op;
-  span.ts_us = r.issued_us;
-  span.dur_us = std::max<int64_t>(0, r.finished_us - r.issued_us);
-  span.step = r.step;
-  span.peer = r.peer;
-  span.group = tracer.group(recorder.group_name(r.group));
-  span.seq = r.seq;
-  span.bytes = r.bytes;
-  span.state = comm::to_string(r.state);
-  tracer.add(span);
-  if (r.issue_end_us - r.issued_us >= 20) tracer.add(wait_span(r, span.group, r.issued_us, r.issue_end_us));
-  if (r.wait_start_us >= 0 && r.finished_us - r.wait_start_us >= 5)
-    tracer.add(wait_span(r, span.group, r.wait_start_us, r.finished_us));
 }
 
 double all_reduce(comm::Communicator* group, double value, comm::ReduceOp op) {
@@ -244,15 +183,12 @@ SyncSetup Run::sync_setup(const Config& c, comm::Communicator& world) {
 }
 
 Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start)
-    : c_(c), recorder_(std::make_shared<comm::FlightRecorder>(world.rank(), static_cast<size_t>(c.obs.flight_records))),
-      recorded_world_(comm::make_recording(world, recording_options(c, world.rank(), options.hang_doctor, recorder_))),
-      world_(*recorded_world_), talk_(world.rank() == 0 && !options.quiet),
+    : c_(c), recording_(c, world, options.hang_doctor), world_(recording_.world()), talk_(world.rank() == 0 && !options.quiet),
       dims_(validate(c, world.size())), mesh_(world_, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
       tp_index_(mesh_.index(Axis::TP)),
       checkpoints_(world_, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
                    c.comm.timeout_s, c.debug.checkpoint),
       dump_(options.dump), stragglers_(c.obs.straggler_margin, static_cast<int>(c.obs.straggler_windows), c.obs.straggler_min_ms / 1000) {
-  if (options.hang_doctor) options.hang_doctor->watch(recorder_);
   splits_ = data::load_dataset(c.data, c.model.block_size);
   if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());
   data::check_vocab(splits_, c.model.vocab_size, c.data.path);
@@ -329,52 +265,27 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
 }
 
 Run::~Run() {
-  // Works of a failed generation may finish later: they must not reach a tracer that is gone.
-  recorder_->set_sink({});
-  if (tracer_) flush_trace();
+  if (recording_.tracer()) flush_trace();
 }
 
-// Traces (docs/observability.md): the clock offset to rank 0 first, then every finished operation of the
-// recorded communicators becomes a span, and so does every wait a thread spent on one.
 void Run::start_trace(const RunStart& start) {
-  if (!c_.obs.trace) return;
-  const comm::ClockOffset clock = world_.size() > 1 ? comm::estimate_clock_offset(world_) : comm::ClockOffset{};
   obs::TraceIdentity id;
-  id.rank = world_.rank();
-  id.world_size = world_.size();
   id.dp = dims_.dp();
   id.pp = dims_.pp();
   id.tp = dims_.tp();
   id.dp_index = dp_index_;
   id.pp_index = mesh_.index(Axis::PP);
   id.tp_index = tp_index_;
-  id.offset_us = clock.offset_us;
-  id.rtt_us = clock.rtt_us;
-  id.unix_us = std::chrono::duration_cast<std::chrono::microseconds>(
-                   std::chrono::system_clock::now().time_since_epoch()).count() - comm::monotonic_us();
   // A fresh run starts its trace over; a resumed run and elastic generations add to it.
-  const bool append = start.resume || !start.refuse_old_run_dir;
-  const std::string path = (fs::path(c_.run.dir) / "traces" / ("rank-" + std::to_string(world_.rank()) + ".json")).string();
-  tracer_ = std::make_shared<obs::Tracer>(path, id, static_cast<size_t>(c_.obs.trace_buffer_events), append);
-  // The sink holds the tracer: a work another thread finishes while this Run is destroyed still has it. The
-  // recorder is the one calling, so it is alive.
-  comm::FlightRecorder* recorder = recorder_.get();
-  recorder_->set_sink([tracer = tracer_, recorder](const comm::OpRecord& r) { trace_operation(*tracer, *recorder, r); });
+  recording_.start_trace(id, start.resume || !start.refuse_old_run_dir);
 }
 
-void Run::flush_trace() {
-  if (!tracer_) return;
-  obs::MemorySample m;
-  m.rss_bytes = obs::rss_bytes();
-  m.peak_rss_bytes = obs::peak_rss_bytes();
-  m.model_state_bytes = optimizer_->memory().total();
-  tracer_->flush(m);
-}
+void Run::flush_trace() { recording_.flush_trace(optimizer_->memory().total()); }
 
 // The pipeline runtime keeps its own timeline of the step (seconds since it started): each action a span.
 void Run::trace_pipeline_step(int64_t step, int64_t started_us) {
   auto* pipeline = model_->pipeline();
-  if (!tracer_ || !pipeline) return;
+  if (!recording_.tracer() || !pipeline) return;
   const int stages = pipeline->spec().stages, stage = mesh_.index(Axis::PP);
   for (const auto& e : pipeline->timeline()) {
     obs::Span span;
@@ -390,7 +301,7 @@ void Run::trace_pipeline_step(int64_t step, int64_t started_us) {
                                 e.action.type == parallel::ActionType::RecvGrad;
       span.peer = (stage + (towards_next ? 1 : stages - 1)) % stages;
     }
-    tracer_->add(span);
+    recording_.tracer()->add(span);
   }
 }
 
@@ -445,6 +356,7 @@ void Run::freeze(const std::set<std::string>& frozen) {
 void Run::resume() {
   auto latest = checkpoint::latest_checkpoint(c_.run.dir);
   if (!latest) throw UsageError("--resume: no checkpoint in '" + c_.run.dir + "/checkpoints'");
+  check_resume_model(c_, *latest);  // the same model: its config and tensors (train/resume_check.h)
   checkpoint::CheckpointReader reader(*latest);
   CheckpointState st = state_from_info(reader);
   check_resume_step(*latest, st.step, c_.train.steps);
@@ -502,7 +414,7 @@ double Run::forward_backward(bool training) {
     const int64_t started_us = comm::monotonic_us();
     double local = 0;
     {
-      Phase phase(nullptr, *recorder_, obs::SpanKind::Compute, training ? "pipeline step" : "pipeline eval", step_);
+      Phase phase(nullptr, recording_.recorder(), obs::SpanKind::Compute, training ? "pipeline step" : "pipeline eval", step_);
       local = training ? pipeline->train_step() : pipeline->eval_step();
     }
     if (training) trace_pipeline_step(step_, started_us);
@@ -521,14 +433,14 @@ double Run::forward_backward(bool training) {
     reducer.set_sync(last && !deferred);
     at::Tensor l;
     {
-      Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Compute, "forward", step_, static_cast<int>(m));
+      Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Compute, "forward", step_, static_cast<int>(m));
       l = model_->loss(m) / static_cast<double>(M);
       loss += l.item<double>();
     }
     if (!training) continue;
     // The loss rides with the gradients: averaged over the data-parallel ranks in the same collective.
     if (last) reducer.set_side_value(0, loss);
-    Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Compute, "backward", step_, static_cast<int>(m));
+    Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Compute, "backward", step_, static_cast<int>(m));
     l.backward();
   }
   if (!training) return loss;
@@ -554,12 +466,12 @@ void Run::set_step(int64_t step) {
 
 StepRecord Run::train_step(int64_t step, const std::function<void()>& before_commit) {
   const auto t0 = Clock::now();
-  const double blocked_before = recorder_->blocked_seconds();
+  const double blocked_before = recording_.recorder().blocked_seconds();
   step_ = step;
-  recorder_->set_step(step);
+  recording_.recorder().set_step(step);
   StepRecord rec;
   {
-    Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Step, "step", step);
+    Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Step, "step", step);
     rec = step_phases(step, before_commit);
   }
   rec.step_time_s = seconds_since(t0);
@@ -572,7 +484,7 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
                 "; lower train.lr or check the data");
   if (work_log_) log_work(step);
   if (window_busy_s_.empty()) window_first_step_ = step;
-  window_busy_s_.push_back(std::max(0.0, rec.step_time_s - (recorder_->blocked_seconds() - blocked_before)));
+  window_busy_s_.push_back(std::max(0.0, rec.step_time_s - (recording_.recorder().blocked_seconds() - blocked_before)));
   if (lockstep() && c_.obs.straggler_every > 0 && step % c_.obs.straggler_every == 0) exchange_straggler_timings(step);
   if (step % c_.obs.trace_flush_every == 0) flush_trace();
   return rec;
@@ -580,7 +492,7 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
 
 StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_commit) {
   using obs::SpanKind;
-  obs::Tracer* t = tracer_.get();
+  obs::Tracer* t = recording_.tracer();
   StepRecord rec;
   rec.step = step;
   rec.lr = learning_rate(step, c_.train.warmup_steps, c_.train.steps, c_.train.lr, c_.train.min_lr);
@@ -588,11 +500,11 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
   torch::manual_seed(c_.run.seed * 1000003ULL + static_cast<uint64_t>(world_.rank()) * 7919ULL +
                      static_cast<uint64_t>(step));
   {
-    Phase phase(t, *recorder_, SpanKind::Sync, "sync.before_step", step);
+    Phase phase(t, recording_.recorder(), SpanKind::Sync, "sync.before_step", step);
     sync_->before_step(step);  // [sync] ssp: wait for the slowest within the bound
   }
   {
-    Phase phase(t, *recorder_, SpanKind::Data, "data", step);
+    Phase phase(t, recording_.recorder(), SpanKind::Data, "data", step);
     load_batches(
         splits_.train, splits_.train_mask,
         [&](int64_t m) { return sampler_->local_offsets(step, static_cast<int>(m)); },
@@ -602,11 +514,11 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
   const double replica_loss = forward_backward(true);
   activation_peak_bytes_ = activations.peak_above_baseline();
   {
-    Phase phase(t, *recorder_, SpanKind::Sync, "sync.after_backward", step);
+    Phase phase(t, recording_.recorder(), SpanKind::Sync, "sync.after_backward", step);
     rec.loss = sync_->after_backward(step, replica_loss);  // [sync] hierarchical: across clusters
   }
   {
-    Phase phase(t, *recorder_, SpanKind::Optimizer, "grad_norm", step);
+    Phase phase(t, recording_.recorder(), SpanKind::Optimizer, "grad_norm", step);
     if (!partial_trainable_.empty()) optimizer_->sum_partial_gradients(partial_trainable_, *mesh_.group(Axis::TP));
     // Replicated parameters count once: on tensor-parallel rank 0.
     rec.grad_norm = optimizer_->gradient_norm(
@@ -616,16 +528,16 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
   }
   if (dump_ && step == c_.train.steps) dump_->gradients = optimizer_->gradients();
   if (before_commit) {
-    Phase phase(t, *recorder_, SpanKind::Elastic, "vote", step);
+    Phase phase(t, recording_.recorder(), SpanKind::Elastic, "vote", step);
     before_commit();
   }
   {
-    Phase phase(t, *recorder_, SpanKind::Optimizer, "optimizer", step);
+    Phase phase(t, recording_.recorder(), SpanKind::Optimizer, "optimizer", step);
     optimizer_->step(rec.lr);
     optimizer_->zero_grad();
   }
   sampler_->mark_done(step);
-  Phase phase(t, *recorder_, SpanKind::Sync, "sync.after_step", step);
+  Phase phase(t, recording_.recorder(), SpanKind::Sync, "sync.after_step", step);
   sync_->after_step(step, step == c_.train.steps);  // [sync] outer step, gossip round, push/pull
   return rec;
 }
@@ -662,8 +574,8 @@ void Run::exchange_straggler_timings(int64_t step) {
 
 // Fixed validation batches, split across replicas like training batches; the mean over every sequence (each
 // replica's loss weighted by its share of the batch, 1 for an even split).
-double Run::evaluate() {
-  Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Eval, "evaluate", step_);
+Evaluation Run::evaluate() {
+  Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Eval, "evaluate", step_);
   torch::NoGradGuard no_grad;
   model_->train(false);
   data::DistributedSampler val(c_.run.seed ^ 0x5eedULL, static_cast<int64_t>(splits_.val.size()), c_.model.block_size,
@@ -681,13 +593,15 @@ double Run::evaluate() {
     total += all_reduce(&world_, counted ? replica * share : 0.0, comm::ReduceOp::Sum) / dims_.dp();
   }
   model_->train(true);
-  return total / static_cast<double>(c_.train.eval_batches);
+  Evaluation e;
+  e.loss = total / static_cast<double>(c_.train.eval_batches);
+  return e;
 }
 
 // A save on schedule and at the end; an asynchronous one is committed a step later, when its files have had a
 // step's time to be written.
-std::string Run::checkpoint_hooks(int64_t step) {
-  Phase phase(tracer_.get(), *recorder_, obs::SpanKind::Checkpoint, "checkpoint", step);
+std::string Run::checkpoint(int64_t step) {
+  Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Checkpoint, "checkpoint", step);
   std::string saved = commit_pending();
   const bool last = step == c_.train.steps;
   if ((c_.train.checkpoint_every > 0 && step % c_.train.checkpoint_every == 0) || last) {
@@ -702,12 +616,12 @@ std::string Run::checkpoint_hooks(int64_t step) {
   return saved;
 }
 
-obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double checkpoint_s, double elapsed_s) {
+obs::StepMetrics Run::metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s, double elapsed_s) {
   obs::StepMetrics m;
   m.step = rec.step;
   m.total_steps = c_.train.steps;
   m.loss = rec.loss;
-  m.val_loss = val_loss;
+  m.val_loss = eval.loss;
   m.lr = rec.lr;
   m.grad_norm = rec.grad_norm;
   m.tokens_per_s = rec.tokens_per_s;
@@ -756,7 +670,7 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
     m.counts["straggler_rank"] = last_verdict_.straggler;
     verdict_fresh_ = false;
   }
-  if (tracer_) m.counts["trace_dropped_events"] = tracer_->dropped();
+  if (recording_.tracer()) m.counts["trace_dropped_events"] = recording_.tracer()->dropped();
   if (dims_.zero == 3) m.counts["gathered_peak_bytes"] = bytes.gathered_peak;
   if (auto* pipeline = model_->pipeline()) {
     // The pipeline's timeline of this rank: compute time over step time shows the bubble.
@@ -769,6 +683,9 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, double val_loss, double che
   }
   return m;
 }
+
+// Text comes from the checkpoint saved at the end, which holds the whole model in any layout.
+std::string Run::sample() { return sample_text(c_, *checkpoint::latest_checkpoint(c_.run.dir)); }
 
 void Run::fill_dump() {
   if (!dump_) return;

@@ -20,11 +20,13 @@
 #include "crosstrain/parallel/mesh.h"
 #include "crosstrain/train/checkpoint.h"
 #include "crosstrain/train/config.h"
+#include "crosstrain/train/job.h"
 #include "crosstrain/train/optimizer.h"
 #include "crosstrain/train/sync_strategy.h"
 #include "crosstrain/train/trainer.h"
 #include "crosstrain/train/work_log.h"
 #include "peak_flops.h"
+#include "recording.h"
 
 namespace crosstrain::train {
 
@@ -44,38 +46,39 @@ struct RunStart {
   double peak_flops = 0;          // measured once per process; 0: measure now
 };
 
-// Everything a replica needs to continue: carried across generations, or sent to a joining replica.
-struct LiveState {
-  std::vector<at::Tensor> tensors;  // ModelOptimizer::live_state() of a Run kept alive by the caller
-  int64_t optimizer_steps = 0;
-  int64_t next_step = 1;
-  bool valid() const { return !tensors.empty(); }
-};
-
 struct HealStats {
   int64_t bytes = 0;   // state bytes sent to each receiver
   double seconds = 0;  // the transfer, once both sides are there, to the last byte
 };
 
-// One rank's composed run: layout, model, sync strategy, optimizer, data and checkpoints, built once.
-class Run {
+// One rank's composed run of a GPT or Llama model: layout, model, sync strategy, optimizer, data and checkpoints,
+// built once. The training loop (train/loop.h) drives it as a Job.
+class Run : public Job {
  public:
   Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start = {});
   ~Run();
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;
-  int64_t start_step() const { return start_step_; }
-  // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes
-  // anything (elastic: the step's vote; it throws to abandon the step).
-  StepRecord train_step(int64_t step, const std::function<void()>& before_commit = {});
-  double evaluate();
-  std::string checkpoint_hooks(int64_t step);  // returns the directory committed this step, if any
-  obs::StepMetrics metrics(const StepRecord& rec, double val_loss, double checkpoint_s, double elapsed_s);
-  void print_header() const;
+  // ---- Job ---------------------------------------------------------------------------------------------
+  int64_t start_step() const override { return start_step_; }
+  StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override;
+  bool has_validation() const override { return c_.data.val_fraction > 0; }
+  Evaluation evaluate() override;
+  std::string checkpoint(int64_t step) override;  // returns the directory committed this step, if any
+  obs::StepMetrics metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s,
+                           double elapsed_s) override;
+  void print_header() const override;
+  std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
+  void set_step(int64_t step) override;
+  bool lockstep() const override { return c_.sync.mode == "sync"; }
+  void finish() override { fill_dump(); }
+  std::string sample() override;
+  // Appends the buffered spans to the trace file now (the end of a run; every obs.trace_flush_every steps).
+  void flush_trace() override;
+  // This rank's model and optimizer state (references into this Run), to continue at `next_step`.
+  LiveState live_state(int64_t next_step) override;
+
   void fill_dump();  // tests: options.dump, when the run ends
-  std::string commit_pending() { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
-  void set_step(int64_t step);
-  bool lockstep() const { return c_.sync.mode == "sync"; }
   at::ScalarType compute_dtype() const { return c_.train.precision == "bf16" ? at::kBFloat16 : at::kFloat; }
   void resume();
   // train.freeze / LoRA: these parameters get no gradient and no optimizer state (and, with bf16, the compute
@@ -84,14 +87,10 @@ class Run {
   double peak_flops() const { return peak_flops_; }
   // Observability (docs/observability.md): the trace of this rank (null when obs.trace = false) and the flight
   // recorder of its communicators.
-  obs::Tracer* tracer() { return tracer_.get(); }
-  comm::FlightRecorder& recorder() { return *recorder_; }
-  // Appends the buffered spans to the trace file now (the end of a run; every obs.trace_flush_every steps).
-  void flush_trace();
+  obs::Tracer* tracer() { return recording_.tracer(); }
+  comm::FlightRecorder& recorder() { return recording_.recorder(); }
 
   // ---- elastic training -------------------------------------------------------------------------------
-  // This rank's model and optimizer state (references into this Run), to continue at `next_step`.
-  LiveState live_state(int64_t next_step);
   // Takes over `from` (a Run of the same rank layout): copies its tensors into this Run's.
   void adopt(const LiveState& from);
   // Replica `donor` sends its state and step to the `receivers` (data-parallel indices), point to point; the
@@ -119,9 +118,8 @@ class Run {
   void log_work(int64_t step);
 
   const Config& c_;
-  // Every operation of the run goes through the recorded world (comm/recording.h); world_ refers to it.
-  std::shared_ptr<comm::FlightRecorder> recorder_;
-  std::unique_ptr<comm::Communicator> recorded_world_;
+  // Every operation of the run goes through the recorded world (recording.h); world_ refers to it.
+  RunRecording recording_;
   comm::Communicator& world_;
   bool talk_;
   parallel::ParallelDims dims_;
@@ -144,7 +142,6 @@ class Run {
   int64_t rss_before_model_ = 0;  // RSS (freed memory returned) just before the model was built
   GemmPeak gemm_peak_;  // measured here (empty when given or carried over)
   double sync_blocked_s_ = 0, compute_s_ = 0;  // [sync] for utilization
-  std::shared_ptr<obs::Tracer> tracer_;  // shared with the recorder's sink, which other threads may be in
   // Straggler detection: busy time (step time less the time blocked in waits) since the last exchange.
   obs::StragglerDetector stragglers_;
   std::vector<double> window_busy_s_;  // per step

@@ -3,7 +3,9 @@
 // as safetensors, and bad settings are refused with a message that names the key.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 
 #include "crosstrain/checkpoint/safetensors.h"
@@ -93,5 +95,50 @@ TEST(DlrmCli, BadSettingsAreRefusedNamingTheKey) {
     EXPECT_TRUE(contains(r.output, c.expect)) << c.expect << ":\n" << r.output;
     EXPECT_FALSE(fs::exists(dir + "/checkpoints")) << "a refused run writes nothing";
   }
+  fs::remove_all(dir);
+}
+
+// DLRM runs through the one training loop (train/loop.h): it records traces, its metrics rows carry the common
+// fields, `crosstrain report` renders it, and Ctrl-C stops every rank between steps with the resume command.
+TEST(DlrmCli, RunsThroughTheCommonLoopTracesReportsAndStopsOnCtrlC) {
+  const std::string dir = fresh("loop");
+  auto args = train_args(dir, 4, 100000);
+  args.insert(args.end(), {"--set", "train.checkpoint_every=5", "--set", "run.log_every=1"});
+  Process job(args);
+  ASSERT_TRUE(job.wait_for_output("step 7/100000", std::chrono::milliseconds(180000))) << "never reached step 7";
+  job.signal(SIGINT);
+  auto stopped = job.wait(std::chrono::milliseconds(120000));
+  EXPECT_FALSE(stopped.timed_out);
+  EXPECT_EQ(stopped.exit_code(), 128 + SIGINT) << stopped.output;
+  EXPECT_TRUE(std::regex_search(stopped.output, std::regex("interrupted after step [0-9]+ of 100000"))) << stopped.output;
+  EXPECT_TRUE(contains(stopped.output, "The newest checkpoint is " + dir + "/checkpoints/step_0000000"))
+      << stopped.output;
+  EXPECT_TRUE(contains(stopped.output, "--resume")) << stopped.output;
+
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(fs::exists(dir + "/traces/rank-" + std::to_string(r) + ".json")) << "rank " << r << " wrote no trace";
+  std::ifstream rows(dir + "/metrics.jsonl");
+  std::string line;
+  int count = 0;
+  while (std::getline(rows, line)) {
+    ++count;
+    for (const char* field : {"\"step\"", "\"loss\"", "\"lr\"", "\"tokens_per_s\"", "\"step_time_s\"",
+                              "\"comm_time_s\"", "\"exposed_comm_time_s\"", "\"time_s\"", "\"peak_rss_bytes\"",
+                              "\"sync_mode\"", "\"examples_per_s\"", "\"embedding_bytes_sent\""})
+      EXPECT_TRUE(contains(line, field)) << field << " missing from " << line;
+  }
+  EXPECT_GE(count, 7);
+
+  auto report = run_process({kBin, "report", dir}, {}, std::chrono::milliseconds(120000));
+  EXPECT_EQ(report.exit_code(), 0) << report.output;
+  EXPECT_TRUE(contains(report.output, "throughput")) << report.output;
+  EXPECT_FALSE(contains(report.output, "no traces")) << report.output;
+
+  // The printed command continues the run (with fewer steps to keep the test short).
+  auto resume_args = train_args(dir, 4, 12);
+  resume_args.push_back("--resume");
+  auto resumed = run_process(resume_args, {}, std::chrono::milliseconds(180000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "step 12/12")) << resumed.output;
   fs::remove_all(dir);
 }

@@ -22,6 +22,10 @@ struct StepMetrics {
   std::map<std::string, int64_t> counts;       // whole numbers: bytes, exchanges
   std::map<std::string, std::string> labels;  // text fields, e.g. sync_mode
   std::map<std::string, std::vector<double>> series;  // one value per rank, e.g. rank_busy_s, straggler_score
+  // The progress line only (not the row): what tokens_per_s counts ("examples" for DLRM), and the family's own
+  // figures at the end of the line.
+  std::string unit = "tok";
+  std::string note;
 };
 
 // One metrics.jsonl line (no newline).

@@ -9,6 +9,7 @@
 
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/train/config.h"
+#include "crosstrain/train/job.h"
 
 namespace crosstrain::comm {
 class HangDoctor;  // comm/hang_doctor.h
@@ -17,18 +18,6 @@ class HangDoctor;  // comm/hang_doctor.h
 namespace crosstrain::train {
 
 struct ParameterDump;  // test_hooks.h
-
-struct StepRecord {
-  int64_t step = 0;
-  double loss = 0;
-  double lr = 0;
-  double grad_norm = 0;
-  double step_time_s = 0;
-  double tokens_per_s = 0;
-  double comm_time_s = 0;
-  double exposed_comm_time_s = 0;
-  int64_t local_batch = 0;  // sequences this rank's replica trained on (its share of the global batch)
-};
 
 struct TrainResult {
   std::vector<StepRecord> steps;   // the steps this run executed (after a resume: only the new ones)

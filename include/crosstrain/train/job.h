@@ -1,0 +1,91 @@
+// What the one training loop (train/loop.h) asks of a kind of run.
+//
+// A Job is one rank's composed run of one model family (GPT and Llama: src/train/run.h; DLRM:
+// src/train/dlrm_job.h): it knows how to train a step, evaluate, save its state and describe a step. The loop
+// decides when each happens and owns everything every run shares: metrics rows, progress, the stop vote, traces
+// being flushed, samples. A new model family implements a Job and registers it (train/model_family.h); it gets
+// all of that without writing a loop.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "crosstrain/obs/step_log.h"
+
+namespace crosstrain::train {
+
+struct StepRecord {
+  int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  double step_time_s = 0;
+  double tokens_per_s = 0;  // DLRM: examples per second (an example is its unit of work)
+  double comm_time_s = 0;
+  double exposed_comm_time_s = 0;
+  int64_t local_batch = 0;  // sequences this rank's replica trained on (its share of the global batch)
+};
+
+// Held-out figures of one evaluation: the loss the loop logs as val_loss, and what a family adds (DLRM's AUC).
+struct Evaluation {
+  double loss = -1;  // -1: no evaluation this step
+  std::map<std::string, double> extra;
+  bool done() const { return loss >= 0; }
+};
+
+// Everything a replica needs to continue: carried across elastic generations, or sent to a joining replica.
+struct LiveState {
+  std::vector<at::Tensor> tensors;  // the job's live tensors (model and optimizer state), kept alive by the caller
+  int64_t optimizer_steps = 0;
+  int64_t next_step = 1;
+  bool valid() const { return !tensors.empty(); }
+};
+
+class Job {
+ public:
+  virtual ~Job() = default;
+
+  // The first step this rank trains (after a resume or a heal: the one after the state it holds).
+  virtual int64_t start_step() const = 0;
+  // Names the step in every later error of this rank's communicators.
+  virtual void set_step(int64_t step) = 0;
+  // Every rank takes every step together (a per-step exchange such as the stop vote costs nothing extra).
+  virtual bool lockstep() const = 0;
+  virtual void print_header() const = 0;
+
+  // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes
+  // anything (elastic: the step's vote; it throws to abandon the step).
+  virtual StepRecord train_step(int64_t step, const std::function<void()>& before_commit) = 0;
+
+  // Whether the job has held-out data, and whether it evaluates after the last step even with
+  // train.eval_every = 0 (DLRM reports its final AUC).
+  virtual bool has_validation() const = 0;
+  virtual bool evaluates_last_step() const { return false; }
+  virtual Evaluation evaluate() = 0;
+
+  // Saves on schedule (train.checkpoint_every) and after the last step; returns the checkpoint committed now.
+  virtual std::string checkpoint(int64_t step) = 0;
+  // Commits an asynchronous save already written (stopping between steps: nothing new is started).
+  virtual std::string commit_pending() = 0;
+
+  // The step's metrics row: the common fields plus the family's own.
+  virtual obs::StepMetrics metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s,
+                                   double elapsed_s) = 0;
+  // Appends buffered trace spans to traces/rank-R.json (every obs.trace_flush_every steps, and at the end).
+  virtual void flush_trace() = 0;
+
+  // After the last step, once every rank got there (DLRM: the parameter server's last pushes are applied).
+  virtual void finish() {}
+  // Text generated from the final checkpoint (rank 0; train.sample_tokens); empty for families without text.
+  virtual std::string sample() { return ""; }
+
+  // Elastic training: this rank's live state, to continue at `next_step` (references into the job).
+  virtual LiveState live_state(int64_t next_step) = 0;
+};
+
+}  // namespace crosstrain::train

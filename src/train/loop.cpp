@@ -1,0 +1,123 @@
+#include "crosstrain/train/loop.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/obs/metrics.h"
+#include "crosstrain/obs/metrics_server.h"
+#include "crosstrain/train/stop_vote.h"
+
+namespace crosstrain::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+TrainLoop::TrainLoop(const Config& c, const TrainOptions& options)
+    : c_(c), options_(options), progress_(options.progress_bar), start_(Clock::now()) {}
+
+TrainLoop::~TrainLoop() = default;
+
+double TrainLoop::elapsed_s() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
+
+void TrainLoop::open_outputs(int64_t first_step, bool tolerate_busy_port) {
+  fs::create_directories(c_.run.dir);
+  if (!config_written_) std::ofstream(fs::path(c_.run.dir) / "config.toml") << to_toml(c_);
+  config_written_ = true;
+  metrics_ = std::make_unique<obs::MetricsWriter>((fs::path(c_.run.dir) / "metrics.jsonl").string(), first_step);
+  if (live_metrics_) return;
+  try {
+    live_metrics_ = obs::start_metrics_server(c_.obs, options_.quiet);
+  } catch (const UsageError& e) {
+    if (!tolerate_busy_port) throw;
+    if (!options_.quiet) std::fprintf(stderr, "crosstrain: no live metrics for now: %s\n", e.what());
+  }
+}
+
+void TrainLoop::close_outputs() {
+  metrics_.reset();
+  live_metrics_.reset();
+}
+
+bool TrainLoop::evaluation_due(const Job& job, int64_t step) const {
+  if (!job.has_validation()) return false;
+  const bool last = step == c_.train.steps;
+  const int64_t every = c_.train.eval_every;
+  return (every > 0 && (step % every == 0 || last)) || (last && job.evaluates_last_step());
+}
+
+void TrainLoop::say_saved(const std::string& dir, bool leader) const {
+  if (!dir.empty() && leader && !options_.quiet && !options_.progress_bar) std::printf("saved checkpoint %s\n", dir.c_str());
+}
+
+void TrainLoop::step_outputs(Job& job, const StepRecord& rec, bool leader) {
+  Evaluation eval;
+  if (evaluation_due(job, rec.step)) {
+    eval = job.evaluate();
+    result_.val_loss = eval.loss;
+  }
+  const auto checkpoint_start = Clock::now();
+  say_saved(job.checkpoint(rec.step), leader);
+  if (!leader || !metrics_) return;
+  const double checkpoint_s = std::chrono::duration<double>(Clock::now() - checkpoint_start).count();
+  const obs::StepMetrics m = job.metrics(rec, eval, checkpoint_s, elapsed_s());
+  metrics_->write(obs::metrics_row(m));
+  if (live_metrics_) live_metrics_->publish(m);
+  const bool log_step = rec.step % c_.run.log_every == 0 || rec.step == c_.train.steps || eval.done();
+  if (!options_.quiet && log_step) progress_.print(m);
+}
+
+LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const StepHooks& hooks) {
+  const bool leader = world.rank() == 0;
+  // Ctrl-C stops lockstep training between steps (stop_vote.h says why only there).
+  StopVote stop_vote(world, job.lockstep() ? options_.stop_requested : nullptr);
+  std::function<void()> before_commit;
+  int64_t step = first;
+  if (hooks.before_commit) before_commit = [&] { hooks.before_commit(step); };
+  LoopEnd end = LoopEnd::Finished;
+  for (; step <= c_.train.steps; ++step) {
+    job.set_step(step);
+    if (stop_vote.agreed()) {
+      result_.stopped_after = step - 1;
+      end = LoopEnd::Stopped;
+      break;
+    }
+    stop_vote.post();
+    if (hooks.before_step) hooks.before_step(step);
+    const StepRecord rec = job.train_step(step, before_commit);
+    if (hooks.committed) hooks.committed(step);
+    result_.steps.push_back(rec);
+    step_outputs(job, rec, leader);
+    if (hooks.keep_going && !hooks.keep_going(step)) {
+      end = LoopEnd::LeftByHook;
+      break;
+    }
+  }
+  stop_vote.finish();
+  return end;
+}
+
+void TrainLoop::finish_stopped(Job& job, bool leader) {
+  const std::string saved = job.commit_pending();
+  if (leader && !options_.quiet) progress_.finish();
+  say_saved(saved, leader);
+  job.flush_trace();
+  std::fflush(stdout);
+}
+
+void TrainLoop::finish(Job& job, bool leader) {
+  job.commit_pending();
+  job.finish();
+  job.flush_trace();
+  const bool talk = leader && !options_.quiet;
+  if (talk) std::printf("trained to step %lld in %.1f s\n", static_cast<long long>(c_.train.steps), elapsed_s());
+  if (leader && c_.train.sample_tokens > 0) {
+    result_.sample = job.sample();
+    if (talk && !result_.sample.empty())
+      std::printf("--- sample (%lld tokens) ---\n%s\n---\n", static_cast<long long>(c_.train.sample_tokens),
+                  result_.sample.c_str());
+  }
+  std::fflush(stdout);
+}
+
+}  // namespace crosstrain::train

@@ -1,0 +1,167 @@
+// The one training loop (train/loop.h) over a scripted job: when it evaluates, saves and writes rows, how the
+// stop vote ends every rank at the same step, and how a driver's hooks end a run early.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "crosstrain/comm/fake.h"
+#include "crosstrain/train/loop.h"
+
+namespace fs = std::filesystem;
+using namespace crosstrain;
+
+namespace {
+
+// Records what the loop asked of it, in order ("train 3", "eval 4", "save 4", "row 4").
+class ScriptedJob : public train::Job {
+ public:
+  explicit ScriptedJob(bool evaluates_last = false) : evaluates_last_(evaluates_last) {}
+  int64_t start_step() const override { return 1; }
+  void set_step(int64_t step) override { step_ = step; }
+  bool lockstep() const override { return true; }
+  void print_header() const override {}
+  train::StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override {
+    if (before_commit) before_commit();
+    calls.push_back("train " + std::to_string(step));
+    train::StepRecord r;
+    r.step = step;
+    r.loss = 1.0 / static_cast<double>(step);
+    return r;
+  }
+  bool has_validation() const override { return true; }
+  bool evaluates_last_step() const override { return evaluates_last_; }
+  train::Evaluation evaluate() override {
+    calls.push_back("eval " + std::to_string(step_));
+    train::Evaluation e;
+    e.loss = 0.5;
+    return e;
+  }
+  std::string checkpoint(int64_t step) override {
+    calls.push_back("save " + std::to_string(step));
+    return "";
+  }
+  std::string commit_pending() override { return ""; }
+  obs::StepMetrics metrics(const train::StepRecord& rec, const train::Evaluation& eval, double, double) override {
+    calls.push_back("row " + std::to_string(rec.step));
+    obs::StepMetrics m;
+    m.step = rec.step;
+    m.loss = rec.loss;
+    m.val_loss = eval.loss;
+    return m;
+  }
+  void flush_trace() override {}
+  void finish() override { calls.push_back("finish"); }
+  train::LiveState live_state(int64_t) override { return {}; }
+
+  std::vector<std::string> calls;
+
+ private:
+  bool evaluates_last_;
+  int64_t step_ = 0;
+};
+
+train::Config config(const std::string& name, int64_t steps, int64_t eval_every) {
+  train::Config c;
+  c.run.dir = (fs::path(::testing::TempDir()) / ("loop-" + name)).string();
+  fs::remove_all(c.run.dir);
+  c.train.steps = steps;
+  c.train.eval_every = eval_every;
+  c.train.sample_tokens = 0;
+  return c;
+}
+
+int rows(const std::string& dir) {
+  std::ifstream in(fs::path(dir) / "metrics.jsonl");
+  std::string line;
+  int n = 0;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+}  // namespace
+
+TEST(TrainLoop, EvaluatesSavesAndWritesRowsOnScheduleWithRowsOnRankZeroOnly) {
+  const train::Config c = config("schedule", 10, 4);
+  std::vector<std::vector<std::string>> calls(2);
+  comm::FakeWorld::run(2, [&](comm::Communicator& world) {
+    train::TrainOptions o;
+    o.quiet = true;
+    ScriptedJob job;
+    train::TrainLoop loop(c, o);
+    if (world.rank() == 0) loop.open_outputs(0);
+    EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Finished);
+    loop.finish(job, world.rank() == 0);
+    EXPECT_EQ(loop.result().steps.size(), 10u);
+    EXPECT_DOUBLE_EQ(loop.result().val_loss, 0.5);
+    calls[world.rank()] = job.calls;
+  });
+  const std::vector<std::string> first = {"train 1", "save 1", "row 1", "train 2", "save 2", "row 2",
+                                          "train 3", "save 3", "row 3", "train 4", "eval 4", "save 4", "row 4"};
+  ASSERT_GE(calls[0].size(), first.size());
+  EXPECT_EQ(std::vector<std::string>(calls[0].begin(), calls[0].begin() + first.size()), first);
+  const std::vector<std::string> last = {"train 10", "eval 10", "save 10", "row 10", "finish"};
+  EXPECT_EQ(std::vector<std::string>(calls[0].end() - last.size(), calls[0].end()), last);
+  // Rank 1 evaluates and saves too (collectives), but writes no row.
+  EXPECT_EQ(std::count(calls[1].begin(), calls[1].end(), "eval 8"), 1);
+  EXPECT_EQ(std::count_if(calls[1].begin(), calls[1].end(), [](const std::string& s) { return s.rfind("row", 0) == 0; }), 0);
+  EXPECT_EQ(rows(c.run.dir), 10);
+  EXPECT_TRUE(fs::exists(fs::path(c.run.dir) / "config.toml"));
+}
+
+TEST(TrainLoop, AFamilyThatReportsItsFinalFiguresEvaluatesTheLastStepWithoutEvalEvery) {
+  const train::Config c = config("last", 3, 0);
+  comm::FakeWorld::run(1, [&](comm::Communicator& world) {
+    train::TrainOptions o;
+    o.quiet = true;
+    ScriptedJob plain, final_figures(/*evaluates_last=*/true);
+    train::TrainLoop a(c, o), b(c, o);
+    a.run(plain, world, 1);
+    b.run(final_figures, world, 1);
+    EXPECT_EQ(std::count(plain.calls.begin(), plain.calls.end(), "eval 3"), 0);
+    EXPECT_EQ(std::count(final_figures.calls.begin(), final_figures.calls.end(), "eval 3"), 1);
+  });
+}
+
+TEST(TrainLoop, AStopAskedOnOneRankEndsEveryRankAfterTheSameStep) {
+  const train::Config c = config("stop", 1000, 0);
+  std::vector<int64_t> stopped(3, -2);
+  comm::FakeWorld::run(3, [&](comm::Communicator& world) {
+    train::TrainOptions o;
+    o.quiet = true;
+    ScriptedJob job;
+    int polls = 0;
+    // Rank 2 asks at its fifth step; the others never do.
+    o.stop_requested = [&] { return world.rank() == 2 && ++polls >= 5; };
+    train::TrainLoop loop(c, o);
+    EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Stopped);
+    stopped[world.rank()] = loop.result().stopped_after;
+  });
+  EXPECT_EQ(stopped[0], 5);  // the vote posted at step 5 is read before step 6
+  EXPECT_EQ(stopped[1], 5);
+  EXPECT_EQ(stopped[2], 5);
+}
+
+TEST(TrainLoop, HooksSeeEachStepAndCanEndTheRun) {
+  const train::Config c = config("hooks", 20, 0);
+  comm::FakeWorld::run(1, [&](comm::Communicator& world) {
+    train::TrainOptions o;
+    o.quiet = true;
+    ScriptedJob job;
+    std::vector<std::string> seen;
+    train::StepHooks hooks;
+    hooks.before_step = [&](int64_t s) { seen.push_back("before " + std::to_string(s)); };
+    hooks.before_commit = [&](int64_t s) { seen.push_back("vote " + std::to_string(s)); };
+    hooks.committed = [&](int64_t s) { seen.push_back("committed " + std::to_string(s)); };
+    hooks.keep_going = [&](int64_t s) { return s < 2; };
+    train::TrainLoop loop(c, o);
+    EXPECT_EQ(loop.run(job, world, 1, hooks), train::LoopEnd::LeftByHook);
+    EXPECT_EQ(seen, (std::vector<std::string>{"before 1", "vote 1", "committed 1", "before 2", "vote 2", "committed 2"}));
+    EXPECT_EQ(loop.result().steps.size(), 2u);
+  });
+}

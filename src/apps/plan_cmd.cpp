@@ -13,6 +13,7 @@
 #include "plan_calibrate.h"
 #include "crosstrain/parallel/parallel_dims.h"
 #include "crosstrain/planner/search.h"
+#include "crosstrain/train/sync_mode.h"
 #include "crosstrain/train/config.h"
 
 namespace crosstrain::apps {
@@ -40,8 +41,9 @@ Layout layout_of_recipe(const train::Config& c, int world) {
   l.precision = c.train.precision;
   l.bucket_mb = c.parallel.bucket_mb;
   l.recompute = c.train.recompute;
-  if (c.sync.mode == "sync") l.sync = c.sync.hierarchical ? "hierarchical" : "sync";
-  else if (c.sync.mode == "diloco") l.sync = "diloco", l.inner_steps = static_cast<int>(c.sync.inner_steps);
+  const train::SyncMode mode = train::sync_traits(c.sync).mode;
+  if (mode == train::SyncMode::Sync) l.sync = c.sync.hierarchical ? "hierarchical" : "sync";
+  else if (mode == train::SyncMode::DiLoCo) l.sync = "diloco", l.inner_steps = static_cast<int>(c.sync.inner_steps);
   else
     throw UsageError("sync.mode = " + c.sync.mode + ": the planner models sync (flat or hierarchical) and diloco");
   l.cluster_batch = train::parse_cluster_batch(c.sync.cluster_batch);  // the trainer's own reading of the key

@@ -14,6 +14,7 @@
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/elastic/membership.h"
 #include "crosstrain/train/model_family.h"
+#include "crosstrain/train/sync_mode.h"
 #include "crosstrain/train/hf_checkpoint.h"
 #include "crosstrain/train/resume_check.h"
 #include "crosstrain/train/elastic.h"
@@ -104,7 +105,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     train::check_initial_weights(config.model_init_from, config.model);
   // Ctrl-C stops lockstep training between steps (the launcher forwards it to every rank); in other sync
   // modes, and in the launcher itself, it keeps its usual meaning.
-  const bool stoppable = config.sync.mode == "sync";
+  const bool stoppable = train::sync_traits(config.sync).lockstep;
   if (launching) {
     // Ranks write into pipes; tell rank 0 whether a person is watching.
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/train/sync_mode.h"
 
 #include "debug_fault.h"
 
@@ -407,7 +408,7 @@ void check_cluster_batch(const Config& c) {
   const std::vector<int64_t> counts = parse_cluster_batch(c.sync.cluster_batch);
   if (counts.empty()) return;
   const std::string key = "sync.cluster_batch = \"" + c.sync.cluster_batch + "\"";
-  if (c.sync.mode != "diloco")
+  if (sync_traits(c.sync).mode != SyncMode::DiLoCo)
     throw UsageError(key + " needs sync.mode = \"diloco\" (clusters that meet only at outer steps); got \"" +
                      c.sync.mode + "\": set sync.mode = \"diloco\" or sync.cluster_batch = \"\"");
   int64_t sum = 0;

@@ -13,6 +13,7 @@
 #include "crosstrain/recsys/metrics.h"
 #include "crosstrain/recsys/sharded_embedding.h"
 #include "crosstrain/train/lr_schedule.h"
+#include "crosstrain/train/resume_check.h"
 
 namespace crosstrain::train {
 namespace {
@@ -195,6 +196,7 @@ std::string DlrmJob::checkpoint(int64_t step) {
 int64_t DlrmJob::resume() {
   const auto latest = checkpoint::latest_checkpoint(c_.run.dir);
   if (!latest) throw UsageError("--resume: no checkpoint in '" + c_.run.dir + "/checkpoints'");
+  check_resume_model(c_, *latest);
   checkpoint::CheckpointReader reader(*latest);
   check_resume_step(*latest, reader.step(), c_.train.steps);
   load_checkpoint(reader, tables_, *embeddings_, adam_, rank_, size_);

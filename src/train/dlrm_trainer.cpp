@@ -5,6 +5,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/threads.h"
 #include "crosstrain/train/loop.h"
+#include "crosstrain/train/sync_mode.h"
 #include "dlrm_job.h"
 #include "dlrm_parts.h"
 
@@ -18,10 +19,11 @@ void check_dlrm_config(const Config& c, int world) {
                      std::to_string((c.train.global_batch / world + 1) * world));
   if (c.parallel.tp != 1 || c.parallel.pp != 1)
     throw UsageError("model.arch = \"dlrm\" is data parallel with sharded tables: parallel.tp and parallel.pp must be 1");
-  if (c.dlrm.mode == "sharded" && c.sync.mode != "sync")
+  const SyncTraits sync = sync_traits(c.sync);
+  if (c.dlrm.mode == "sharded" && !sync.lockstep)
     throw UsageError("sync.mode = '" + c.sync.mode + "' needs dlrm.mode = \"ps\" (tables on the parameter server); "
                      "sharded tables train in lockstep (sync.mode = \"sync\")");
-  if (c.dlrm.mode == "ps" && c.sync.mode != "ssp" && c.sync.mode != "async")
+  if (c.dlrm.mode == "ps" && !sync.parameter_server)
     throw UsageError("dlrm.mode = \"ps\" trains with bounded staleness: set sync.mode = \"ssp\" (or \"async\")");
   plan_tables(c, world);  // the sharding fits the budget, column-wise tables are wide enough
   check_cache_budget(c);

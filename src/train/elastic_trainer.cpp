@@ -19,6 +19,7 @@
 #include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/loop.h"
+#include "crosstrain/train/sync_mode.h"
 #include "debug_fault.h"
 #include "run.h"
 
@@ -265,7 +266,7 @@ void ElasticLoop::finish() {
 }  // namespace
 
 void check_elastic_config(const Config& c, int world) {
-  if (c.sync.mode != "sync" || c.sync.hierarchical)
+  if (!sync_traits(c.sync).elastic)
     throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) for now; sync.mode = \"" +
                      c.sync.mode + "\" restarts from the newest checkpoint instead (--resume)");
   if (c.comm.backend != "gloo")

@@ -183,7 +183,8 @@ SyncSetup Run::sync_setup(const Config& c, comm::Communicator& world) {
 }
 
 Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start)
-    : c_(c), recording_(c, world, options.hang_doctor), world_(recording_.world()), talk_(world.rank() == 0 && !options.quiet),
+    : c_(c), sync_traits_(sync_traits(c.sync)), recording_(c, world, options.hang_doctor), world_(recording_.world()),
+      talk_(world.rank() == 0 && !options.quiet),
       dims_(validate(c, world.size())), mesh_(world_, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
       tp_index_(mesh_.index(Axis::TP)),
       checkpoints_(world_, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
@@ -195,7 +196,9 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   // [sync] How replicas agree (docs/wan-training.md): the cluster groups first (they also say each replica's
   // share of the batch); the optimizer's gradient reduction runs over the strategy's group (all replicas, one
   // cluster, or none), then the strategy keeps the optimizer's tensors in agreement.
-  sync_ = make_sync_strategy(sync_setup(c, world));
+  const SyncSetup setup = sync_setup(c, world);
+  spans_clusters_ = c.sync.clusters > 1 || (c.sync.clusters == 0 && setup.cluster_hint >= 0);
+  sync_ = make_sync_strategy(setup);
   rank_batches_ = rank_batches(sync_->layout(), parse_cluster_batch(c.sync.cluster_batch), dims_.microbatches);
   // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
   // Elastic: the slot in the full job and its global batch, so a replica keeps its share when others leave.
@@ -646,12 +649,13 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, const Evaluation& eval, dou
   compute_s_ += std::max(0.0, rec.step_time_s - rec.exposed_comm_time_s - (ss.blocked_s - sync_blocked_s_));
   sync_blocked_s_ = ss.blocked_s;
   m.labels["sync_mode"] = c_.sync.mode;
-  m.counts["wan_bytes"] = c_.sync.mode == "sync" && !c_.sync.hierarchical ? rs.bytes_sent * rec.step : ss.wan_bytes;
+  const bool flat = sync_traits_.mode == SyncMode::Sync && !c_.sync.hierarchical;
+  m.counts["wan_bytes"] = !flat ? ss.wan_bytes : spans_clusters_ ? rs.bytes_sent * rec.step : 0;
   m.extra["sync_blocked_s"] = ss.blocked_s;
   m.counts["sync_exchanges"] = ss.exchanges;
   m.extra["compute_time_s"] = compute_s_;
   m.extra["utilization"] = compute_s_ / std::max(1e-9, elapsed_s);
-  if (c_.sync.mode == "async" || c_.sync.mode == "ssp") {
+  if (sync_traits_.parameter_server) {
     m.extra["staleness_mean"] = ss.staleness_mean;
     m.counts["staleness_max"] = ss.staleness_max;
   }

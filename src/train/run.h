@@ -23,6 +23,7 @@
 #include "crosstrain/train/job.h"
 #include "crosstrain/train/optimizer.h"
 #include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/train/sync_mode.h"
 #include "crosstrain/train/trainer.h"
 #include "crosstrain/train/work_log.h"
 #include "peak_flops.h"
@@ -70,7 +71,7 @@ class Run : public Job {
   void print_header() const override;
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
   void set_step(int64_t step) override;
-  bool lockstep() const override { return c_.sync.mode == "sync"; }
+  bool lockstep() const override { return sync_traits_.lockstep; }
   void finish() override { fill_dump(); }
   std::string sample() override;
   // Appends the buffered spans to the trace file now (the end of a run; every obs.trace_flush_every steps).
@@ -118,6 +119,7 @@ class Run : public Job {
   void log_work(int64_t step);
 
   const Config& c_;
+  const SyncTraits sync_traits_;
   // Every operation of the run goes through the recorded world (recording.h); world_ refers to it.
   RunRecording recording_;
   comm::Communicator& world_;
@@ -152,7 +154,10 @@ class Run : public Job {
   // backward pass then (the same collectives everywhere); the cluster's first rank digests the gradient first.
   std::unique_ptr<WorkLog> work_log_;
   std::string step_digest_;
-  int64_t wan_bytes_logged_ = 0;  // the strategy's cumulative wide-area bytes at the last logged step
+  int64_t wan_bytes_logged_ = 0;
+  // Flat sync all-reduces across clusters when the job spans several (sync.clusters, a topology or the node's
+  // cluster variable): only then are its gradient bytes wide-area bytes.
+  bool spans_clusters_ = false;  // the strategy's cumulative wide-area bytes at the last logged step
 };
 
 }  // namespace crosstrain::train

@@ -1,4 +1,5 @@
 #include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/train/sync_mode.h"
 
 #include <ATen/ATen.h>
 
@@ -82,7 +83,7 @@ struct ClusterGroups {
 ClusterGroups build_groups(const SyncSetup& s, bool split) {
   ClusterGroups g;
   std::vector<int> ids;
-  const bool plain = s.config.mode == "sync" && !s.config.hierarchical;
+  const bool plain = sync_traits(s.config).mode == SyncMode::Sync && !s.config.hierarchical;
   if (plain) {
     ids.assign(s.dp_size, 0);  // plain sync: nothing depends on clusters, so nothing is exchanged
   } else if (s.config.clusters > 0) {
@@ -453,7 +454,7 @@ class ServerSync : public StrategyBase {
       }
     }
   }
-  bool bounded() const { return s_.config.mode == "ssp"; }
+  bool bounded() const { return parse_sync_mode(s_.config.mode) == SyncMode::Ssp; }
   std::string describe() const override {
     return std::string(bounded() ? "ssp (at most " + std::to_string(s_.config.staleness) + " steps ahead, "
                                  : "async (") +
@@ -649,9 +650,7 @@ void check_sync_config(const SyncConfig& c, int dp, int pp, int tp, int64_t zero
   auto need = [](bool ok, const std::string& m) {
     if (!ok) throw UsageError(m);
   };
-  const std::string& m = c.mode;
-  need(m == "sync" || m == "diloco" || m == "ssp" || m == "async" || m == "gossip",
-       "sync.mode = '" + m + "': use sync, diloco, ssp, async or gossip");
+  const SyncMode m = parse_sync_mode(c.mode);
   need(c.clusters >= 0, "sync.clusters must be 0 (from the environment) or more");
   need(c.clusters == 0 || dp % c.clusters == 0,
        "sync.clusters = " + std::to_string(c.clusters) + " must divide the " + std::to_string(dp) +
@@ -665,8 +664,8 @@ void check_sync_config(const SyncConfig& c, int dp, int pp, int tp, int64_t zero
   need(c.outer_lr > 0 && c.outer_momentum >= 0 && c.outer_momentum < 1,
        "sync.outer_lr must be positive and sync.outer_momentum in [0, 1)");
   if (c.compression != "none") comm::make_codec(c.compression);
-  need(c.compression == "none" || m == "diloco", "sync.compression applies to sync.mode = \"diloco\"");
-  need(!(m == "sync" && c.hierarchical) || zero == 0,
+  need(c.compression == "none" || m == SyncMode::DiLoCo, "sync.compression applies to sync.mode = \"diloco\"");
+  need(!(m == SyncMode::Sync && c.hierarchical) || zero == 0,
        "sync.hierarchical averages whole gradients across clusters: set parallel.zero = 0 (layout dp=" +
            std::to_string(dp) + " x pp=" + std::to_string(pp) + " x tp=" + std::to_string(tp) + ", zero=" +
            std::to_string(zero) + "), or use sync.mode = \"diloco\", which runs with ZeRO inside each cluster");
@@ -674,18 +673,21 @@ void check_sync_config(const SyncConfig& c, int dp, int pp, int tp, int64_t zero
 
 namespace {
 std::unique_ptr<SyncStrategy> build_strategy(SyncSetup s) {
-  const std::string mode = s.config.mode;
-  ClusterGroups g = build_groups(s, mode == "diloco" || (mode == "sync" && s.config.hierarchical));
-  const bool needs_balance = mode == "diloco" || (mode == "sync" && s.config.hierarchical);
-  if (needs_balance && !g.layout.balanced) {
+  const SyncTraits traits = sync_traits(s.config);
+  ClusterGroups g = build_groups(s, traits.cluster_groups);
+  if (traits.cluster_groups && !g.layout.balanced) {
     std::string sizes;
     for (const auto& l : g.layout.local) sizes += (sizes.empty() ? "" : ", ") + std::to_string(l.size());
-    throw UsageError("sync.mode = " + mode + " needs the same number of data-parallel ranks in every cluster; got " +
+    throw UsageError("sync.mode = " + s.config.mode + " needs the same number of data-parallel ranks in every cluster; got " +
                      sizes);
   }
-  if (mode == "sync") return std::make_unique<SyncEveryStep>(std::move(s), std::move(g));
-  if (mode == "diloco") return std::make_unique<DiLoCo>(std::move(s), std::move(g));
-  if (mode == "gossip") return std::make_unique<Gossip>(std::move(s), std::move(g));
+  switch (traits.mode) {
+    case SyncMode::Sync: return std::make_unique<SyncEveryStep>(std::move(s), std::move(g));
+    case SyncMode::DiLoCo: return std::make_unique<DiLoCo>(std::move(s), std::move(g));
+    case SyncMode::Gossip: return std::make_unique<Gossip>(std::move(s), std::move(g));
+    case SyncMode::Ssp:
+    case SyncMode::Async: break;
+  }
   std::unique_ptr<comm::Communicator> ps;
   if (s.dp) {
     std::vector<int> all(s.dp_size);

@@ -532,3 +532,17 @@ TEST(Precision, Bf16RunsInEveryLayout) {
     EXPECT_LT(r.losses.back(), r.losses.front() - 0.5) << what << " learns";
   }
 }
+
+// ---- accounting ---------------------------------------------------------------------------------------------
+
+// Only bytes that cross a cluster boundary are wide-area bytes: plain data parallel on one host sends none, the
+// same run declared as two clusters sends its gradient all-reduce across them.
+TEST(SyncAccounting, FlatSyncCountsWideAreaBytesOnlyAcrossClusters) {
+  train::Config one = base("acct_one_cluster", 4);
+  Outcome local = train_with(one, 2);
+  EXPECT_EQ(local.last_row["wan_bytes"].get<int64_t>(), 0);
+  train::Config two = base("acct_two_clusters", 4);
+  two.sync.clusters = 2;
+  Outcome across = train_with(two, 2);
+  EXPECT_GT(across.last_row["wan_bytes"].get<int64_t>(), 0);
+}

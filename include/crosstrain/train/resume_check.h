@@ -23,7 +23,7 @@ Config saved_model_config(const std::string& text, const std::string& origin);
 // Throws UsageError unless `run` may resume from `checkpoint_dir` (a checkpoint directory, or a run directory:
 // its newest checkpoint): names each difference (resume_differences), or for a GPT-family model each tensor the
 // checkpoint lacks or holds beyond what this run trains; says that nothing was changed, and how to start a new
-// run from the checkpoint's weights on purpose (model.init_from). Reads the manifest only.
+// run from the checkpoint's weights on purpose (model.init_from; DLRM: a new run.dir). Reads the manifest only.
 void check_resume_model(const Config& run, const std::string& checkpoint_dir);
 
 }  // namespace crosstrain::train

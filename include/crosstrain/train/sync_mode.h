@@ -1,0 +1,35 @@
+// The sync modes (sync.mode, docs/wan-training.md) as a type, and what each implies for the rest of a run.
+//
+// The mode is named in one place (parse_sync_mode); everything else asks its traits, so a new mode is a class in
+// sync_strategy.cpp, an enum value and a row of traits here, not a string compared in ten files.
+#pragma once
+
+#include <string>
+
+#include "crosstrain/train/config.h"
+
+namespace crosstrain::train {
+
+enum class SyncMode { Sync, DiLoCo, Ssp, Async, Gossip };
+
+// UsageError naming the choices for anything else.
+SyncMode parse_sync_mode(const std::string& name);
+const char* to_string(SyncMode mode);
+
+struct SyncTraits {
+  SyncMode mode;
+  // Every replica takes every step together: a per-step exchange (the Ctrl-C vote, straggler timings, elastic
+  // votes) costs no extra waiting.
+  bool lockstep;
+  // Replicas average inside their cluster, then across clusters: the mode needs the cluster groups, the same
+  // number of ranks in every cluster (diloco; sync with sync.hierarchical).
+  bool cluster_groups;
+  // Workers push to and pull from a sharded parameter server; they report staleness (ssp, async).
+  bool parameter_server;
+  // Elastic training (train/elastic.h) can rebuild its groups today.
+  bool elastic;
+};
+
+SyncTraits sync_traits(const SyncConfig& config);
+
+}  // namespace crosstrain::train

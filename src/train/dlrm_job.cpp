@@ -33,10 +33,13 @@ DlrmJob::DlrmJob(const Config& c, comm::Communicator& world, const TrainOptions&
   if (rank_ == 0) std::filesystem::create_directories(c_.run.dir);
   source_ = make_ctr_source(c_);
   tables_ = plan_tables(c_, size_);
-  embeddings_ = make_embeddings(c_, tables_, world_);
+  // The parameter server's threads sit in receives all the time: they talk over the plain world, so that the
+  // recorder's waits (the step's exposed communication, hang diagnosis) are the training thread's own.
+  const bool server = c_.dlrm.mode == "ps";
+  embeddings_ = make_embeddings(c_, tables_, server ? world : world_);
   dense_ = recsys::DlrmDense(c_.dlrm, c_.run.seed);
   adam_ = DenseAdam(dense_->named(), c_.train);
-  if (c_.dlrm.mode == "ps") ps_ = std::make_unique<DlrmPsSync>(c_, world_, adam_.parameters());
+  if (server) ps_ = std::make_unique<DlrmPsSync>(c_, world, adam_.parameters());
   for (const auto& t : tables_) {
     result_.table_rows_total += t.rows;
     result_.placements.push_back(std::string(recsys::sharding_name(t.placement.sharding)) + ": " + t.placement.reason);

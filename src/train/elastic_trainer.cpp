@@ -50,12 +50,18 @@ Config generation_config(const Config& c, int live, int slots) {
   return g;
 }
 
+TrainOptions without_stop_vote(TrainOptions o) {
+  o.stop_requested = nullptr;
+  return o;
+}
+
 // One process's part in an elastic job: a Run per generation; the state carried from one to the next.
 class ElasticLoop {
  public:
   ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o)
       : c_(c), m_(m), o_(o), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
-        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")), loop_(c, o) {}
+        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")), loop_options_(without_stop_vote(o)),
+        loop_(c, loop_options_) {}
   ~ElasticLoop();
   TrainResult run();
 
@@ -92,6 +98,9 @@ class ElasticLoop {
   bool header_printed_ = false;
   double vote_s_ = 0;  // time in the per-step vote (the cost of membership on the critical path)
   int64_t votes_ = 0;
+  // The loop's options: elastic steps end by votes of the membership, not by the loop's stop vote (a stop would
+  // read as a new generation).
+  const TrainOptions loop_options_;
   TrainLoop loop_;  // the run's outputs (while this process is rank 0) and its steps
 };
 

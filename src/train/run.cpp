@@ -197,7 +197,7 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   // share of the batch); the optimizer's gradient reduction runs over the strategy's group (all replicas, one
   // cluster, or none), then the strategy keeps the optimizer's tensors in agreement.
   const SyncSetup setup = sync_setup(c, world);
-  spans_clusters_ = c.sync.clusters > 1 || (c.sync.clusters == 0 && setup.cluster_hint >= 0);
+  spans_clusters_ = spans_clusters(c.sync, setup.cluster_hint);
   sync_ = make_sync_strategy(setup);
   rank_batches_ = rank_batches(sync_->layout(), parse_cluster_batch(c.sync.cluster_batch), dims_.microbatches);
   // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
@@ -269,6 +269,22 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
 
 Run::~Run() {
   if (recording_.tracer()) flush_trace();
+}
+
+// Whether the job's ranks sit in more than one cluster: sync.clusters, else every rank's own cluster (from
+// sync.topology or the node's variable; a rank without one puts the job in one cluster, as the strategy does).
+bool Run::spans_clusters(const SyncConfig& s, int cluster_hint) {
+  if (s.clusters > 0) return s.clusters > 1;
+  at::Tensor mine = at::full({1}, static_cast<int64_t>(cluster_hint), at::kLong);
+  at::Tensor all = at::empty({world_.size()}, at::kLong);
+  world_.all_gather(mine, all)->wait();
+  std::set<int64_t> clusters;
+  for (int r = 0; r < world_.size(); ++r) {
+    const int64_t id = all[r].item<int64_t>();
+    if (id < 0) return false;
+    clusters.insert(id);
+  }
+  return clusters.size() > 1;
 }
 
 void Run::start_trace(const RunStart& start) {

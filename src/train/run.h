@@ -111,6 +111,7 @@ class Run : public Job {
   StatePlacement placement() const;
   SyncSetup sync_setup(const Config& c, comm::Communicator& world);
   void start_trace(const RunStart& start);
+  bool spans_clusters(const SyncConfig& s, int cluster_hint);  // collective over the world
   void trace_pipeline_step(int64_t step, int64_t started_us);
   void exchange_straggler_timings(int64_t step);
   StepRecord step_phases(int64_t step, const std::function<void()>& before_commit);

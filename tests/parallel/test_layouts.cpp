@@ -210,7 +210,10 @@ TEST(LlamaLayouts, BadShapesAreClearErrors) {
   EXPECT_NE(message(c, 2).find("tie_embeddings needs one pipeline stage"), std::string::npos) << message(c, 2);
   c = config_for("llama_bad", "llama");
   c.model.arch = "mamba";
-  EXPECT_NE(message(c, 1).find("arch must be \"gpt\", \"llama\" or \"dlrm\""), std::string::npos) << message(c, 1);
+  EXPECT_NE(message(c, 1).find("model.arch = 'mamba' is not a model family crosstrain trains; choose one of gpt, "
+                               "llama, dlrm"),
+            std::string::npos)
+      << message(c, 1);
 }
 
 TEST(Layouts, BadLayoutsAreClearErrors) {

@@ -19,4 +19,5 @@ target_link_libraries(compute_network_tests PRIVATE ct_test_support crosstrain_s
 target_compile_definitions(compute_network_tests PRIVATE
   CT_CROSSTRAIN_BIN="$<TARGET_FILE:crosstrain_app>" CT_SOURCE_DIR="${PROJECT_SOURCE_DIR}")
 add_dependencies(compute_network_tests crosstrain_app)
+# About 4.5 minutes alone on the machine: labelled `slow` in tests/slow_tests.cmake (make test-all).
 gtest_discover_tests(compute_network_tests PROPERTIES LABELS train TIMEOUT 600 DISCOVERY_TIMEOUT 60 RUN_SERIAL TRUE)

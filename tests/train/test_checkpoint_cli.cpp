@@ -123,8 +123,8 @@ TEST(Checkpoints, BadCheckpointsAreRefusedNamingTheFileAndNothingTrains) {
     EXPECT_EQ(read_metrics(dir).size(), 2u);
   };
   // Another model configuration.
-  refused({"--set", "model.n_embd=64"}, "another model configuration");
-  refused({"--set", "model.n_layer=3"}, "has no tensor 'h.2.");
+  refused({"--set", "model.n_embd=64"}, "model.n_embd: 32 -> 64");
+  refused({"--set", "model.n_layer=3"}, "model.n_layer: 2 -> 3");
   // A manifest that lists a file that is gone.
   fs::copy(ckpt / "rank-00000.safetensors", fs::path(dir) / "saved.safetensors");
   fs::remove(ckpt / "rank-00000.safetensors");

@@ -4,6 +4,7 @@
 // and the check holds both before any rank starts and inside the ranks (under a launcher). Where a manifest
 // records no config, the tensors themselves are compared, in both directions.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <map>
 #include <regex>
@@ -37,7 +38,8 @@ std::map<std::string, std::string> listing(const std::string& dir) {
 // The 4-layer tiny model trained for 2 steps, once for every test here (its run folder is copied, not changed).
 const std::string& trained_run() {
   static const std::string dir = [] {
-    const std::string d = fresh_dir("resume_model_base");
+    // One per process: ctest runs each test as its own process, two at a time.
+    const std::string d = fresh_dir("resume_model_base_" + std::to_string(getpid()));
     auto r = run_process(with(tiny_args(d, 1, 2), {"--set", "model.n_layer=4"}), {}, milliseconds(120000));
     EXPECT_EQ(r.exit_code(), 0) << r.output;
     return d;

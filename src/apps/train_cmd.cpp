@@ -40,6 +40,8 @@ void check_resume(const train::Config& config) {
   }
   train::check_resume_model(config, *latest);  // the same model (config and tensors), before anything loads it
   train::check_resume_step(*latest, step, config.train.steps);
+  const std::string notice = train::resume_schedule_notice(config, *latest);
+  if (!notice.empty()) std::fprintf(stderr, "crosstrain: %s\n", notice.c_str());
 }
 
 // The command line that continues this run, for the message after Ctrl-C.

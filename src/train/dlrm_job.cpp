@@ -206,27 +206,12 @@ int64_t DlrmJob::resume() {
   return reader.step() + 1;
 }
 
-obs::StepMetrics DlrmJob::metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s, double elapsed_s) {
-  obs::StepMetrics m;
-  m.step = rec.step;
-  m.total_steps = c_.train.steps;
-  m.loss = rec.loss;
-  m.val_loss = eval.loss;
-  m.lr = rec.lr;
-  m.tokens_per_s = rec.tokens_per_s;
+void DlrmJob::add_metrics(obs::StepMetrics& m, const StepRecord& rec, double) {
   m.unit = "examples";
-  m.step_time_s = rec.step_time_s;
-  m.comm_time_s = rec.comm_time_s;
-  m.exposed_comm_time_s = rec.exposed_comm_time_s;
-  for (const auto& [key, value] : eval.extra) m.extra[key] = value;
   const DlrmStep& s = result_.steps.back();
   m.extra["examples_per_s"] = s.examples_per_s;
   m.extra["tokens"] = static_cast<double>(rec.step * c_.train.global_batch);
-  m.extra["checkpoint_s"] = checkpoint_s;
-  m.extra["time_s"] = elapsed_s;
   m.counts["embedding_bytes_sent"] = s.exchange_bytes;
-  m.counts["local_batch"] = rec.local_batch;
-  m.counts["peak_rss_bytes"] = obs::peak_rss_bytes();
   m.counts["table_bytes"] = result_.table_bytes_this_rank;
   m.labels["sync_mode"] = c_.sync.mode;
   m.labels["model"] = "dlrm";
@@ -234,7 +219,7 @@ obs::StepMetrics DlrmJob::metrics(const StepRecord& rec, const Evaluation& eval,
   char note[160];
   std::snprintf(note, sizeof note, "embeddings %.1f KiB sent", static_cast<double>(s.exchange_bytes) / 1024);
   m.note = note;
-  if (eval.done()) {
+  if (m.val_loss >= 0) {
     std::snprintf(note, sizeof note, " | val auc %.4f log-loss %.4f", result_.val_auc, result_.val_log_loss);
     m.note += note;
     if (result_.planted_auc >= 0) {
@@ -242,7 +227,6 @@ obs::StepMetrics DlrmJob::metrics(const StepRecord& rec, const Evaluation& eval,
       m.note += note;
     }
   }
-  return m;
 }
 
 void DlrmJob::flush_trace() {

@@ -33,8 +33,7 @@ class DlrmJob : public Job {
   Evaluation evaluate() override;
   std::string checkpoint(int64_t step) override;
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
-  obs::StepMetrics metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s,
-                           double elapsed_s) override;
+  void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
   void flush_trace() override;
   void finish() override;
   LiveState live_state(int64_t next_step) override;

@@ -13,6 +13,29 @@ namespace crosstrain::train {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
+namespace {
+
+// The fields every family's metrics.jsonl rows carry.
+obs::StepMetrics common_metrics(const StepRecord& rec, const Evaluation& eval, int64_t total_steps) {
+  obs::StepMetrics m;
+  m.step = rec.step;
+  m.total_steps = total_steps;
+  m.loss = rec.loss;
+  m.val_loss = eval.loss;
+  m.lr = rec.lr;
+  m.grad_norm = rec.grad_norm;
+  m.tokens_per_s = rec.tokens_per_s;
+  m.step_time_s = rec.step_time_s;
+  m.comm_time_s = rec.comm_time_s;
+  m.exposed_comm_time_s = rec.exposed_comm_time_s;
+  for (const auto& [key, value] : eval.extra) m.extra[key] = value;
+  m.counts["local_batch"] = rec.local_batch;
+  m.counts["peak_rss_bytes"] = obs::peak_rss_bytes();
+  return m;
+}
+
+}  // namespace
+
 TrainLoop::TrainLoop(const Config& c, const TrainOptions& options)
     : c_(c), options_(options), progress_(options.progress_bar), start_(Clock::now()) {}
 
@@ -60,7 +83,10 @@ void TrainLoop::step_outputs(Job& job, const StepRecord& rec, bool leader) {
   say_saved(job.checkpoint(rec.step), leader);
   if (!leader || !metrics_) return;
   const double checkpoint_s = std::chrono::duration<double>(Clock::now() - checkpoint_start).count();
-  const obs::StepMetrics m = job.metrics(rec, eval, checkpoint_s, elapsed_s());
+  obs::StepMetrics m = common_metrics(rec, eval, c_.train.steps);
+  m.extra["checkpoint_s"] = checkpoint_s;
+  m.extra["time_s"] = elapsed_s();
+  job.add_metrics(m, rec, elapsed_s());
   metrics_->write(obs::metrics_row(m));
   if (live_metrics_) live_metrics_->publish(m);
   const bool log_step = rec.step % c_.run.log_every == 0 || rec.step == c_.train.steps || eval.done();

@@ -115,4 +115,20 @@ void check_resume_model(const Config& run, const std::string& checkpoint_dir) {
                    join(parts, "; ", parts.size()) + refusal_end(run, dir));
 }
 
+std::string resume_schedule_notice(const Config& run, const std::string& checkpoint_dir) {
+  const checkpoint::CheckpointReader reader(checkpoint::resolve_checkpoint(checkpoint_dir));
+  const std::string text = reader.info().value("config", "");
+  if (text.empty()) return "";
+  int64_t saved = run.train.steps;
+  try {
+    saved = toml::parse(text, reader.dir() + "/manifest.json")["train"]["steps"].value_or(run.train.steps);
+  } catch (const toml::parse_error&) {
+    return "";  // check_resume_model names a config that does not read
+  }
+  if (saved == run.train.steps) return "";
+  return "notice: train.steps = " + std::to_string(run.train.steps) + " where the checkpoint's run had " +
+         std::to_string(saved) + ": the learning-rate schedule (warmup, then cosine down to train.min_lr) now ends " +
+         "at step " + std::to_string(run.train.steps) + ", so the rates from here on differ from the saved run's";
+}
+
 }  // namespace crosstrain::train

@@ -635,28 +635,13 @@ std::string Run::checkpoint(int64_t step) {
   return saved;
 }
 
-obs::StepMetrics Run::metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s, double elapsed_s) {
-  obs::StepMetrics m;
-  m.step = rec.step;
-  m.total_steps = c_.train.steps;
-  m.loss = rec.loss;
-  m.val_loss = eval.loss;
-  m.lr = rec.lr;
-  m.grad_norm = rec.grad_norm;
-  m.tokens_per_s = rec.tokens_per_s;
+void Run::add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) {
   const double achieved = c_.model.flops_per_token() * rec.tokens_per_s / world_.size();
   m.mfu = achieved / peak_flops_;
   m.extra["gemm_peak_flops"] = peak_flops_;
   m.extra["achieved_flops_per_rank"] = achieved;
-  m.step_time_s = rec.step_time_s;
-  m.comm_time_s = rec.comm_time_s;
-  m.exposed_comm_time_s = rec.exposed_comm_time_s;
   const parallel::ReducerStats rs = optimizer_->reducer().stats();
   m.extra["tokens"] = static_cast<double>(rec.step) * c_.train.global_batch * c_.model.block_size;
-  m.counts["local_batch"] = rec.local_batch;
-  m.extra["checkpoint_s"] = checkpoint_s;
-  m.extra["time_s"] = elapsed_s;
-  m.counts["peak_rss_bytes"] = obs::peak_rss_bytes();
   m.counts["rss_before_model_bytes"] = rss_before_model_;
   m.counts["comm_bytes"] = rs.bytes_sent;
   m.counts["comm_bytes_uncompressed"] = rs.bytes_uncompressed;
@@ -701,7 +686,6 @@ obs::StepMetrics Run::metrics(const StepRecord& rec, const Evaluation& eval, dou
         busy += e.end_s - e.start_s;
     m.extra["pipeline_compute_s"] = busy;
   }
-  return m;
 }
 
 // Text comes from the checkpoint saved at the end, which holds the whole model in any layout.

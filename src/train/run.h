@@ -66,8 +66,7 @@ class Run : public Job {
   bool has_validation() const override { return c_.data.val_fraction > 0; }
   Evaluation evaluate() override;
   std::string checkpoint(int64_t step) override;  // returns the directory committed this step, if any
-  obs::StepMetrics metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s,
-                           double elapsed_s) override;
+  void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
   void print_header() const override;
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
   void set_step(int64_t step) override;

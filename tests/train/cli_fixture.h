@@ -23,6 +23,12 @@ inline std::vector<nlohmann::json> read_metrics(const std::string& dir) {
   return rows;
 }
 
+// `args` with `extra` appended (a command line with a few more options).
+inline std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& extra) {
+  args.insert(args.end(), extra.begin(), extra.end());
+  return args;
+}
+
 inline std::string fresh_dir(const std::string& name) {
   auto d = std::filesystem::path(::testing::TempDir()) / name;
   std::filesystem::remove_all(d);

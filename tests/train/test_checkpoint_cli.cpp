@@ -22,11 +22,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& extra) {
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
 std::vector<std::string> step_dirs(const std::string& run_dir) {
   std::vector<std::string> out;
   for (const auto& e : fs::directory_iterator(fs::path(run_dir) / "checkpoints")) out.push_back(e.path().filename().string());

@@ -19,11 +19,6 @@ using std::chrono::milliseconds;
 
 namespace {
 
-std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& extra) {
-  args.insert(args.end(), extra.begin(), extra.end());
-  return args;
-}
-
 // Every file and folder under `dir` with its size and modification time.
 std::map<std::string, std::string> listing(const std::string& dir) {
   std::map<std::string, std::string> out;
@@ -138,4 +133,14 @@ TEST(ResumeModel, TheSavedConfigIsReadForItsModelOnly) {
   EXPECT_EQ(c.dlrm.embedding_dim, 8);
   EXPECT_EQ(c.train.freeze, "0");
   EXPECT_THROW(crosstrain::train::saved_model_config("[model]\nn_layers = 6\n", "test"), crosstrain::UsageError);
+}
+
+TEST(ResumeModel, ALongerScheduleResumesWithANotice) {
+  const std::string dir = copy_of_trained_run("resume_model_schedule");
+  auto r = run_process(with(tiny_args(dir, 1, 4), {"--set", "model.n_layer=4", "--resume"}), {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "notice: train.steps = 4 where the checkpoint's run had 2")) << r.output;
+  // The same length again (the newest checkpoint is now the 4-step run's): nothing to announce.
+  auto same = run_process(with(tiny_args(dir, 1, 4), {"--set", "model.n_layer=4", "--resume"}), {}, milliseconds(120000));
+  EXPECT_FALSE(contains(same.output, "notice: train.steps")) << same.output;
 }

@@ -73,9 +73,9 @@ class Job {
   // Commits an asynchronous save already written (stopping between steps: nothing new is started).
   virtual std::string commit_pending() = 0;
 
-  // The step's metrics row: the common fields plus the family's own.
-  virtual obs::StepMetrics metrics(const StepRecord& rec, const Evaluation& eval, double checkpoint_s,
-                                   double elapsed_s) = 0;
+  // The step's metrics row: the loop has filled the common fields (step, loss, lr, throughput, times, the
+  // evaluation, local_batch, peak_rss_bytes); the family adds its own. `elapsed_s`: since the run started.
+  virtual void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) = 0;
   // Appends buffered trace spans to traces/rank-R.json (every obs.trace_flush_every steps, and at the end).
   virtual void flush_trace() = 0;
 

@@ -26,4 +26,9 @@ Config saved_model_config(const std::string& text, const std::string& origin);
 // run from the checkpoint's weights on purpose (model.init_from; DLRM: a new run.dir). Reads the manifest only.
 void check_resume_model(const Config& run, const std::string& checkpoint_dir);
 
+// A resumed run may train for more (or fewer) steps than the one that saved `checkpoint_dir`; its learning-rate
+// schedule then ends elsewhere. Returns the line that says so (empty when train.steps is the same or the manifest
+// records no config).
+std::string resume_schedule_notice(const Config& run, const std::string& checkpoint_dir);
+
 }  // namespace crosstrain::train

@@ -22,6 +22,19 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+// Adds the time of a scope to a total.
+class ServerWait {
+ public:
+  explicit ServerWait(double& total) : total_(total), start_(Clock::now()) {}
+  ~ServerWait() { total_ += seconds_since(start_); }
+  ServerWait(const ServerWait&) = delete;
+  ServerWait& operator=(const ServerWait&) = delete;
+
+ private:
+  double& total_;
+  Clock::time_point start_;
+};
+
 }  // namespace
 
 DlrmJob::DlrmJob(const Config& c, comm::Communicator& world, const TrainOptions& options)
@@ -78,7 +91,11 @@ data::CtrBatch DlrmJob::batch(bool train, int64_t index) {
 // Logits of this rank's examples of a batch, and its labels.
 std::pair<at::Tensor, at::Tensor> DlrmJob::forward(const data::CtrBatch& b, bool training) {
   const BatchTensors t = to_tensors(b, c_.dlrm.dense_features);
-  auto pooled = embeddings_->forward(t.ids, t.offsets, training);
+  std::vector<at::Tensor> pooled;
+  {
+    ServerWait wait(ps_ && training ? server_wait_s_ : ignored_wait_s_);  // parameter server: the rows' pulls
+    pooled = embeddings_->forward(t.ids, t.offsets, training);
+  }
   return {dense_->forward(t.dense, pooled), t.labels};
 }
 
@@ -86,9 +103,11 @@ StepRecord DlrmJob::train_step(int64_t step, const std::function<void()>& before
   using obs::SpanKind;
   const auto start = Clock::now();
   const double blocked_before = recording_.recorder().blocked_seconds();
+  server_wait_s_ = 0;
   Phase whole(recording_, SpanKind::Step, "step", step);
   if (ps_) {
     Phase phase(recording_, SpanKind::Sync, "sync.before_step", step);
+    ServerWait wait(server_wait_s_);
     ps_->before_step(step);
   }
   embeddings_->set_step(step);
@@ -120,11 +139,15 @@ StepRecord DlrmJob::train_step(int64_t step, const std::function<void()>& before
   rec.lr = learning_rate(step, c_.train.warmup_steps, c_.train.steps, c_.train.lr, c_.train.min_lr);
   {
     Phase phase(recording_, SpanKind::Optimizer, "optimizer", step);
-    embeddings_->update(step);
+    {
+      ServerWait wait(ps_ ? server_wait_s_ : ignored_wait_s_);
+      embeddings_->update(step);  // parameter server: the pushes of the touched rows
+    }
     adam_.step(rec.lr);
   }
   if (ps_) {
     Phase phase(recording_, SpanKind::Sync, "sync.after_step", step);
+    ServerWait wait(server_wait_s_);
     ps_->after_step(step, step == c_.train.steps);
   }
   if (!std::isfinite(loss))
@@ -135,14 +158,18 @@ StepRecord DlrmJob::train_step(int64_t step, const std::function<void()>& before
   rec.step_time_s = seconds_since(start);
   rec.tokens_per_s = static_cast<double>(c_.train.global_batch) / rec.step_time_s;  // examples
   rec.local_batch = local_batch_;
-  // Every wait of this rank on its communicators: the communication the step could not hide.
-  rec.comm_time_s = rec.exposed_comm_time_s = recording_.recorder().blocked_seconds() - blocked_before;
+  // Every wait of the training thread on its communicators: the communication the step could not hide. The
+  // parameter server's traffic goes around the recorder (its threads would count their idle receives), so its
+  // pulls, pushes and staleness waits are timed here.
+  rec.comm_time_s = rec.exposed_comm_time_s =
+      recording_.recorder().blocked_seconds() - blocked_before + server_wait_s_;
   DlrmStep s;
   s.step = step;
   s.loss = loss;
   s.step_time_s = rec.step_time_s;
   s.examples_per_s = rec.tokens_per_s;
   s.exchange_bytes = embeddings_->bytes_sent() - sent_before;
+  s.comm_time_s = rec.comm_time_s;
   result_.steps.push_back(s);
   if (step % c_.obs.trace_flush_every == 0) flush_trace();
   return rec;

@@ -64,6 +64,8 @@ class DlrmJob : public Job {
   CheckpointWriter checkpoints_;
   int64_t start_step_ = 1;
   int64_t step_ = 0;
+  // dlrm.mode = "ps": this step's time in the parameter server's pulls, pushes and staleness waits.
+  double server_wait_s_ = 0, ignored_wait_s_ = 0;
   DlrmResult result_;
 };
 

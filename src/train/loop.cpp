@@ -83,10 +83,11 @@ void TrainLoop::step_outputs(Job& job, const StepRecord& rec, bool leader) {
   say_saved(job.checkpoint(rec.step), leader);
   if (!leader || !metrics_) return;
   const double checkpoint_s = std::chrono::duration<double>(Clock::now() - checkpoint_start).count();
+  const double elapsed = elapsed_s();
   obs::StepMetrics m = common_metrics(rec, eval, c_.train.steps);
   m.extra["checkpoint_s"] = checkpoint_s;
-  m.extra["time_s"] = elapsed_s();
-  job.add_metrics(m, rec, elapsed_s());
+  m.extra["time_s"] = elapsed;
+  job.add_metrics(m, rec, elapsed);
   metrics_->write(obs::metrics_row(m));
   if (live_metrics_) live_metrics_->publish(m);
   const bool log_step = rec.step % c_.run.log_every == 0 || rec.step == c_.train.steps || eval.done();

@@ -197,7 +197,9 @@ Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options
   // share of the batch); the optimizer's gradient reduction runs over the strategy's group (all replicas, one
   // cluster, or none), then the strategy keeps the optimizer's tensors in agreement.
   const SyncSetup setup = sync_setup(c, world);
-  spans_clusters_ = spans_clusters(c.sync, setup.cluster_hint);
+  // Only flat sync's wide-area bytes need it (the same on every rank, so all or none take part).
+  spans_clusters_ =
+      sync_traits_.mode == SyncMode::Sync && !c.sync.hierarchical && spans_clusters(c.sync, setup.cluster_hint);
   sync_ = make_sync_strategy(setup);
   rank_batches_ = rank_batches(sync_->layout(), parse_cluster_batch(c.sync.cluster_batch), dims_.microbatches);
   // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.

@@ -440,7 +440,8 @@ class Gossip : public StrategyBase {
 class ServerSync : public StrategyBase {
  public:
   ServerSync(SyncSetup s, ClusterGroups g, std::unique_ptr<comm::Communicator> ps_group)
-      : StrategyBase(std::move(s), std::move(g)), group_(std::move(ps_group)) {}
+      : StrategyBase(std::move(s), std::move(g)), group_(std::move(ps_group)),
+        bounded_(sync_traits(s_.config).mode == SyncMode::Ssp) {}
   // The servers start from the parameters this run starts with; every worker's clock is the last step done.
   void start(int64_t first_step) override {
     pulled_ = flatten(s_.parameters).clone();
@@ -454,7 +455,7 @@ class ServerSync : public StrategyBase {
       }
     }
   }
-  bool bounded() const { return parse_sync_mode(s_.config.mode) == SyncMode::Ssp; }
+  bool bounded() const { return bounded_; }
   std::string describe() const override {
     return std::string(bounded() ? "ssp (at most " + std::to_string(s_.config.staleness) + " steps ahead, "
                                  : "async (") +
@@ -519,6 +520,7 @@ class ServerSync : public StrategyBase {
   }
 
   std::unique_ptr<comm::Communicator> group_;
+  const bool bounded_;  // ssp (else async)
   std::unique_ptr<ParameterServer> server_;
   at::Tensor pulled_;
   int64_t pushes_ = 0, staleness_sum_ = 0;

@@ -25,6 +25,7 @@ struct DlrmStep {
   double step_time_s = 0;
   double examples_per_s = 0;    // global batch / step time
   int64_t exchange_bytes = 0;   // this rank's bytes sent for embeddings this step (all-to-all or parameter server)
+  double comm_time_s = 0;       // the training thread's waits on communication (the parameter server included)
 };
 
 struct DlrmResult {

@@ -12,8 +12,8 @@
 #include <memory>
 #include <utility>
 
-#include "crosstrain/comm/algorithms.h"
-#include "crosstrain/comm/compression.h"
+#include "crosstrain/comm/algorithms/collectives.h"
+#include "crosstrain/comm/compression/codecs.h"
 #include "crosstrain/comm/cost_model.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/reference.h"

@@ -12,7 +12,7 @@ struct BenchCommOptions {
   std::string backend = "gloo";
   std::string algo = "builtin";   // builtin (the back end's), ring, tree, hd, hierarchical
   int group_size = 2;             // hierarchical: ranks per group
-  std::string compression = "none";  // all-reduce through a codec (comm/compression.h)
+  std::string compression = "none";  // all-reduce through a codec (comm/compression/codecs.h)
   int nproc = 2;
   int64_t min_bytes = 4;
   int64_t max_bytes = 64LL << 20;

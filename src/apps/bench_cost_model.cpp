@@ -8,7 +8,7 @@
 #include <map>
 #include <tuple>
 
-#include "crosstrain/comm/algorithms.h"
+#include "crosstrain/comm/algorithms/collectives.h"
 #include "crosstrain/comm/cost_model.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/error.h"

@@ -9,9 +9,9 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/train/config.h"
-#include "crosstrain/train/dlrm_trainer.h"
-#include "crosstrain/train/hf_checkpoint.h"
-#include "crosstrain/train/hf_layout.h"
+#include "crosstrain/jobs/dlrm/trainer.h"
+#include "crosstrain/interop/hf/checkpoint.h"
+#include "crosstrain/interop/hf/layout.h"
 
 namespace crosstrain::apps {
 namespace fs = std::filesystem;

@@ -13,7 +13,7 @@ int ckpt_info(const std::string& path, bool list_tensors, bool verify);
 // name, then a rename). With `optimizer`, also the Adam moments as "NAME#exp_avg" and "NAME#exp_avg_sq".
 int ckpt_export(const std::string& path, const std::string& output, bool optimizer);
 // `--format hf`: writes a Hugging Face model directory (config.json + model.safetensors, or shards of at most
-// `max_shard_size` with model.safetensors.index.json; train/hf_checkpoint.h) from a checkpoint, a run directory
+// `max_shard_size` with model.safetensors.index.json; interop/hf/checkpoint.h) from a checkpoint, a run directory
 // or another Hugging Face directory.
 int ckpt_export_hf(const std::string& path, const std::string& out_dir, const std::string& max_shard_size);
 

@@ -16,7 +16,7 @@
 #include <iostream>
 
 #include "crosstrain/comm/rendezvous.h"
-#include "crosstrain/comm/store_auth.h"
+#include "crosstrain/store/auth.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/launch_env.h"
 

@@ -17,9 +17,9 @@
 #include <thread>
 
 #include "crosstrain/core/error.h"
-#include "crosstrain/scheduler/ledger.h"
+#include "crosstrain/ledger/ledger.h"
 #include "crosstrain/train/config.h"
-#include "crosstrain/train/work_log.h"
+#include "crosstrain/ledger/work_log.h"
 #include "ledger_cmd.h"
 
 namespace crosstrain::apps {

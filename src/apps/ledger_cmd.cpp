@@ -9,7 +9,7 @@
 #include <iostream>
 
 #include "crosstrain/core/error.h"
-#include "crosstrain/scheduler/ledger.h"
+#include "crosstrain/ledger/ledger.h"
 
 namespace crosstrain::apps {
 namespace fs = std::filesystem;

@@ -1,5 +1,5 @@
 // `crosstrain ledger keygen|append|verify|show|claim|spot-check`: the ledger of contributed compute
-// (scheduler/ledger.h, docs/ledger.md) from the command line. claim and spot-check: ledger_claim.cpp.
+// (ledger/ledger.h, docs/ledger.md) from the command line. claim and spot-check: ledger_claim.cpp.
 #pragma once
 
 #include <cstdint>

@@ -11,7 +11,7 @@
 
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/rendezvous.h"
-#include "crosstrain/comm/shm.h"
+#include "crosstrain/comm/backends/shm.h"
 #include "crosstrain/planner/estimate.h"
 #include "plan_reference.h"
 #include "crosstrain/core/error.h"
@@ -47,7 +47,7 @@ double calls_per_second(F&& f, double seconds) {
   return static_cast<double>(count) / elapsed;
 }
 
-// FLOP/s of one shape, timed as train/peak_flops.cpp times the MFU denominator: random operands (zeros may take
+// FLOP/s of one shape, timed as jobs/gpt/peak_flops.cpp times the MFU denominator: random operands (zeros may take
 // fast paths), a warm-up that pays the first call's costs, then the better of two runs, so that a burst of
 // another process on the same core does not set the rate.
 double gemm_rate(const GemmGridShape& s, at::ScalarType dtype, double seconds) {

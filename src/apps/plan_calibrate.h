@@ -9,7 +9,7 @@
 //    from 32^3 to 1024^3, the model's tall-thin tokens x hidden products and their weight-gradient forms, the
 //    attention's T x head_dim products, up to 2048x512x2048), ascending by FLOPs; shapes of equal FLOPs are merged
 //    into their median rate. Each shape: a warm-up of seconds_per_point / 2, then the better of two timed runs of
-//    seconds_per_point (as train/peak_flops.cpp times the MFU denominator). peak_flops[dtype]: the best point.
+//    seconds_per_point (as jobs/gpt/peak_flops.cpp times the MFU denominator). peak_flops[dtype]: the best point.
 //  - memory_bandwidth_Bps: bytes read and written per second by one thread's a = b + c on float tensors of
 //    bandwidth_bytes each (3 x bandwidth_bytes per operation), the median of several operations: out of cache.
 //  - kernel_overhead_s: seconds per operator of eager libtorch with autograd on tiny tensors. A chain of

@@ -6,19 +6,19 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "crosstrain/comm/hang_doctor.h"
+#include "crosstrain/comm/diagnostics/hang_doctor.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/elastic/membership.h"
-#include "crosstrain/train/model_family.h"
+#include "crosstrain/jobs/model_family.h"
 #include "crosstrain/train/sync_mode.h"
-#include "crosstrain/train/hf_checkpoint.h"
+#include "crosstrain/interop/hf/checkpoint.h"
 #include "crosstrain/train/resume_check.h"
-#include "crosstrain/train/elastic.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/gpt/elastic.h"
+#include "crosstrain/jobs/trainer.h"
 #include "launcher.h"
 
 namespace crosstrain::apps {
@@ -63,7 +63,7 @@ std::string job_secret(const LaunchEnv& env, const train::Config& config) {
   return comm::store::read_secret_file(config.run.secret_file);
 }
 
-// One rank of an elastic job (train/elastic.h): membership first, then a Run per generation.
+// One rank of an elastic job (jobs/gpt/elastic.h): membership first, then a Run per generation.
 int train_elastic_rank(const train::Config& config, const LaunchEnv& env) {
   if (env.source == LaunchSource::Single)
     throw UsageError("elastic training needs a launcher that restarts ranks and hosts the coordinator: use "

@@ -1,7 +1,7 @@
 #include "crosstrain/comm/config.h"
 
-#include "crosstrain/comm/algorithms.h"
-#include "crosstrain/comm/compression.h"
+#include "crosstrain/comm/algorithms/collectives.h"
+#include "crosstrain/comm/compression/codecs.h"
 #include "crosstrain/comm/cost_model.h"
 #include "crosstrain/core/error.h"
 

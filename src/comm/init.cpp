@@ -2,9 +2,9 @@
 
 #include <cstdio>
 
-#include "crosstrain/comm/algorithm_communicator.h"
-#include "crosstrain/comm/mpi.h"
-#include "crosstrain/comm/shm.h"
+#include "crosstrain/comm/algorithms/communicator.h"
+#include "crosstrain/comm/backends/mpi.h"
+#include "crosstrain/comm/backends/shm.h"
 
 namespace crosstrain::comm {
 

@@ -5,10 +5,10 @@
 #include <algorithm>
 #include <system_error>
 
-#include "crosstrain/comm/local_store.h"
-#include "crosstrain/comm/store_client.h"
-#include "crosstrain/comm/store_server.h"
-#include "store_socket.h"
+#include "crosstrain/store/local_store.h"
+#include "crosstrain/store/client.h"
+#include "crosstrain/store/server.h"
+#include "crosstrain/store/socket.h"
 
 namespace crosstrain::comm {
 

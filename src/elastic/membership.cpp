@@ -6,10 +6,10 @@
 
 #include <chrono>
 
-#include "crosstrain/comm/algorithm_communicator.h"
+#include "crosstrain/comm/algorithms/communicator.h"
 #include "crosstrain/comm/init.h"
-#include "crosstrain/comm/shm.h"
-#include "crosstrain/comm/store_auth.h"
+#include "crosstrain/comm/backends/shm.h"
+#include "crosstrain/store/auth.h"
 #include "crosstrain/elastic/abortable.h"
 
 namespace crosstrain::elastic {

@@ -12,7 +12,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/train/sync_mode.h"
 
-#include "debug_fault.h"
+#include "crosstrain/train/debug_fault.h"
 
 namespace crosstrain::train {
 namespace {

@@ -1,14 +1,14 @@
-#include "recording.h"
+#include "crosstrain/train/recording.h"
 
 #include <chrono>
 #include <filesystem>
 #include <string>
 
-#include "crosstrain/comm/clock_sync.h"
-#include "crosstrain/comm/hang_doctor.h"
-#include "crosstrain/comm/recording.h"
+#include "crosstrain/comm/diagnostics/clock_sync.h"
+#include "crosstrain/comm/diagnostics/hang_doctor.h"
+#include "crosstrain/comm/diagnostics/recording.h"
 #include "crosstrain/obs/metrics.h"
-#include "debug_fault.h"
+#include "crosstrain/train/debug_fault.h"
 
 namespace crosstrain::train {
 namespace fs = std::filesystem;

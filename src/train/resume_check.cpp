@@ -131,4 +131,11 @@ std::string resume_schedule_notice(const Config& run, const std::string& checkpo
          "at step " + std::to_string(run.train.steps) + ", so the rates from here on differ from the saved run's";
 }
 
+void check_resume_step(const std::string& checkpoint, int64_t checkpoint_step, int64_t steps) {
+  if (checkpoint_step > steps)
+    throw UsageError("--resume: checkpoint " + checkpoint + " is at step " + std::to_string(checkpoint_step) +
+                     " but train.steps = " + std::to_string(steps) + "; set train.steps to " +
+                     std::to_string(checkpoint_step) + " or more to continue this run (nothing was changed)");
+}
+
 }  // namespace crosstrain::train

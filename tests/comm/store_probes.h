@@ -15,7 +15,7 @@
 #include <thread>
 #include <vector>
 
-#include "crosstrain/comm/store_protocol.h"
+#include "crosstrain/store/protocol.h"
 
 namespace crosstrain::testing {
 

@@ -9,9 +9,9 @@
 #include <thread>
 
 #include "conformance.h"
-#include "crosstrain/comm/algorithm_communicator.h"
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/comm/shm.h"
+#include "crosstrain/comm/algorithms/communicator.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/comm/backends/shm.h"
 
 using namespace crosstrain;
 using comm::FakeWorld;

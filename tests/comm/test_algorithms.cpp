@@ -12,9 +12,9 @@
 
 #include "algorithm_checks.h"
 #include "conformance.h"
-#include "crosstrain/comm/algorithms.h"
+#include "crosstrain/comm/algorithms/collectives.h"
 #include "crosstrain/comm/cost_model.h"
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/comm/reference.h"
 
 using namespace crosstrain;

@@ -12,8 +12,8 @@
 #include <tuple>
 #include <vector>
 
-#include "crosstrain/comm/compression.h"
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/compression/codecs.h"
+#include "crosstrain/comm/backends/fake.h"
 
 using namespace crosstrain;
 using comm::FakeWorld;

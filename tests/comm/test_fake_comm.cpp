@@ -6,8 +6,8 @@
 #include <chrono>
 
 #include "conformance.h"
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/comm/shm.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/comm/backends/shm.h"
 
 #include <thread>
 

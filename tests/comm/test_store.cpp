@@ -9,10 +9,10 @@
 
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/rendezvous.h"
-#include "crosstrain/comm/store_address.h"
-#include "crosstrain/comm/store_client.h"
-#include "crosstrain/comm/store_auth.h"
-#include "crosstrain/comm/store_server.h"
+#include "crosstrain/store/address.h"
+#include "crosstrain/store/client.h"
+#include "crosstrain/store/auth.h"
+#include "crosstrain/store/server.h"
 #include "crosstrain/core/error.h"
 #include "store_probes.h"
 

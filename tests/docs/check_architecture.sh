@@ -155,8 +155,8 @@ self_test() {
   expect new_cmake_edge fail "missing edge obs -> comm"
   fresh; sed -i -E '/^crosstrain_layer\(planner /s/.*/crosstrain_layer(planner DEPS models data)/' "$tmp/t/CMakeLists.txt"
   expect new_cmake_edge_one_line fail "missing edge planner -> data"
-  fresh; sed -i -E 's/^(\| *apps *\|.*\| *)train, /\1/' "$tmp/t/docs/architecture.md"
-  expect missing_apps_edge fail "missing edge apps -> train"
+  fresh; sed -i -E 's/^(\| *apps *\|.*\| *)jobs, /\1/' "$tmp/t/docs/architecture.md"
+  expect missing_apps_edge fail "missing edge apps -> jobs"
   fresh; sed -i 's#\](docs/architecture.md)#]#g' "$tmp/t/README.md"
   expect readme_link fail "README.md: no link"
   return $bad

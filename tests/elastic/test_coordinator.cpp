@@ -12,8 +12,8 @@
 #include <set>
 #include <thread>
 
-#include "crosstrain/comm/local_store.h"
-#include "crosstrain/comm/store_table.h"
+#include "crosstrain/store/local_store.h"
+#include "crosstrain/store/table.h"
 #include "crosstrain/elastic/coordinator.h"
 
 using namespace crosstrain::elastic;

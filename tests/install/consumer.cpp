@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 
 int main() {
   float result = 0;

@@ -1,3 +1,5 @@
-// The control: with the same include directories, comm's own headers and core's (below it) are found.
-#include "crosstrain/comm/store_protocol.h"
+// The control: with the same include directories, comm's own headers and those of the layers below it (store,
+// core) are found.
+#include "crosstrain/comm/diagnostics/flight_recorder.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/store/protocol.h"

@@ -12,9 +12,9 @@
 #include <sstream>
 #include <thread>
 
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/comm/flight_recorder.h"
-#include "crosstrain/comm/recording.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/comm/diagnostics/flight_recorder.h"
+#include "crosstrain/comm/diagnostics/recording.h"
 #include "crosstrain/obs/straggler.h"
 #include "crosstrain/obs/trace.h"
 

@@ -1,4 +1,4 @@
-// The MFU denominator (src/train/peak_flops.h): which products are timed for a model, and what is reported.
+// The MFU denominator (src/jobs/gpt/peak_flops.h): which products are timed for a model, and what is reported.
 #include <gtest/gtest.h>
 
 #include <ATen/ATen.h>

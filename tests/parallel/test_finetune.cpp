@@ -8,13 +8,13 @@
 #include <fstream>
 #include <mutex>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/gpt.h"
 #include "crosstrain/models/gpt_init.h"
-#include "crosstrain/train/hf_checkpoint.h"
+#include "crosstrain/interop/hf/checkpoint.h"
 #include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

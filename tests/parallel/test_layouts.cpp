@@ -6,13 +6,13 @@
 
 #include <mutex>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/data/dataset.h"
 #include "crosstrain/data/sampler.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/train/lr_schedule.h"
 #include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

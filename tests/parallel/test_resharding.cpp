@@ -6,8 +6,8 @@
 #include <filesystem>
 
 #include "crosstrain/checkpoint/distributed.h"
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/parallel/mesh.h"

@@ -13,12 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/parallel/grad_hooks.h"
 #include "crosstrain/parallel/grad_reducer.h"
 #include "crosstrain/parallel/zero.h"
 #include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

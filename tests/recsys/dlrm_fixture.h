@@ -7,8 +7,8 @@
 #include <mutex>
 #include <string>
 
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/train/dlrm_trainer.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/jobs/dlrm/trainer.h"
 
 namespace crosstrain::testing {
 

@@ -7,11 +7,11 @@
 
 #include <filesystem>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/data/ctr.h"
 #include "crosstrain/recsys/dlrm.h"
 #include "crosstrain/recsys/embedding_table.h"
-#include "crosstrain/train/dlrm_trainer.h"
+#include "crosstrain/jobs/dlrm/trainer.h"
 #include "dlrm_fixture.h"
 
 using namespace crosstrain;

@@ -6,8 +6,8 @@
 
 #include <filesystem>
 
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/train/dlrm_trainer.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/jobs/dlrm/trainer.h"
 #include "dlrm_fixture.h"
 
 using namespace crosstrain;

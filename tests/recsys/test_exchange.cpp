@@ -3,7 +3,7 @@
 
 #include <ATen/ATen.h>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/recsys/exchange.h"
 
 using namespace crosstrain;

@@ -17,7 +17,7 @@
 #include <thread>
 #include <unistd.h>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/recsys/sparse_param_server.h"
 
 using namespace crosstrain;

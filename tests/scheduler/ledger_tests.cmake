@@ -1,14 +1,8 @@
 # The ledger of contributed compute (issue 19, docs/ledger.md).
 # Without libtorch: keys, the chain, the tamper cases verify refuses, appends, the spot check's logic.
-# The ledger's own sources, not the scheduler's pure object library: other pure files there need more (SQLite, the
-# planner's presets) than this test should link.
-add_executable(ledger_tests ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_ledger.cpp
-  ${PROJECT_SOURCE_DIR}/src/scheduler/ledger.cpp ${PROJECT_SOURCE_DIR}/src/scheduler/ledger_keys.cpp
-  ${PROJECT_SOURCE_DIR}/src/scheduler/ledger_spot_check.cpp)
+add_executable(ledger_tests ${CMAKE_CURRENT_SOURCE_DIR}/scheduler/test_ledger.cpp)
 target_compile_options(ledger_tests PRIVATE -Wall -Wextra)
-target_include_directories(ledger_tests PRIVATE ${CROSSTRAIN_scheduler_ROOTS})
-target_link_libraries(ledger_tests PRIVATE crosstrain_core_pure PkgConfig::SODIUM nlohmann_json::nlohmann_json
-  GTest::gtest_main Threads::Threads)
+target_link_libraries(ledger_tests PRIVATE crosstrain_ledger_pure crosstrain_core_pure GTest::gtest_main Threads::Threads)
 gtest_discover_tests(ledger_tests PROPERTIES LABELS unit TIMEOUT 120 DISCOVERY_TIMEOUT 60)
 # With libtorch: the spot check recomputes sampled steps' gradients (a small MLP) and flags the fakers; and
 # `crosstrain ledger` run as a user runs it.

@@ -11,7 +11,7 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
-#include "crosstrain/scheduler/ledger.h"
+#include "crosstrain/ledger/ledger.h"
 
 using namespace crosstrain::scheduler;
 namespace fs = std::filesystem;

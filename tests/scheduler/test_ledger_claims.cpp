@@ -14,9 +14,9 @@
 #include <set>
 
 #include "cli_fixture.h"
-#include "crosstrain/scheduler/ledger.h"
+#include "crosstrain/ledger/ledger.h"
 #include "crosstrain/train/config.h"
-#include "crosstrain/train/work_log.h"
+#include "crosstrain/ledger/work_log.h"
 
 using namespace crosstrain::testing;
 using namespace crosstrain::scheduler;

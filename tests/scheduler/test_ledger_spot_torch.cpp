@@ -10,7 +10,7 @@
 #include <filesystem>
 #include <random>
 
-#include "crosstrain/scheduler/ledger.h"
+#include "crosstrain/ledger/ledger.h"
 
 using namespace crosstrain::scheduler;
 namespace fs = std::filesystem;

@@ -5,7 +5,7 @@
 
 #include <cmath>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/data/loss_mask.h"
 #include "crosstrain/models/gpt.h"
 #include "crosstrain/parallel/tensor_parallel.h"

@@ -10,8 +10,8 @@
 #include <fstream>
 #include <mutex>
 
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

@@ -13,10 +13,10 @@
 #include <cmath>
 #include <functional>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/parallel/grad_reducer.h"
 #include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 #include "in_process_run.h"
 #include "train_fixture.h"
 

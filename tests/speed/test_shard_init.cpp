@@ -11,13 +11,13 @@
 #include <mutex>
 #include <set>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/core/memory_counter.h"
 #include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/models/parallelize.h"
 #include "crosstrain/parallel/mesh.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

@@ -5,9 +5,9 @@
 #include <mutex>
 #include <vector>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 
 namespace crosstrain::testing {
 

@@ -4,7 +4,7 @@
 #include <chrono>
 #include <string>
 
-#include "crosstrain/comm/store_client.h"
+#include "crosstrain/store/client.h"
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::testing {

@@ -13,7 +13,7 @@
 
 #include "cli_fixture.h"
 #include "crosstrain/checkpoint/distributed.h"
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/train/checkpoint.h"
 
 using namespace crosstrain::testing;

@@ -6,11 +6,11 @@
 #include <nlohmann/json.hpp>
 #include <fstream>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/models/gpt.h"
 #include "crosstrain/parallel/grad_reducer.h"
 #include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

@@ -18,8 +18,8 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/gpt.h"
-#include "crosstrain/train/hf_checkpoint.h"
-#include "crosstrain/train/hf_layout.h"
+#include "crosstrain/interop/hf/checkpoint.h"
+#include "crosstrain/interop/hf/layout.h"
 #include "in_process_run.h"
 #include "train_fixture.h"
 

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/train/loop.h"
 
 namespace fs = std::filesystem;

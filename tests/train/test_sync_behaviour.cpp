@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "cli_fixture.h"
-#include "crosstrain/comm/fake.h"
-#include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/sync/strategy.h"
 
 using namespace crosstrain;
 using Clock = std::chrono::steady_clock;

@@ -7,11 +7,11 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
-#include "crosstrain/comm/fake.h"
+#include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/core/error.h"
-#include "crosstrain/train/sync_strategy.h"
+#include "crosstrain/sync/strategy.h"
 #include "crosstrain/train/test_hooks.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
 
 using namespace crosstrain;

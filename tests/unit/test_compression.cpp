@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "crosstrain/comm/compression.h"
+#include "crosstrain/comm/compression/codecs.h"
 #include "crosstrain/core/error.h"
 
 using namespace crosstrain;

@@ -14,11 +14,11 @@ namespace crosstrain::comm {
 struct CommConfig {
   std::string backend = "gloo";      // gloo, or mpi (a job started by mpirun)
   double timeout_s = 30;             // every wait, the rendezvous and group creation
-  bool shared_memory = true;         // same-host float all-reduces through shared memory (comm/shm.h)
+  bool shared_memory = true;         // same-host float all-reduces through shared memory (comm/backends/shm.h)
   // Gradients between data-parallel replicas: none, bf16, fp16, int8, int4, topk:F, powersgd:R
-  // (comm/compression.h). The gradient reducer applies it; it is here because it is part of [comm].
+  // (comm/compression/codecs.h). The gradient reducer applies it; it is here because it is part of [comm].
   std::string compression = "none";
-  // Collectives through our algorithms (comm/algorithm_communicator.h): builtin (the back end's own), ring, tree,
+  // Collectives through our algorithms (comm/algorithms/communicator.h): builtin (the back end's own), ring, tree,
   // hd, hierarchical, auto.
   std::string algo = "builtin";
   std::string topology;              // for algo = auto: a topology TOML whose links the cost model uses

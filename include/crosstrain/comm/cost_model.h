@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "crosstrain/comm/algorithms.h"
+#include "crosstrain/comm/algorithms/collectives.h"
 
 namespace crosstrain::comm {
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "crosstrain/comm/communicator.h"
-#include "crosstrain/comm/store_auth.h"
+#include "crosstrain/store/auth.h"
 
 namespace c10d {
 class Store;

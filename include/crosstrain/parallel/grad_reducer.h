@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "crosstrain/comm/communicator.h"
-#include "crosstrain/comm/compression.h"
+#include "crosstrain/comm/compression/codecs.h"
 #include "crosstrain/parallel/grad_hooks.h"
 
 namespace crosstrain::parallel {

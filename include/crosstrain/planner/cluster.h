@@ -90,7 +90,7 @@ struct ClusterSpec {
   double price_per_device_hour = -1;  // < 0: the device type's price
   comm::Link host_link, cluster_link;  // inside a host; between hosts of this cluster
   // Measured float all-reduce among host_allreduce_ranks ranks of one host through the path training takes there
-  // (shared memory, comm/shm.h): whole-buffer bytes -> seconds. Empty: the link's point-to-point model.
+  // (shared memory, comm/backends/shm.h): whole-buffer bytes -> seconds. Empty: the link's point-to-point model.
   std::vector<comm::Sample> host_allreduce_curve;
   std::vector<comm::Sample> host_allreduce_bf16_curve;  // the same for bf16 buffers (which take the link's path)
   int host_allreduce_ranks = 2;

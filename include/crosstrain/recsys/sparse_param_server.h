@@ -1,7 +1,7 @@
 // Tables beyond one process's memory (issue 18, item 4): a sharded parameter server for embedding tables, and a
 // worker-side cache of hot rows with bounded staleness.
 //
-// Every rank of the group is a server and a worker (as train/sync_param_server.h). Each table is split by rows
+// Every rank of the group is a server and a worker (as sync/param_server.h). Each table is split by rows
 // over all ranks in contiguous blocks (row_block: the first rows % world ranks one row more); rank r serves its
 // blocks as EmbeddingShard objects (whole rows, in memory or in memory-mapped files under storage.dir/rank<r>),
 // with one thread per other worker, each blocked on that worker's next request; requests to its own rank are

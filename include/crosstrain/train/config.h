@@ -24,7 +24,7 @@ struct RunConfig {
   uint64_t seed = 1337;
   int64_t log_every = 1;          // progress lines (metrics.jsonl gets every step)
   std::string secret_file;        // a file (mode 0600) holding the job secret; CROSSTRAIN_SECRET takes precedence
-  bool work_log = false;          // RUN_DIR/work/cluster<K>.jsonl for ledger claims (train/work_log.h)
+  bool work_log = false;          // RUN_DIR/work/cluster<K>.jsonl for ledger claims (ledger/work_log.h)
 };
 
 struct TrainConfig {

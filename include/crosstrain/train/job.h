@@ -1,9 +1,9 @@
 // What the one training loop (train/loop.h) asks of a kind of run.
 //
-// A Job is one rank's composed run of one model family (GPT and Llama: src/train/run.h; DLRM:
-// src/train/dlrm_job.h): it knows how to train a step, evaluate, save its state and describe a step. The loop
+// A Job is one rank's composed run of one model family (GPT and Llama: src/jobs/gpt/run.h; DLRM:
+// src/jobs/dlrm/job.h): it knows how to train a step, evaluate, save its state and describe a step. The loop
 // decides when each happens and owns everything every run shares: metrics rows, progress, the stop vote, traces
-// being flushed, samples. A new model family implements a Job and registers it (train/model_family.h); it gets
+// being flushed, samples. A new model family implements a Job and registers it (jobs/model_family.h); it gets
 // all of that without writing a loop.
 #pragma once
 

@@ -1,6 +1,6 @@
 // The training loop: the one place that decides, step by step, when a job evaluates, saves, writes its metrics
 // row and prints progress; that runs the Ctrl-C stop vote; and that ends a run (summary, sample). Every kind of
-// run goes through it: a plain run (Trainer), each generation of an elastic job (train/elastic.h), DLRM.
+// run goes through it: a plain run (Trainer), each generation of an elastic job (jobs/gpt/elastic.h), DLRM.
 #pragma once
 
 #include <chrono>
@@ -12,7 +12,7 @@
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/config.h"
 #include "crosstrain/train/job.h"
-#include "crosstrain/train/trainer.h"
+#include "crosstrain/train/options.h"
 
 namespace crosstrain::obs {
 class MetricsWriter;

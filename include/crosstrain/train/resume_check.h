@@ -3,6 +3,7 @@
 // (dropping or reinterpreting tensors) and then save the result over the experiment.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -30,5 +31,9 @@ void check_resume_model(const Config& run, const std::string& checkpoint_dir);
 // schedule then ends elsewhere. Returns the line that says so (empty when train.steps is the same or the manifest
 // records no config).
 std::string resume_schedule_notice(const Config& run, const std::string& checkpoint_dir);
+
+// --resume from `checkpoint`, saved after `checkpoint_step`, with train.steps = `steps`: a checkpoint past the
+// end of the run is refused (UsageError) rather than training a negative number of steps.
+void check_resume_step(const std::string& checkpoint, int64_t checkpoint_step, int64_t steps);
 
 }  // namespace crosstrain::train

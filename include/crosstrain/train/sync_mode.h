@@ -26,7 +26,7 @@ struct SyncTraits {
   bool cluster_groups;
   // Workers push to and pull from a sharded parameter server; they report staleness (ssp, async).
   bool parameter_server;
-  // Elastic training (train/elastic.h) can rebuild its groups today.
+  // Elastic training (jobs/gpt/elastic.h) can rebuild its groups today.
   bool elastic;
 };
 

@@ -1,7 +1,7 @@
 // Which addresses the rendezvous store listens on, for a name and what it resolved to (no sockets).
 #include <gtest/gtest.h>
 
-#include "crosstrain/comm/store_address.h"
+#include "crosstrain/store/address.h"
 
 using namespace crosstrain::comm::store;
 using Addresses = std::vector<std::string>;

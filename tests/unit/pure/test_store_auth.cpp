@@ -7,8 +7,8 @@
 #include <fstream>
 #include <set>
 
-#include "crosstrain/comm/store_auth.h"
-#include "crosstrain/comm/store_protocol.h"
+#include "crosstrain/store/auth.h"
+#include "crosstrain/store/protocol.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/launch_env.h"
 

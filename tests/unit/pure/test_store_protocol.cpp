@@ -1,7 +1,7 @@
 // The rendezvous store's wire protocol: framing, limits and admission, without sockets.
 #include <gtest/gtest.h>
 
-#include "crosstrain/comm/store_protocol.h"
+#include "crosstrain/store/protocol.h"
 
 using namespace crosstrain::comm::store;
 

@@ -4,7 +4,7 @@
 #include <limits>
 #include <stdexcept>
 
-#include "crosstrain/comm/store_table.h"
+#include "crosstrain/store/table.h"
 
 using namespace crosstrain::comm::store;
 

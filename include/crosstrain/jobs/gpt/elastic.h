@@ -1,0 +1,24 @@
+// Elastic training (docs/elastic.md): a rank trains as a member of the generations its membership agrees on
+// (elastic/membership.h). Each generation builds its own groups and Run; the state carries over in memory; a
+// joining replica gets it from a live one; with no live replica left it comes from the newest checkpoint.
+//
+// Global batch: every replica keeps its per-replica batch (train.global_batch / the job's replicas) and its slot
+// in the data order, so a step with k of n replicas trains on k/n of the global batch (the missing replicas'
+// sequences are skipped, not re-read) and averages the gradients over the k live replicas. The learning rate is
+// unchanged. This is torchft's rule: the batch shrinks with the job rather than each replica's work growing.
+#pragma once
+
+#include "crosstrain/elastic/membership.h"
+#include "crosstrain/train/config.h"
+#include "crosstrain/jobs/trainer.h"
+
+namespace crosstrain::train {
+
+// Checks that `config` can train elastically on `world` ranks; throws UsageError with the fix otherwise.
+void check_elastic_config(const Config& config, int world);
+// This rank's membership settings: its replica slot and replica size from the layout, the timing from [elastic].
+elastic::MembershipOptions membership_options(const Config& config, int rank, int world);
+// Trains as a member of the job until train.steps; returns what this process trained.
+TrainResult train_elastic(const Config& config, elastic::Membership& membership, const TrainOptions& options);
+
+}  // namespace crosstrain::train

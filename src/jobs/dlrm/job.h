@@ -1,0 +1,72 @@
+// Private to src/train: one rank's DLRM run as a Job of the training loop (train/loop.h): click data by example
+// index (every layout reads the same global batch), embedding tables sharded over the ranks with all-to-all
+// lookups (dlrm.mode = "sharded") or held by the parameter server with worker caches (dlrm.mode = "ps"), the
+// dense part data-parallel, AUC and log-loss on held-out examples.
+#pragma once
+
+#include <memory>
+#include <utility>
+
+#include "crosstrain/data/ctr.h"
+#include "crosstrain/recsys/dlrm.h"
+#include "crosstrain/train/checkpoint.h"
+#include "crosstrain/jobs/dlrm/trainer.h"
+#include "crosstrain/train/job.h"
+#include "crosstrain/jobs/trainer.h"
+#include "parts.h"
+#include "crosstrain/train/recording.h"
+
+namespace crosstrain::train {
+
+class DlrmJob : public Job {
+ public:
+  DlrmJob(const Config& c, comm::Communicator& world, const TrainOptions& options);
+  ~DlrmJob() override;
+
+  int64_t start_step() const override { return start_step_; }
+  void set_step(int64_t step) override;
+  bool lockstep() const override { return !ps_; }  // the parameter server lets workers drift apart
+  void print_header() const override;
+  StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override;
+  bool has_validation() const override { return true; }
+  bool evaluates_last_step() const override { return true; }  // the run's result is its final AUC
+  Evaluation evaluate() override;
+  std::string checkpoint(int64_t step) override;
+  std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
+  void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
+  void flush_trace() override;
+  void finish() override;
+  LiveState live_state(int64_t next_step) override;
+
+  // The run so far: steps, the last evaluation, where the tables are (DlrmTrainer's result).
+  DlrmResult& result() { return result_; }
+  // Collective (tests): every whole table and the dense parameters into the result.
+  void gather_tables();
+
+ private:
+  data::CtrBatch batch(bool train, int64_t index);
+  std::pair<at::Tensor, at::Tensor> forward(const data::CtrBatch& b, bool training);
+  double planted_auc();
+  int64_t resume();
+
+  const Config& c_;
+  RunRecording recording_;
+  comm::Communicator& world_;  // the recorded world
+  const bool talk_;
+  int rank_, size_;
+  int64_t local_batch_;
+  std::unique_ptr<data::CtrSource> source_;
+  std::vector<recsys::TableDef> tables_;
+  std::unique_ptr<recsys::EmbeddingBackend> embeddings_;
+  std::unique_ptr<DlrmPsSync> ps_;  // dlrm.mode = "ps": the dense part's parameter server
+  recsys::DlrmDense dense_{nullptr};
+  DenseAdam adam_;
+  CheckpointWriter checkpoints_;
+  int64_t start_step_ = 1;
+  int64_t step_ = 0;
+  // dlrm.mode = "ps": this step's time in the parameter server's pulls, pushes and staleness waits.
+  double server_wait_s_ = 0, ignored_wait_s_ = 0;
+  DlrmResult result_;
+};
+
+}  // namespace crosstrain::train

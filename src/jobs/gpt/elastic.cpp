@@ -1,0 +1,322 @@
+#include "crosstrain/jobs/gpt/elastic.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "crosstrain/checkpoint/distributed.h"
+#include "crosstrain/core/allocator.h"
+#include "crosstrain/core/threads.h"
+#include "crosstrain/models/parallelize.h"
+#include "crosstrain/obs/metrics_server.h"
+#include "crosstrain/obs/step_log.h"
+#include "crosstrain/train/loop.h"
+#include "crosstrain/train/sync_mode.h"
+#include "crosstrain/train/debug_fault.h"
+#include "run.h"
+
+namespace crosstrain::train {
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+
+// The first process of a rank only: a restarted one must not fail again at the same step.
+bool first_incarnation() {
+  const char* restarts = std::getenv("CROSSTRAIN_RESTART_COUNT");
+  return !restarts || std::string(restarts) == "0";
+}
+
+int job_replicas(const Config& c, int world) {
+  return models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp();
+}
+
+// The config of a generation with `live` of the job's `slots` replicas: the per-replica batch stays.
+Config generation_config(const Config& c, int live, int slots) {
+  Config g = c;
+  g.parallel.dp = live;
+  g.train.global_batch = c.train.global_batch / slots * live;
+  return g;
+}
+
+TrainOptions without_stop_vote(TrainOptions o) {
+  o.stop_requested = nullptr;
+  return o;
+}
+
+// One process's part in an elastic job: a Run per generation; the state carried from one to the next.
+class ElasticLoop {
+ public:
+  ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o)
+      : c_(c), m_(m), o_(o), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
+        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")), loop_options_(without_stop_vote(o)),
+        loop_(c, loop_options_) {}
+  ~ElasticLoop();
+  TrainResult run();
+
+ private:
+  bool run_generation();
+  void bootstrap_state();
+  bool train_steps();
+  void recover(const CommError& error, int64_t successor);
+  void finish();
+  void note(const std::string& line) const;
+  void fault_if_asked(int64_t step) const;
+
+  const Config& c_;
+  elastic::Membership& m_;
+  const TrainOptions& o_;
+  const int slots_;
+  const DebugFault kill_, stop_;
+  const bool first_incarnation_ = first_incarnation();  // read once, not on every step
+  elastic::Generation gen_;
+  // A generation's objects: Gloo cannot cancel an operation in flight, so a failed generation's communicator
+  // and the tensors its operations were given stay allocated until the process ends (leaked on purpose).
+  std::vector<std::unique_ptr<Config>> configs_;
+  std::vector<std::unique_ptr<comm::Communicator>> worlds_;
+  std::vector<std::unique_ptr<Run>> runs_;
+  Run* run_ = nullptr;
+  comm::Communicator* world_ = nullptr;
+  LiveState carried_;
+  bool has_state_ = false;     // this generation's Run holds the live state (loaded, adopted or healed)
+  bool started_ = false;       // this generation's start step is agreed
+  bool decided_ = false;       // the fate of the step in flight is known on this rank
+  int64_t next_step_ = 1;
+  int64_t switch_to_ = 0;
+  double peak_flops_ = 0;
+  bool header_printed_ = false;
+  double vote_s_ = 0;  // time in the per-step vote (the cost of membership on the critical path)
+  int64_t votes_ = 0;
+  // The loop's options: elastic steps end by votes of the membership, not by the loop's stop vote (a stop would
+  // read as a new generation).
+  const TrainOptions loop_options_;
+  TrainLoop loop_;  // the run's outputs (while this process is rank 0) and its steps
+};
+
+ElasticLoop::~ElasticLoop() {
+  for (auto& r : runs_) (void)r.release();
+  for (auto& w : worlds_) (void)w.release();
+  for (auto& cfg : configs_) (void)cfg.release();
+}
+
+void ElasticLoop::note(const std::string& line) const {
+  if (o_.quiet) return;
+  std::fprintf(stderr, "crosstrain elastic: [t=%lld] rank %d: %s\n", static_cast<long long>(elastic::unix_ms()), m_.rank(),
+               line.c_str());
+}
+
+void ElasticLoop::fault_if_asked(int64_t step) const {
+  if (!first_incarnation_) return;
+  if (kill_.hits(m_.rank(), step)) raise(SIGKILL);
+  if (stop_.hits(m_.rank(), step)) raise(SIGSTOP);
+}
+
+TrainResult ElasticLoop::run() {
+  gen_ = m_.await_member_generation(0);
+  for (;;) {
+    try {
+      if (run_generation()) break;
+      carried_ = run_->live_state(next_step_);  // a committed step named the next generation
+      // That one, unless a failure closed it meanwhile (then the failure's generation, as for everyone else).
+      gen_ = m_.await_member_generation(switch_to_ - 1);
+    } catch (const elastic::GenerationEnded& e) {
+      recover(e, e.successor());
+    } catch (const CommError& e) {
+      recover(e, 0);
+    }
+  }
+  finish();
+  return loop_.result();
+}
+
+// After a failure: learns the fate of the step in flight (it never commits here: this rank did not vote), keeps
+// the committed state, and moves to the newest generation that counts this process.
+void ElasticLoop::recover(const CommError& error, int64_t successor) {
+  if (started_ && !decided_) {
+    elastic::Decision d;
+    try {
+      d = m_.await_decision(gen_, next_step_);
+    } catch (const CommError&) {
+      throw error;  // no member failed: the original error stands
+    }
+    if (d.commit) throw Error("elastic: step " + std::to_string(next_step_) + " committed without this rank's vote (a bug)");
+    successor = d.next_generation;
+  }
+  if (started_) note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id));
+  if (has_state_ && run_) carried_ = run_->live_state(next_step_);
+  // Its Run is kept (never destroyed: the abandoned operations hold its buffers), so its trace is written now.
+  if (run_) run_->flush_trace();
+  run_ = nullptr;
+  world_ = nullptr;
+  gen_ = m_.await_member_generation(std::max(gen_.id, successor - 1));
+}
+
+bool ElasticLoop::run_generation() {
+  has_state_ = started_ = decided_ = false;
+  configs_.push_back(std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_)));
+  worlds_.push_back(m_.build_world(gen_));
+  world_ = worlds_.back().get();
+  if (world_->rank() != 0) loop_.close_outputs();  // a rank 0 of an earlier generation serves no stale figures
+  RunStart start;
+  start.refuse_old_run_dir = false;
+  start.slot = m_.replica();
+  start.slots = slots_;
+  start.peak_flops = peak_flops_;
+  runs_.push_back(std::make_unique<Run>(*configs_.back(), *world_, o_, start));
+  run_ = runs_.back().get();
+  peak_flops_ = run_->peak_flops();
+  bootstrap_state();
+  started_ = m_.start(gen_, next_step_);
+  if (!started_) throw elastic::GenerationEnded(CommContext{}, m_.latest_generation());
+  if (world_->rank() == 0) {
+    note("generation " + std::to_string(gen_.id) + " (" + gen_.reason + "): " + std::to_string(gen_.replicas.size()) +
+         " of " + std::to_string(slots_) + " replicas train from step " + std::to_string(next_step_));
+    if (!header_printed_) run_->print_header();
+    header_printed_ = true;
+    // A new rank 0 may find the metrics port still held by the last one's process: an elastic job goes on
+    // without the endpoint rather than fail (and be restarted, and fail again) over a monitor.
+    loop_.open_outputs(next_step_, /*tolerate_busy_port=*/true);
+  }
+  return train_steps();
+}
+
+// Who holds what: live state carried from the last generation (the newest step wins), else the newest checkpoint,
+// else the seed. Replicas behind the best one receive its state over the data-parallel group.
+void ElasticLoop::bootstrap_state() {
+  at::Tensor mine = at::tensor({carried_.valid() ? int64_t{1} : int64_t{0}, carried_.next_step,
+                                static_cast<int64_t>(run_->dp_index())}, at::kLong);
+  at::Tensor all = at::empty({world_->size() * 3}, at::kLong);
+  world_->all_gather(mine, all)->wait();
+  const at::Tensor rows = all.view({-1, 3});
+  auto a = rows.accessor<int64_t, 2>();
+  int64_t best = -1, donor = -1;
+  for (int r = 0; r < world_->size(); ++r)
+    if (a[r][0] && (a[r][1] > best || (a[r][1] == best && a[r][2] < donor))) best = a[r][1], donor = a[r][2];
+  std::set<int> behind;  // data-parallel indices of replicas without the newest state
+  for (int r = 0; r < world_->size(); ++r)
+    if (!a[r][0] || a[r][1] != best) behind.insert(static_cast<int>(a[r][2]));
+  if (best < 0) {
+    // No live state anywhere: the whole job (re)started.
+    if (checkpoint::latest_checkpoint(c_.run.dir)) {
+      run_->resume();
+      if (world_->rank() == 0) note("no live replica holds the state: resumed from the newest checkpoint");
+    }
+    next_step_ = run_->start_step();
+  } else {
+    if (carried_.valid()) run_->adopt(carried_);
+    next_step_ = best;
+    const std::vector<int> receivers(behind.begin(), behind.end());
+    const HealStats h = run_->heal_from(static_cast<int>(donor), receivers, next_step_);
+    if (behind.count(run_->dp_index()) && h.bytes > 0) {
+      char line[200];
+      std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",
+                    static_cast<long long>(donor), static_cast<long long>(h.bytes), h.seconds,
+                    h.bytes / std::max(h.seconds, 1e-9) / 1e6);
+      note(line);
+    }
+  }
+  has_state_ = true;
+  if (c_.debug.elastic_digest && !o_.quiet)
+    std::fprintf(stderr, "crosstrain elastic: rank %d generation %lld state digest %s at step %lld\n", m_.rank(),
+                 static_cast<long long>(gen_.id), run_->state_digest().c_str(), static_cast<long long>(next_step_));
+}
+
+// The generation's steps through the one loop: an injected fault before a step, the step's vote before its
+// update, and a new generation named by a committed step ends this one.
+bool ElasticLoop::train_steps() {
+  const int64_t first = next_step_;
+  elastic::Decision d;
+  StepHooks hooks;
+  hooks.before_step = [&](int64_t step) {
+    fault_if_asked(step);
+    decided_ = false;
+  };
+  hooks.before_commit = [&](int64_t step) {
+    const auto vote_start = Clock::now();
+    d = m_.vote(gen_, step);
+    vote_s_ += seconds_since(vote_start);
+    ++votes_;
+    decided_ = true;
+    if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
+  };
+  hooks.committed = [&](int64_t step) {
+    next_step_ = step + 1;
+    if (world_->rank() == 0 && step == first)
+      note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
+  };
+  hooks.keep_going = [&](int64_t) {
+    if (d.next_generation <= gen_.id) return true;
+    switch_to_ = d.next_generation;
+    return false;
+  };
+  return loop_.run(*run_, *world_, first, hooks) == LoopEnd::Finished;
+}
+
+void ElasticLoop::finish() {
+  m_.finish();
+  const bool leader = world_->rank() == 0;
+  loop_.finish(*run_, leader);
+  if (leader && !o_.quiet && votes_ > 0)
+    note("membership: " + std::to_string(votes_) + " step votes, " +
+         std::to_string(1000 * vote_s_ / static_cast<double>(votes_)) + " ms each on average");
+}
+
+}  // namespace
+
+void check_elastic_config(const Config& c, int world) {
+  if (!sync_traits(c.sync).elastic)
+    throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) for now; sync.mode = \"" +
+                     c.sync.mode + "\" restarts from the newest checkpoint instead (--resume)");
+  if (c.comm.backend != "gloo")
+    throw UsageError("elastic training rebuilds its groups without the lost ranks, which needs comm.backend = "
+                     "\"gloo\" (MPI cannot shrink a communicator without the ULFM extension, which Debian's Open MPI "
+                     "lacks); got \"" + c.comm.backend + "\"");
+  if (c.parallel.zero != 0)
+    throw UsageError("elastic training keeps whole replicas, but ZeRO shards the optimizer state over them: set "
+                     "parallel.zero = 0");
+  if (c.elastic.heartbeat_ms < 10 || c.elastic.failure_timeout_ms < 2 * c.elastic.heartbeat_ms)
+    throw UsageError("elastic.heartbeat_ms must be at least 10 and elastic.failure_timeout_ms at least twice it (got " +
+                     std::to_string(c.elastic.heartbeat_ms) + " and " + std::to_string(c.elastic.failure_timeout_ms) + ")");
+  const int replicas = job_replicas(c, world);
+  if (c.elastic.min_replicas < 1 || c.elastic.min_replicas > replicas)
+    throw UsageError("elastic.min_replicas = " + std::to_string(c.elastic.min_replicas) + " must be between 1 and the " +
+                     std::to_string(replicas) + " replicas of this job");
+}
+
+elastic::MembershipOptions membership_options(const Config& c, int rank, int world) {
+  const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
+  elastic::MembershipOptions o;
+  o.replica = dims.shape.coords(rank).dp;
+  o.replica_size = dims.pp() * dims.tp();
+  o.timing.heartbeat_ms = static_cast<int>(c.elastic.heartbeat_ms);
+  o.timing.failure_timeout_ms = static_cast<int>(c.elastic.failure_timeout_ms);
+  o.timing.min_replicas = static_cast<int>(c.elastic.min_replicas);
+  o.comm = c.comm;
+  return o;
+}
+
+TrainResult train_elastic(const Config& config, elastic::Membership& membership, const TrainOptions& options) {
+  check_elastic_config(config, membership.world_size());
+  limit_compute_threads(static_cast<int>(config.train.threads_per_rank));
+  keep_freed_memory_for_reuse();
+  ElasticLoop loop(config, membership, options);
+  try {
+    return loop.run();
+  } catch (const elastic::JobFinished& e) {
+    if (!options.quiet) std::fprintf(stderr, "crosstrain elastic: rank %d: %s; nothing to do\n", membership.rank(), e.what());
+    return TrainResult{};
+  }
+}
+
+}  // namespace crosstrain::train

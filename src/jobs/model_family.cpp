@@ -1,0 +1,74 @@
+#include "crosstrain/jobs/model_family.h"
+
+#include "crosstrain/core/error.h"
+#include "crosstrain/jobs/dlrm/trainer.h"
+#include "dlrm/job.h"
+#include "gpt/run.h"
+
+namespace crosstrain::train {
+namespace {
+
+std::unique_ptr<Job> make_gpt_job(const Config& c, comm::Communicator& world, const TrainOptions& options) {
+  RunStart start;
+  start.resume = options.resume;
+  return std::make_unique<Run>(c, world, options, start);
+}
+
+std::unique_ptr<Job> make_dlrm_job(const Config& c, comm::Communicator& world, const TrainOptions& options) {
+  return std::make_unique<DlrmJob>(c, world, options);
+}
+
+// GPT and Llama share one job: the model layer builds either block from model.arch.
+ModelFamily transformer(const std::string& name, const std::string& summary) {
+  ModelFamily f;
+  f.name = name;
+  f.summary = summary;
+  f.elastic = true;
+  f.hugging_face = true;
+  f.state_bytes_per_parameter = 16;  // fp32 weights, gradients and two Adam moments
+  f.check = check_config;
+  f.make_job = make_gpt_job;
+  f.parameters = [](const Config& c) { return c.model.parameter_count(); };
+  return f;
+}
+
+ModelFamily dlrm() {
+  ModelFamily f;
+  f.name = "dlrm";
+  f.summary = "recommendation model: sharded embedding tables and a dense MLP ([dlrm])";
+  f.state_bytes_per_parameter = 8;  // tables and their row-wise optimizer state
+  f.check = check_dlrm_config;
+  f.make_job = make_dlrm_job;
+  f.parameters = [](const Config& c) {
+    const bool tables_in_files = c.dlrm.mode == "ps" && c.dlrm.ps_storage == "mmap";
+    return tables_in_files ? int64_t{0} : c.dlrm.parameter_count();
+  };
+  return f;
+}
+
+const std::vector<ModelFamily>& registry() {
+  static const std::vector<ModelFamily> families = {
+      transformer("gpt", "GPT-2 style decoder (learned positions, LayerNorm, GELU)"),
+      transformer("llama", "Llama style decoder (RoPE, RMSNorm, SwiGLU, grouped-query attention)"),
+      dlrm(),
+  };
+  return families;
+}
+
+}  // namespace
+
+const ModelFamily& model_family(const Config& c) {
+  for (const auto& f : registry())
+    if (f.name == c.model.arch) return f;
+  std::string names;
+  for (const auto& f : registry()) names += (names.empty() ? "" : ", ") + f.name;
+  throw UsageError("model.arch = '" + c.model.arch + "' is not a model family crosstrain trains; choose one of " + names);
+}
+
+std::vector<std::string> model_family_names() {
+  std::vector<std::string> out;
+  for (const auto& f : registry()) out.push_back(f.name);
+  return out;
+}
+
+}  // namespace crosstrain::train

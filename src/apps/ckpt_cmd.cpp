@@ -25,7 +25,7 @@ checkpoint::SplitFn split_for(const checkpoint::CheckpointReader& reader) {
   const std::string text = reader.info().value("config", "");
   if (text.empty()) throw UsageError("checkpoint '" + reader.dir() + "' does not record its config (manifest.json)");
   models::GPTConfig model = train::parse_config(text, reader.dir() + "/manifest.json").model;
-  if (model.arch == "dlrm") return train::dlrm_checkpoint_split();  // column-wise tables split along dim 1
+  if (model.arch == models::ModelArch::Dlrm) return train::dlrm_checkpoint_split();  // column-wise tables split along dim 1
   return [model](const std::string& name, const at::Tensor& full, int rank, int size) {
     return models::shard_of(name, full, model, rank, size);
   };
@@ -41,7 +41,7 @@ bool is_dlrm_checkpoint(const std::string& path) {
     return false;
   }
   if (!fs::exists(fs::path(dir) / "manifest.json")) return false;
-  return checkpoint::CheckpointReader(dir).info().value("model", "") == "dlrm";
+  return checkpoint::CheckpointReader(dir).info().value("model", "") == models::to_string(models::ModelArch::Dlrm);
 }
 
 }  // namespace

@@ -42,10 +42,15 @@ Layout layout_of_recipe(const train::Config& c, int world) {
   l.bucket_mb = c.parallel.bucket_mb;
   l.recompute = c.train.recompute;
   const train::SyncMode mode = train::sync_traits(c.sync).mode;
-  if (mode == train::SyncMode::Sync) l.sync = c.sync.hierarchical ? "hierarchical" : "sync";
-  else if (mode == train::SyncMode::DiLoCo) l.sync = "diloco", l.inner_steps = static_cast<int>(c.sync.inner_steps);
-  else
-    throw UsageError("sync.mode = " + c.sync.mode + ": the planner models sync (flat or hierarchical) and diloco");
+  if (mode == train::SyncMode::Sync) {
+    l.sync = c.sync.hierarchical ? planner::LayoutSync::Hierarchical : planner::LayoutSync::Sync;
+  } else if (mode == train::SyncMode::DiLoCo) {
+    l.sync = planner::LayoutSync::DiLoCo;
+    l.inner_steps = static_cast<int>(c.sync.inner_steps);
+  } else {
+    throw UsageError(std::string("sync.mode = ") + train::to_string(mode) +
+                     ": the planner models sync (flat or hierarchical) and diloco; set one of them to plan");
+  }
   l.cluster_batch = train::parse_cluster_batch(c.sync.cluster_batch);  // the trainer's own reading of the key
   return l;
 }

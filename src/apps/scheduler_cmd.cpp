@@ -164,9 +164,9 @@ json call(const SchedulerCli& cli, const std::string& method, const std::string&
 // ranks start elsewhere), and the overrides passed on to the ranks.
 void recipe_spec(const SchedulerCli& cli, scheduler::JobSpec& spec) {
   const train::Config c = train::load_config(cli.recipe, cli.sets);
-  if (c.model.arch != "gpt" && c.model.arch != "llama")
+  if (c.model.arch == models::ModelArch::Dlrm)  // the planner models decoders' steps and memory
     throw UsageError("job submit: the scheduler places GPT and Llama recipes; " + cli.recipe + " has model.arch = " +
-                     c.model.arch);
+                     models::to_string(c.model.arch));
   spec.model = planner::from_gpt_config(c.model, c.run.name);
   spec.recipe = std::filesystem::absolute(cli.recipe).string();
   spec.overrides = cli.sets;

@@ -19,9 +19,10 @@ std::unique_ptr<Job> make_dlrm_job(const Config& c, comm::Communicator& world, c
 }
 
 // GPT and Llama share one job: the model layer builds either block from model.arch.
-ModelFamily transformer(const std::string& name, const std::string& summary) {
+ModelFamily transformer(models::ModelArch arch, const std::string& summary) {
   ModelFamily f;
-  f.name = name;
+  f.arch = arch;
+  f.name = models::to_string(arch);
   f.summary = summary;
   f.elastic = true;
   f.hugging_face = true;
@@ -34,7 +35,8 @@ ModelFamily transformer(const std::string& name, const std::string& summary) {
 
 ModelFamily dlrm() {
   ModelFamily f;
-  f.name = "dlrm";
+  f.arch = models::ModelArch::Dlrm;
+  f.name = models::to_string(f.arch);
   f.summary = "recommendation model: sharded embedding tables and a dense MLP ([dlrm])";
   f.state_bytes_per_parameter = 8;  // tables and their row-wise optimizer state
   f.check = check_dlrm_config;
@@ -48,8 +50,8 @@ ModelFamily dlrm() {
 
 const std::vector<ModelFamily>& registry() {
   static const std::vector<ModelFamily> families = {
-      transformer("gpt", "GPT-2 style decoder (learned positions, LayerNorm, GELU)"),
-      transformer("llama", "Llama style decoder (RoPE, RMSNorm, SwiGLU, grouped-query attention)"),
+      transformer(models::ModelArch::Gpt, "GPT-2 style decoder (learned positions, LayerNorm, GELU)"),
+      transformer(models::ModelArch::Llama, "Llama style decoder (RoPE, RMSNorm, SwiGLU, grouped-query attention)"),
       dlrm(),
   };
   return families;
@@ -59,10 +61,10 @@ const std::vector<ModelFamily>& registry() {
 
 const ModelFamily& model_family(const Config& c) {
   for (const auto& f : registry())
-    if (f.name == c.model.arch) return f;
-  std::string names;
-  for (const auto& f : registry()) names += (names.empty() ? "" : ", ") + f.name;
-  throw UsageError("model.arch = '" + c.model.arch + "' is not a model family crosstrain trains; choose one of " + names);
+    if (f.arch == c.model.arch) return f;
+  // An enum value without an entry: a family added to models::ModelArch but not registered here.
+  throw UsageError(std::string("model.arch = '") + models::to_string(c.model.arch) +
+                   "' has no entry in the model-family registry (src/jobs/model_family.cpp)");
 }
 
 std::vector<std::string> model_family_names() {

@@ -5,6 +5,29 @@
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::models {
+namespace {
+
+struct NamedArch {
+  ModelArch arch;
+  const char* name;
+};
+
+constexpr NamedArch kArchs[] = {{ModelArch::Gpt, "gpt"}, {ModelArch::Llama, "llama"}, {ModelArch::Dlrm, "dlrm"}};
+
+}  // namespace
+
+ModelArch parse_model_arch(const std::string& name) {
+  for (const auto& a : kArchs)
+    if (name == a.name) return a.arch;
+  throw UsageError("model.arch = '" + name + "' is not a model family crosstrain trains; choose one of gpt, llama, " +
+                   "dlrm (a recommendation model with a [dlrm] section)");
+}
+
+const char* to_string(ModelArch arch) {
+  for (const auto& a : kArchs)
+    if (a.arch == arch) return a.name;
+  return "?";
+}
 
 void GPTConfig::validate() const {
   auto need = [](bool ok, const std::string& message) {
@@ -17,9 +40,7 @@ void GPTConfig::validate() const {
   need(block_size >= 1, "block_size must be at least 1, got " + std::to_string(block_size));
   need(vocab_size >= 2, "vocab_size must be at least 2, got " + std::to_string(vocab_size));
   need(dropout >= 0 && dropout < 1, "dropout must be in [0, 1), got " + std::to_string(dropout));
-  need(arch == "gpt" || arch == "llama" || arch == "dlrm",
-       "arch must be \"gpt\", \"llama\" or \"dlrm\" (a recommendation model, [dlrm] section), got \"" + arch + "\"");
-  if (arch == "dlrm") return;  // its shape is the [dlrm] section's (recsys/dlrm_config.h)
+  if (arch == ModelArch::Dlrm) return;  // its shape is the [dlrm] section's (recsys/dlrm_config.h)
   need(lora_rank >= 0 && lora_alpha >= 0, "lora_rank and lora_alpha must not be negative (0: no adapters)");
   if (!is_llama()) return;
   need(n_kv_head >= 0 && n_head % kv_heads() == 0,

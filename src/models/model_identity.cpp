@@ -36,8 +36,8 @@ std::vector<std::string> model_differences(const GPTConfig& saved, const GPTConf
   auto number = [&](const char* field, double a, double b) {
     if (!same_number(a, b)) text(field, shortest_number(a), shortest_number(b));
   };
-  text("arch", "\"" + saved.arch + "\"", "\"" + now.arch + "\"");
-  if (saved.arch == "dlrm" || now.arch == "dlrm") return out;  // the [dlrm] section holds the shape
+  text("arch", "\"" + std::string(to_string(saved.arch)) + "\"", "\"" + std::string(to_string(now.arch)) + "\"");
+  if (saved.arch == ModelArch::Dlrm || now.arch == ModelArch::Dlrm) return out;  // the [dlrm] section holds the shape
   integer("n_layer", saved.n_layer, now.n_layer);
   integer("n_head", saved.n_head, now.n_head);
   integer("n_embd", saved.n_embd, now.n_embd);

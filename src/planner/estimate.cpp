@@ -26,7 +26,6 @@ void check_layout(const ModelShape& m, const Layout& l) {
   need(l.recompute == "none" || l.recompute == "selective" || l.recompute == "full",
        "recompute must be none, selective or full");
   need(l.precision == "fp32" || l.precision == "bf16", "precision must be fp32 or bf16");
-  need(l.sync == "sync" || l.sync == "hierarchical" || l.sync == "diloco", "sync must be sync, hierarchical or diloco");
   need(l.inner_steps >= 1, "inner_steps must be >= 1");
   if (!l.stage_layers.empty()) {
     int64_t sum = 0;
@@ -170,9 +169,9 @@ double dp_sync_seconds(const Layout& l, const DeviceMap& map, int r, double grad
     // ZeRO-1: every rank updates its shard of the optimizer state, then the updated parameters are all-gathered.
     return l.zero == 1 ? reduce + buckets * detail::collective_seconds(Collective::AllGather, p, n, link) : reduce;
   };
-  if (g.clusters <= 1 || l.sync == "sync") return reduce(l.dp, *g.bottleneck);
+  if (g.clusters <= 1 || l.sync == LayoutSync::Sync) return reduce(l.dp, *g.bottleneck);
   const double inside = reduce(g.per_cluster, *g.inside_cluster);
-  if (l.sync == "hierarchical")
+  if (l.sync == LayoutSync::Hierarchical)
     return inside + detail::collective_seconds(Collective::AllReduce, grad_bytes, g.clusters, *g.bottleneck);
   // DiLoCo: every H inner steps the fp32 pseudo-gradient of this rank's shard crosses the wide area.
   const double outer = detail::collective_seconds(Collective::AllReduce, param_bytes / detail::activation_element_bytes(l) * 4,
@@ -306,7 +305,7 @@ StepModel step_model_by_cluster_batch(const ModelShape& model, const Layout& lay
   auto fail = [&](const std::string& why) {
     throw UsageError("layout '" + layout.describe() + "': cluster_batch " + why);
   };
-  if (layout.sync != "diloco") fail("needs sync=diloco (clusters that meet only at outer steps)");
+  if (layout.sync != LayoutSync::DiLoCo) fail("needs sync=diloco (clusters that meet only at outer steps)");
   if (layout.cluster_batch.size() != cluster_ids.size())
     fail("needs one count per cluster the replicas span (" + std::to_string(cluster_ids.size()) + ")");
   int64_t sum = 0;

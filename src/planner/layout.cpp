@@ -20,7 +20,43 @@ std::string number(double v) {
   return s.str();
 }
 
+// The sync keys of `scope`. The trainer's modes are not the layout's: DiLoCo is sync.mode = "diloco" with its
+// inner steps, Hierarchical is sync.mode = "sync" with sync.hierarchical. The scheduler's scope leaves sync.mode to
+// the recipe unless the layout needs DiLoCo: a plain Sync adds nothing (one cluster keeps the recipe's mode) and
+// Hierarchical only its flag.
+void add_sync(const Layout& l, OverrideScope scope, std::vector<std::string>& o) {
+  const bool whole = scope == OverrideScope::WholeRun;
+  switch (l.sync) {
+    case LayoutSync::Sync:
+      if (whole) o.push_back("sync.mode=sync");
+      return;
+    case LayoutSync::Hierarchical:
+      if (whole) o.push_back("sync.mode=sync");
+      o.push_back("sync.hierarchical=true");
+      return;
+    case LayoutSync::DiLoCo:
+      o.push_back("sync.mode=diloco");
+      o.push_back("sync.inner_steps=" + std::to_string(l.inner_steps));
+      return;
+  }
+}
+
 }  // namespace
+
+LayoutSync parse_layout_sync(const std::string& name) {
+  for (LayoutSync s : kLayoutSyncs)
+    if (name == to_string(s)) return s;
+  throw UsageError("layout sync '" + name + "' is not known; use sync, hierarchical or diloco");
+}
+
+const char* to_string(LayoutSync sync) {
+  switch (sync) {
+    case LayoutSync::Sync: return "sync";
+    case LayoutSync::Hierarchical: return "hierarchical";
+    case LayoutSync::DiLoCo: return "diloco";
+  }
+  return "?";
+}
 
 std::string Layout::describe() const {
   std::ostringstream s;
@@ -32,15 +68,22 @@ std::string Layout::describe() const {
   s << " m=" << microbatches << " mb=" << micro_batch;
   if (sequence_parallel) s << " sp";
   if (recompute != "none") s << " recompute=" << recompute;
-  s << " " << precision << " " << sync;
-  if (sync == "diloco") s << " H=" << inner_steps;
+  s << " " << precision << " " << to_string(sync);
+  if (sync == LayoutSync::DiLoCo) s << " H=" << inner_steps;
   if (!stage_layers.empty()) s << " stages=" << join(stage_layers);
   if (!cluster_batch.empty()) s << " cluster_batch=" << join(cluster_batch);
   return s.str();
 }
 
-std::vector<std::string> Layout::train_overrides() const {
-  std::vector<std::string> o{
+std::vector<std::string> Layout::train_overrides(OverrideScope scope) const {
+  std::vector<std::string> o;
+  if (scope == OverrideScope::ShapeAndSync) {
+    o = {"parallel.tp=" + std::to_string(tp), "parallel.pp=" + std::to_string(pp),
+         "parallel.zero=" + std::to_string(zero)};
+    add_sync(*this, scope, o);
+    return o;
+  }
+  o = {
       "parallel.dp=" + std::to_string(dp),
       "parallel.tp=" + std::to_string(tp),
       "parallel.pp=" + std::to_string(pp),
@@ -54,10 +97,8 @@ std::vector<std::string> Layout::train_overrides() const {
       "train.precision=" + precision,
       "train.recompute=" + recompute,
       "parallel.bucket_mb=" + number(bucket_mb),
-      "sync.mode=" + std::string(sync == "hierarchical" ? "sync" : sync),
   };
-  if (sync == "hierarchical") o.push_back("sync.hierarchical=true");
-  if (sync == "diloco") o.push_back("sync.inner_steps=" + std::to_string(inner_steps));
+  add_sync(*this, scope, o);
   if (!stage_layers.empty()) o.push_back("parallel.stage_layers=\"" + join(stage_layers) + "\"");
   // The trainer's per-cluster batch (DiLoCo): each cluster's sequences per step, in cluster order.
   if (!cluster_batch.empty()) o.push_back("sync.cluster_batch=\"" + join(cluster_batch) + "\"");
@@ -103,7 +144,8 @@ std::vector<int64_t> counts(const std::string& word, const std::string& value) {
 bool apply_flag(Layout& l, const std::string& w) {
   if (w == "sp") return l.sequence_parallel = true;
   if (w == "bf16" || w == "fp32") return l.precision = w, true;
-  if (w == "sync" || w == "hierarchical" || w == "diloco") return l.sync = w, true;
+  for (LayoutSync s : kLayoutSyncs)
+    if (w == to_string(s)) return l.sync = s, true;
   for (const char* s : {"gpipe", "1f1b", "interleaved", "zb-h1", "zb-h2"})
     if (w == s) return l.schedule = parallel::parse_schedule(w), true;
   return false;
@@ -130,7 +172,7 @@ void apply_word(Layout& l, const std::string& w) {
   else if (k == "schedule") l.schedule = parallel::parse_schedule(v);
   else if (k == "recompute") l.recompute = v;
   else if (k == "precision") l.precision = v;
-  else if (k == "sync") l.sync = v;
+  else if (k == "sync") l.sync = parse_layout_sync(v);
   else if (k == "sp" || k == "sequence_parallel") l.sequence_parallel = v == "true" || v == "1";
   else if (k == "stages" || k == "stage_layers") l.stage_layers = counts(w, v);
   else if (k == "cluster_batch") l.cluster_batch = counts(w, v);

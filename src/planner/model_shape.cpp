@@ -9,7 +9,7 @@ namespace {
 
 double d(int64_t v) { return static_cast<double>(v); }
 
-bool is_llama(const ModelShape& m) { return m.arch == "llama"; }
+bool is_llama(const ModelShape& m) { return m.arch == models::ModelArch::Llama; }
 
 // Weights of one block's matrices: attention (q, k, v, output) and the MLP (two matrices, three for SwiGLU).
 double block_matrix_parameters(const ModelShape& m) {
@@ -22,7 +22,7 @@ double block_matrix_parameters(const ModelShape& m) {
 ModelShape gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab, bool tied) {
   ModelShape m;
   m.name = name;
-  m.arch = "gpt";
+  m.arch = models::ModelArch::Gpt;
   m.layers = layers;
   m.hidden = hidden;
   m.heads = heads;
@@ -35,7 +35,7 @@ ModelShape gpt(const char* name, int64_t layers, int64_t hidden, int64_t heads, 
 ModelShape llama(const char* name, int64_t layers, int64_t hidden, int64_t heads, int64_t kv_heads, int64_t ffn) {
   ModelShape m;
   m.name = name;
-  m.arch = "llama";
+  m.arch = models::ModelArch::Llama;
   m.layers = layers;
   m.hidden = hidden;
   m.heads = heads;
@@ -85,7 +85,7 @@ void ModelShape::validate() const {
   auto need = [&](bool ok, const std::string& what) {
     if (!ok) throw UsageError("model '" + name + "': " + what);
   };
-  need(arch == "gpt" || arch == "llama", "arch must be gpt or llama, not '" + arch + "'");
+  need(arch != models::ModelArch::Dlrm, std::string("arch must be gpt or llama, not '") + models::to_string(arch) + "'");
   need(layers > 0 && hidden > 0 && heads > 0 && vocab > 0 && seq > 0,
        "layers, hidden, heads, vocab and seq must be positive");
   need(hidden % heads == 0, "hidden (" + std::to_string(hidden) + ") must be a multiple of heads (" +
@@ -98,7 +98,7 @@ void ModelShape::validate() const {
 std::string ModelShape::describe() const {
   char buffer[256];
   std::snprintf(buffer, sizeof buffer, "%s: %s, %lld layers, hidden %lld, %lld heads%s, ffn %lld, seq %lld, vocab %lld, %.4g B parameters",
-                name.c_str(), arch.c_str(), static_cast<long long>(layers), static_cast<long long>(hidden),
+                name.c_str(), models::to_string(arch), static_cast<long long>(layers), static_cast<long long>(hidden),
                 static_cast<long long>(heads),
                 kv_heads > 0 && kv_heads != heads ? (" (" + std::to_string(kv_heads) + " kv)").c_str() : "",
                 static_cast<long long>(ffn_or_default()), static_cast<long long>(seq), static_cast<long long>(vocab),
@@ -130,7 +130,7 @@ ModelShape from_gpt_config(const models::GPTConfig& config, const std::string& n
   ModelShape m = gpt(name.c_str(), config.n_layer, config.n_embd, config.n_head, config.block_size,
                      config.vocab_size, false);
   if (config.is_llama()) {  // the trainer's Llama family: the same shape fields the llama presets set
-    m.arch = "llama";
+    m.arch = models::ModelArch::Llama;
     m.kv_heads = config.kv_heads();
     m.ffn = config.mlp_hidden();
     m.tied_embeddings = config.tie_embeddings;

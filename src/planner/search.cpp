@@ -50,10 +50,11 @@ std::vector<Schedule> schedules_for(const ModelShape& m, int pp, int microbatche
   return out;
 }
 
-std::vector<std::pair<std::string, int>> syncs_for(const ClusterFile& cluster, const SearchOptions& o, int dp) {
-  if (cluster.clusters.size() < 2 || dp < 2) return {{"sync", 1}};
-  std::vector<std::pair<std::string, int>> out{{"sync", 1}, {"hierarchical", 1}};
-  for (int h : o.diloco_inner_steps) out.push_back({"diloco", h});
+// Each sync across clusters with its inner steps: DiLoCo once per H to try, the others once.
+std::vector<std::pair<LayoutSync, int>> syncs_for(const ClusterFile& cluster, const SearchOptions& o, int dp) {
+  if (cluster.clusters.size() < 2 || dp < 2) return {{LayoutSync::Sync, 1}};
+  std::vector<std::pair<LayoutSync, int>> out{{LayoutSync::Sync, 1}, {LayoutSync::Hierarchical, 1}};
+  for (int h : o.diloco_inner_steps) out.push_back({LayoutSync::DiLoCo, h});
   return out;
 }
 
@@ -128,7 +129,7 @@ void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const Sear
                     l.micro_batch = mb, l.microbatches = microbatches, l.sequence_parallel = sp;
                     l.recompute = recompute, l.precision = precision, l.sync = sync, l.inner_steps = h;
                     visit(l);
-                    if (sync == "diloco" && mixed) {
+                    if (sync == LayoutSync::DiLoCo && mixed) {
                       l.cluster_batch = capability_batch(cluster, l);
                       if (!l.cluster_batch.empty()) visit(l);
                     }

@@ -33,7 +33,7 @@ struct Shape {
 Shape shape_of(const ModelShape& m, const Layout& l) {
   return Shape{d(l.micro_batch * m.seq), d(m.hidden), d(m.kv_heads_or_heads() * m.head_dim()),
                d(m.ffn_or_default()), d(m.heads), d(m.seq), d(m.head_dim()), d(l.tp),
-               activation_element_bytes(l), m.arch == "llama", l.sequence_parallel && l.tp > 1};
+               activation_element_bytes(l), m.arch == models::ModelArch::Llama, l.sequence_parallel && l.tp > 1};
 }
 
 // The attention core (scores and mix) of one micro-batch on one tp rank: two batched products per head.
@@ -253,7 +253,7 @@ std::vector<int64_t> stage_bounds(const ModelShape& model, const Layout& layout,
 ParameterCounts::ParameterCounts(const ModelShape& m)
     : block(m.block_parameters()),
       embedding(m.embedding_parameters()),
-      head(m.head_parameters() + (m.arch == "llama" ? 1 : 2) * d(m.hidden)),
+      head(m.head_parameters() + (m.arch == models::ModelArch::Llama ? 1 : 2) * d(m.hidden)),
       tied_table(m.tied_embeddings ? d(m.vocab) * d(m.hidden) : 0) {}
 
 double stage_parameters(const ParameterCounts& c, int64_t first_block, int64_t end_block, bool first, bool last) {
@@ -265,7 +265,7 @@ double stage_parameters(const ParameterCounts& c, int64_t first_block, int64_t e
 }
 
 double stage_tensors(const ModelShape& model, int64_t blocks, bool first, bool last) {
-  return d(blocks) * (model.arch == "llama" ? 9 : 12) + (first ? 2 : 0) + (last ? 3 : 0);
+  return d(blocks) * (model.arch == models::ModelArch::Llama ? 9 : 12) + (first ? 2 : 0) + (last ? 3 : 0);
 }
 
 }  // namespace crosstrain::planner::detail

@@ -56,7 +56,7 @@ planner::ClusterFile sub_file(const Registry& registry, const Shares& shares) {
 std::string model_key(const JobSpec& job) {
   const planner::ModelShape& m = job.model;
   std::ostringstream s;
-  s << m.name << '/' << m.arch << '/' << m.layers << '/' << m.hidden << '/' << m.heads << '/' << m.kv_heads << '/'
+  s << m.name << '/' << models::to_string(m.arch) << '/' << m.layers << '/' << m.hidden << '/' << m.heads << '/' << m.kv_heads << '/'
     << m.ffn << '/' << m.vocab << '/' << m.seq << '/' << m.tied_embeddings << "/b" << job.batch();
   return s.str();
 }
@@ -72,9 +72,9 @@ class Placer {
 
  private:
   LayoutCache::Entry best_layout(const Shares& shares, const std::vector<int>& tps, const std::vector<int>& pps,
-                                 const std::string& sync);
+                                 planner::LayoutSync sync);
   LayoutCache::Entry search(const planner::ClusterFile& file, int ranks, const std::vector<int>& tps,
-                            const std::vector<int>& pps, const std::string& sync);
+                            const std::vector<int>& pps, planner::LayoutSync sync);
   bool meets_qos(const Shares& shares, double step_s, const std::string& where);
   std::vector<Candidate> single_cluster();
   std::vector<Candidate> spanning();
@@ -97,9 +97,9 @@ class Placer {
 };
 
 LayoutCache::Entry Placer::best_layout(const Shares& shares, const std::vector<int>& tps, const std::vector<int>& pps,
-                                       const std::string& sync) {
+                                       planner::LayoutSync sync) {
   std::ostringstream key;
-  key << model_key_ << '|' << sync;
+  key << model_key_ << '|' << planner::to_string(sync);
   for (int t : tps) key << ",t" << t;
   for (int p : pps) key << ",p" << p;
   for (const auto& [i, n] : shares) key << '|' << registry_.file().clusters[i].name << ':' << n;
@@ -114,7 +114,7 @@ LayoutCache::Entry Placer::best_layout(const Shares& shares, const std::vector<i
 // The fastest layout that fits: tp inside a host, pp, dp over the rest; ZeRO-1 and then recompute and ZeRO-3 only
 // when memory needs them.
 LayoutCache::Entry Placer::search(const planner::ClusterFile& file, int ranks, const std::vector<int>& tps,
-                                  const std::vector<int>& pps, const std::string& sync) {
+                                  const std::vector<int>& pps, planner::LayoutSync sync) {
   LayoutCache::Entry best;
   const planner::ModelShape& m = job_.model;
   for (int tp : tps) {
@@ -134,7 +134,7 @@ LayoutCache::Entry Placer::search(const planner::ClusterFile& file, int ranks, c
         l.recompute = t.recompute;
         l.microbatches = static_cast<int>(job_.batch() / dp);
         l.sync = sync;
-        l.inner_steps = sync == "diloco" ? options_.diloco_inner_steps : 1;
+        l.inner_steps = sync == planner::LayoutSync::DiLoCo ? options_.diloco_inner_steps : 1;
         try {
           ++estimates_;
           const planner::MemoryBreakdown mem = planner::estimate_memory(m, file, l);
@@ -187,7 +187,7 @@ std::vector<Candidate> Placer::single_cluster() {
   for (int i = 0; i < registry_.size(); ++i) {
     if (!registry_.up(i) || registry_.free(i) < job_.ranks) continue;
     const Shares shares{{i, job_.ranks}};
-    const LayoutCache::Entry e = best_layout(shares, options_.tp, options_.pp, "sync");
+    const LayoutCache::Entry e = best_layout(shares, options_.tp, options_.pp, planner::LayoutSync::Sync);
     if (!e.feasible) {
       miss_.note(kMemory, why_not(e, shares));
       continue;
@@ -227,17 +227,17 @@ void Placer::span_set(std::vector<int> set, std::vector<Candidate>& out) {
     if (shares.empty()) continue;
     const std::string where = names(shares);
     std::optional<Candidate> synchronous, diloco;
-    for (const char* mode : {"sync", "hierarchical", "diloco"}) {
+    for (planner::LayoutSync mode : planner::kLayoutSyncs) {
       const LayoutCache::Entry e = best_layout(shares, {tp}, {1}, mode);
       if (!e.feasible) {
         miss_.note(kMemory, why_not(e, shares));
         continue;
       }
-      const int h = std::string(mode) == "diloco" ? options_.diloco_inner_steps : 1;
+      const int h = mode == planner::LayoutSync::DiLoCo ? options_.diloco_inner_steps : 1;
       const double wan = wan_gbps(k, e.step_s, h);
       if (wan > max_wan) {
-        miss_.note(kWan, where + " in " + mode + " mode needs " + fmt(wan) + " Gbit/s of wide-area bandwidth per " +
-                             "cluster; the QoS allows " + fmt(max_wan));
+        miss_.note(kWan, where + " in " + planner::to_string(mode) + " mode needs " + fmt(wan) +
+                             " Gbit/s of wide-area bandwidth per cluster; the QoS allows " + fmt(max_wan));
         continue;
       }
       if (!meets_qos(shares, e.step_s, where)) continue;
@@ -293,7 +293,7 @@ Decision Placer::decide(std::vector<Candidate> candidates) {
     p.shares.push_back({registry_.file().clusters[i].name, n, inside});
   }
   p.layout = best->layout.describe();
-  p.sync = best->shares.size() > 1 ? best->layout.sync : "sync";
+  p.sync = best->shares.size() > 1 ? best->layout.sync : planner::LayoutSync::Sync;
   p.inner_steps = best->layout.inner_steps;
   p.step_s = best->step_s;
   p.wan_gbps = best->wan_gbps;

@@ -26,7 +26,7 @@ std::vector<std::pair<std::string, int>> shares_of(const PlacementRecord& p) {
 std::string describe(const PlacementRecord& p) {
   std::string s;
   for (const auto& sh : p.shares) s += (s.empty() ? "" : " + ") + sh.cluster + ":" + std::to_string(sh.ranks);
-  return s + " [" + p.layout + "] " + p.sync;
+  return s + " [" + p.layout + "] " + planner::to_string(p.sync);
 }
 
 // The cluster and its device type alone, as a planner cluster file (the clusters table's spec column).

@@ -73,9 +73,9 @@ CREATE INDEX events_job ON events(job_id);
 )";
 
 nlohmann::json shape_json(const planner::ModelShape& m) {
-  return {{"name", m.name}, {"arch", m.arch},   {"layers", m.layers}, {"hidden", m.hidden},
-          {"heads", m.heads}, {"kv_heads", m.kv_heads}, {"ffn", m.ffn}, {"vocab", m.vocab},
-          {"seq", m.seq},   {"tied_embeddings", m.tied_embeddings}};
+  return {{"name", m.name},   {"arch", models::to_string(m.arch)}, {"layers", m.layers}, {"hidden", m.hidden},
+          {"heads", m.heads}, {"kv_heads", m.kv_heads},             {"ffn", m.ffn},       {"vocab", m.vocab},
+          {"seq", m.seq},     {"tied_embeddings", m.tied_embeddings}};
 }
 
 template <typename T>
@@ -133,7 +133,10 @@ JobSpec job_spec_from_json(const std::string& text) {
     if (m.is_string()) {
       s.model = planner::model_preset(m.get<std::string>());
     } else {
-      read(m, "name", s.model.name, "model."), read(m, "arch", s.model.arch, "model.");
+      read(m, "name", s.model.name, "model.");
+      std::string arch = models::to_string(s.model.arch);  // the recipe's word, as the spec stores it
+      read(m, "arch", arch, "model.");
+      s.model.arch = models::parse_model_arch(arch);
       read(m, "layers", s.model.layers, "model."), read(m, "hidden", s.model.hidden, "model.");
       read(m, "heads", s.model.heads, "model."), read(m, "kv_heads", s.model.kv_heads, "model.");
       read(m, "ffn", s.model.ffn, "model."), read(m, "vocab", s.model.vocab, "model.");
@@ -290,7 +293,9 @@ void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRe
               "INSERT INTO placements(job_id, attempt, layout, sync, inner_steps, step_s, wan_gbps, cost) "
               "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
               path_);
-  s.bind(1, job_id).bind(2, p->attempt).bind(3, p->layout).bind(4, p->sync).bind(5, p->inner_steps);
+  // The sync as its word (the layout's own), so older databases and the dashboard read the same text.
+  s.bind(1, job_id).bind(2, p->attempt).bind(3, p->layout).bind(4, std::string(planner::to_string(p->sync)));
+  s.bind(5, p->inner_steps);
   s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).step();
   Statement share(db_, "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout) VALUES(?, ?, ?, ?, ?)",
                   path_);
@@ -308,7 +313,7 @@ std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const 
   if (!s.step()) return std::nullopt;
   PlacementRecord p;
   p.attempt = static_cast<int>(s.integer(0));
-  p.layout = s.text(1), p.sync = s.text(2);
+  p.layout = s.text(1), p.sync = planner::parse_layout_sync(s.text(2));  // the words of describe()
   p.inner_steps = static_cast<int>(s.integer(3));
   p.step_s = s.real(4), p.wan_gbps = s.real(5), p.cost = s.real(6);
   Statement sh(db_, "SELECT cluster, ranks, layout FROM placement_shares WHERE job_id = ? ORDER BY position", path_);

@@ -4,6 +4,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -11,6 +12,7 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/planner/layout.h"
 
 namespace crosstrain::scheduler {
 namespace fs = std::filesystem;
@@ -26,45 +28,38 @@ void check_even_shares(const JobRecord& job, const PlacementRecord& placement) {
                        "of the clusters' sizes");
 }
 
-// The scheduler's decisions as `crosstrain train --set` overrides.
+// The layout a placement runs: the whole job's (tp and pp are the same inside every cluster; data parallelism spans
+// them), with the placement's sync across clusters. One cluster keeps its recipe's own sync mode.
+planner::Layout placed_layout(const PlacementRecord& placement, bool work_log) {
+  const std::string& text = placement.layout.empty() ? placement.shares.front().layout : placement.layout;
+  planner::Layout l = planner::parse_layout(text);
+  const bool spans = placement.shares.size() > 1;
+  l.sync = spans ? placement.sync : planner::LayoutSync::Sync;
+  l.inner_steps = spans ? placement.inner_steps : 1;
+  // The work log digests each rank's whole local gradient, which ZeRO-2 and -3 never hold: at most ZeRO-1.
+  if (work_log) l.zero = std::min(l.zero, 1);
+  return l;
+}
+
+// The scheduler's decisions as `crosstrain train --set` overrides: the job's own steps and batch, then the layout
+// through the planner's bridge (the same keys `crosstrain plan` prints for it).
 std::vector<std::string> placement_overrides(const JobRecord& job, const PlacementRecord& placement,
                                              const TrainLaunch& launch) {
-  // The whole job's layout (tp and pp are the same inside every cluster; data parallelism spans them).
-  const std::string& inside = placement.layout.empty() ? placement.shares.front().layout : placement.layout;
+  const bool work_log = !launch.ledger.empty();
   std::vector<std::string> sets{
       "run.dir=" + launch.run_dir,
       "train.steps=" + std::to_string(job.spec.steps),
       "train.checkpoint_every=" + std::to_string(job.spec.checkpoint_every),
       "train.global_batch=" + std::to_string(job.spec.batch()),
-      "parallel.tp=" + std::to_string(layout_degree(inside, "tp")),
-      "parallel.pp=" + std::to_string(layout_degree(inside, "pp")),
-      "parallel.zero=" + std::to_string(std::max(0, layout_degree(inside, "zero", 0))),
   };
-  if (!launch.ledger.empty()) {
-    // The work log digests each rank's whole local gradient, which ZeRO-2 and -3 never hold: at most ZeRO-1.
-    sets.push_back("run.work_log=true");
-    if (layout_degree(inside, "zero", 0) > 1) sets.push_back("parallel.zero=1");
-  }
-  if (placement.shares.size() > 1 && placement.sync == "diloco") {
-    sets.push_back("sync.mode=diloco");
-    sets.push_back("sync.inner_steps=" + std::to_string(placement.inner_steps));
-  } else if (placement.shares.size() > 1 && placement.sync == "hierarchical") {
-    sets.push_back("sync.hierarchical=true");
-  }
+  const std::vector<std::string> layout =
+      placed_layout(placement, work_log).train_overrides(planner::OverrideScope::ShapeAndSync);
+  sets.insert(sets.end(), layout.begin(), layout.end());
+  if (work_log) sets.push_back("run.work_log=true");
   return sets;
 }
 
 }  // namespace
-
-int layout_degree(const std::string& layout, const std::string& key, int absent) {
-  std::istringstream in(layout);
-  std::string word;
-  while (in >> word)
-    if (word.rfind(key + "=", 0) == 0) return std::stoi(word.substr(key.size() + 1));
-  return absent;
-}
-
-int layout_degree(const std::string& layout, const std::string& key) { return layout_degree(layout, key, 1); }
 
 std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementRecord& placement, size_t share,
                                           const TrainLaunch& launch) {

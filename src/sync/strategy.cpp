@@ -652,7 +652,7 @@ void check_sync_config(const SyncConfig& c, int dp, int pp, int tp, int64_t zero
   auto need = [](bool ok, const std::string& m) {
     if (!ok) throw UsageError(m);
   };
-  const SyncMode m = parse_sync_mode(c.mode);
+  const SyncMode m = c.mode;
   need(c.clusters >= 0, "sync.clusters must be 0 (from the environment) or more");
   need(c.clusters == 0 || dp % c.clusters == 0,
        "sync.clusters = " + std::to_string(c.clusters) + " must divide the " + std::to_string(dp) +
@@ -680,7 +680,7 @@ std::unique_ptr<SyncStrategy> build_strategy(SyncSetup s) {
   if (traits.cluster_groups && !g.layout.balanced) {
     std::string sizes;
     for (const auto& l : g.layout.local) sizes += (sizes.empty() ? "" : ", ") + std::to_string(l.size());
-    throw UsageError("sync.mode = " + s.config.mode + " needs the same number of data-parallel ranks in every cluster; got " +
+    throw UsageError(std::string("sync.mode = ") + to_string(s.config.mode) + " needs the same number of data-parallel ranks in every cluster; got " +
                      sizes);
   }
   switch (traits.mode) {

@@ -84,6 +84,22 @@ Field string_field(const char* section, const char* key, std::string& ref) {
           }};
 }
 
+// A key whose value is one of a fixed set of names: parsed into its enum once, here, when the config is read.
+template <typename Enum>
+Field named_field(const char* section, const char* key, Enum& ref, Enum (*parse)(const std::string&),
+                  const char* (*name)(Enum)) {
+  return {section, key,
+          [&ref, parse](const toml::node& n, const std::string& where) {
+            if (!n.is_string()) wrong_type(where, "a string", n);
+            ref = parse(n.as_string()->get());  // its message names the key and the choices
+          },
+          [&ref, name] {
+            std::ostringstream out;
+            out << toml::value<std::string>(name(ref));
+            return out.str();
+          }};
+}
+
 Field bool_field(const char* section, const char* key, bool& ref) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
@@ -108,7 +124,7 @@ std::vector<Field> run_model_data_fields(Config& c) {
       int_field("model", "block_size", c.model.block_size),
       int_field("model", "vocab_size", c.model.vocab_size),
       double_field("model", "dropout", c.model.dropout),
-      string_field("model", "arch", c.model.arch),
+      named_field("model", "arch", c.model.arch, models::parse_model_arch, models::to_string),
       int_field("model", "n_kv_head", c.model.n_kv_head),
       int_field("model", "ffn_hidden", c.model.ffn_hidden),
       double_field("model", "rope_theta", c.model.rope_theta),
@@ -185,7 +201,7 @@ std::vector<Field> fields(Config& c) {
       string_field("comm", "compression", c.comm.compression),
       string_field("comm", "algo", c.comm.algo),
       string_field("comm", "topology", c.comm.topology),
-      string_field("sync", "mode", c.sync.mode),
+      named_field("sync", "mode", c.sync.mode, parse_sync_mode, to_string),
       int_field("sync", "clusters", c.sync.clusters),
       string_field("sync", "topology", c.sync.topology),
       bool_field("sync", "hierarchical", c.sync.hierarchical),
@@ -326,9 +342,9 @@ void check_ranges(const Config& c) {
   need(c.run.log_every >= 1, "run.log_every", c.run.log_every, "must be at least 1");
   // The digest is of the gradient before the data-parallel reduction: ZeRO-2 and -3 reduce inside every
   // backward pass, so no such gradient exists there; the DLRM trainer has no work log.
-  if (c.run.work_log && (c.parallel.zero >= 2 || c.model.arch == "dlrm"))
+  if (c.run.work_log && (c.parallel.zero >= 2 || c.model.arch == models::ModelArch::Dlrm))
     throw UsageError("run.work_log = true needs parallel.zero 0 or 1 and a GPT or Llama model (got parallel.zero = " +
-                     std::to_string(c.parallel.zero) + ", model.arch = \"" + c.model.arch +
+                     std::to_string(c.parallel.zero) + ", model.arch = \"" + models::to_string(c.model.arch) +
                      "\"): its digests are of each step's gradient before reduction");
   need(c.model.dropout >= 0 && c.model.dropout < 1, "model.dropout", c.model.dropout, "must be in [0, 1)");
   need(c.data.val_fraction >= 0 && c.data.val_fraction < 1, "data.val_fraction", c.data.val_fraction,
@@ -379,7 +395,7 @@ void check_ranges(const Config& c) {
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");
   check_cluster_batch(c);
-  if (c.model.arch == "dlrm") recsys::check_dlrm(c.dlrm);
+  if (c.model.arch == models::ModelArch::Dlrm) recsys::check_dlrm(c.dlrm);
 }
 
 std::vector<int64_t> parse_cluster_batch(const std::string& text) {
@@ -408,9 +424,9 @@ void check_cluster_batch(const Config& c) {
   const std::vector<int64_t> counts = parse_cluster_batch(c.sync.cluster_batch);
   if (counts.empty()) return;
   const std::string key = "sync.cluster_batch = \"" + c.sync.cluster_batch + "\"";
-  if (sync_traits(c.sync).mode != SyncMode::DiLoCo)
+  if (c.sync.mode != SyncMode::DiLoCo)
     throw UsageError(key + " needs sync.mode = \"diloco\" (clusters that meet only at outer steps); got \"" +
-                     c.sync.mode + "\": set sync.mode = \"diloco\" or sync.cluster_batch = \"\"");
+                     to_string(c.sync.mode) + "\": set sync.mode = \"diloco\" or sync.cluster_batch = \"\"");
   int64_t sum = 0;
   for (int64_t n : counts) sum += n;
   if (sum != c.train.global_batch)

@@ -46,7 +46,7 @@ std::set<std::string> trained_tensors(const Config& c) {
 std::string refusal_end(const Config& run, const std::string& dir) {
   const std::string same = ". Nothing was changed. Resume with the settings the run was saved with (its "
                            "run.dir/config.toml), or ";
-  if (run.model.arch == "dlrm") return same + "train this model in a new run.dir";
+  if (run.model.arch == models::ModelArch::Dlrm) return same + "train this model in a new run.dir";
   return same + "start a new run from these weights on purpose: --set model.init_from=" + dir + " with a new run.dir";
 }
 
@@ -54,11 +54,11 @@ std::string refusal_end(const Config& run, const std::string& dir) {
 
 std::vector<std::string> resume_differences(const Config& saved, const Config& run) {
   std::vector<std::string> out = models::model_differences(saved.model, run.model);
-  if (saved.model.arch == "dlrm" && run.model.arch == "dlrm") {
+  if (saved.model.arch == models::ModelArch::Dlrm && run.model.arch == models::ModelArch::Dlrm) {
     const auto dlrm = recsys::dlrm_model_differences(saved.dlrm, run.dlrm);
     out.insert(out.end(), dlrm.begin(), dlrm.end());
   }
-  if (!out.empty() || run.model.arch == "dlrm") return out;
+  if (!out.empty() || run.model.arch == models::ModelArch::Dlrm) return out;
   // Fine-tuning: a checkpoint holds only what its run trained, and a resumed run reads the fixed weights from
   // model.init_from again.
   const models::ParallelPlan plan(run.model);
@@ -97,7 +97,7 @@ void check_resume_model(const Config& run, const std::string& checkpoint_dir) {
       throw UsageError("--resume: checkpoint '" + dir + "' was saved from another model than this run's (" +
                        join(differences, "; ", differences.size()) + "; checkpoint -> this run)" + refusal_end(run, dir));
   }
-  if (run.model.arch == "dlrm") return;
+  if (run.model.arch == models::ModelArch::Dlrm) return;
   // The same config holds the same tensors; this catches the rest (a manifest without a config, a damaged one).
   const std::set<std::string> wanted = trained_tensors(run);
   std::set<std::string> held;

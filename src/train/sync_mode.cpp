@@ -1,6 +1,7 @@
 #include "crosstrain/train/sync_mode.h"
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/train/config.h"
 
 namespace crosstrain::train {
 namespace {
@@ -34,7 +35,7 @@ const char* to_string(SyncMode mode) {
 
 SyncTraits sync_traits(const SyncConfig& config) {
   SyncTraits t{};
-  t.mode = parse_sync_mode(config.mode);
+  t.mode = config.mode;
   t.lockstep = t.mode == SyncMode::Sync;
   t.cluster_groups = t.mode == SyncMode::DiLoCo || (t.mode == SyncMode::Sync && config.hierarchical);
   t.parameter_server = t.mode == SyncMode::Ssp || t.mode == SyncMode::Async;

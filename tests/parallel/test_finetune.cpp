@@ -30,7 +30,7 @@ struct Layout {
 
 train::Config finetune_config(const std::string& tag, const std::string& arch) {
   auto c = crosstrain::testing::tiny_config(tag);
-  c.model.arch = arch;
+  c.model.arch = models::parse_model_arch(arch);
   c.model.n_layer = 4;
   c.model.n_head = 4;
   c.model.n_embd = 32;

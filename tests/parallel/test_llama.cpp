@@ -15,7 +15,7 @@ namespace {
 
 models::GPTConfig llama_config(int64_t kv_heads) {
   models::GPTConfig c;
-  c.arch = "llama";
+  c.arch = models::ModelArch::Llama;
   c.n_layer = 2;
   c.n_head = 4;
   c.n_kv_head = kv_heads;

@@ -26,7 +26,7 @@ void expect_rel(double actual, double expected, double rel = 1e-9) {
 ModelShape gpt_shape(int64_t layers, int64_t hidden, int64_t heads, int64_t seq, int64_t vocab) {
   ModelShape m;
   m.name = "hand";
-  m.arch = "gpt";
+  m.arch = models::ModelArch::Gpt;
   m.layers = layers;
   m.hidden = hidden;
   m.heads = heads;
@@ -81,12 +81,12 @@ TEST(PlannerModelShape, RecipeModelsCountTheTrainersParameters) {
   models::GPTConfig c;
   c.n_layer = 3, c.n_head = 4, c.n_embd = 64, c.vocab_size = 512;
   EXPECT_DOUBLE_EQ(from_gpt_config(c, "gpt").parameters(), static_cast<double>(c.parameter_count()));
-  c.arch = "llama";
+  c.arch = models::ModelArch::Llama;
   c.n_kv_head = 2;
   for (bool tied : {false, true}) {
     c.tie_embeddings = tied;
     const ModelShape m = from_gpt_config(c, "llama");
-    EXPECT_EQ(m.arch, "llama");
+    EXPECT_EQ(m.arch, models::ModelArch::Llama);
     EXPECT_DOUBLE_EQ(m.parameters(), static_cast<double>(c.parameter_count())) << "tied " << tied;
   }
 }
@@ -163,9 +163,9 @@ TEST(PlannerModelShape, ValidateNamesTheField) {
   m = gpt_shape(0, 96, 6, 16, 32);
   EXPECT_NE(message(m).find("positive"), std::string::npos) << message(m);
   m = gpt_shape(2, 96, 6, 16, 32);
-  m.arch = "rnn";
-  EXPECT_NE(message(m).find("'rnn'"), std::string::npos) << message(m);
-  m.arch = "llama";
+  m.arch = models::ModelArch::Dlrm;  // a family the trainer runs, but not a decoder the planner models
+  EXPECT_NE(message(m).find("'dlrm'"), std::string::npos) << message(m);
+  m.arch = models::ModelArch::Llama;
   EXPECT_EQ(message(m), "");
   EXPECT_THROW(model_preset("gpt-5"), UsageError);
 }
@@ -428,7 +428,7 @@ TEST(PlannerTime, DilocoAmortisesTheWideAreaExchange) {
   // dp time; nothing is amortised.
   EXPECT_DOUBLE_EQ(flat.time.wan_exposed_s, 0.0);
   EXPECT_GT(flat.time.dp_exposed_s, 1.0);
-  l.sync = "diloco";
+  l.sync = LayoutSync::DiLoCo;
   l.inner_steps = 10;
   const Estimate h10 = estimate(m, c, l);
   l.inner_steps = 100;
@@ -494,7 +494,7 @@ TEST(PlannerLayout, DescribeParsesBack) {
   EXPECT_TRUE(l.sequence_parallel);
   EXPECT_EQ(l.recompute, "selective");
   EXPECT_EQ(l.precision, "fp32");
-  EXPECT_EQ(l.sync, "diloco");
+  EXPECT_EQ(l.sync, LayoutSync::DiLoCo);
   EXPECT_EQ(l.inner_steps, 50);
   EXPECT_EQ(l.stage_layers, (std::vector<int64_t>{1, 1, 1, 1}));
   EXPECT_EQ(l.cluster_batch, (std::vector<int64_t>{3, 1}));
@@ -520,10 +520,40 @@ TEST(PlannerLayout, TrainOverridesCarryEveryChoice) {
                         "train.recompute=full", "sync.mode=diloco", "sync.inner_steps=50",
                         "parallel.stage_layers=\"3,1\""})
     EXPECT_TRUE(has(s)) << s;
-  l.sync = "hierarchical";
+  l.sync = LayoutSync::Hierarchical;
   const std::vector<std::string> h = l.train_overrides();
   EXPECT_NE(std::find(h.begin(), h.end(), "sync.mode=sync"), h.end());
   EXPECT_NE(std::find(h.begin(), h.end(), "sync.hierarchical=true"), h.end());
+}
+
+// The scheduler's scope: the shape and, unless plain Sync, how clusters agree; the job's spec and recipe give the
+// rest (batch, steps, precision), and a plain Sync leaves the recipe's own sync mode alone.
+TEST(PlannerLayout, ShapeAndSyncOverridesLeaveTheRestToTheJob) {
+  Layout l = parse_layout("dp=4 tp=2 pp=3 zero=2 1f1b m=6 mb=1 bf16 diloco H=25");
+  using V = std::vector<std::string>;
+  EXPECT_EQ(l.train_overrides(OverrideScope::ShapeAndSync),
+            (V{"parallel.tp=2", "parallel.pp=3", "parallel.zero=2", "sync.mode=diloco", "sync.inner_steps=25"}));
+  l.sync = LayoutSync::Hierarchical;
+  EXPECT_EQ(l.train_overrides(OverrideScope::ShapeAndSync),
+            (V{"parallel.tp=2", "parallel.pp=3", "parallel.zero=2", "sync.hierarchical=true"}));
+  l.sync = LayoutSync::Sync;
+  EXPECT_EQ(l.train_overrides(OverrideScope::ShapeAndSync), (V{"parallel.tp=2", "parallel.pp=3", "parallel.zero=2"}));
+}
+
+TEST(PlannerLayout, SyncWordsReadBackAndUnknownOnesNameTheChoices) {
+  for (LayoutSync s : kLayoutSyncs) {
+    EXPECT_EQ(parse_layout_sync(to_string(s)), s);
+    EXPECT_EQ(parse_layout(std::string("sync=") + to_string(s)).sync, s);
+    EXPECT_EQ(parse_layout(to_string(s)).sync, s);
+  }
+  try {
+    parse_layout("dp=2 sync=gossip");
+    ADD_FAILURE() << "sync=gossip was accepted";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("'gossip'"), std::string::npos) << what;
+    EXPECT_NE(what.find("sync, hierarchical or diloco"), std::string::npos) << what;
+  }
 }
 
 TEST(PlannerLayout, BadWordsThrowNamingTheWord) {

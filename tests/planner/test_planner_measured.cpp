@@ -119,7 +119,7 @@ TEST(PlannerCalibrated, DilocoClusterBatchFollowsCapability) {
   const ModelShape m = model_preset("gpt-tiny");
   const ClusterFile c = two_speeds();
   Layout even;
-  even.dp = 4, even.micro_batch = 3, even.microbatches = 2, even.sync = "diloco", even.inner_steps = 10;
+  even.dp = 4, even.micro_batch = 3, even.microbatches = 2, even.sync = LayoutSync::DiLoCo, even.inner_steps = 10;
   // Even: every replica runs 2 micro-batches of 3 sequences; the slow cluster (half the rate) sets the pace.
   const Estimate e = estimate(m, c, even);
   // 2:1 capability -> 16 and 8 sequences of 24, as the trainer splits them: 2 micro-batches of 4 on each fast
@@ -135,7 +135,7 @@ TEST(PlannerCalibrated, DilocoClusterBatchFollowsCapability) {
   o.global_batch = 24, o.micro_batches = {3}, o.threads = 1;
   bool offered = false;
   for (const Layout& l : enumerate_layouts(m, c, o))
-    offered |= l.sync == "diloco" && l.dp == 4 && l.cluster_batch == std::vector<int64_t>{16, 8};
+    offered |= l.sync == LayoutSync::DiLoCo && l.dp == 4 && l.cluster_batch == std::vector<int64_t>{16, 8};
   EXPECT_TRUE(offered);
   // ... and the trainer takes it as sync.cluster_batch.
   const std::vector<std::string> sets = split.train_overrides();
@@ -147,7 +147,7 @@ TEST(PlannerCalibrated, DilocoClusterBatchFollowsCapability) {
   bad.cluster_batch = {24};
   EXPECT_THROW(estimate(m, c, bad), UsageError);
   bad = split;
-  bad.sync = "sync";
+  bad.sync = LayoutSync::Sync;
   EXPECT_THROW(estimate(m, c, bad), UsageError);
 }
 

@@ -16,7 +16,7 @@ namespace crosstrain::testing {
 // schedule as a whole one), no evaluation until the end; run.dir is a fresh temporary directory per tag.
 inline train::Config dlrm_test_config(const std::string& tag) {
   train::Config c;
-  c.model.arch = "dlrm";
+  c.model.arch = models::ModelArch::Dlrm;
   c.run.dir = (std::filesystem::temp_directory_path() / ("ct-dlrm-" + tag + "-" + std::to_string(::getpid()))).string();
   c.run.seed = 11;
   c.dlrm.tables = "3000,700,64,40";

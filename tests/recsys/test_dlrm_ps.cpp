@@ -22,7 +22,7 @@ train::Config ps_config(const std::string& tag) {
   c.dlrm.multi_hot = 2;
   c.dlrm.signal = 2;
   c.dlrm.mode = "ps";
-  c.sync.mode = "ssp";
+  c.sync.mode = train::SyncMode::Ssp;
   c.sync.staleness = 0;
   c.train.global_batch = 128;
   c.train.eval_batches = 4;
@@ -41,7 +41,7 @@ TEST(DlrmPs, OneRankWithFreshRowsIsTheShardedRun) {
   auto ps = ps_config("fresh");
   auto sharded = ps;
   sharded.dlrm.mode = "sharded";
-  sharded.sync.mode = "sync";
+  sharded.sync.mode = train::SyncMode::Sync;
   const auto a = train_on(1, ps), b = train_on(1, sharded);
   ASSERT_EQ(a.steps.size(), b.steps.size());
   for (size_t i = 0; i < a.steps.size(); ++i) EXPECT_NEAR(a.steps[i].loss, b.steps[i].loss, 1e-5) << i;

@@ -165,7 +165,7 @@ TEST(GangScheduler, AJobPlacedButNotStartedBeforeARestartIsStartedAfterIt) {
     id = j.id;
     j.state = JobState::Placed;
     j.attempts = 1;
-    j.placement = PlacementRecord{{{"b", 16, "dp=16 tp=1 pp=1"}}, "dp=16", "sync", 1, 0.5, 0, 1, 1};
+    j.placement = PlacementRecord{{{"b", 16, "dp=16 tp=1 pp=1"}}, "dp=16", planner::LayoutSync::Sync, 1, 0.5, 0, 1, 1};
     store.update_job(j);
   }
   StateStore store(path);
@@ -273,11 +273,11 @@ TEST(GangScheduler, TheSimulatedExecutorCountsAPartialGangOrAnOvercommit) {
   JobRecord j;
   j.id = 7;
   j.spec = job("gpt2", 16, 100);
-  EXPECT_THROW(exec.start(j, PlacementRecord{{{"a", 8, ""}}, "", "sync", 1, 1, 0, 0, 1}), Error);
+  EXPECT_THROW(exec.start(j, PlacementRecord{{{"a", 8, ""}}, "", planner::LayoutSync::Sync, 1, 1, 0, 0, 1}), Error);
   EXPECT_EQ(exec.partial_gangs(), 1);
   EXPECT_EQ(exec.used("a"), 0);
   j.spec.ranks = 72;
-  EXPECT_THROW(exec.start(j, PlacementRecord{{{"a", 72, ""}}, "", "sync", 1, 1, 0, 0, 1}), Error);
+  EXPECT_THROW(exec.start(j, PlacementRecord{{{"a", 72, ""}}, "", planner::LayoutSync::Sync, 1, 1, 0, 0, 1}), Error);
   EXPECT_EQ(exec.overcommits(), 1);
   EXPECT_EQ(exec.used("a"), 0);
 }

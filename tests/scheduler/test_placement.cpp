@@ -35,7 +35,7 @@ TEST(Placement, OneClusterThatFitsRunsSyncThere) {
   ASSERT_EQ(d.verdict, Verdict::Placed) << d.reason;
   ASSERT_EQ(d.placement.shares.size(), 1u);
   EXPECT_EQ(d.placement.shares[0].ranks, 32);
-  EXPECT_EQ(d.placement.sync, "sync");
+  EXPECT_EQ(d.placement.sync, planner::LayoutSync::Sync);
   EXPECT_EQ(d.placement.wan_gbps, 0);
   EXPECT_GT(d.placement.step_s, 0);
   // The layout covers the ranks: dp x tp x pp = 32.
@@ -70,7 +70,7 @@ TEST(Placement, SplitAcrossASlowLinkUsesDiLoCo) {
   ASSERT_EQ(d.verdict, Verdict::Placed) << d.reason;
   ASSERT_EQ(d.placement.shares.size(), 2u);
   EXPECT_EQ(d.placement.ranks(), 96);
-  EXPECT_EQ(d.placement.sync, "diloco");
+  EXPECT_EQ(d.placement.sync, planner::LayoutSync::DiLoCo);
   EXPECT_EQ(d.placement.inner_steps, 50);
   EXPECT_GT(d.placement.wan_gbps, 0);
   const planner::Layout l = planner::parse_layout(d.placement.layout);
@@ -83,7 +83,7 @@ TEST(Placement, SplitAcrossAFastLinkStaysSynchronous) {
   const Decision d = place(j, fresh(j), r);
   ASSERT_EQ(d.verdict, Verdict::Placed) << d.reason;
   ASSERT_EQ(d.placement.shares.size(), 2u);
-  EXPECT_NE(d.placement.sync, "diloco");
+  EXPECT_NE(d.placement.sync, planner::LayoutSync::DiLoCo);
 }
 
 TEST(Placement, MaxWanBandwidthZeroForbidsASplit) {
@@ -111,7 +111,7 @@ TEST(Placement, MaxWanBandwidthBelowEvenDiLoCoRefuses) {
   j.qos.max_wan_gbps = any.placement.wan_gbps * 0.5;  // half what the synchronous choice needs
   const Decision limited = place(j, fresh(j), fast);
   ASSERT_EQ(limited.verdict, Verdict::Placed) << limited.reason;
-  EXPECT_EQ(limited.placement.sync, "diloco");
+  EXPECT_EQ(limited.placement.sync, planner::LayoutSync::DiLoCo);
   EXPECT_LE(limited.placement.wan_gbps, j.qos.max_wan_gbps);
 }
 

@@ -53,7 +53,7 @@ class TwoSlurmClusters : public ::testing::Test {
   static PlacementRecord gang(int east_ranks, int west_ranks) {
     PlacementRecord p;
     p.shares = {{"east", east_ranks, "dp=" + std::to_string(east_ranks)}, {"west", west_ranks, "dp=" + std::to_string(west_ranks)}};
-    p.sync = "diloco";
+    p.sync = crosstrain::planner::LayoutSync::DiLoCo;
     return p;
   }
   // Polls until the job is no longer running (or 30 s pass).

@@ -44,7 +44,7 @@ TEST(StateStore, JobsAndPlacementsRoundTripThroughANewStore) {
     j.attempts = 2;
     j.step = 150;
     j.placement = PlacementRecord{{{"east", 16, "dp=8 tp=2 pp=1"}, {"west", 8, "dp=4 tp=2 pp=1"}},
-                                  "dp=12 tp=2 pp=1 zero=1", "diloco", 50, 0.75, 1.5, 99.5, 2};
+                                  "dp=12 tp=2 pp=1 zero=1", planner::LayoutSync::DiLoCo, 50, 0.75, 1.5, 99.5, 2};
     j.updated_s = 30;
     s.update_job(j);
   }
@@ -61,10 +61,21 @@ TEST(StateStore, JobsAndPlacementsRoundTripThroughANewStore) {
   ASSERT_EQ(back->placement->shares.size(), 2u);
   EXPECT_EQ(back->placement->shares[1].cluster, "west");
   EXPECT_EQ(back->placement->shares[1].ranks, 8);
-  EXPECT_EQ(back->placement->sync, "diloco");
+  EXPECT_EQ(back->placement->sync, planner::LayoutSync::DiLoCo);
   EXPECT_EQ(back->placement->inner_steps, 50);
   EXPECT_EQ(back->placement->cost, 99.5);
   EXPECT_EQ(back->placement->attempt, 2);
+  // The sync is stored as its word: databases written before it was a type, and the dashboard, read the same text.
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr), SQLITE_OK);
+  std::string stored;
+  const auto first_column = [](void* out, int, char** values, char**) {
+    *static_cast<std::string*>(out) = values[0] ? values[0] : "";
+    return 0;
+  };
+  EXPECT_EQ(sqlite3_exec(db, "SELECT sync FROM placements", first_column, &stored, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  EXPECT_EQ(stored, "diloco");
   // Clearing the placement deletes it.
   JobRecord done = *back;
   done.state = JobState::Done;

@@ -5,8 +5,10 @@
 
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/planner/layout.h"
 #include "crosstrain/scheduler/train_share.h"
 
 namespace crosstrain::scheduler {
@@ -30,7 +32,7 @@ PlacementRecord two_shares() {
   PlacementRecord p;
   p.shares = {{"east", 2, "dp=2 tp=1 pp=1"}, {"west", 2, "dp=2 tp=1 pp=1"}};
   p.layout = "dp=4 tp=1 pp=1 zero=1 m=1 mb=4 fp32 diloco H=5";
-  p.sync = "diloco";
+  p.sync = planner::LayoutSync::DiLoCo;
   p.inner_steps = 5;
   return p;
 }
@@ -103,13 +105,43 @@ TEST(TrainShare, WithALedgerEachShareClaimsItsClustersWork) {
   p.attempt = 2;
   const std::string script = train_share_script(recipe_job(), p, 1, l);
   EXPECT_NE(script.find("'run.work_log=true'"), std::string::npos) << script;
+  // ZeRO-2 is lowered to 1 before the layout becomes overrides: one parallel.zero, not a second one that wins.
   EXPECT_NE(script.find("'parallel.zero=1'"), std::string::npos) << script;
+  EXPECT_EQ(script.find("'parallel.zero=1'"), script.rfind("'parallel.zero=1'")) << script;
+  EXPECT_EQ(script.find("parallel.zero=2"), std::string::npos) << script;
   const std::string claim = "'ct' 'ledger' 'claim' '/l/ledger.jsonl' '--run-dir' '/w/job7/run' '--cluster' 'west' "
                             "'--work-log' 'west.a2' '--key' '/keys/west.key' '--job' 'tiny-7.a2' '--keys' "
                             "'/keys/keys.json'";
   EXPECT_NE(script.find("while sleep 20; do " + claim), std::string::npos) << script;
   EXPECT_EQ(script.substr(script.size() - 13), "\nexit $status") << script;
   EXPECT_EQ(train_share_script(recipe_job(), p, 1, launch("/w/job7/run", "h", 1)).find("ledger"), std::string::npos);
+}
+
+// The scheduler and `crosstrain plan` turn a layout into overrides through one bridge (Layout::train_overrides):
+// for every sync across clusters, what the scheduler sets of the shape and the sync is what plan prints, except
+// plan's sync.mode = "sync", which the scheduler leaves to the recipe.
+TEST(TrainShare, OverridesOfALayoutAgreeWithThePlans) {
+  for (planner::LayoutSync sync : planner::kLayoutSyncs) {
+    planner::Layout l = planner::parse_layout("dp=4 tp=2 pp=2 zero=1 1f1b m=4 mb=1 bf16");
+    l.sync = sync;
+    l.inner_steps = sync == planner::LayoutSync::DiLoCo ? 20 : 1;
+    PlacementRecord p;
+    p.shares = {{"east", 8, "dp=2 tp=2 pp=2"}, {"west", 8, "dp=2 tp=2 pp=2"}};
+    p.layout = l.describe();
+    p.sync = l.sync;
+    p.inner_steps = l.inner_steps;
+    const std::vector<std::string> argv = train_share_argv(recipe_job(), p, 0, launch("/run", "h", 1));
+    std::set<std::string> scheduler, plan;
+    for (size_t i = 1; i < argv.size(); ++i)
+      if (argv[i - 1] == "--set" && (argv[i].rfind("parallel.", 0) == 0 || argv[i].rfind("sync.", 0) == 0))
+        scheduler.insert(argv[i]);
+    for (const std::string& o : l.train_overrides())
+      for (const char* key : {"parallel.tp=", "parallel.pp=", "parallel.zero=", "sync.mode=", "sync.inner_steps=",
+                              "sync.hierarchical="})
+        if (o.rfind(key, 0) == 0 && o != "sync.mode=sync") plan.insert(o);
+    EXPECT_EQ(scheduler, plan) << planner::to_string(sync);
+    EXPECT_EQ(scheduler.count("parallel.tp=2"), 1u) << "the shape is always set";
+  }
 }
 
 TEST(TrainShare, ShellLineQuotesEveryArgument) {

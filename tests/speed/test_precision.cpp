@@ -66,7 +66,7 @@ std::vector<Mode> modes() {
        }},
       {"diloco", 4,
        [](train::Config& c) {
-         c.sync.mode = "diloco";
+         c.sync.mode = train::SyncMode::DiLoCo;
          c.sync.inner_steps = 3;
          c.sync.clusters = 2;
          c.sync.outer_momentum = 0.5;
@@ -74,25 +74,25 @@ std::vector<Mode> modes() {
       // ZeRO's fp32 master slices are what DiLoCo exchanges there.
       {"diloco_zero1", 4,
        [](train::Config& c) {
-         c.sync.mode = "diloco";
+         c.sync.mode = train::SyncMode::DiLoCo;
          c.sync.inner_steps = 3;
          c.sync.clusters = 2;
          c.sync.outer_momentum = 0.5;
          c.parallel.zero = 1;
        }},
-      {"gossip", 2, [](train::Config& c) { c.sync.mode = "gossip"; }},
+      {"gossip", 2, [](train::Config& c) { c.sync.mode = train::SyncMode::Gossip; }},
       // One push, at the end: the steps do not depend on thread timing, and the validation loss sees the model
       // pulled from the servers. (Pushes at every step make each worker's losses depend on which pushes of
       // the other it pulled: up to 6% apart between two fp32 runs on a loaded machine.)
       {"async", 2,
        [](train::Config& c) {
-         c.sync.mode = "async";
+         c.sync.mode = train::SyncMode::Async;
          c.sync.period = kSteps;
        }},
       // staleness 0: every step waits for the slowest (a pull may still miss the other's last push).
       {"ssp", 2,
        [](train::Config& c) {
-         c.sync.mode = "ssp";
+         c.sync.mode = train::SyncMode::Ssp;
          c.sync.staleness = 0;
        },
        kTimingDependent},

@@ -154,7 +154,7 @@ models::GPTConfig small_model(const std::string& arch, bool tied = false) {
   c.n_embd = 32;
   c.block_size = 16;
   c.vocab_size = 96;
-  c.arch = arch;
+  c.arch = models::parse_model_arch(arch);
   if (arch == "llama") {
     c.n_kv_head = 2;
     c.ffn_hidden = 80;
@@ -472,7 +472,7 @@ TEST(HfInitFrom, LayoutsStartFromTheSameWeights) {
 // tensor-parallel ranks (k and v split by key/value heads, the head by vocabulary): the single process's loss.
 TEST(HfInitFrom, LlamaTensorParallelStartsFromTheImport) {
   auto base = trained_config("hf_llama_single");
-  base.model.arch = "llama";
+  base.model.arch = models::ModelArch::Llama;
   base.model.n_head = 4;
   base.model.n_kv_head = 2;
   base.model.tie_embeddings = true;
@@ -514,7 +514,7 @@ TEST(HfInitFrom, BadInputsAreClearErrors) {
   EXPECT_NE(e.find("model.n_layer is 3 in the recipe but 2 in the weights (fix: --set model.n_layer=2)"), std::string::npos) << e;
   EXPECT_NE(e.find("--set model.n_embd=32"), std::string::npos) << e;
   recipe = t.config.model;
-  recipe.arch = "llama";
+  recipe.arch = models::ModelArch::Llama;
   e = init_error(t.hf_dir, recipe);
   EXPECT_NE(e.find("--set model.arch=\"gpt\""), std::string::npos) << e;
 

@@ -129,7 +129,7 @@ TEST(ResumeModel, TheSavedConfigIsReadForItsModelOnly) {
       "[dlrm]\nembedding_dim = 8\n[train]\nfreeze = \"0\"\nother = 2\n",
       "test");
   EXPECT_EQ(c.model.n_layer, 6);
-  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.arch, crosstrain::models::ModelArch::Llama);
   EXPECT_EQ(c.dlrm.embedding_dim, 8);
   EXPECT_EQ(c.train.freeze, "0");
   EXPECT_THROW(crosstrain::train::saved_model_config("[model]\nn_layers = 6\n", "test"), crosstrain::UsageError);

@@ -160,7 +160,7 @@ TEST(AsyncBehaviour, FastWorkerRunsManyMoreStepsThanASlowOneAndSeesStaleUpdates)
   const auto t0 = Clock::now();
   comm::FakeWorld::run(n, [&](comm::Communicator& c) {
     train::SyncSetup s;
-    s.config.mode = "async";
+    s.config.mode = train::SyncMode::Async;
     s.config.clusters = 1;
     s.config.slow_rank = slow;
     s.config.slow_ms = slow_ms;
@@ -265,7 +265,7 @@ GossipRun run_gossip(int n, int64_t period, int64_t clusters, int64_t rounds) {
     Traffic traffic;
     CountingCommunicator c(world, traffic);
     train::SyncSetup s;
-    s.config.mode = "gossip";
+    s.config.mode = train::SyncMode::Gossip;
     s.config.period = period;
     s.config.clusters = clusters;
     s.dp = &c;

@@ -140,18 +140,18 @@ TEST(SyncLogic, OuterNesterovStepByHand) {
 }
 
 TEST(SyncLogic, ConfigChecks) {
+  train::Config whole;
+  EXPECT_THROW(train::apply_override(whole, "sync.mode=paxos"), UsageError);  // refused when the config is read
   train::SyncConfig c;
-  c.mode = "paxos";
-  EXPECT_THROW(train::check_sync_config(c, 4, 1, 1, 0), UsageError);
-  c.mode = "diloco";
+  c.mode = train::SyncMode::DiLoCo;
   EXPECT_NO_THROW(train::check_sync_config(c, 4, 1, 1, 0));
   // Every mode runs with every layout; only hierarchical sync (whole gradients across clusters) refuses ZeRO.
   EXPECT_NO_THROW(train::check_sync_config(c, 4, 2, 2, 3));
-  c.mode = "sync";
+  c.mode = train::SyncMode::Sync;
   c.hierarchical = true;
   EXPECT_NO_THROW(train::check_sync_config(c, 4, 2, 2, 0));
   EXPECT_THROW(train::check_sync_config(c, 4, 1, 1, 1), UsageError);
-  c.mode = "diloco";
+  c.mode = train::SyncMode::DiLoCo;
   c.hierarchical = false;
   c.clusters = 3;
   EXPECT_THROW(train::check_sync_config(c, 4, 1, 1, 0), UsageError);
@@ -188,7 +188,7 @@ TEST(SyncParity, DiLoCoWithOneInnerStepOuterLrOneNoMomentumIsDataParallel) {
   train::Config plain = base("diloco_ref");
   Outcome want = train_with(plain, 2);
   train::Config d = base("diloco_h1");
-  d.sync.mode = "diloco";
+  d.sync.mode = train::SyncMode::DiLoCo;
   d.sync.inner_steps = 1;
   d.sync.outer_lr = 1.0;
   d.sync.outer_momentum = 0.0;
@@ -218,7 +218,7 @@ Outcome* SyncConvergence::reference_ = nullptr;
 
 TEST_F(SyncConvergence, DiLoCo) {
   train::Config c = base("conv_diloco", 30);
-  c.sync.mode = "diloco";
+  c.sync.mode = train::SyncMode::DiLoCo;
   c.sync.inner_steps = 5;
   c.sync.clusters = 2;
   Outcome r = train_with(c, 4);
@@ -229,7 +229,7 @@ TEST_F(SyncConvergence, DiLoCo) {
 
 TEST_F(SyncConvergence, DiLoCoInt8OuterGradients) {
   train::Config c = base("conv_diloco_int8", 30);
-  c.sync.mode = "diloco";
+  c.sync.mode = train::SyncMode::DiLoCo;
   c.sync.inner_steps = 5;
   c.sync.clusters = 2;
   train::Config p = base("conv_diloco_f32", 30);
@@ -243,7 +243,7 @@ TEST_F(SyncConvergence, DiLoCoInt8OuterGradients) {
 
 TEST_F(SyncConvergence, StreamingDiLoCo) {
   train::Config c = base("conv_streaming", 30);
-  c.sync.mode = "diloco";
+  c.sync.mode = train::SyncMode::DiLoCo;
   c.sync.inner_steps = 6;
   c.sync.fragments = 3;
   c.sync.overlap_steps = 1;
@@ -256,7 +256,7 @@ TEST_F(SyncConvergence, StreamingDiLoCo) {
 
 TEST_F(SyncConvergence, Gossip) {
   train::Config c = base("conv_gossip", 30);
-  c.sync.mode = "gossip";
+  c.sync.mode = train::SyncMode::Gossip;
   c.sync.clusters = 2;
   Outcome r = train_with(c, 4);
   expect_close(r, 0.10, "gossip");
@@ -264,7 +264,7 @@ TEST_F(SyncConvergence, Gossip) {
 
 TEST_F(SyncConvergence, AsyncParameterServer) {
   train::Config c = base("conv_async", 30);
-  c.sync.mode = "async";
+  c.sync.mode = train::SyncMode::Async;
   c.sync.clusters = 2;
   Outcome r = train_with(c, 4);
   expect_close(r, 0.10, "async");
@@ -275,7 +275,7 @@ TEST_F(SyncConvergence, SspLetsFastRanksRunAheadOfASlowOneWithinTheBound) {
   const double slow_ms = 60;
   const int64_t steps = 30, bound = 3;
   train::Config c = base("conv_ssp", steps);
-  c.sync.mode = "ssp";
+  c.sync.mode = train::SyncMode::Ssp;
   c.sync.staleness = bound;
   c.sync.clusters = 2;
   c.sync.slow_rank = 3;
@@ -299,7 +299,7 @@ namespace {
 
 train::Config diloco(const std::string& tag, int64_t steps = 12) {
   train::Config c = base(tag, steps);
-  c.sync.mode = "diloco";
+  c.sync.mode = train::SyncMode::DiLoCo;
   c.sync.inner_steps = 3;
   c.sync.clusters = 2;
   c.sync.outer_lr = 0.7;
@@ -379,7 +379,7 @@ TEST(SyncClusterBatch, TheOuterStepWeighsEachClusterByItsShare) {
     std::vector<float> landed(2);
     comm::FakeWorld::run(2, [&](comm::Communicator& c) {
       train::SyncSetup s;
-      s.config.mode = "diloco";
+      s.config.mode = train::SyncMode::DiLoCo;
       s.config.clusters = 2;
       s.config.inner_steps = 1;
       s.config.outer_lr = 1;
@@ -435,16 +435,16 @@ TEST(SyncLayouts, DiLoCoWithZeroInsideEachClusterMatchesPlainDataParallelInside)
 
 TEST(SyncLayouts, GossipAndServerModesRunWithTensorParallelReplicas) {
   train::Config g = base("gossip_tp1", 12);
-  g.sync.mode = "gossip";
+  g.sync.mode = train::SyncMode::Gossip;
   Outcome want = train_with(g, 2);
   g = base("gossip_tp2", 12);
-  g.sync.mode = "gossip";
+  g.sync.mode = train::SyncMode::Gossip;
   Outcome got = train_with(split(g, 1, 2), 4);
   // Gossip pairs are fixed per round, so averaging shards equals averaging whole replicas.
   expect_same_losses(got, want, 1e-4, "gossip, tp=2 replicas");
   for (const std::string mode : {"async", "ssp"}) {
     train::Config c = split(base(mode + "_pp2", 12), 2, 1);
-    c.sync.mode = mode;
+    c.sync.mode = train::parse_sync_mode(mode);
     Outcome r = train_with(c, 4);  // two replicas of two pipeline stages, asynchronous to each other
     EXPECT_LT(r.losses.back(), r.losses.front() - 0.5) << mode << " with pp=2 learns";
     EXPECT_GT(r.last_row["sync_exchanges"].get<int64_t>(), 0) << mode;
@@ -454,7 +454,7 @@ TEST(SyncLayouts, GossipAndServerModesRunWithTensorParallelReplicas) {
 // The Llama family through the same sync machinery: each rank exchanges its shards of the plan, whatever the family.
 TEST(SyncLayouts, LlamaReplicasSplitInsideEachClusterMatchWholeOnes) {
   auto llama = [](train::Config c) {
-    c.model.arch = "llama";
+    c.model.arch = models::ModelArch::Llama;
     return c;
   };
   Outcome want = train_with(llama(diloco("dl_llama_whole")), 2);
@@ -494,7 +494,7 @@ TEST(SyncResume, SspResumesWithTheClocksOfItsCheckpoint) {
   // The server's clocks start at the checkpoint's step: from 0 every worker would wait for a slowest one that is
   // "steps - 1" behind, and time out.
   train::Config c = base("ssp_resume", 10);
-  c.sync.mode = "ssp";
+  c.sync.mode = train::SyncMode::Ssp;
   c.sync.staleness = 1;
   c.comm.timeout_s = 10;
   Outcome got = resumed_at(c, 2, 5, c, 2);

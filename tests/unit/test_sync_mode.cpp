@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/train/config.h"
 #include "crosstrain/train/sync_mode.h"
 
 using namespace crosstrain;
@@ -12,7 +13,7 @@ namespace {
 
 train::SyncTraits traits(const std::string& mode, bool hierarchical = false) {
   train::SyncConfig c;
-  c.mode = mode;
+  c.mode = train::parse_sync_mode(mode);
   c.hierarchical = hierarchical;
   return train::sync_traits(c);
 }
@@ -49,4 +50,30 @@ TEST(SyncMode, TraitsSayWhatEachModeImplies) {
   }
   EXPECT_FALSE(traits("gossip").parameter_server);
   EXPECT_FALSE(traits("gossip").elastic);
+}
+
+// The mode and the model family are parsed once, when the config is read: a recipe or --set with another name is
+// refused there, naming the key and the choices, and the saved config.toml writes the recipe's word back.
+TEST(SyncMode, TheConfigHoldsParsedNamesAndWritesThemBack) {
+  train::Config c;
+  train::apply_override(c, "sync.mode=diloco");
+  train::apply_override(c, "model.arch=llama");
+  EXPECT_EQ(c.sync.mode, SyncMode::DiLoCo);
+  EXPECT_EQ(c.model.arch, models::ModelArch::Llama);
+  const std::string saved = train::to_toml(c);
+  auto holds = [&](const std::string& key, const std::string& word) {  // TOML may quote either way
+    return saved.find(key + " = '" + word + "'") != std::string::npos ||
+           saved.find(key + " = \"" + word + "\"") != std::string::npos;
+  };
+  EXPECT_TRUE(holds("mode", "diloco")) << saved;
+  EXPECT_TRUE(holds("arch", "llama")) << saved;
+  const train::Config again = train::parse_config(saved, "saved config.toml");
+  EXPECT_EQ(again.sync.mode, SyncMode::DiLoCo);
+  EXPECT_EQ(again.model.arch, models::ModelArch::Llama);
+  for (const char* bad : {"sync.mode=paxos", "model.arch=mamba"}) {
+    train::Config d;
+    EXPECT_THROW(train::apply_override(d, bad), UsageError) << bad;
+    EXPECT_EQ(d.sync.mode, SyncMode::Sync) << bad;  // nothing was set
+    EXPECT_EQ(d.model.arch, models::ModelArch::Gpt) << bad;
+  }
 }

@@ -18,7 +18,8 @@
 namespace crosstrain::train {
 
 struct ModelFamily {
-  std::string name;  // model.arch
+  models::ModelArch arch;
+  std::string name;  // model.arch as a recipe writes it (models::to_string(arch))
   std::string summary;
   bool elastic = false;            // elastic training (jobs/gpt/elastic.h) can run it
   bool hugging_face = false;       // Hugging Face import and export (interop/hf/checkpoint.h)
@@ -31,7 +32,7 @@ struct ModelFamily {
   std::function<int64_t(const Config&)> parameters;
 };
 
-// The family of c.model.arch; UsageError naming the registered ones for any other name.
+// The family of c.model.arch (parsed when the config was read: models::parse_model_arch names the choices).
 const ModelFamily& model_family(const Config& c);
 std::vector<std::string> model_family_names();
 

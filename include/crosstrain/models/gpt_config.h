@@ -10,6 +10,15 @@
 
 namespace crosstrain::models {
 
+// model.arch, parsed once when the config is read: the families crosstrain trains. gpt and llama are decoders
+// built by this layer; dlrm is a recommendation model whose shape is the [dlrm] section (recsys/dlrm_config.h).
+// What each family does is registered in jobs/model_family.h; code asks that registry or compares this enum.
+enum class ModelArch { Gpt, Llama, Dlrm };
+
+// The name in a recipe ("gpt", "llama", "dlrm"); UsageError naming the choices for anything else.
+ModelArch parse_model_arch(const std::string& name);
+const char* to_string(ModelArch arch);
+
 struct GPTConfig {
   int64_t n_layer = 4;
   int64_t n_head = 4;
@@ -18,7 +27,7 @@ struct GPTConfig {
   int64_t vocab_size = 256;
   double dropout = 0.0;
 
-  std::string arch = "gpt";    // "gpt" or "llama"
+  ModelArch arch = ModelArch::Gpt;
   // Llama family (ignored by gpt, which has n_head key/value heads and a 4 d MLP):
   int64_t n_kv_head = 0;       // key/value heads of grouped-query attention; 0: n_head (multi-head)
   int64_t ffn_hidden = 0;      // SwiGLU width; 0: 8 d / 3 rounded up to a multiple of 32
@@ -30,7 +39,7 @@ struct GPTConfig {
   double lora_alpha = 0;       // the update is scaled by lora_alpha / lora_rank; 0: lora_alpha = lora_rank
   double lora_scale() const { return lora_rank > 0 && lora_alpha > 0 ? lora_alpha / static_cast<double>(lora_rank) : 1.0; }
 
-  bool is_llama() const { return arch == "llama"; }
+  bool is_llama() const { return arch == ModelArch::Llama; }
   int64_t head_dim() const { return n_embd / n_head; }
   int64_t kv_heads() const { return n_kv_head > 0 ? n_kv_head : n_head; }
   // The MLP's hidden width: 4 d for gpt, ffn_hidden (or its default) for llama.

@@ -16,7 +16,8 @@ namespace crosstrain::planner {
 
 struct ModelShape {
   std::string name = "model";
-  std::string arch = "gpt";  // gpt (LayerNorm, GELU MLP of 4h, learned positions) or llama (RMSNorm, SwiGLU, RoPE)
+  // Gpt (LayerNorm, GELU MLP of 4h, learned positions) or Llama (RMSNorm, SwiGLU, RoPE); the planner models decoders.
+  models::ModelArch arch = models::ModelArch::Gpt;
   int64_t layers = 12;
   int64_t hidden = 768;
   int64_t heads = 12;

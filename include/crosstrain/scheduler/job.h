@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "crosstrain/planner/layout.h"
 #include "crosstrain/planner/model_shape.h"
 
 namespace crosstrain::scheduler {
@@ -63,7 +64,7 @@ struct ClusterShare {
 struct PlacementRecord {
   std::vector<ClusterShare> shares;  // every cluster of the gang (one or more)
   std::string layout;                // the whole job, as planner::Layout::describe() prints it
-  std::string sync = "sync";         // across clusters: sync, hierarchical or diloco (sync on one cluster)
+  planner::LayoutSync sync = planner::LayoutSync::Sync;  // across clusters (Sync on one cluster)
   int inner_steps = 1;               // diloco: steps between outer exchanges
   double step_s = 0;                 // predicted seconds per step (planner::estimate)
   double wan_gbps = 0;               // predicted wide-area use per cluster, Gbit/s

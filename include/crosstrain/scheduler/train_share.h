@@ -5,8 +5,8 @@
 // A share is one launcher node of the job: `crosstrain run --nproc R --nnodes S --node-rank K --master H:P
 // --cluster K -- crosstrain train RECIPE --set ...`. Share 0's node hosts the rendezvous store; the shares of a
 // gang meet there whichever cluster they run on. The scheduler's decisions become --set overrides (run folder,
-// steps, checkpoints, tp and pp inside each cluster, sync mode across clusters); the user's own `set` entries come
-// last and win. --resume is added when the run folder holds a checkpoint, so a re-placed job continues from it.
+// steps, checkpoints, then tp, pp, ZeRO and the sync across clusters through the planner's own bridge,
+// planner::Layout::train_overrides); the user's own `set` entries come last and win. --resume is added when the run folder holds a checkpoint, so a re-placed job continues from it.
 #pragma once
 
 #include <cstdint>
@@ -43,10 +43,6 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
                                           const TrainLaunch& launch);
 // The argv as one shell-quoted line.
 std::string shell_line(const std::vector<std::string>& argv);
-
-// A degree of a layout as the planner writes it ("dp=4 tp=2 pp=1 zero=1 ..."): `absent` when it is not there.
-int layout_degree(const std::string& layout, const std::string& key, int absent);
-int layout_degree(const std::string& layout, const std::string& key);  // 1 when absent
 
 // The newest complete checkpoint's step in RUN_DIR/checkpoints (step_NNNNNNNN folders without a dot; a ".tmp"
 // one is still being written), 0 when there is none.

@@ -15,6 +15,7 @@
 #include "crosstrain/obs/config.h"
 #include "crosstrain/parallel/parallel_dims.h"
 #include "crosstrain/recsys/dlrm_config.h"
+#include "crosstrain/train/sync_mode.h"
 
 namespace crosstrain::train {
 
@@ -60,7 +61,7 @@ using CommConfig = comm::CommConfig;  // [comm]: comm/config.h
 
 // Synchronization across data-parallel replicas and clusters (docs/wan-training.md).
 struct SyncConfig {
-  std::string mode = "sync";      // sync, diloco, ssp, async, gossip
+  SyncMode mode = SyncMode::Sync;  // sync, diloco, ssp, async, gossip (train/sync_mode.h)
   int64_t clusters = 0;           // 0: from sync.topology, else CROSSTRAIN_CLUSTER (or the testbed's CT_CLUSTER) per node, else 1
   std::string topology;           // a topology TOML (hosts and their clusters): each rank finds its host's cluster
   bool hierarchical = false;      // sync: gradients all-reduced inside each cluster, then across clusters

@@ -1,14 +1,15 @@
 // The sync modes (sync.mode, docs/wan-training.md) as a type, and what each implies for the rest of a run.
 //
-// The mode is named in one place (parse_sync_mode); everything else asks its traits, so a new mode is a class in
-// sync_strategy.cpp, an enum value and a row of traits here, not a string compared in ten files.
+// The mode is named in one place (parse_sync_mode, when the config is read: SyncConfig::mode holds the enum);
+// everything else asks its traits, so a new mode is a class in src/sync/, an enum value and a row of traits here,
+// not a string compared in ten files.
 #pragma once
 
 #include <string>
 
-#include "crosstrain/train/config.h"
-
 namespace crosstrain::train {
+
+struct SyncConfig;  // train/config.h
 
 enum class SyncMode { Sync, DiLoCo, Ssp, Async, Gossip };
 

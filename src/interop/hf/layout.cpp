@@ -76,7 +76,7 @@ std::string torch_dtype_of(const nlohmann::json& j, const std::string& source) {
 HfConfig gpt2_from_hf(const nlohmann::json& j, const std::string& source) {
   HfConfig out;
   models::GPTConfig& m = out.model;
-  m.arch = "gpt";
+  m.arch = models::ModelArch::Gpt;
   m.vocab_size = get<int64_t>(j, "vocab_size", 50257, source);
   m.block_size = get<int64_t>(j, "n_positions", get<int64_t>(j, "n_ctx", 1024, source), source);
   m.n_embd = get<int64_t>(j, "n_embd", 768, source);
@@ -106,7 +106,7 @@ HfConfig gpt2_from_hf(const nlohmann::json& j, const std::string& source) {
 HfConfig llama_from_hf(const nlohmann::json& j, const std::string& source) {
   HfConfig out;
   models::GPTConfig& m = out.model;
-  m.arch = "llama";
+  m.arch = models::ModelArch::Llama;
   m.vocab_size = get<int64_t>(j, "vocab_size", 32000, source);
   m.n_embd = get<int64_t>(j, "hidden_size", 4096, source);
   m.ffn_hidden = get<int64_t>(j, "intermediate_size", 11008, source);
@@ -217,7 +217,7 @@ std::vector<ConfigMismatch> compare_model(const models::GPTConfig& recipe, const
     if (r != w) out.push_back({field, r, w});
   };
   auto num = [](int64_t v) { return std::to_string(v); };
-  check("arch", recipe.arch, weights.arch);
+  check("arch", models::to_string(recipe.arch), models::to_string(weights.arch));
   if (!out.empty()) return out;  // every other field means something else in the other family
   check("n_layer", num(recipe.n_layer), num(weights.n_layer));
   check("n_head", num(recipe.n_head), num(weights.n_head));

@@ -77,7 +77,7 @@ nlohmann::json checkpoint_info(const Config& c, int64_t step, int world, const s
   for (const auto& t : tables) sharding.push_back(recsys::sharding_name(t.placement.sharding));
   return {{"step", step},
           {"optimizer_step", step},
-          {"model", "dlrm"},
+          {"model", models::to_string(models::ModelArch::Dlrm)},
           {"layout", {{"dp", world}, {"pp", 1}, {"tp", 1}, {"zero", 0}, {"tables", sharding}}},
           {"sampler", {{"seed", c.run.seed}, {"next_step", step + 1}}},
           {"rng", "examples are a function of their index and run.seed: a resumed run needs no saved data state"},
@@ -107,7 +107,7 @@ at::Tensor read_checked(checkpoint::CheckpointReader& reader, const std::string&
 
 void load_checkpoint(checkpoint::CheckpointReader& reader, const std::vector<recsys::TableDef>& tables,
                      recsys::EmbeddingBackend& emb, DenseAdam& adam, int rank, int world) {
-  if (reader.info().value("model", "") != "dlrm")
+  if (reader.info().value("model", "") != models::to_string(models::ModelArch::Dlrm))
     throw UsageError("checkpoint '" + reader.dir() + "' is not a DLRM checkpoint (model.arch differs)");
   at::NoGradGuard no_grad;
   for (size_t t = 0; t < tables.size(); ++t) {

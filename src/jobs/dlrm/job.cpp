@@ -240,8 +240,8 @@ void DlrmJob::add_metrics(obs::StepMetrics& m, const StepRecord& rec, double) {
   m.extra["tokens"] = static_cast<double>(rec.step * c_.train.global_batch);
   m.counts["embedding_bytes_sent"] = s.exchange_bytes;
   m.counts["table_bytes"] = result_.table_bytes_this_rank;
-  m.labels["sync_mode"] = c_.sync.mode;
-  m.labels["model"] = "dlrm";
+  m.labels["sync_mode"] = to_string(c_.sync.mode);
+  m.labels["model"] = models::to_string(c_.model.arch);
   if (recording_.tracer()) m.counts["trace_dropped_events"] = recording_.tracer()->dropped();
   char note[160];
   std::snprintf(note, sizeof note, "embeddings %.1f KiB sent", static_cast<double>(s.exchange_bytes) / 1024);

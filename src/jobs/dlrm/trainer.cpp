@@ -21,7 +21,7 @@ void check_dlrm_config(const Config& c, int world) {
     throw UsageError("model.arch = \"dlrm\" is data parallel with sharded tables: parallel.tp and parallel.pp must be 1");
   const SyncTraits sync = sync_traits(c.sync);
   if (c.dlrm.mode == "sharded" && !sync.lockstep)
-    throw UsageError("sync.mode = '" + c.sync.mode + "' needs dlrm.mode = \"ps\" (tables on the parameter server); "
+    throw UsageError(std::string("sync.mode = '") + to_string(c.sync.mode) + "' needs dlrm.mode = \"ps\" (tables on the parameter server); "
                      "sharded tables train in lockstep (sync.mode = \"sync\")");
   if (c.dlrm.mode == "ps" && !sync.parameter_server)
     throw UsageError("dlrm.mode = \"ps\" trains with bounded staleness: set sync.mode = \"ssp\" (or \"async\")");

@@ -277,7 +277,7 @@ void ElasticLoop::finish() {
 void check_elastic_config(const Config& c, int world) {
   if (!sync_traits(c.sync).elastic)
     throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) for now; sync.mode = \"" +
-                     c.sync.mode + "\" restarts from the newest checkpoint instead (--resume)");
+                     std::string(to_string(c.sync.mode)) + "\" restarts from the newest checkpoint instead (--resume)");
   if (c.comm.backend != "gloo")
     throw UsageError("elastic training rebuilds its groups without the lost ranks, which needs comm.backend = "
                      "\"gloo\" (MPI cannot shrink a communicator without the ULFM extension, which Debian's Open MPI "

@@ -630,7 +630,7 @@ std::string Run::checkpoint(int64_t step) {
     nlohmann::json info = state_to_info(CheckpointState{step, sampler_->state(), to_toml(c_), dims_.dp(), dims_.pp(),
                                                         dims_.tp(), dims_.zero});
     info["optimizer_step"] = optimizer_->step_count();
-    info["sync_mode"] = c_.sync.mode;
+    info["sync_mode"] = to_string(c_.sync.mode);
     checkpoints_.save(step, std::move(pieces), std::move(info));
     if (last || !c_.train.async_checkpoint) saved = checkpoints_.commit();
   }
@@ -651,7 +651,7 @@ void Run::add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed
   const SyncStats ss = sync_->stats();
   compute_s_ += std::max(0.0, rec.step_time_s - rec.exposed_comm_time_s - (ss.blocked_s - sync_blocked_s_));
   sync_blocked_s_ = ss.blocked_s;
-  m.labels["sync_mode"] = c_.sync.mode;
+  m.labels["sync_mode"] = to_string(c_.sync.mode);
   const bool flat = sync_traits_.mode == SyncMode::Sync && !c_.sync.hierarchical;
   m.counts["wan_bytes"] = !flat ? ss.wan_bytes : spans_clusters_ ? rs.bytes_sent * rec.step : 0;
   m.extra["sync_blocked_s"] = ss.blocked_s;

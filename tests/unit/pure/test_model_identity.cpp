@@ -4,6 +4,7 @@
 #include "crosstrain/models/model_identity.h"
 
 using crosstrain::models::GPTConfig;
+using crosstrain::models::ModelArch;
 using crosstrain::models::model_differences;
 using crosstrain::models::shortest_number;
 using Lines = std::vector<std::string>;
@@ -12,7 +13,7 @@ namespace {
 
 GPTConfig llama() {
   GPTConfig c;
-  c.arch = "llama";
+  c.arch = ModelArch::Llama;
   c.n_head = 4;
   c.n_embd = 64;
   return c;
@@ -43,7 +44,7 @@ TEST(ModelIdentity, EachShapeFieldIsNamedWithBothValues) {
 TEST(ModelIdentity, ArchIsNamedFirstAndFamilyFieldsOnlyBetweenLlamas) {
   GPTConfig gpt;
   GPTConfig now = gpt;
-  now.arch = "llama";
+  now.arch = ModelArch::Llama;
   now.tie_embeddings = true;
   now.rope_theta = 500000;
   EXPECT_EQ(model_differences(gpt, now), Lines{"model.arch: \"gpt\" -> \"llama\""});
@@ -102,7 +103,7 @@ TEST(ModelIdentity, LoraAlphaCountsAsTheAdaptersScale) {
 
 TEST(ModelIdentity, DlrmShapesAreTheDlrmSectionsToCompare) {
   GPTConfig a, b;
-  a.arch = b.arch = "dlrm";
+  a.arch = b.arch = ModelArch::Dlrm;
   b.n_layer = 9;
   EXPECT_EQ(model_differences(a, b), Lines{});
   EXPECT_EQ(model_differences(a, GPTConfig{}), Lines{"model.arch: \"dlrm\" -> \"gpt\""});

@@ -10,19 +10,19 @@
 
 #include "crosstrain/data/corpus.h"
 #include "crosstrain/data/tokenizer.h"
+#include "subprocess.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
 
 namespace {
 
+// `crosstrain COMMAND ARGS`: its output (stdout and stderr) and wait status, killed at the support library's deadline.
 std::string run(const std::string& args, int* status, const std::string& command = "tokenize") {
-  std::string out;
-  FILE* p = popen((std::string(CROSSTRAIN_BINARY) + " " + command + " " + args + " 2>&1").c_str(), "r");
-  char buffer[4096];
-  while (p && fgets(buffer, sizeof buffer, p)) out += buffer;
-  *status = p ? pclose(p) : -1;
-  return out;
+  const crosstrain::testing::ProcessResult r =
+      crosstrain::testing::run_shell(std::string(CROSSTRAIN_BINARY) + " " + command + " " + args);
+  *status = r.status;
+  return r.output;
 }
 
 // Under the test's own name: ctest runs each test in its own process, several at once.

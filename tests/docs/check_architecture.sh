@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # docs/architecture.md against the tree: every folder directly under src/ is a row of its layer table, the
 # table's "depends on" column holds exactly the edges of CMakeLists.txt (the DEPS of each crosstrain_layer call;
-# for apps, the crosstrain_<layer> targets that crosstrain_cli links), and README.md links the page.
+# for apps, the crosstrain_<layer> targets that crosstrain_cli links), every folder of tests/ mirrors one of src/
+# (or is support, docs, layers, install, net), and README.md links the page.
 #
 #   check_architecture.sh SOURCE_DIR      check; exit 1 naming every difference
 #   check_architecture.sh --self-test SOURCE_DIR
@@ -111,6 +112,17 @@ check() {
     fi
   done <<<"$doc_edges"
 
+  # (c) tests/ mirrors src/: every folder there tests a layer, or the repository as a whole.
+  for d in "$src"/tests/*/; do
+    [[ -d $d ]] || continue
+    d=$(basename "$d")
+    case $d in support|docs|layers|install|net) continue ;; esac
+    if [[ ! -d $src/src/$d ]]; then
+      echo "tests/$d/ mirrors no folder of src/: put its tests under tests/<layer>/ (support/ holds shared helpers)"
+      failures=$((failures + 1))
+    fi
+  done
+
   # (c) README.md links the page.
   if ! grep -qE '\]\((\./)?docs/architecture\.md(#[^)]*)?\)' "$readme"; then
     echo "README.md: no link to docs/architecture.md (e.g. [docs/architecture.md](docs/architecture.md))"
@@ -135,6 +147,7 @@ self_test() {
     cp "$src/CMakeLists.txt" "$src/README.md" "$tmp/t/"
     cp "$src/docs/architecture.md" "$tmp/t/docs/"
     local d; for d in "$src"/src/*/; do mkdir "$tmp/t/src/$(basename "$d")"; done
+    for d in "$src"/tests/*/; do mkdir -p "$tmp/t/tests/$(basename "$d")"; done
   }
   expect() {  # expect NAME pass|fail [PATTERN]
     local out rc=0
@@ -157,6 +170,7 @@ self_test() {
   expect new_cmake_edge_one_line fail "missing edge planner -> data"
   fresh; sed -i -E 's/^(\| *apps *\|.*\| *)jobs, /\1/' "$tmp/t/docs/architecture.md"
   expect missing_apps_edge fail "missing edge apps -> jobs"
+  fresh; mkdir "$tmp/t/tests/speed"; expect test_folder_by_kind fail "tests/speed/ mirrors no folder of src/"
   fresh; sed -i 's#\](docs/architecture.md)#]#g' "$tmp/t/README.md"
   expect readme_link fail "README.md: no link"
   return $bad

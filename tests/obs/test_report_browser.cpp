@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "chromium.h"
 #include "cli_fixture.h"
 #include "subprocess.h"
 #include "synthetic_run.h"
@@ -25,32 +26,6 @@ std::string read_file(const fs::path& path) {
   std::ostringstream text;
   text << in.rdbuf();
   return text.str();
-}
-
-struct BrowserRun {
-  std::string dom, log;  // stdout (the DOM with --dump-dom), stderr (its log, console messages included)
-  ProcessResult process;
-};
-
-// Chromium on `page` with a fresh profile; stdout and stderr into files, so the page's own text (which holds
-// Chart.js) cannot pass for a log line. The deadline kills its whole process group: it can never hang the test.
-BrowserRun run_chromium(const fs::path& page, const fs::path& work, const std::vector<std::string>& flags) {
-  static int runs = 0;
-  const fs::path dir = work / ("chromium-" + std::to_string(runs++));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  std::vector<std::string> argv = {"/bin/sh", "-c", "out=$1; err=$2; shift 2; exec \"$@\" >\"$out\" 2>\"$err\"",
-                                   "sh", (dir / "dom.html").string(), (dir / "log.txt").string(), kChromium,
-                                   "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                                   "--no-first-run", "--enable-logging=stderr", "--v=0",
-                                   "--user-data-dir=" + (dir / "profile").string()};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  argv.push_back("file://" + fs::absolute(page).string());
-  BrowserRun run;
-  run.process = run_process(argv, {}, std::chrono::seconds(90));
-  run.dom = read_file(dir / "dom.html");
-  run.log = read_file(dir / "log.txt");
-  return run;
 }
 
 // Lines of Chromium's log that report the page's console errors or uncaught exceptions.
@@ -82,7 +57,7 @@ std::pair<uint32_t, uint32_t> png_size(const std::string& png) {
 
 // Opens the report twice (DOM, screenshot) and checks both; returns the DOM.
 std::string check_in_browser(const fs::path& page, const fs::path& work, const std::string& screenshot_name) {
-  const BrowserRun dom = run_chromium(page, work, {"--dump-dom"});
+  const BrowserRun dom = run_chromium("file://" + fs::absolute(page).string(), work, {"--dump-dom"});
   EXPECT_FALSE(dom.process.timed_out) << dom.log;
   EXPECT_EQ(console_errors(dom.log), "") << "console errors in " << page;
   EXPECT_EQ(body_status(dom.dom), "ok") << dom.log;
@@ -90,7 +65,8 @@ std::string check_in_browser(const fs::path& page, const fs::path& work, const s
   const fs::path png = fs::path(CT_SCREENSHOT_DIR) / screenshot_name;
   fs::create_directories(png.parent_path());
   fs::remove(png);
-  const BrowserRun shot = run_chromium(page, work, {"--screenshot=" + png.string(), "--window-size=1400,2400"});
+  const BrowserRun shot = run_chromium("file://" + fs::absolute(page).string(), work,
+                                      {"--screenshot=" + png.string(), "--window-size=1400,2400"});
   EXPECT_FALSE(shot.process.timed_out) << shot.log;
   EXPECT_EQ(console_errors(shot.log), "");
   const std::string image = read_file(png);

@@ -9,12 +9,15 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "run_command.h"
+#include "subprocess.h"
 
 namespace {
 
+// The command's output (stdout and stderr) and its wait status; killed at the support library's deadline.
 std::string run(const std::string& command, int* status) {
-  return crosstrain::planner::testing_support::run_command(command, status);
+  const crosstrain::testing::ProcessResult r = crosstrain::testing::run_shell(command);
+  *status = r.status;
+  return r.output;
 }
 
 TEST(PlanToTrain, TheTrainerRunsTheSplitThePlannerChoseForUnequalDevices) {

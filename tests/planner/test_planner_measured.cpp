@@ -9,7 +9,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "run_command.h"
+#include "subprocess.h"
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/planner/cluster.h"
@@ -182,8 +182,11 @@ TEST(PlannerCalibrated, ZeroThreeNeedsOnePipelineStage) {
   for (const Layout& x : enumerate_layouts(m, c, o)) EXPECT_FALSE(x.zero == 3 && x.pp > 1) << x.describe();
 }
 
+// The command's output (stdout and stderr) and its wait status; killed at the support library's deadline.
 std::string run(const std::string& command, int* status) {
-  return crosstrain::planner::testing_support::run_command(command, status);
+  const crosstrain::testing::ProcessResult r = crosstrain::testing::run_shell(command);
+  *status = r.status;
+  return r.output;
 }
 
 TEST(PlannerCli, ARecipesClusterBatchIsPlannedAsTheTrainerReadsIt) {

@@ -12,6 +12,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/planner/cluster.h"
 #include "crosstrain/planner/search.h"
+#include "subprocess.h"
 
 namespace crosstrain::planner {
 namespace {
@@ -149,14 +150,11 @@ struct CommandRun {
 };
 
 CommandRun run_crosstrain(const std::string& args) {
+  const crosstrain::testing::ProcessResult p =
+      crosstrain::testing::run_shell(std::string("'") + CROSSTRAIN_BINARY + "' " + args);
   CommandRun r;
-  const std::string command = std::string("'") + CROSSTRAIN_BINARY + "' " + args + " 2>&1";
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return r;
-  char buffer[4096];
-  for (size_t n; (n = fread(buffer, 1, sizeof buffer, pipe)) > 0;) r.output.append(buffer, n);
-  const int status = pclose(pipe);
-  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.output = p.output;
+  r.status = WIFEXITED(p.status) ? WEXITSTATUS(p.status) : -1;
   return r;
 }
 

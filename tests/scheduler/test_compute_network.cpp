@@ -18,7 +18,7 @@
 #include <regex>
 #include <thread>
 
-#include "chromium_dom.h"
+#include "chromium.h"
 #include "crosstrain/scheduler/train_share.h"
 #include "subprocess.h"
 

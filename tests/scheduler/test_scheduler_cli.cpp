@@ -11,7 +11,7 @@
 #include <cstdlib>
 #include <thread>
 
-#include "chromium_dom.h"
+#include "chromium.h"
 #include "subprocess.h"
 
 using namespace crosstrain::testing;

@@ -14,7 +14,7 @@
 
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/service.h"
-#include "chromium_dom.h"
+#include "chromium.h"
 #include "scheduler_test_util.h"
 #include "subprocess.h"
 

@@ -100,6 +100,10 @@ ProcessResult run_process(const std::vector<std::string>& argv, const std::map<s
   return p.wait(deadline);
 }
 
+ProcessResult run_shell(const std::string& command, std::chrono::milliseconds deadline) {
+  return run_process({"/bin/sh", "-c", command}, {}, deadline);
+}
+
 int free_port() {
   int s = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in addr{};

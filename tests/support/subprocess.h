@@ -39,6 +39,10 @@ class Process {
 ProcessResult run_process(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env = {},
                           std::chrono::milliseconds deadline = std::chrono::milliseconds(60000));
 
+// `command` through /bin/sh -c: stdout and stderr together, killed with its process group at the deadline.
+ProcessResult run_shell(const std::string& command,
+                        std::chrono::milliseconds deadline = std::chrono::milliseconds(300000));
+
 // A TCP port that was free a moment ago.
 int free_port();
 

@@ -1,4 +1,6 @@
 // The `crosstrain` command: train, run, bench, demo.
+#include <torch/version.h>
+
 #include <CLI/CLI.hpp>
 #include <c10/util/Exception.h>
 
@@ -377,6 +379,9 @@ struct CommandLine {
 
   CommandLine() {
     app.require_subcommand(1);
+    // What it is and what it runs on today: libtorch on CPUs, Gloo and MPI between processes (no CUDA/NCCL yet).
+    app.set_version_flag("--version", std::string("crosstrain ") + CROSSTRAIN_VERSION + " (libtorch " +
+                                          TORCH_VERSION + ", CPU; Gloo and MPI back ends)");
     add_run_command(app, run);
     auto* bench = app.add_subcommand("bench", "benchmarks");
     bench->require_subcommand(1);

@@ -15,6 +15,7 @@
 #include "crosstrain/planner/estimate.h"
 #include "plan_reference.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/obs/gemm_timer.h"
 #include "crosstrain/core/threads.h"
 
 namespace crosstrain::apps {
@@ -33,31 +34,10 @@ at::ScalarType scalar_type(const std::string& dtype) {
   throw UsageError("calibrate: dtype '" + dtype + "': use fp32 or bf16");
 }
 
-// Calls of `f` per second over a run of at least `seconds` (and at least two calls).
-template <typename F>
-double calls_per_second(F&& f, double seconds) {
-  int64_t count = 0;
-  const auto start = Clock::now();
-  double elapsed = 0;
-  while (elapsed < seconds || count < 2) {
-    f();
-    ++count;
-    elapsed = seconds_since(start);
-  }
-  return static_cast<double>(count) / elapsed;
-}
-
-// FLOP/s of one shape, timed as jobs/gpt/peak_flops.cpp times the MFU denominator: random operands (zeros may take
-// fast paths), a warm-up that pays the first call's costs, then the better of two runs, so that a burst of
-// another process on the same core does not set the rate.
+// FLOP/s of one shape of the grid, timed by the one GEMM timer (obs/gemm_timer.h) that also gives the MFU
+// denominator (jobs/gpt/peak_flops.h).
 double gemm_rate(const GemmGridShape& s, at::ScalarType dtype, double seconds) {
-  const auto options = at::TensorOptions().dtype(dtype);
-  const at::Tensor a = at::randn({s.m, s.k}, options), b = at::randn({s.k, s.n}, options);
-  at::Tensor out = at::empty({s.m, s.n}, options);
-  const auto product = [&] { at::mm_out(out, a, b); };
-  calls_per_second(product, seconds / 2);
-  const double first = calls_per_second(product, seconds);
-  return s.flops() * std::max(first, calls_per_second(product, seconds));
+  return obs::time_gemm({"", s.m, s.k, s.n, false}, dtype, seconds);
 }
 
 double measure_memory_bandwidth(int64_t bytes, double seconds) {

@@ -13,6 +13,15 @@ namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 
+// What it is and what it runs on, without a command: the version, libtorch's, and the CPU-only build of today.
+TEST(TrainCli, VersionSaysWhatItRunsOn) {
+  const auto res = run_process({kBin, "--version"}, {}, milliseconds(30000));
+  EXPECT_EQ(res.exit_code(), 0) << res.output;
+  EXPECT_NE(res.output.find("crosstrain 0."), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("libtorch "), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("CPU"), std::string::npos) << res.output;
+}
+
 TEST(TrainCli, RecipeOnTwoRanksWritesMetrics) {
   // The acceptance command: gpt-tiny as shipped, 30 steps, 2 ranks.
   auto dir = fresh_dir("tiny30");

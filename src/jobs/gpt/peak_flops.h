@@ -12,17 +12,12 @@
 #include <vector>
 
 #include "crosstrain/models/gpt_config.h"
+#include "crosstrain/obs/gemm_timer.h"
 
 namespace crosstrain::train {
 
-// One product as the model runs it: x [m, k] times a weight of k inputs and n outputs (at::linear).
-struct GemmShape {
-  std::string name;  // qkv, proj, mlp_up, mlp_down, head
-  int64_t m = 0, k = 0, n = 0;
-  bool bias = true;  // the block's linears add a bias (fused into the product); the head has none
-  double flops() const { return 2.0 * static_cast<double>(m) * static_cast<double>(k) * static_cast<double>(n); }
-  std::string describe() const;  // "qkv 2048x128x384"
-};
+// One product as the model runs it (at::linear): timed by the one GEMM timer, obs/gemm_timer.h.
+using GemmShape = obs::GemmShape;
 
 // The forward products of one micro-batch of `model` (tokens_per_micro_batch rows each): the attention's qkv and
 // output projections, the MLP's two, and the head (the attention's own T x T products are smaller; left out).

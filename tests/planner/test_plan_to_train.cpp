@@ -21,7 +21,7 @@ std::string run(const std::string& command, int* status) {
 }
 
 TEST(PlanToTrain, TheTrainerRunsTheSplitThePlannerChoseForUnequalDevices) {
-  const std::string dir = testing::TempDir() + "plan-to-train";
+  const std::string dir = ::testing::TempDir() + "plan-to-train";
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   // Two one-device clusters; the first computes 3x faster, so it should take about 3 of gpt-tiny's 4 blocks.
   std::ofstream(dir + "/two.toml")

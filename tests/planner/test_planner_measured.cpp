@@ -190,7 +190,7 @@ std::string run(const std::string& command, int* status) {
 }
 
 TEST(PlannerCli, ARecipesClusterBatchIsPlannedAsTheTrainerReadsIt) {
-  const std::string dir = testing::TempDir() + "plan-cluster-batch";
+  const std::string dir = ::testing::TempDir() + "plan-cluster-batch";
   std::system(("rm -rf " + dir + " && mkdir -p " + dir).c_str());
   std::ofstream(dir + "/two.toml") << "[devices.x]\npeak_tflops = { fp32 = 1 }\nmemory_gb = 4\n"
                                       "[[clusters]]\nname = \"a\"\ndevice = \"x\"\n[[clusters]]\nname = \"b\"\ndevice = \"x\"\n";
@@ -204,7 +204,7 @@ TEST(PlannerCli, ARecipesClusterBatchIsPlannedAsTheTrainerReadsIt) {
 }
 
 TEST(PlannerCli, SimReplaysTheStepAndWritesATrace) {
-  const std::string trace = testing::TempDir() + "sim-trace.json";
+  const std::string trace = ::testing::TempDir() + "sim-trace.json";
   std::remove(trace.c_str());
   int status = 0;
   const std::string out = run(std::string(CROSSTRAIN_BINARY) + " sim gpt3-175b " + CROSSTRAIN_SOURCE_DIR +

@@ -109,60 +109,47 @@ Field bool_field(const char* section, const char* key, bool& ref) {
           [&ref] { return std::string(ref ? "true" : "false"); }};
 }
 
+// Adds each key a layer's visit_keys names (models/gpt_config.h, data/dataset.h, ...) to the table, as a Field of
+// `section`: the layers declare their keys, this file knows TOML.
+struct KeyAdder {
+  std::vector<Field>& out;
+  const char* section;
+  void operator()(const char* key, int64_t& ref) { out.push_back(int_field(section, key, ref)); }
+  void operator()(const char* key, uint64_t& ref) { out.push_back(uint_field(section, key, ref)); }
+  void operator()(const char* key, double& ref) { out.push_back(double_field(section, key, ref)); }
+  void operator()(const char* key, std::string& ref) { out.push_back(string_field(section, key, ref)); }
+  void operator()(const char* key, bool& ref) { out.push_back(bool_field(section, key, ref)); }
+  template <typename Enum>
+  void operator()(const char* key, Enum& ref, Enum (*parse)(const std::string&), const char* (*name)(Enum)) {
+    out.push_back(named_field(section, key, ref, parse, name));
+  }
+};
+
+template <typename Section>
+void add_keys(std::vector<Field>& out, const char* name, Section& section) {
+  visit_keys(section, KeyAdder{out, name});
+}
+
 // The [run], [model] and [data] keys (fields() lists the others after them).
 std::vector<Field> run_model_data_fields(Config& c) {
-  return {
+  std::vector<Field> all = {
       string_field("run", "name", c.run.name),
       string_field("run", "dir", c.run.dir),
       uint_field("run", "seed", c.run.seed),
       int_field("run", "log_every", c.run.log_every),
       string_field("run", "secret_file", c.run.secret_file),
       bool_field("run", "work_log", c.run.work_log),
-      int_field("model", "n_layer", c.model.n_layer),
-      int_field("model", "n_head", c.model.n_head),
-      int_field("model", "n_embd", c.model.n_embd),
-      int_field("model", "block_size", c.model.block_size),
-      int_field("model", "vocab_size", c.model.vocab_size),
-      double_field("model", "dropout", c.model.dropout),
-      named_field("model", "arch", c.model.arch, models::parse_model_arch, models::to_string),
-      int_field("model", "n_kv_head", c.model.n_kv_head),
-      int_field("model", "ffn_hidden", c.model.ffn_hidden),
-      double_field("model", "rope_theta", c.model.rope_theta),
-      double_field("model", "norm_eps", c.model.norm_eps),
-      bool_field("model", "tie_embeddings", c.model.tie_embeddings),
-      int_field("model", "lora_rank", c.model.lora_rank),
-      double_field("model", "lora_alpha", c.model.lora_alpha),
-      string_field("model", "init_from", c.model_init_from),
-      string_field("data", "path", c.data.path),
-      string_field("data", "format", c.data.format),
-      double_field("data", "val_fraction", c.data.val_fraction),
-      string_field("data", "tokenizer", c.data.tokenizer),
-      int_field("data", "eos_token", c.data.eos_token),
-      string_field("dlrm", "tables", c.dlrm.tables),
-      int_field("dlrm", "embedding_dim", c.dlrm.embedding_dim),
-      int_field("dlrm", "dense_features", c.dlrm.dense_features),
-      int_field("dlrm", "multi_hot", c.dlrm.multi_hot),
-      string_field("dlrm", "pooling", c.dlrm.pooling),
-      string_field("dlrm", "bottom_mlp", c.dlrm.bottom_mlp),
-      string_field("dlrm", "top_mlp", c.dlrm.top_mlp),
-      string_field("dlrm", "sharding", c.dlrm.sharding),
-      int_field("dlrm", "memory_budget_mb", c.dlrm.memory_budget_mb),
-      string_field("dlrm", "sparse_optimizer", c.dlrm.sparse_optimizer),
-      double_field("dlrm", "sparse_lr", c.dlrm.sparse_lr),
-      string_field("dlrm", "data", c.dlrm.data),
-      double_field("dlrm", "zipf", c.dlrm.zipf),
-      double_field("dlrm", "signal", c.dlrm.signal),
-      double_field("dlrm", "click_rate", c.dlrm.click_rate),
-      double_field("dlrm", "val_fraction", c.dlrm.val_fraction),
-      string_field("dlrm", "mode", c.dlrm.mode),
-      string_field("dlrm", "ps_storage", c.dlrm.ps_storage),
-      int_field("dlrm", "cache_rows", c.dlrm.cache_rows),
   };
+  add_keys(all, "model", c.model);
+  all.push_back(string_field("model", "init_from", c.model_init_from));  // the run's, not the model shape's
+  add_keys(all, "data", c.data);
+  add_keys(all, "dlrm", c.dlrm);
+  return all;
 }
 
-std::vector<Field> fields(Config& c) {
-  std::vector<Field> all = run_model_data_fields(c);
-  std::vector<Field> rest{
+// The [train] keys.
+std::vector<Field> train_fields(Config& c) {
+  return {
       int_field("train", "steps", c.train.steps),
       int_field("train", "global_batch", c.train.global_batch),
       int_field("train", "micro_batches", c.train.micro_batches),
@@ -185,22 +172,12 @@ std::vector<Field> fields(Config& c) {
       string_field("train", "precision", c.train.precision),
       string_field("train", "recompute", c.train.recompute),
       string_field("train", "freeze", c.train.freeze),
-      int_field("parallel", "dp", c.parallel.dp),
-      int_field("parallel", "pp", c.parallel.pp),
-      int_field("parallel", "tp", c.parallel.tp),
-      bool_field("parallel", "sequence_parallel", c.parallel.sequence_parallel),
-      string_field("parallel", "schedule", c.parallel.schedule),
-      int_field("parallel", "microbatches", c.parallel.microbatches),
-      int_field("parallel", "chunks", c.parallel.chunks),
-      string_field("parallel", "stage_layers", c.parallel.stage_layers),
-      double_field("parallel", "bucket_mb", c.parallel.bucket_mb),
-      int_field("parallel", "zero", c.parallel.zero),
-      string_field("comm", "backend", c.comm.backend),
-      double_field("comm", "timeout_s", c.comm.timeout_s),
-      bool_field("comm", "shared_memory", c.comm.shared_memory),
-      string_field("comm", "compression", c.comm.compression),
-      string_field("comm", "algo", c.comm.algo),
-      string_field("comm", "topology", c.comm.topology),
+  };
+}
+
+// The [sync] and [elastic] keys.
+std::vector<Field> sync_elastic_fields(Config& c) {
+  return {
       named_field("sync", "mode", c.sync.mode, parse_sync_mode, to_string),
       int_field("sync", "clusters", c.sync.clusters),
       string_field("sync", "topology", c.sync.topology),
@@ -222,16 +199,12 @@ std::vector<Field> fields(Config& c) {
       int_field("elastic", "failure_timeout_ms", c.elastic.failure_timeout_ms),
       int_field("elastic", "min_replicas", c.elastic.min_replicas),
       int_field("elastic", "max_restarts", c.elastic.max_restarts),
-      bool_field("obs", "trace", c.obs.trace),
-      int_field("obs", "trace_flush_every", c.obs.trace_flush_every),
-      int_field("obs", "trace_buffer_events", c.obs.trace_buffer_events),
-      int_field("obs", "flight_records", c.obs.flight_records),
-      int_field("obs", "straggler_every", c.obs.straggler_every),
-      double_field("obs", "straggler_margin", c.obs.straggler_margin),
-      double_field("obs", "straggler_min_ms", c.obs.straggler_min_ms),
-      int_field("obs", "straggler_windows", c.obs.straggler_windows),
-      int_field("obs", "metrics_port", c.obs.metrics_port),
-      string_field("obs", "metrics_host", c.obs.metrics_host),
+  };
+}
+
+// The [debug] keys: switches for tests only.
+std::vector<Field> debug_fields(Config& c) {
+  return {
       int_field("debug", "fault_save_delay_ms", c.debug.checkpoint.save_delay_ms),
       bool_field("debug", "fault_commit_rename", c.debug.checkpoint.commit_rename),
       string_field("debug", "elastic_kill", c.debug.elastic_kill),
@@ -239,7 +212,22 @@ std::vector<Field> fields(Config& c) {
       bool_field("debug", "elastic_digest", c.debug.elastic_digest),
       string_field("debug", "skip_collective", c.debug.skip_collective),
   };
-  all.insert(all.end(), rest.begin(), rest.end());
+}
+
+void append(std::vector<Field>& all, std::vector<Field> more) {
+  all.insert(all.end(), std::make_move_iterator(more.begin()), std::make_move_iterator(more.end()));
+}
+
+// Every key, section by section, in the order config.toml lists them. The sections of a lower layer are its own
+// (visit_keys beside the struct); [run], [train], [sync], [elastic] and [debug] are the train layer's.
+std::vector<Field> fields(Config& c) {
+  std::vector<Field> all = run_model_data_fields(c);
+  append(all, train_fields(c));
+  add_keys(all, "parallel", c.parallel);
+  add_keys(all, "comm", c.comm);
+  append(all, sync_elastic_fields(c));
+  add_keys(all, "obs", c.obs);
+  append(all, debug_fields(c));
   return all;
 }
 

@@ -28,6 +28,19 @@ struct CommConfig {
   Millis timeout() const { return Millis(std::llround(timeout_s * 1000)); }
 };
 
+// The [comm] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
+// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
+// name parsed into an enum), so a new key of this section is one line here.
+template <typename Key>
+void visit_keys(CommConfig& c, Key&& key) {
+  key("backend", c.backend);
+  key("timeout_s", c.timeout_s);
+  key("shared_memory", c.shared_memory);
+  key("compression", c.compression);
+  key("algo", c.algo);
+  key("topology", c.topology);
+}
+
 // Checks algo, topology and compression (throws UsageError naming the bad value and the choices) without
 // communicating. The back end is checked by init_world, which knows how the process was started.
 void validate(const CommConfig& config);

@@ -52,6 +52,18 @@ struct DatasetConfig {
   int64_t eos_token = -1;  // jsonl: the end-of-text id after each response; -1: byte 0 (bytes only)
 };
 
+// The [data] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
+// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
+// name parsed into an enum), so a new key of this section is one line here.
+template <typename Key>
+void visit_keys(DatasetConfig& c, Key&& key) {
+  key("path", c.path);
+  key("format", c.format);
+  key("val_fraction", c.val_fraction);
+  key("tokenizer", c.tokenizer);
+  key("eos_token", c.eos_token);
+}
+
 struct Splits {
   TokenStream train, val;
   std::string description;  // "2.4 MB of text from 42 files" etc.

@@ -53,4 +53,25 @@ struct GPTConfig {
   double flops_per_token() const;
 };
 
+// The [model] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
+// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
+// name parsed into an enum), so a new key of this section is one line here.
+template <typename Key>
+void visit_keys(GPTConfig& c, Key&& key) {
+  key("n_layer", c.n_layer);
+  key("n_head", c.n_head);
+  key("n_embd", c.n_embd);
+  key("block_size", c.block_size);
+  key("vocab_size", c.vocab_size);
+  key("dropout", c.dropout);
+  key("arch", c.arch, parse_model_arch, to_string);
+  key("n_kv_head", c.n_kv_head);
+  key("ffn_hidden", c.ffn_hidden);
+  key("rope_theta", c.rope_theta);
+  key("norm_eps", c.norm_eps);
+  key("tie_embeddings", c.tie_embeddings);
+  key("lora_rank", c.lora_rank);
+  key("lora_alpha", c.lora_alpha);
+}
+
 }  // namespace crosstrain::models

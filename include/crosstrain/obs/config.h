@@ -20,4 +20,21 @@ struct ObsConfig {
   std::string metrics_host = "127.0.0.1";
 };
 
+// The [obs] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
+// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
+// name parsed into an enum), so a new key of this section is one line here.
+template <typename Key>
+void visit_keys(ObsConfig& c, Key&& key) {
+  key("trace", c.trace);
+  key("trace_flush_every", c.trace_flush_every);
+  key("trace_buffer_events", c.trace_buffer_events);
+  key("flight_records", c.flight_records);
+  key("straggler_every", c.straggler_every);
+  key("straggler_margin", c.straggler_margin);
+  key("straggler_min_ms", c.straggler_min_ms);
+  key("straggler_windows", c.straggler_windows);
+  key("metrics_port", c.metrics_port);
+  key("metrics_host", c.metrics_host);
+}
+
 }  // namespace crosstrain::obs

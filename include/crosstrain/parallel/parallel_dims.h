@@ -27,6 +27,23 @@ struct ParallelConfig {
   int64_t zero = 0;               // ZeRO stage over the dp axis: 0 plain, 1 optimizer state, 2 + gradients, 3 + parameters
 };
 
+// The [parallel] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
+// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
+// name parsed into an enum), so a new key of this section is one line here.
+template <typename Key>
+void visit_keys(ParallelConfig& c, Key&& key) {
+  key("dp", c.dp);
+  key("pp", c.pp);
+  key("tp", c.tp);
+  key("sequence_parallel", c.sequence_parallel);
+  key("schedule", c.schedule);
+  key("microbatches", c.microbatches);
+  key("chunks", c.chunks);
+  key("stage_layers", c.stage_layers);
+  key("bucket_mb", c.bucket_mb);
+  key("zero", c.zero);
+}
+
 struct ParallelDims {
   MeshShape shape;
   bool sequence_parallel = false;

@@ -42,6 +42,32 @@ struct DlrmConfig {
   int64_t parameter_count() const;             // tables + MLPs
 };
 
+// The [dlrm] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
+// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
+// name parsed into an enum), so a new key of this section is one line here.
+template <typename Key>
+void visit_keys(DlrmConfig& c, Key&& key) {
+  key("tables", c.tables);
+  key("embedding_dim", c.embedding_dim);
+  key("dense_features", c.dense_features);
+  key("multi_hot", c.multi_hot);
+  key("pooling", c.pooling);
+  key("bottom_mlp", c.bottom_mlp);
+  key("top_mlp", c.top_mlp);
+  key("sharding", c.sharding);
+  key("memory_budget_mb", c.memory_budget_mb);
+  key("sparse_optimizer", c.sparse_optimizer);
+  key("sparse_lr", c.sparse_lr);
+  key("data", c.data);
+  key("zipf", c.zipf);
+  key("signal", c.signal);
+  key("click_rate", c.click_rate);
+  key("val_fraction", c.val_fraction);
+  key("mode", c.mode);
+  key("ps_storage", c.ps_storage);
+  key("cache_rows", c.cache_rows);
+}
+
 // Checks that need no world size; UsageError names the key (dlrm.tables etc.) and the fix.
 void check_dlrm(const DlrmConfig& c);
 

@@ -128,6 +128,17 @@ pid_t spawn(const std::vector<std::string>& command, const std::map<std::string,
   _exit(127);
 }
 
+// Reaps rank `pid` once it has exited, ending first what it left running in its process group (a background
+// child, a shell's half-started pipeline): nothing else would, since only running ranks are signalled. The
+// group is killed while the exited rank is still a zombie, so its id cannot have been given to another process.
+bool reap_with_group(pid_t pid, int& status) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 || info.si_pid != pid)
+    return false;
+  kill(-pid, SIGKILL);
+  return waitpid(pid, &status, 0) == pid;
+}
+
 void signal_all(std::vector<Rank>& ranks, int sig) {
   for (auto& r : ranks) {
     if (!r.running) continue;
@@ -276,7 +287,7 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
     for (auto& r : ranks) {
       if (!r.running) continue;
       int status = 0;
-      if (waitpid(r.pid, &status, WNOHANG) != r.pid) continue;
+      if (!reap_with_group(r.pid, status)) continue;
       r.running = false;
       r.status = status;
       if (!failed(status)) ++succeeded;

@@ -27,12 +27,6 @@ std::string tables_named(const std::vector<int64_t>& counts) {
   return (n == 1 ? "table " : "tables ") + names;
 }
 
-at::Tensor request_header(int64_t type, int64_t clock, const std::vector<int64_t>& counts) {
-  std::vector<int64_t> h{type, clock};
-  h.insert(h.end(), counts.begin(), counts.end());
-  return long_tensor(h);
-}
-
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 
 }  // namespace
@@ -48,7 +42,11 @@ struct SparseParameterServer::Routed {
 SparseParameterServer::SparseParameterServer(comm::Communicator& group, const std::vector<TableShape>& tables,
                                              const SparseOptimizerConfig& opt, const TableStorage& storage,
                                              uint64_t seed, comm::Millis timeout)
-    : group_(group), timeout_(timeout), rank_(group.rank()), size_(group.size()), shapes_(tables), opt_(opt) {
+    : rank_(group.rank()),
+      size_(group.size()),
+      shapes_(tables),
+      opt_(opt),
+      core_(group, timeout, "sparse parameter server", kTagRequest, 2 + static_cast<int64_t>(tables.size())) {
   check_sparse_optimizer(opt);
   TableStorage mine = storage;
   if (storage.kind == "mmap") {
@@ -64,15 +62,13 @@ SparseParameterServer::SparseParameterServer(comm::Communicator& group, const st
     shards_.push_back(std::make_unique<EmbeddingShard>(t, s.rows, s.dim, block.first, block.last - block.first, 0,
                                                        s.dim, opt, mine, seed));
   }
-  clocks_.assign(size_, 0);
-  for (int w = 0; w < size_; ++w)
-    if (w != rank_) threads_.emplace_back([this, w] { serve(w); });
+  core_.start([this](int worker, const at::Tensor& header) { serve(worker, header); });
 }
 
-SparseParameterServer::~SparseParameterServer() {
-  stop_ = true;
-  for (auto& t : threads_)
-    if (t.joinable()) t.join();
+at::Tensor SparseParameterServer::request_header(int64_t type, int64_t clock, const std::vector<int64_t>& counts) const {
+  at::Tensor h = core_.header(type, clock);
+  std::copy(counts.begin(), counts.end(), h.data_ptr<int64_t>() + 2);
+  return h;
 }
 
 EmbeddingShard& SparseParameterServer::shard(int t) {
@@ -88,10 +84,7 @@ int64_t SparseParameterServer::server_bytes() const {
   return b;
 }
 
-int64_t SparseParameterServer::pushes_applied() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return version_;
-}
+int64_t SparseParameterServer::pushes_applied() const { return core_.clocks().version; }
 
 int64_t SparseParameterServer::rows_elements(const std::vector<int64_t>& counts) const {
   int64_t n = 0;
@@ -145,8 +138,8 @@ void SparseParameterServer::fail(const std::exception& e, const char* op, int se
 }
 
 std::vector<at::Tensor> SparseParameterServer::pull(const std::vector<at::Tensor>& ids) {
-  rethrow_server_failure();
-  if (finished_) throw Error("sparse parameter server: pull after finish()");
+  core_.check_usable("pull");
+  comm::Communicator& group = core_.group();
   const Routed r = route(ids, "pull");
   std::vector<at::Tensor> headers(size_), id_msgs(size_), replies(size_);
   std::vector<std::vector<comm::WorkPtr>> works(size_);
@@ -156,15 +149,15 @@ std::vector<at::Tensor> SparseParameterServer::pull(const std::vector<at::Tensor
     if (s == rank_) continue;
     headers[s] = request_header(kPull, 0, r.counts[s]);
     replies[s] = at::empty({rows_elements(r.counts[s])}, at::kFloat);
-    works[s].push_back(group_.send(headers[s], s, kTagRequest));
-    works[s].push_back(group_.send(id_msgs[s], s, kTagIds));
-    works[s].push_back(group_.recv(replies[s], s, kTagRows));
-    bytes_sent_ += (headers[s].numel() + id_msgs[s].numel()) * 8;
+    works[s].push_back(group.send(headers[s], s, kTagRequest));
+    works[s].push_back(group.send(id_msgs[s], s, kTagIds));
+    works[s].push_back(group.recv(replies[s], s, kTagRows));
+    core_.count_bytes((headers[s].numel() + id_msgs[s].numel()) * 8);
   }
   if (!r.ids[rank_].empty()) replies[rank_] = serve_pull(rank_, r.counts[rank_], id_msgs[rank_]);
   for (int s = 0; s < size_; ++s) {
     try {
-      for (auto& w : works[s]) w->wait(timeout_);
+      for (auto& w : works[s]) w->wait(core_.timeout());
     } catch (const std::exception& e) {
       fail(e, "pull", s, r.counts[s]);
     }
@@ -180,14 +173,14 @@ std::vector<at::Tensor> SparseParameterServer::pull(const std::vector<at::Tensor
       offset += n * dim;
     }
   }
-  rethrow_server_failure();
+  core_.rethrow_failure();
   return out;
 }
 
 SparseParameterServer::PushReply SparseParameterServer::push(const std::vector<at::Tensor>& ids,
                                                              const std::vector<at::Tensor>& grads, int64_t clock) {
-  rethrow_server_failure();
-  if (finished_) throw Error("sparse parameter server: push after finish()");
+  core_.check_usable("push");
+  comm::Communicator& group = core_.group();
   if (opt_.kind == "adam" && clock < 1)
     throw Error("sparse parameter server push: adam's step (the clock) starts at 1, got " + std::to_string(clock));
   const Routed r = route(ids, "push");
@@ -213,70 +206,42 @@ SparseParameterServer::PushReply SparseParameterServer::push(const std::vector<a
     acks[s] = at::zeros({3}, at::kLong);
     if (s == rank_) continue;
     headers[s] = request_header(kPush, clock, r.counts[s]);
-    works[s].push_back(group_.send(headers[s], s, kTagRequest));
+    works[s].push_back(group.send(headers[s], s, kTagRequest));
     if (!r.ids[s].empty()) {
-      works[s].push_back(group_.send(id_msgs[s], s, kTagIds));
-      works[s].push_back(group_.send(grad_msgs[s], s, kTagGrads));
+      works[s].push_back(group.send(id_msgs[s], s, kTagIds));
+      works[s].push_back(group.send(grad_msgs[s], s, kTagGrads));
     }
-    works[s].push_back(group_.recv(acks[s], s, kTagAck));
-    bytes_sent_ += (headers[s].numel() + id_msgs[s].numel()) * 8 + grad_msgs[s].numel() * 4;
+    works[s].push_back(group.recv(acks[s], s, kTagAck));
+    core_.count_bytes((headers[s].numel() + id_msgs[s].numel()) * 8 + grad_msgs[s].numel() * 4);
   }
   serve_push(rank_, clock, r.counts[rank_], id_msgs[rank_], grad_msgs[rank_], acks[rank_]);
   PushReply reply;
   reply.min_clock = INT64_MAX;
   for (int s = 0; s < size_; ++s) {
     try {
-      for (auto& w : works[s]) w->wait(timeout_);
+      for (auto& w : works[s]) w->wait(core_.timeout());
     } catch (const std::exception& e) {
       fail(e, "push", s, r.counts[s]);
     }
     const int64_t* a = acks[s].data_ptr<int64_t>();
     if (a[1] < reply.min_clock) reply = PushReply{a[1], static_cast<int>(a[2])};
   }
-  rethrow_server_failure();
+  core_.rethrow_failure();
   return reply;
 }
 
 SparseParameterServer::PushReply SparseParameterServer::local_clocks() const {
-  rethrow_server_failure();
-  std::lock_guard<std::mutex> lock(mutex_);
-  const auto slowest = std::min_element(clocks_.begin(), clocks_.end());
-  return PushReply{*slowest, static_cast<int>(slowest - clocks_.begin())};
+  const comm::ParamServerCore::Clocks c = core_.clocks();
+  return PushReply{c.min_clock, c.slowest};
 }
 
-void SparseParameterServer::finish() {
-  if (finished_) return;
-  finished_ = true;
-  std::vector<at::Tensor> byes;
-  std::vector<comm::WorkPtr> sends;
-  for (int s = 0; s < size_; ++s) {
-    if (s == rank_) continue;
-    byes.push_back(request_header(kBye, 0, std::vector<int64_t>(tables(), 0)));
-    sends.push_back(group_.send(byes.back(), s, kTagRequest));
-  }
-  for (size_t i = 0; i < sends.size(); ++i) {
-    const int s = static_cast<int>(i) + (static_cast<int>(i) >= rank_ ? 1 : 0);
-    try {
-      sends[i]->wait(timeout_);
-    } catch (const std::exception& e) {
-      fail(e, "goodbye", s, {});
-    }
-  }
-  for (auto& t : threads_)
-    if (t.joinable()) t.join();
-  rethrow_server_failure();
-}
-
-void SparseParameterServer::rethrow_server_failure() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (server_failure_) std::rethrow_exception(server_failure_);
-}
+void SparseParameterServer::finish() { core_.finish(); }
 
 // --- server side --------------------------------------------------------------------------------------------
 
 at::Tensor SparseParameterServer::serve_pull(int worker, const std::vector<int64_t>& counts, const at::Tensor& ids) {
   std::vector<at::Tensor> parts;
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(core_.mutex());
   int64_t offset = 0;
   for (int t = 0; t < tables(); ++t) {
     const int64_t n = counts[t];
@@ -295,7 +260,7 @@ at::Tensor SparseParameterServer::serve_pull(int worker, const std::vector<int64
 
 void SparseParameterServer::serve_push(int worker, int64_t clock, const std::vector<int64_t>& counts,
                                        const at::Tensor& ids, const at::Tensor& grads, at::Tensor& ack) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::lock_guard<std::mutex> lock(core_.mutex());
   int64_t id_offset = 0, grad_offset = 0;
   for (int t = 0; t < tables(); ++t) {
     const int64_t n = counts[t], dim = shapes_[t].dim;
@@ -312,16 +277,14 @@ void SparseParameterServer::serve_push(int worker, int64_t clock, const std::vec
     id_offset += n;
     grad_offset += n * dim;
   }
-  clocks_[worker] = std::max(clocks_[worker], clock);
-  ++version_;
-  const auto slowest = std::min_element(clocks_.begin(), clocks_.end());
+  const comm::ParamServerCore::Clocks c = core_.record_push_locked(worker, clock);
   int64_t* a = ack.data_ptr<int64_t>();
-  a[0] = version_;
-  a[1] = *slowest;
-  a[2] = slowest - clocks_.begin();
+  a[0] = c.version;
+  a[1] = c.min_clock;
+  a[2] = c.slowest;
 }
 
-void SparseParameterServer::serve_one(int worker, const at::Tensor& header) {
+void SparseParameterServer::serve(int worker, const at::Tensor& header) {
   const int64_t* h = header.data_ptr<int64_t>();
   const int64_t type = h[0], clock = h[1];
   const std::vector<int64_t> counts(h + 2, h + 2 + tables());
@@ -330,47 +293,25 @@ void SparseParameterServer::serve_one(int worker, const at::Tensor& header) {
     if (type != kPull && type != kPush) throw Error("unknown request type " + std::to_string(type));
     for (int64_t c : counts)
       if (c < 0) throw Error("negative row count in the request header");
+    comm::Communicator& group = core_.group();
     at::Tensor ids = at::empty({sum(counts)}, at::kLong);
     at::Tensor grads = at::empty({type == kPush ? rows_elements(counts) : 0}, at::kFloat);
     if (ids.numel() > 0) {
-      group_.recv(ids, worker, kTagIds)->wait(timeout_);
-      if (type == kPush) group_.recv(grads, worker, kTagGrads)->wait(timeout_);
+      group.recv(ids, worker, kTagIds)->wait(core_.timeout());
+      if (type == kPush) group.recv(grads, worker, kTagGrads)->wait(core_.timeout());
     }
     at::Tensor reply;
     if (type == kPull) {
       reply = serve_pull(worker, counts, ids);
-      group_.send(reply, worker, kTagRows)->wait(timeout_);
+      group.send(reply, worker, kTagRows)->wait(core_.timeout());
     } else {
       reply = at::zeros({3}, at::kLong);
       serve_push(worker, clock, counts, ids, grads, reply);
-      group_.send(reply, worker, kTagAck)->wait(timeout_);
+      group.send(reply, worker, kTagAck)->wait(core_.timeout());
     }
-    bytes_sent_ += reply.numel() * reply.element_size();
+    core_.count_bytes(reply.numel() * reply.element_size());
   } catch (const std::exception& e) {
     throw Error(std::string(op) + " of " + tables_named(counts) + ": " + e.what());
-  }
-}
-
-void SparseParameterServer::serve(int worker) {
-  // One thread per remote worker, blocked on that worker's next request (Gloo's receives cannot be polled).
-  // Every push reaches every server, so a live worker sends one at least every step: twice the timeout covers
-  // a step and a slow peer's own error first.
-  try {
-    for (;;) {
-      at::Tensor header = at::empty({2 + tables()}, at::kLong);
-      try {
-        group_.recv(header, worker, kTagRequest)->wait(2 * timeout_);
-      } catch (const std::exception& e) {
-        throw Error(std::string("waiting for its next request (every push reaches every server): ") + e.what());
-      }
-      if (header[0].item<int64_t>() == kBye || stop_) break;
-      serve_one(worker, header);
-    }
-  } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!server_failure_)
-      server_failure_ = std::make_exception_ptr(Error("sparse parameter server of rank " + std::to_string(rank_) +
-                                                      ", serving worker " + std::to_string(worker) + ": " + e.what()));
   }
 }
 

@@ -1,5 +1,6 @@
 # Ranks as threads over the in-process back end.
-add_executable(comm_fake_tests comm/test_fake_comm.cpp comm/test_compressed_allreduce.cpp comm/test_algorithm_comm.cpp)
+add_executable(comm_fake_tests comm/test_fake_comm.cpp comm/test_compressed_allreduce.cpp comm/test_algorithm_comm.cpp
+               comm/test_param_server_core.cpp)
 target_link_libraries(comm_fake_tests PRIVATE ct_test_support GTest::gtest_main)
 gtest_discover_tests(comm_fake_tests PROPERTIES LABELS comm TIMEOUT 300 DISCOVERY_TIMEOUT 60)
 # Pure logic without communication: gradient codecs, the cost model.

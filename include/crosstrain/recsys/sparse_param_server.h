@@ -1,11 +1,11 @@
 // Tables beyond one process's memory (issue 18, item 4): a sharded parameter server for embedding tables, and a
 // worker-side cache of hot rows with bounded staleness.
 //
-// Every rank of the group is a server and a worker (as sync/param_server.h). Each table is split by rows
+// Every rank of the group is a server and a worker, on the skeleton every parameter server shares
+// (comm/param_server_core.h: a thread per other worker, clocks, goodbye, failures). Each table is split by rows
 // over all ranks in contiguous blocks (row_block: the first rows % world ranks one row more); rank r serves its
-// blocks as EmbeddingShard objects (whole rows, in memory or in memory-mapped files under storage.dir/rank<r>),
-// with one thread per other worker, each blocked on that worker's next request; requests to its own rank are
-// handled in place. A server serialises the updates of its shards with one mutex.
+// blocks as EmbeddingShard objects (whole rows, in memory or in memory-mapped files under storage.dir/rank<r>).
+// A server serialises the updates of its shards with the core's mutex.
 //
 //   pull(ids per table)        one round trip per server holding any of the rows (servers with none: skipped)
 //   push(ids, grads, clock)    one round trip per server, every server (a header alone where it holds none of
@@ -18,7 +18,7 @@
 //   grads (push)    float [sum over tables of count * dim] (when the sum is not 0)
 // server s -> worker w:  pull: rows float [sum of count * dim];  push: ack int64 [3]: version, min clock, slowest.
 // Because every push reaches every server, a server hears from every worker at least once a step: its wait for
-// the next request is bounded (2 x timeout, as the dense server's) and a worker that vanished is reported.
+// the next request is bounded (2 x timeout, the core's) and a worker that vanished is reported.
 //
 // Every receive and send waits at most the timeout; a failure names the rank, the operation, the server or
 // worker and the tables. A server thread's failure is rethrown by the next call of the worker on that rank.
@@ -26,16 +26,13 @@
 
 #include <ATen/core/Tensor.h>
 
-#include <atomic>
 #include <cstdint>
-#include <exception>
 #include <memory>
-#include <mutex>
-#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/comm/param_server_core.h"
 #include "crosstrain/recsys/embedding_table.h"
 #include "crosstrain/recsys/sharding_plan.h"
 
@@ -49,7 +46,6 @@ class SparseParameterServer {
   SparseParameterServer(comm::Communicator& group, const std::vector<TableShape>& tables,
                         const SparseOptimizerConfig& opt, const TableStorage& storage, uint64_t seed,
                         comm::Millis timeout);
-  ~SparseParameterServer();
   SparseParameterServer(const SparseParameterServer&) = delete;
   SparseParameterServer& operator=(const SparseParameterServer&) = delete;
 
@@ -79,38 +75,28 @@ class SparseParameterServer {
   // This rank's block of table `t` (checkpoints read and write its weight and state in place; take it after
   // finish(), or while no worker pushes).
   EmbeddingShard& shard(int t);
-  int64_t bytes_sent() const { return bytes_sent_; }  // requests sent by this worker and replies by its server
+  int64_t bytes_sent() const { return core_.bytes_sent(); }  // requests sent by this worker and replies by its server
   int64_t server_bytes() const;                        // weights and optimizer state held by this rank
   int64_t pushes_applied() const;                      // pushes (of any worker) this rank's server applied
 
  private:
-  enum Type : int64_t { kPull = 1, kPush = 2, kBye = 3 };
+  enum Type : int64_t { kPull = 1, kPush = 2 };
   struct Routed;  // one call's ids split by server
 
   Routed route(const std::vector<at::Tensor>& ids, const char* op) const;
   at::Tensor serve_pull(int worker, const std::vector<int64_t>& counts, const at::Tensor& ids);
   void serve_push(int worker, int64_t clock, const std::vector<int64_t>& counts, const at::Tensor& ids,
                   const at::Tensor& grads, at::Tensor& ack);
-  void serve(int worker);
-  void serve_one(int worker, const at::Tensor& header);
+  void serve(int worker, const at::Tensor& header);
+  at::Tensor request_header(int64_t type, int64_t clock, const std::vector<int64_t>& counts) const;
   int64_t rows_elements(const std::vector<int64_t>& counts) const;
   [[noreturn]] void fail(const std::exception& e, const char* op, int server, const std::vector<int64_t>& counts) const;
-  void rethrow_server_failure() const;
 
-  comm::Communicator& group_;
-  comm::Millis timeout_;
   int rank_, size_;
   std::vector<TableShape> shapes_;
   SparseOptimizerConfig opt_;
-  std::vector<std::unique_ptr<EmbeddingShard>> shards_;
-  mutable std::mutex mutex_;  // the shards and the bookkeeping below
-  std::vector<int64_t> clocks_;
-  int64_t version_ = 0;
-  std::exception_ptr server_failure_;
-  std::atomic<int64_t> bytes_sent_{0};
-  std::atomic<bool> stop_{false};
-  bool finished_ = false;
-  std::vector<std::thread> threads_;
+  std::vector<std::unique_ptr<EmbeddingShard>> shards_;  // under core_.mutex()
+  comm::ParamServerCore core_;                           // last: its threads stop before the shards go
 };
 
 // The worker's cache of hot rows: at most `capacity` rows over all tables (its memory budget), each served for

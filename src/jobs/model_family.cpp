@@ -42,7 +42,7 @@ ModelFamily dlrm() {
   f.check = check_dlrm_config;
   f.make_job = make_dlrm_job;
   f.parameters = [](const Config& c) {
-    const bool tables_in_files = c.dlrm.mode == "ps" && c.dlrm.ps_storage == "mmap";
+    const bool tables_in_files = c.dlrm.on_parameter_server() && c.dlrm.ps_storage == recsys::TableStorageKind::Mmap;
     return tables_in_files ? int64_t{0} : c.dlrm.parameter_count();
   };
   return f;

@@ -3,31 +3,23 @@
 #include <string>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/named_enum.h"
 
 namespace crosstrain::models {
 namespace {
 
-struct NamedArch {
-  ModelArch arch;
-  const char* name;
-};
-
-constexpr NamedArch kArchs[] = {{ModelArch::Gpt, "gpt"}, {ModelArch::Llama, "llama"}, {ModelArch::Dlrm, "dlrm"}};
+constexpr EnumName<ModelArch> kArchs[] = {{ModelArch::Gpt, "gpt"}, {ModelArch::Llama, "llama"}, {ModelArch::Dlrm, "dlrm"}};
 
 }  // namespace
 
 ModelArch parse_model_arch(const std::string& name) {
   for (const auto& a : kArchs)
-    if (name == a.name) return a.arch;
+    if (name == a.name) return a.value;
   throw UsageError("model.arch = '" + name + "' is not a model family crosstrain trains; choose one of gpt, llama, " +
                    "dlrm (a recommendation model with a [dlrm] section)");
 }
 
-const char* to_string(ModelArch arch) {
-  for (const auto& a : kArchs)
-    if (a.arch == arch) return a.name;
-  return "?";
-}
+const char* to_string(ModelArch arch) { return enum_name(kArchs, arch); }
 
 void GPTConfig::validate() const {
   auto need = [](bool ok, const std::string& message) {

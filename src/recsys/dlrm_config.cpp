@@ -3,9 +3,16 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/named_enum.h"
 
 namespace crosstrain::recsys {
 namespace {
+
+constexpr EnumName<DlrmMode> kPlacements[] = {{DlrmMode::Sharded, "sharded"},
+                                                    {DlrmMode::ParameterServer, "ps"}};
+constexpr EnumName<TableStorageKind> kStorages[] = {{TableStorageKind::Memory, "memory"},
+                                                    {TableStorageKind::Mmap, "mmap"}};
+constexpr EnumName<Pooling> kPoolings[] = {{Pooling::Sum, "sum"}, {Pooling::Mean, "mean"}};
 
 // "64,32" -> {64, 32}; "26x1000" -> 26 times 1000. Every entry a positive integer.
 std::vector<int64_t> parse_counts(const std::string& text, const std::string& key, bool allow_empty) {
@@ -38,6 +45,17 @@ std::vector<int64_t> parse_counts(const std::string& text, const std::string& ke
 }
 
 }  // namespace
+
+DlrmMode parse_dlrm_mode(const std::string& name) {
+  return parse_enum(kPlacements, name, "dlrm.mode", "sharded: all-to-all; ps: parameter server");
+}
+TableStorageKind parse_table_storage(const std::string& name) {
+  return parse_enum(kStorages, name, "dlrm.ps_storage");
+}
+Pooling parse_pooling(const std::string& name) { return parse_enum(kPoolings, name, "dlrm.pooling"); }
+const char* to_string(DlrmMode mode) { return enum_name(kPlacements, mode); }
+const char* to_string(TableStorageKind kind) { return enum_name(kStorages, kind); }
+const char* to_string(Pooling pooling) { return enum_name(kPoolings, pooling); }
 
 std::vector<int64_t> DlrmConfig::table_rows() const { return parse_counts(tables, "dlrm.tables", false); }
 
@@ -74,7 +92,6 @@ void check_dlrm(const DlrmConfig& c) {
   need(c.embedding_dim >= 1, "dlrm.embedding_dim must be at least 1");
   need(c.dense_features >= 1, "dlrm.dense_features must be at least 1");
   need(c.multi_hot >= 1, "dlrm.multi_hot must be at least 1 (ids per example and feature)");
-  need(c.pooling == "sum" || c.pooling == "mean", "dlrm.pooling = '" + c.pooling + "': use sum or mean");
   need(c.memory_budget_mb >= 0, "dlrm.memory_budget_mb must be 0 (unlimited) or more");
   need(c.sparse_lr > 0, "dlrm.sparse_lr must be positive");
   need(c.sparse_optimizer == "adagrad" || c.sparse_optimizer == "adam",
@@ -83,8 +100,6 @@ void check_dlrm(const DlrmConfig& c) {
   need(c.signal >= 0, "dlrm.signal must be 0 (random labels) or more");
   need(c.click_rate > 0 && c.click_rate < 1, "dlrm.click_rate must be in (0, 1)");
   need(c.val_fraction > 0 && c.val_fraction < 1, "dlrm.val_fraction must be in (0, 1)");
-  need(c.mode == "sharded" || c.mode == "ps", "dlrm.mode = '" + c.mode + "': use sharded (all-to-all) or ps (parameter server)");
-  need(c.ps_storage == "memory" || c.ps_storage == "mmap", "dlrm.ps_storage = '" + c.ps_storage + "': use memory or mmap");
   need(c.cache_rows >= 0, "dlrm.cache_rows must be 0 (no cache) or more");
   need(c.data == "synthetic" || c.table_rows().size() == 26,
        "dlrm.data names a Criteo file, which has 26 categorical features: dlrm.tables needs 26 entries (e.g. "

@@ -34,7 +34,7 @@ std::vector<std::string> dlrm_model_differences(const DlrmConfig& saved, const D
   };
   list("bottom_mlp", saved.bottom_mlp, now.bottom_mlp, [&](const DlrmConfig& c) { return hidden(c.bottom_widths()); });
   list("top_mlp", saved.top_mlp, now.top_mlp, [&](const DlrmConfig& c) { return hidden(c.top_widths()); });
-  if (saved.pooling != now.pooling) text("pooling", quoted(saved.pooling), quoted(now.pooling));
+  if (saved.pooling != now.pooling) text("pooling", quoted(to_string(saved.pooling)), quoted(to_string(now.pooling)));
   return out;
 }
 

@@ -92,8 +92,7 @@ EmbeddingShard::EmbeddingShard(int table, int64_t rows_total, int64_t dim, int64
 EmbeddingShard::~EmbeddingShard() = default;
 
 at::Tensor EmbeddingShard::allocate(const std::string& what, std::vector<int64_t> shape) {
-  if (storage_.kind == "memory") return at::empty(shape, at::kFloat);
-  if (storage_.kind != "mmap") throw UsageError("dlrm.ps_storage = '" + storage_.kind + "': use memory or mmap");
+  if (storage_.kind == TableStorageKind::Memory) return at::empty(shape, at::kFloat);
   std::filesystem::create_directories(storage_.dir);
   int64_t numel = 1;
   for (int64_t s : shape) numel *= s;

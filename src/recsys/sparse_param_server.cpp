@@ -49,7 +49,7 @@ SparseParameterServer::SparseParameterServer(comm::Communicator& group, const st
       core_(group, timeout, "sparse parameter server", kTagRequest, 2 + static_cast<int64_t>(tables.size())) {
   check_sparse_optimizer(opt);
   TableStorage mine = storage;
-  if (storage.kind == "mmap") {
+  if (storage.kind == TableStorageKind::Mmap) {
     if (storage.dir.empty()) throw UsageError("sparse parameter server: mmap storage needs a directory (dlrm.ps_dir)");
     mine.dir = storage.dir + "/rank" + std::to_string(rank_);
   }

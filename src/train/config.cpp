@@ -91,7 +91,13 @@ Field named_field(const char* section, const char* key, Enum& ref, Enum (*parse)
   return {section, key,
           [&ref, parse](const toml::node& n, const std::string& where) {
             if (!n.is_string()) wrong_type(where, "a string", n);
-            ref = parse(n.as_string()->get());  // its message names the key and the choices
+            try {
+              ref = parse(n.as_string()->get());
+            } catch (const UsageError& e) {
+              // Its message names the key and the choices; add where the value came from (file or --set).
+              const auto origin = where.find(" (");
+              throw UsageError(std::string(e.what()) + (origin == std::string::npos ? "" : where.substr(origin)));
+            }
           },
           [&ref, name] {
             std::ostringstream out;

@@ -1,37 +1,23 @@
 #include "crosstrain/train/sync_mode.h"
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/named_enum.h"
 #include "crosstrain/train/config.h"
 
 namespace crosstrain::train {
 namespace {
 
-struct Named {
-  SyncMode mode;
-  const char* name;
-};
-
-constexpr Named kModes[] = {{SyncMode::Sync, "sync"},
-                            {SyncMode::DiLoCo, "diloco"},
-                            {SyncMode::Ssp, "ssp"},
-                            {SyncMode::Async, "async"},
-                            {SyncMode::Gossip, "gossip"}};
+constexpr EnumName<SyncMode> kModes[] = {{SyncMode::Sync, "sync"},
+                                         {SyncMode::DiLoCo, "diloco"},
+                                         {SyncMode::Ssp, "ssp"},
+                                         {SyncMode::Async, "async"},
+                                         {SyncMode::Gossip, "gossip"}};
 
 }  // namespace
 
-SyncMode parse_sync_mode(const std::string& name) {
-  for (const auto& m : kModes)
-    if (name == m.name) return m.mode;
-  std::string names;
-  for (const auto& m : kModes) names += std::string(names.empty() ? "" : ", ") + m.name;
-  throw UsageError("sync.mode = '" + name + "': use " + names);
-}
+SyncMode parse_sync_mode(const std::string& name) { return parse_enum(kModes, name, "sync.mode"); }
 
-const char* to_string(SyncMode mode) {
-  for (const auto& m : kModes)
-    if (m.mode == mode) return m.name;
-  return "?";
-}
+const char* to_string(SyncMode mode) { return enum_name(kModes, mode); }
 
 SyncTraits sync_traits(const SyncConfig& config) {
   SyncTraits t{};

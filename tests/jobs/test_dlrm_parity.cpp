@@ -67,7 +67,7 @@ TEST(Dlrm, AdamAndMeanPoolingMatchOneProcessOnAMixOfSchemes) {
   auto c = dlrm_test_config("adam");
   c.dlrm.sparse_optimizer = "adam";
   c.dlrm.sparse_lr = 0.01;
-  c.dlrm.pooling = "mean";
+  c.dlrm.pooling = recsys::Pooling::Mean;
   const auto one = train_dlrm(1, c);
   c.dlrm.sharding = "row,column,table,table";
   expect_same_run(one, train_dlrm(4, c), "adam, mixed sharding, 4 ranks");

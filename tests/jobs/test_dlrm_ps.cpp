@@ -21,7 +21,7 @@ train::Config ps_config(const std::string& tag) {
   c.dlrm.tables = "4000,900,60";
   c.dlrm.multi_hot = 2;
   c.dlrm.signal = 2;
-  c.dlrm.mode = "ps";
+  c.dlrm.mode = recsys::DlrmMode::ParameterServer;
   c.sync.mode = train::SyncMode::Ssp;
   c.sync.staleness = 0;
   c.train.global_batch = 128;
@@ -40,7 +40,7 @@ train::DlrmResult train_on(int world, const train::Config& c) {
 TEST(DlrmPs, OneRankWithFreshRowsIsTheShardedRun) {
   auto ps = ps_config("fresh");
   auto sharded = ps;
-  sharded.dlrm.mode = "sharded";
+  sharded.dlrm.mode = recsys::DlrmMode::Sharded;
   sharded.sync.mode = train::SyncMode::Sync;
   const auto a = train_on(1, ps), b = train_on(1, sharded);
   ASSERT_EQ(a.steps.size(), b.steps.size());
@@ -69,7 +69,7 @@ TEST(DlrmPs, TwoWorkersWithStaleCachedRowsLearn) {
 TEST(DlrmPs, MappedTablesFarBeyondTheBudgetTrain) {
   auto c = ps_config("mmap");
   c.dlrm.tables = "200000,200000";  // 2 x 200k x 8 floats + row state: 13.6 MB, 6.8 MB per rank
-  c.dlrm.ps_storage = "mmap";
+  c.dlrm.ps_storage = recsys::TableStorageKind::Mmap;
   c.dlrm.memory_budget_mb = 1;
   c.dlrm.cache_rows = 2000;  // 64 KB of cache
   c.sync.staleness = 1;

@@ -42,18 +42,31 @@ TEST(DlrmConfig, ParameterCountAddsTablesAndBothMlps) {
   EXPECT_EQ(c.parameter_count(), 600 + 68 + 55);
 }
 
+TEST(DlrmConfig, NamedValuesParseOnceAndABadNameListsTheChoices) {
+  using namespace crosstrain::recsys;
+  for (const char* name : {"sharded", "ps"}) EXPECT_STREQ(to_string(parse_dlrm_mode(name)), name);
+  for (const char* name : {"memory", "mmap"}) EXPECT_STREQ(to_string(parse_table_storage(name)), name);
+  for (const char* name : {"sum", "mean"}) EXPECT_STREQ(to_string(parse_pooling(name)), name);
+  EXPECT_EQ(parse_dlrm_mode("ps"), DlrmMode::ParameterServer);
+  auto refused = [](auto parse, const char* name) {
+    try {
+      parse(name);
+    } catch (const crosstrain::UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(refused(parse_dlrm_mode, "gossip").find("dlrm.mode = 'gossip': use sharded, ps"), std::string::npos);
+  EXPECT_NE(refused(parse_table_storage, "disk").find("dlrm.ps_storage = 'disk': use memory, mmap"), std::string::npos);
+  EXPECT_NE(refused(parse_pooling, "max").find("dlrm.pooling = 'max': use sum, mean"), std::string::npos);
+}
+
 TEST(DlrmConfig, BadValuesNameTheirKey) {
   DlrmConfig c;
   c.tables = "10,x";
   EXPECT_NE(refusal(c).find("dlrm.tables"), std::string::npos);
   c.tables = "0";
   EXPECT_NE(refusal(c).find("dlrm.tables"), std::string::npos);
-  c = DlrmConfig{};
-  c.pooling = "max";
-  EXPECT_NE(refusal(c).find("dlrm.pooling"), std::string::npos);
-  c = DlrmConfig{};
-  c.mode = "gossip";
-  EXPECT_NE(refusal(c).find("dlrm.mode"), std::string::npos);
   c = DlrmConfig{};
   c.data = "/some/criteo.tsv";  // 26 categorical features need 26 tables
   EXPECT_NE(refusal(c).find("26"), std::string::npos);

@@ -14,7 +14,7 @@ TEST(DlrmIdentity, TheSameTablesAndMlpsHaveNoDifferencesHoweverWritten) {
   now.tables = "1000,1000,500";
   now.sharding = "row";
   now.sparse_lr = 0.5;
-  now.mode = "ps";
+  now.mode = crosstrain::recsys::DlrmMode::ParameterServer;
   now.data = "other.tsv";
   EXPECT_EQ(dlrm_model_differences(saved, now), Lines{});
 }
@@ -27,7 +27,7 @@ TEST(DlrmIdentity, EachShapeFieldIsNamedWithBothValues) {
   now.dense_features = 10;
   now.bottom_mlp = "128";
   now.top_mlp = "64";
-  now.pooling = "mean";
+  now.pooling = crosstrain::recsys::Pooling::Mean;
   EXPECT_EQ(dlrm_model_differences(saved, now),
             (Lines{"dlrm.tables: \"8x1000\" -> \"4x1000\"", "dlrm.embedding_dim: 16 -> 32", "dlrm.dense_features: 13 -> 10",
                    "dlrm.bottom_mlp: \"64\" -> \"128\"", "dlrm.top_mlp: \"64,32\" -> \"64\"",

@@ -225,7 +225,7 @@ TEST(SparseParameterServer, MmapStorageMatchesMemoryAndWritesFilesPerRank) {
     auto g1 = comm.split({0, 1});
     auto g2 = comm.split({0, 1});
     SparseParameterServer in_memory(*g1, tables, SparseOptimizerConfig{}, TableStorage{}, kSeed, comm::Millis(10000));
-    SparseParameterServer mapped(*g2, tables, SparseOptimizerConfig{}, TableStorage{"mmap", dir}, kSeed,
+    SparseParameterServer mapped(*g2, tables, SparseOptimizerConfig{}, TableStorage{TableStorageKind::Mmap, dir}, kSeed,
                                  comm::Millis(10000));
     std::vector<at::Tensor> ids{push_ids(comm.rank(), 50), push_ids(comm.rank(), 9)};
     std::vector<at::Tensor> grads{gradient(comm.rank(), 0, ids[0].numel(), 4),
@@ -288,7 +288,7 @@ TEST(SparseParameterServer, MmapTableStaysOutOfAnonymousMemory) {
   // 2^22 rows x 16 floats = 256 MiB of weights (plus 16 MiB of adagrad state) in files under the dir.
   const std::string dir = temp_dir("big");
   const int64_t table_kb = (int64_t{1} << 22) * 16 * 4 / 1024;
-  const int64_t mapped = anonymous_growth_kb(int64_t{1} << 22, TableStorage{"mmap", dir});
+  const int64_t mapped = anonymous_growth_kb(int64_t{1} << 22, TableStorage{TableStorageKind::Mmap, dir});
   EXPECT_TRUE(fs::exists(fs::path(dir) / "rank0") && fs::exists(fs::path(dir) / "rank1"));
   // Control (after, so it frees nothing the mmap run could reuse): a 64 MiB table in memory shows in RssAnon.
   const int64_t small_kb = (int64_t{1} << 20) * 16 * 4 / 1024;

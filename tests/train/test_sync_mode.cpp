@@ -70,9 +70,21 @@ TEST(SyncMode, TheConfigHoldsParsedNamesAndWritesThemBack) {
   const train::Config again = train::parse_config(saved, "saved config.toml");
   EXPECT_EQ(again.sync.mode, SyncMode::DiLoCo);
   EXPECT_EQ(again.model.arch, models::ModelArch::Llama);
-  for (const char* bad : {"sync.mode=paxos", "model.arch=mamba"}) {
+  try {
+    train::parse_config("[sync]\nmode = 'paxos'\n", "my-recipe.toml");
+    ADD_FAILURE() << "sync.mode = 'paxos' was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("sync.mode = 'paxos': use sync"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("my-recipe.toml"), std::string::npos) << e.what();
+  }
+  for (const char* bad : {"sync.mode=paxos", "model.arch=mamba", "dlrm.mode=gossip", "dlrm.ps_storage=disk"}) {
     train::Config d;
-    EXPECT_THROW(train::apply_override(d, bad), UsageError) << bad;
+    try {
+      train::apply_override(d, bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const UsageError& e) {  // the key's message, and where the value came from
+      EXPECT_NE(std::string(e.what()).find(std::string("(--set ") + bad + ")"), std::string::npos) << e.what();
+    }
     EXPECT_EQ(d.sync.mode, SyncMode::Sync) << bad;  // nothing was set
     EXPECT_EQ(d.model.arch, models::ModelArch::Gpt) << bad;
   }

@@ -8,13 +8,30 @@
 
 namespace crosstrain::recsys {
 
+// dlrm.mode, where the tables live: every rank holds its shards and lookups and gradients move by all-to-all
+// ("sharded"), or row blocks on every rank's parameter server with workers that pull rows, cache hot ones and
+// push gradients ("ps"; the dense part through sync.mode = ssp or async).
+enum class DlrmMode { Sharded, ParameterServer };
+// dlrm.ps_storage, where a server's rows live: anonymous memory ("memory") or memory-mapped files under
+// run.dir/tables ("mmap": the kernel pages cold rows out).
+enum class TableStorageKind { Memory, Mmap };
+// dlrm.pooling: how an example's ids of one feature combine.
+enum class Pooling { Sum, Mean };
+
+DlrmMode parse_dlrm_mode(const std::string& name);
+TableStorageKind parse_table_storage(const std::string& name);
+Pooling parse_pooling(const std::string& name);
+const char* to_string(DlrmMode mode);
+const char* to_string(TableStorageKind kind);
+const char* to_string(Pooling pooling);
+
 struct DlrmConfig {
   // Rows of each embedding table (one per sparse feature), e.g. "100000,20000,5000"; "26x1000" repeats.
   std::string tables = "8x1000";
   int64_t embedding_dim = 16;
   int64_t dense_features = 13;
   int64_t multi_hot = 1;             // ids per example per sparse feature (synthetic data)
-  std::string pooling = "sum";       // sum or mean over an example's ids of one feature
+  Pooling pooling = Pooling::Sum;
   std::string bottom_mlp = "64";     // hidden widths of the dense MLP; its output is embedding_dim wide
   std::string top_mlp = "64,32";     // hidden widths of the top MLP; a 1-wide logit follows
   // Per table: auto, table, row or column, one for all or a comma list (recsys/sharding_plan.h).
@@ -28,13 +45,11 @@ struct DlrmConfig {
   double signal = 1.0;               // synthetic: strength of the planted click signal
   double click_rate = 0.25;          // synthetic: roughly the positive fraction
   double val_fraction = 0.1;         // Criteo: the last fraction of the lines is held out
-  // Where tables live: "sharded" (every rank holds its shards; lookups and gradients by all-to-all) or "ps"
-  // (row blocks on every rank's parameter server; workers pull rows, cache hot ones, push gradients; the dense
-  // part through sync.mode = ssp or async).
-  std::string mode = "sharded";
-  std::string ps_storage = "memory";  // memory or mmap (files under run.dir/tables)
+  DlrmMode mode = DlrmMode::Sharded;
+  TableStorageKind ps_storage = TableStorageKind::Memory;
   int64_t cache_rows = 0;             // ps: rows each worker caches (0: no cache)
 
+  bool on_parameter_server() const { return mode == DlrmMode::ParameterServer; }
   // Parsed forms.
   std::vector<int64_t> table_rows() const;
   std::vector<int64_t> bottom_widths() const;  // hidden widths, then embedding_dim
@@ -51,7 +66,7 @@ void visit_keys(DlrmConfig& c, Key&& key) {
   key("embedding_dim", c.embedding_dim);
   key("dense_features", c.dense_features);
   key("multi_hot", c.multi_hot);
-  key("pooling", c.pooling);
+  key("pooling", c.pooling, parse_pooling, to_string);
   key("bottom_mlp", c.bottom_mlp);
   key("top_mlp", c.top_mlp);
   key("sharding", c.sharding);
@@ -63,8 +78,8 @@ void visit_keys(DlrmConfig& c, Key&& key) {
   key("signal", c.signal);
   key("click_rate", c.click_rate);
   key("val_fraction", c.val_fraction);
-  key("mode", c.mode);
-  key("ps_storage", c.ps_storage);
+  key("mode", c.mode, parse_dlrm_mode, to_string);
+  key("ps_storage", c.ps_storage, parse_table_storage, to_string);
   key("cache_rows", c.cache_rows);
 }
 

@@ -17,6 +17,8 @@
 #include <memory>
 #include <string>
 
+#include "crosstrain/recsys/dlrm_config.h"
+
 namespace crosstrain::recsys {
 
 struct SparseOptimizerConfig {
@@ -27,10 +29,10 @@ struct SparseOptimizerConfig {
 };
 void check_sparse_optimizer(const SparseOptimizerConfig& c);  // UsageError naming dlrm.sparse_optimizer etc.
 
-// Where a shard's rows live: "memory" (anonymous memory) or "mmap" (a file under `dir`, mapped shared, so the
-// kernel pages cold rows out and the process's own memory stays small).
+// Where a shard's rows live: anonymous memory, or a file under `dir`, mapped shared, so the kernel pages cold
+// rows out and the process's own memory stays small.
 struct TableStorage {
-  std::string kind = "memory";
+  TableStorageKind kind = TableStorageKind::Memory;
   std::string dir;  // mmap: the folder of the files (created); each shard its own file
 };
 

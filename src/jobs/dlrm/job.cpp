@@ -48,7 +48,7 @@ DlrmJob::DlrmJob(const Config& c, comm::Communicator& world, const TrainOptions&
   tables_ = plan_tables(c_, size_);
   // The parameter server's threads sit in receives all the time: they talk over the plain world, so that the
   // recorder's waits (the step's exposed communication, hang diagnosis) are the training thread's own.
-  const bool server = c_.dlrm.mode == "ps";
+  const bool server = c_.dlrm.on_parameter_server();
   embeddings_ = make_embeddings(c_, tables_, server ? world : world_);
   dense_ = recsys::DlrmDense(c_.dlrm, c_.run.seed);
   adam_ = DenseAdam(dense_->named(), c_.train);
@@ -58,7 +58,7 @@ DlrmJob::DlrmJob(const Config& c, comm::Communicator& world, const TrainOptions&
     result_.placements.push_back(std::string(recsys::sharding_name(t.placement.sharding)) + ": " + t.placement.reason);
   }
   result_.table_bytes_this_rank = embeddings_->bytes();
-  result_.tables_in_files = ps_ && c_.dlrm.ps_storage == "mmap";
+  result_.tables_in_files = ps_ && c_.dlrm.ps_storage == recsys::TableStorageKind::Mmap;
   if (options.resume) start_step_ = resume();
   // Nobody asks for rows before every rank has built (and, resuming, loaded) the shards it serves.
   if (size_ > 1) world_.barrier()->wait();

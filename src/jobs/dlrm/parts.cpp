@@ -68,7 +68,7 @@ std::vector<recsys::TableDef> plan_tables(const Config& c, int world) {
   in.bytes_per_row_element = c.dlrm.sparse_optimizer == "adam" ? 12 : 4;
   in.budget_bytes_per_rank = c.dlrm.memory_budget_mb * (int64_t{1} << 20);
   in.batch_per_rank = c.train.global_batch / world;
-  in.requested = c.dlrm.mode == "ps" ? "row" : c.dlrm.sharding;
+  in.requested = c.dlrm.on_parameter_server() ? "row" : c.dlrm.sharding;
   for (int64_t r : rows) {
     recsys::TableShape s;
     s.rows = r;
@@ -77,17 +77,17 @@ std::vector<recsys::TableDef> plan_tables(const Config& c, int world) {
     in.tables.push_back(s);
   }
   // Tables on the parameter server live in files when ps_storage = mmap: the budget is the workers' caches.
-  if (c.dlrm.mode == "ps" && c.dlrm.ps_storage == "mmap") in.budget_bytes_per_rank = 0;
+  if (c.dlrm.on_parameter_server() && c.dlrm.ps_storage == recsys::TableStorageKind::Mmap) in.budget_bytes_per_rank = 0;
   const auto placements = recsys::plan_sharding(in);
   std::vector<recsys::TableDef> out;
   for (size_t t = 0; t < rows.size(); ++t) out.push_back({rows[t], c.dlrm.embedding_dim, placements[t]});
-  if (c.dlrm.mode == "ps")
-    for (auto& t : out) t.placement.reason = "parameter server: row blocks on every rank (" + c.dlrm.ps_storage + ")";
+  if (c.dlrm.on_parameter_server())
+    for (auto& t : out) t.placement.reason = "parameter server: row blocks on every rank (" + std::string(recsys::to_string(c.dlrm.ps_storage)) + ")";
   return out;
 }
 
 void check_cache_budget(const Config& c) {
-  if (c.dlrm.mode != "ps" || c.dlrm.memory_budget_mb == 0) return;
+  if (!c.dlrm.on_parameter_server() || c.dlrm.memory_budget_mb == 0) return;
   const int64_t budget = c.dlrm.memory_budget_mb << 20;
   const int64_t cache = c.dlrm.cache_rows * c.dlrm.embedding_dim * 4;
   if (cache > budget)
@@ -195,7 +195,7 @@ at::Tensor gather_table(comm::Communicator& world, const recsys::TableDef& table
 void print_dlrm_header(const Config& c, int world, const std::string& data, const DlrmResult& r) {
   std::printf("crosstrain: DLRM on %d rank%s, %zu tables (%lld rows, dim %lld), %s tables, %s sparse optimizer\n", world,
               world == 1 ? "" : "s", r.placements.size(), static_cast<long long>(r.table_rows_total),
-              static_cast<long long>(c.dlrm.embedding_dim), c.dlrm.mode.c_str(), c.dlrm.sparse_optimizer.c_str());
+              static_cast<long long>(c.dlrm.embedding_dim), recsys::to_string(c.dlrm.mode), c.dlrm.sparse_optimizer.c_str());
   std::printf("  data: %s\n", data.c_str());
   for (size_t t = 0; t < r.placements.size(); ++t) std::printf("  table %zu: %s\n", t, r.placements[t].c_str());
   std::printf("  rank 0 holds %.1f MiB of tables and optimizer state\n",
@@ -263,10 +263,10 @@ std::unique_ptr<recsys::EmbeddingBackend> make_embeddings(const Config& c, const
   opt.kind = c.dlrm.sparse_optimizer;
   opt.lr = c.dlrm.sparse_lr;
   recsys::TableStorage storage;
-  storage.kind = c.dlrm.mode == "ps" ? c.dlrm.ps_storage : "memory";
+  storage.kind = c.dlrm.on_parameter_server() ? c.dlrm.ps_storage : recsys::TableStorageKind::Memory;
   storage.dir = c.run.dir + "/tables";  // the parameter server keeps each rank's files in rank<R>/ below
-  if (c.dlrm.mode == "ps") return make_ps_embeddings(c, tables, opt, storage, world);
-  return std::make_unique<recsys::ShardedEmbeddings>(world, tables, opt, storage, c.run.seed, c.dlrm.pooling == "mean");
+  if (c.dlrm.on_parameter_server()) return make_ps_embeddings(c, tables, opt, storage, world);
+  return std::make_unique<recsys::ShardedEmbeddings>(world, tables, opt, storage, c.run.seed, c.dlrm.pooling == recsys::Pooling::Mean);
 }
 
 }  // namespace crosstrain::train

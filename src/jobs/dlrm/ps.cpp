@@ -17,7 +17,7 @@ std::unique_ptr<recsys::EmbeddingBackend> make_ps_embeddings(const Config& c, co
   // A cached row serves for as many steps as a worker may run ahead of the slowest (sync.staleness).
   const int64_t max_age = c.sync.staleness;
   return std::make_unique<recsys::PsEmbeddings>(std::move(group), tables, opt, storage, c.run.seed, c.comm.timeout(),
-                                                c.dlrm.cache_rows, max_age, c.dlrm.pooling == "mean");
+                                                c.dlrm.cache_rows, max_age, c.dlrm.pooling == recsys::Pooling::Mean);
 }
 
 }  // namespace crosstrain::train

@@ -20,10 +20,10 @@ void check_dlrm_config(const Config& c, int world) {
   if (c.parallel.tp != 1 || c.parallel.pp != 1)
     throw UsageError("model.arch = \"dlrm\" is data parallel with sharded tables: parallel.tp and parallel.pp must be 1");
   const SyncTraits sync = sync_traits(c.sync);
-  if (c.dlrm.mode == "sharded" && !sync.lockstep)
+  if (c.dlrm.mode == recsys::DlrmMode::Sharded && !sync.lockstep)
     throw UsageError(std::string("sync.mode = '") + to_string(c.sync.mode) + "' needs dlrm.mode = \"ps\" (tables on the parameter server); "
                      "sharded tables train in lockstep (sync.mode = \"sync\")");
-  if (c.dlrm.mode == "ps" && !sync.parameter_server)
+  if (c.dlrm.on_parameter_server() && !sync.parameter_server)
     throw UsageError("dlrm.mode = \"ps\" trains with bounded staleness: set sync.mode = \"ssp\" (or \"async\")");
   plan_tables(c, world);  // the sharding fits the budget, column-wise tables are wide enough
   check_cache_budget(c);

@@ -94,7 +94,9 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   if (!family.elastic && config.elastic.enabled)
     throw UsageError("elastic training (--max-restarts, elastic.enabled) is not available for model.arch = \"" +
                      family.name + "\" yet: resume from its checkpoints with --resume instead");
-  family.check(config, launching ? cmd.nproc : env.world_size);
+  // Resolved once: by the process the user started for every rank it will start (before any exists), and in
+  // each rank for its world; the Trainer takes the result as it is.
+  train::ResolvedRun run = train::resolve(config, launching ? cmd.nproc : env.world_size);
   if (config.elastic.enabled) train::check_elastic_config(config, launching ? cmd.nproc : env.world_size);
   // Elastic training resumes from the newest checkpoint by itself when no live replica holds the state.
   if (!cmd.resume && !config.elastic.enabled && checkpoint::latest_checkpoint(config.run.dir))
@@ -121,7 +123,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   }
   if (config.elastic.enabled) return train_elastic_rank(config, env);
   auto world = comm::init_world(env, config.comm);
-  train::Trainer trainer(config, *world);
+  train::Trainer trainer(std::move(run), *world);
   train::TrainOptions options;
   options.resume = cmd.resume;
   // A timeout asks the other ranks, through the job's store, which of them never got there (MPI jobs have no

@@ -8,14 +8,19 @@
 namespace crosstrain::train {
 namespace {
 
-std::unique_ptr<Job> make_gpt_job(const Config& c, comm::Communicator& world, const TrainOptions& options) {
+std::unique_ptr<Job> make_gpt_job(const ResolvedRun& run, comm::Communicator& world, const TrainOptions& options) {
   RunStart start;
   start.resume = options.resume;
-  return std::make_unique<Run>(c, world, options, start);
+  return std::make_unique<Run>(run.config, *run.dims, world, options, start);
 }
 
-std::unique_ptr<Job> make_dlrm_job(const Config& c, comm::Communicator& world, const TrainOptions& options) {
-  return std::make_unique<DlrmJob>(c, world, options);
+ResolvedRun resolve_dlrm(const Config& c, int world) {
+  check_dlrm_config(c, world);
+  return ResolvedRun{c, world, std::nullopt};
+}
+
+std::unique_ptr<Job> make_dlrm_job(const ResolvedRun& run, comm::Communicator& world, const TrainOptions& options) {
+  return std::make_unique<DlrmJob>(run.config, world, options);
 }
 
 // GPT and Llama share one job: the model layer builds either block from model.arch.
@@ -27,7 +32,7 @@ ModelFamily transformer(models::ModelArch arch, const std::string& summary) {
   f.elastic = true;
   f.hugging_face = true;
   f.state_bytes_per_parameter = 16;  // fp32 weights, gradients and two Adam moments
-  f.check = check_config;
+  f.resolve = resolve_decoder;
   f.make_job = make_gpt_job;
   f.parameters = [](const Config& c) { return c.model.parameter_count(); };
   return f;
@@ -39,7 +44,7 @@ ModelFamily dlrm() {
   f.name = models::to_string(f.arch);
   f.summary = "recommendation model: sharded embedding tables and a dense MLP ([dlrm])";
   f.state_bytes_per_parameter = 8;  // tables and their row-wise optimizer state
-  f.check = check_dlrm_config;
+  f.resolve = resolve_dlrm;
   f.make_job = make_dlrm_job;
   f.parameters = [](const Config& c) {
     const bool tables_in_files = c.dlrm.on_parameter_server() && c.dlrm.ps_storage == recsys::TableStorageKind::Mmap;

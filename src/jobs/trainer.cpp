@@ -20,31 +20,37 @@
 namespace crosstrain::train {
 namespace fs = std::filesystem;
 
+ResolvedRun resolve(const Config& config, int world) { return model_family(config).resolve(config, world); }
 
-void check_config(const Config& config, int world) {
-  validate(config, world);
+ResolvedRun resolve_decoder(const Config& config, int world) {
+  ResolvedRun run{config, world, validate(config, world)};
   if (!config.data.path.empty()) data::check_source(config.data);
+  return run;
 }
 
 struct Trainer::State {
-  Config config;
+  ResolvedRun run;
   comm::Communicator& world;
-  State(Config c, comm::Communicator& w) : config(std::move(c)), world(w) {}
 };
 
-Trainer::Trainer(Config config, comm::Communicator& world) : s_(std::make_unique<State>(std::move(config), world)) {
-  model_family(s_->config).check(s_->config, world.size());
+Trainer::Trainer(ResolvedRun run, comm::Communicator& world)
+    : s_(std::make_unique<State>(State{std::move(run), world})) {
+  if (s_->run.world != world.size())
+    throw Error("Trainer: the config was resolved for " + std::to_string(s_->run.world) + " ranks, the job has " +
+                std::to_string(world.size()) + "; resolve it for this world");
 }
+
+Trainer::Trainer(Config config, comm::Communicator& world) : Trainer(resolve(config, world.size()), world) {}
 
 Trainer::~Trainer() = default;
 
 TrainResult Trainer::run(const TrainOptions& options) {
-  const Config& c = s_->config;
+  const Config& c = s_->run.config;
   comm::Communicator& world = s_->world;
   const bool leader = world.rank() == 0;
   limit_compute_threads(static_cast<int>(c.train.threads_per_rank));
   keep_freed_memory_for_reuse();
-  std::unique_ptr<Job> job = model_family(c).make_job(c, world, options);
+  std::unique_ptr<Job> job = model_family(c).make_job(s_->run, world, options);
   TrainLoop loop(c, options);
   if (leader) loop.open_outputs(options.resume ? job->start_step() : 0);
   job->print_header();

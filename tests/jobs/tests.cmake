@@ -1,6 +1,6 @@
 # The job families through the one loop. GPT: data parallel against the single-process reference (ranks as
 # threads), bf16 in every layout and sync mode, supervised fine-tuning, the MFU denominator's GEMM timer.
-add_executable(data_parallel_tests jobs/test_data_parallel.cpp)
+add_executable(data_parallel_tests jobs/test_data_parallel.cpp jobs/test_resolve.cpp)
 target_link_libraries(data_parallel_tests PRIVATE ct_test_support nlohmann_json::nlohmann_json GTest::gtest_main)
 gtest_discover_tests(data_parallel_tests PROPERTIES LABELS train TIMEOUT 600 DISCOVERY_TIMEOUT 60)
 add_executable(precision_tests jobs/test_precision.cpp)

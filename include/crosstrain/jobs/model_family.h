@@ -24,10 +24,11 @@ struct ModelFamily {
   bool elastic = false;            // elastic training (jobs/gpt/elastic.h) can run it
   bool hugging_face = false;       // Hugging Face import and export (interop/hf/checkpoint.h)
   int state_bytes_per_parameter;   // model state each parameter costs at the least (the launcher's memory check)
-  // Checks a config of this family for `world` ranks; UsageError with one clear line.
-  std::function<void(const Config&, int world)> check;
-  // One rank's job (resumed when options.resume). `world` is every rank of the job.
-  std::function<std::unique_ptr<Job>(const Config&, comm::Communicator& world, const TrainOptions&)> make_job;
+  // Checks a config of this family for `world` ranks and works out what follows from it (the layout); UsageError
+  // with one clear line.
+  std::function<ResolvedRun(const Config&, int world)> resolve;
+  // One rank's job (resumed when options.resume), from a config resolved for every rank of the job (`world`).
+  std::function<std::unique_ptr<Job>(const ResolvedRun&, comm::Communicator& world, const TrainOptions&)> make_job;
   // The parameters whose state a rank holds (DLRM tables kept in files count none).
   std::function<int64_t(const Config&)> parameters;
 };

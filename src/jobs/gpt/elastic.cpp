@@ -173,7 +173,9 @@ bool ElasticLoop::run_generation() {
   start.slot = m_.replica();
   start.slots = slots_;
   start.peak_flops = peak_flops_;
-  runs_.push_back(std::make_unique<Run>(*configs_.back(), *world_, o_, start));
+  // Each generation has its own world size: its layout is resolved here, once per generation.
+  const parallel::ParallelDims dims = validate(*configs_.back(), world_->size());
+  runs_.push_back(std::make_unique<Run>(*configs_.back(), dims, *world_, o_, start));
   run_ = runs_.back().get();
   peak_flops_ = run_->peak_flops();
   bootstrap_state();

@@ -182,10 +182,11 @@ SyncSetup Run::sync_setup(const Config& c, comm::Communicator& world) {
   return setup;
 }
 
-Run::Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start)
+Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator& world, const TrainOptions& options,
+         const RunStart& start)
     : c_(c), sync_traits_(sync_traits(c.sync)), recording_(c, world, options.hang_doctor), world_(recording_.world()),
       talk_(world.rank() == 0 && !options.quiet),
-      dims_(validate(c, world.size())), mesh_(world_, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
+      dims_(dims), mesh_(world_, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
       tp_index_(mesh_.index(Axis::TP)),
       checkpoints_(world_, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
                    c.comm.timeout_s, c.debug.checkpoint),

@@ -56,7 +56,9 @@ struct HealStats {
 // built once. The training loop (train/loop.h) drives it as a Job.
 class Run : public Job {
  public:
-  Run(const Config& c, comm::Communicator& world, const TrainOptions& options, const RunStart& start = {});
+  // `dims`: the layout `c` resolved to for `world` (validate(), or resolve() above it): not worked out again.
+  Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator& world, const TrainOptions& options,
+      const RunStart& start = {});
   ~Run();
   Run(const Run&) = delete;
   Run& operator=(const Run&) = delete;

@@ -25,6 +25,7 @@
 #include "scheduler_cmd.h"
 #include "plan_cmd.h"
 #include "report_cmd.h"
+#include "config_cmd.h"
 #include "tokenize_cmd.h"
 #include "train_cmd.h"
 
@@ -247,6 +248,23 @@ void add_train_command(CLI::App& app, TrainCli& train) {
       ->check(CLI::NonNegativeNumber);
 }
 
+// `crosstrain config`.
+struct ConfigCli {
+  CLI::App* cmd = nullptr;
+  apps::ConfigCommand options;
+};
+
+void add_config_command(CLI::App& app, ConfigCli& config) {
+  apps::ConfigCommand& o = config.options;
+  config.cmd = app.add_subcommand("config", "print the config a run would get: every key, what it takes, its "
+                                            "default, and notices; trains nothing");
+  config.cmd->add_option("recipe", o.recipe, "recipe, e.g. recipes/gpt-tiny.toml (default: none, the defaults)");
+  config.cmd->add_option("--set", o.sets, "override a key: --set train.steps=30 (repeatable)");
+  config.cmd->add_option("--nproc", o.nproc, "also check it for this many ranks and print the layout (default: 0, "
+                                             "no check)")
+      ->check(CLI::NonNegativeNumber);
+}
+
 // `crosstrain demo`.
 struct DemoCli {
   CLI::App* cmd = nullptr;
@@ -369,6 +387,7 @@ struct CommandLine {
   BenchAttentionCli bench_attention;
   apps::BenchSchedulerCli bench_scheduler;
   TrainCli train;
+  ConfigCli config;
   DemoCli demo;
   CkptCli ckpt;
   ReportCli report;
@@ -391,6 +410,7 @@ struct CommandLine {
     add_bench_attention_command(*bench, bench_attention);
     apps::add_bench_scheduler_command(*bench, bench_scheduler);
     add_train_command(app, train);
+    add_config_command(app, config);
     add_demo_command(app, demo);
     add_ckpt_command(app, ckpt);
     add_report_commands(app, report);
@@ -414,7 +434,7 @@ bool is_command(const CLI::App& app, const std::string& name) {
 std::optional<int> parse_command_line(CommandLine& cli, int argc, char** argv, const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(cli.app, args[0])) {
     std::cerr << "crosstrain: unknown command '" << args[0]
-              << "'; the commands are train, run, bench, plan, sim, ckpt, report, trace, tokenize, ledger, scheduler, job, demo (crosstrain --help)" << std::endl;
+              << "'; the commands are train, config, run, bench, plan, sim, ckpt, report, trace, tokenize, ledger, scheduler, job, demo (crosstrain --help)" << std::endl;
     return 2;
   }
   try {
@@ -438,6 +458,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.bench_attention.cmd) return apps::bench_attention(cli.bench_attention.options);
   if (*cli.bench_scheduler.cmd) return apps::bench_scheduler(cli.bench_scheduler);
   if (*cli.train.cmd) return apps::train_command(cli.train.options, args);
+  if (*cli.config.cmd) return apps::config_command(cli.config.options);
   if (*cli.ckpt.info) return apps::ckpt_info(cli.ckpt.path, cli.ckpt.tensors, cli.ckpt.verify);
   if (*cli.ckpt.export_cmd) {
     const std::string output = cli.ckpt.out.empty() ? cli.ckpt.output : cli.ckpt.out;

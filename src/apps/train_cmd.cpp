@@ -97,6 +97,8 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   // Resolved once: by the process the user started for every rank it will start (before any exists), and in
   // each rank for its world; the Trainer takes the result as it is.
   train::ResolvedRun run = train::resolve(config, launching ? cmd.nproc : env.world_size);
+  if (env.source == LaunchSource::Single)  // once, by the process the user started
+    for (const auto& notice : train::config_notices(config)) std::fprintf(stderr, "crosstrain: notice: %s\n", notice.c_str());
   if (config.elastic.enabled) train::check_elastic_config(config, launching ? cmd.nproc : env.world_size);
   // Elastic training resumes from the newest checkpoint by itself when no live replica holds the state.
   if (!cmd.resume && !config.elastic.enabled && checkpoint::latest_checkpoint(config.run.dir))

@@ -2,6 +2,7 @@
 
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -17,11 +18,12 @@
 namespace crosstrain::train {
 namespace {
 
-// One configurable key: how to set it from a TOML node and how to print it.
+// One configurable key: how to set it from a TOML node, how to print it, and what it takes (for `crosstrain config`).
 struct Field {
   std::string section, key;
   std::function<void(const toml::node&, const std::string& where)> set;
   std::function<std::string()> show;
+  std::string type;
 };
 
 [[noreturn]] void wrong_type(const std::string& where, const char* expected, const toml::node& node) {
@@ -40,7 +42,8 @@ Field int_field(const char* section, const char* key, int64_t& ref) {
             if (!n.is_integer()) wrong_type(where, "an integer", n);
             ref = n.as_integer()->get();
           },
-          [&ref] { return std::to_string(ref); }};
+          [&ref] { return std::to_string(ref); },
+          "integer"};
 }
 
 Field uint_field(const char* section, const char* key, uint64_t& ref) {
@@ -49,7 +52,8 @@ Field uint_field(const char* section, const char* key, uint64_t& ref) {
             if (!n.is_integer() || n.as_integer()->get() < 0) wrong_type(where, "a non-negative integer", n);
             ref = static_cast<uint64_t>(n.as_integer()->get());
           },
-          [&ref] { return std::to_string(ref); }};
+          [&ref] { return std::to_string(ref); },
+          "integer >= 0"};
 }
 
 Field double_field(const char* section, const char* key, double& ref) {
@@ -68,7 +72,8 @@ Field double_field(const char* section, const char* key, double& ref) {
             std::ostringstream out;
             out << toml::value<double>(ref);
             return out.str();
-          }};
+          },
+          "number"};
 }
 
 Field string_field(const char* section, const char* key, std::string& ref) {
@@ -81,7 +86,18 @@ Field string_field(const char* section, const char* key, std::string& ref) {
             std::ostringstream out;
             out << toml::value<std::string>(ref);
             return out.str();
-          }};
+          },
+          "string"};
+}
+
+// Every name of an enum, in order ("sync, diloco, ssp"): the config's enums number their values from 0 and name
+// an unknown value "?" (core/named_enum.h), so the names are read off until the first "?".
+template <typename Enum>
+std::string names_of(const char* (*name)(Enum)) {
+  std::string out;
+  for (int i = 0; i < 64 && std::string(name(static_cast<Enum>(i))) != "?"; ++i)
+    out += (out.empty() ? "" : ", ") + std::string(name(static_cast<Enum>(i)));
+  return out;
 }
 
 // A key whose value is one of a fixed set of names: parsed into its enum once, here, when the config is read.
@@ -103,7 +119,8 @@ Field named_field(const char* section, const char* key, Enum& ref, Enum (*parse)
             std::ostringstream out;
             out << toml::value<std::string>(name(ref));
             return out.str();
-          }};
+          },
+          "one of " + names_of(name)};
 }
 
 Field bool_field(const char* section, const char* key, bool& ref) {
@@ -112,7 +129,8 @@ Field bool_field(const char* section, const char* key, bool& ref) {
             if (!n.is_boolean()) wrong_type(where, "true or false", n);
             ref = n.as_boolean()->get();
           },
-          [&ref] { return std::string(ref ? "true" : "false"); }};
+          [&ref] { return std::string(ref ? "true" : "false"); },
+          "true or false"};
 }
 
 // Adds each key a layer's visit_keys names (models/gpt_config.h, data/dataset.h, ...) to the table, as a Field of
@@ -250,6 +268,41 @@ std::string join(const std::vector<std::string>& items) {
   return out;
 }
 
+// Single-character edits (insert, delete, substitute) from a to b.
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// What `section.key`, which is not a key, most likely meant: the same key in another section (train.log_every
+// is run.log_every), else the nearest key (at most 2 edits) of the nearest section. "" when nothing is close.
+std::string likely_key(const std::vector<Field>& all, const std::string& section, const std::string& key) {
+  for (const auto& f : all)
+    if (f.key == key && f.section != section) return f.section + "." + f.key;
+  const Field* best = nullptr;
+  size_t best_distance = 3;
+  for (const auto& f : all) {
+    const size_t d = edit_distance(f.section, section) + edit_distance(f.key, key);
+    if (d < best_distance) best = &f, best_distance = d;
+  }
+  return best ? best->section + "." + best->key : "";
+}
+
+std::string did_you_mean(const std::vector<Field>& all, const std::string& section, const std::string& key) {
+  const std::string likely = likely_key(all, section, key);
+  return likely.empty() ? "" : "did you mean '" + likely + "'? ";
+}
+
 void set_key(std::vector<Field>& all, const std::string& section, const std::string& key, const toml::node& value,
              const std::string& origin) {
   std::vector<std::string> valid;
@@ -263,10 +316,12 @@ void set_key(std::vector<Field>& all, const std::string& section, const std::str
       return;
     }
   }
+  const std::string hint = did_you_mean(all, section, key);
   if (!section_known)
-    throw UsageError("unknown section [" + section + "] in " + origin + "; the sections are " + join(sections(all)));
-  throw UsageError("unknown key '" + section + "." + key + "' in " + origin + "; valid keys of [" + section +
-                   "]: " + join(valid));
+    throw UsageError("unknown section [" + section + "] in " + origin + "; " + hint + "the sections are " +
+                     join(sections(all)));
+  throw UsageError("unknown key '" + section + "." + key + "' in " + origin + "; " + hint + "valid keys of [" +
+                   section + "]: " + join(valid));
 }
 
 }  // namespace
@@ -440,6 +495,25 @@ Config parse_config(const std::string& text, const std::string& origin) {
                      std::string(e.description()));
   }
   return config_from_table(table, origin);
+}
+
+std::string describe_config(const Config& config) {
+  Config current = config, defaults;
+  const std::vector<Field> now = fields(current), initial = fields(defaults);
+  std::ostringstream out;
+  std::string section;
+  for (size_t i = 0; i < now.size(); ++i) {
+    const Field& f = now[i];
+    if (f.section != section) {
+      out << (section.empty() ? "" : "\n") << "[" << f.section << "]\n";
+      section = f.section;
+    }
+    const std::string line = f.key + " = " + f.show();
+    const std::string was = initial[i].show();
+    out << line << std::string(line.size() < 40 ? 40 - line.size() : 1, ' ') << "# " << f.type
+        << (was == f.show() ? "" : "; default " + was) << "\n";
+  }
+  return out.str();
 }
 
 std::string to_toml(const Config& const_config) {

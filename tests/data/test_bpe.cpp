@@ -7,6 +7,7 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/data/bpe_tokenizer.h"
+#include "scratch.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
@@ -22,10 +23,7 @@ const char* kMerges[][2] = {{"b", "c"}, {"a", "b"}, {"a", "bc"}, {"Ġ", "a"}, {"
 // Under the test's own name: ctest runs each test in its own process, several at once.
 fs::path temp_dir(const std::string& name) {
   const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  const fs::path dir = fs::path(::testing::TempDir()) / (test + "_" + name);
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return crosstrain::testing::scratch_dir("bpe-" + test + "-" + name);
 }
 
 fs::path write_tokenizer_json(const std::string& name, bool merges_as_pairs) {

@@ -11,18 +11,14 @@
 #include "crosstrain/data/sentencepiece_tokenizer.h"
 #include "crosstrain/data/token_file.h"
 #include "crosstrain/data/tokenizer.h"
+#include "scratch.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
 
 namespace {
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return crosstrain::testing::scratch_dir("token-dataset-" + name); }
 
 std::vector<uint32_t> ramp(size_t n, uint32_t scale) {
   std::vector<uint32_t> v(n);

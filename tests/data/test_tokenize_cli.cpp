@@ -11,6 +11,7 @@
 #include "crosstrain/data/corpus.h"
 #include "crosstrain/data/tokenizer.h"
 #include "subprocess.h"
+#include "scratch.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
@@ -28,9 +29,7 @@ std::string run(const std::string& args, int* status, const std::string& command
 // Under the test's own name: ctest runs each test in its own process, several at once.
 fs::path fresh(const std::string& name) {
   const std::string test = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-  const fs::path dir = fs::path(::testing::TempDir()) / (test + "_" + name);
-  fs::remove_all(dir);
-  return dir;
+  return crosstrain::testing::scratch_path("tokenize-" + test + "-" + name);
 }
 
 std::string read(const fs::path& p) {

@@ -22,6 +22,7 @@
 #include "crosstrain/interop/hf/layout.h"
 #include "in_process_run.h"
 #include "train_fixture.h"
+#include "scratch.h"
 
 using namespace crosstrain;
 namespace fs = std::filesystem;
@@ -105,11 +106,7 @@ at::Tensor as_tensor(const SpecTensor& t) {
 // This process's directories, under one root removed at exit: ctest runs the tests as parallel processes.
 const fs::path& root() {
   static const struct Root {
-    fs::path path = fs::path(::testing::TempDir()) / ("hf_tests_" + std::to_string(getpid()));
-    Root() {
-      fs::remove_all(path);
-      fs::create_directories(path);
-    }
+    fs::path path = crosstrain::testing::scratch_dir("hf-tests");
     ~Root() {
       std::error_code ec;
       fs::remove_all(path, ec);

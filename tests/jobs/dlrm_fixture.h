@@ -9,6 +9,7 @@
 
 #include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/jobs/dlrm/trainer.h"
+#include "scratch.h"
 
 namespace crosstrain::testing {
 
@@ -17,7 +18,7 @@ namespace crosstrain::testing {
 inline train::Config dlrm_test_config(const std::string& tag) {
   train::Config c;
   c.model.arch = models::ModelArch::Dlrm;
-  c.run.dir = (std::filesystem::temp_directory_path() / ("ct-dlrm-" + tag + "-" + std::to_string(::getpid()))).string();
+  c.run.dir = scratch_path("dlrm-" + tag).string();
   c.run.seed = 11;
   c.dlrm.tables = "3000,700,64,40";
   c.dlrm.embedding_dim = 8;

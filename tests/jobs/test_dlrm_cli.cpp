@@ -10,6 +10,7 @@
 
 #include "crosstrain/checkpoint/safetensors.h"
 #include "subprocess.h"
+#include "scratch.h"
 
 using namespace crosstrain::testing;
 namespace fs = std::filesystem;
@@ -19,11 +20,7 @@ namespace {
 const std::string kBin = CT_CROSSTRAIN_BIN;
 const std::string kRecipe = CT_SOURCE_DIR "/recipes/dlrm-synthetic.toml";
 
-std::string fresh(const std::string& name) {
-  auto d = fs::path(::testing::TempDir()) / ("dlrm-cli-" + name);
-  fs::remove_all(d);
-  return d.string();
-}
+std::string fresh(const std::string& name) { return crosstrain::testing::scratch_path("dlrm-cli-" + name).string(); }
 
 std::vector<std::string> train_args(const std::string& dir, int nproc, int steps) {
   return {kBin, "train", kRecipe, "--nproc", std::to_string(nproc), "--set", "run.dir=" + dir,

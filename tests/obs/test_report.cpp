@@ -7,6 +7,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/obs/report.h"
 #include "synthetic_run.h"
+#include "scratch.h"
 
 using crosstrain::UsageError;
 using namespace crosstrain::obs;
@@ -15,7 +16,7 @@ namespace fs = std::filesystem;
 namespace {
 
 fs::path synthetic_run(const std::string& name, int steps, bool traces) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
+  const fs::path dir = crosstrain::testing::scratch_path("report-" + name);
   crosstrain::testing::write_synthetic_run(dir, steps, traces);
   return dir;
 }

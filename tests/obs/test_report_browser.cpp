@@ -13,6 +13,7 @@
 #include "cli_fixture.h"
 #include "subprocess.h"
 #include "synthetic_run.h"
+#include "scratch.h"
 
 namespace fs = std::filesystem;
 using namespace crosstrain::testing;
@@ -86,12 +87,7 @@ ProcessResult run_crosstrain(const std::vector<std::string>& args, int seconds =
   return run_process(argv, {}, std::chrono::seconds(seconds));
 }
 
-fs::path work_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path work_dir(const std::string& name) { return crosstrain::testing::scratch_dir("report-browser-" + name); }
 
 }  // namespace
 

@@ -8,6 +8,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/obs/trace_file.h"
 #include "synthetic_run.h"
+#include "scratch.h"
 
 using crosstrain::UsageError;
 using namespace crosstrain::obs;
@@ -24,12 +25,7 @@ std::string error_of(const std::string& text) {
   return "";
 }
 
-fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::path(::testing::TempDir()) / name;
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
-}
+fs::path fresh_dir(const std::string& name) { return crosstrain::testing::scratch_dir("trace-file-" + name); }
 
 }  // namespace
 

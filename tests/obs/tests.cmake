@@ -16,7 +16,7 @@ add_executable(obs_report_tests obs/test_trace_file.cpp obs/test_trace_analysis.
                ${CT_OBS_READER_SOURCES})
 target_include_directories(obs_report_tests PRIVATE ${CROSSTRAIN_obs_ROOTS} support)
 target_compile_options(obs_report_tests PRIVATE -Wall -Wextra -Wno-unused-parameter)
-target_link_libraries(obs_report_tests PRIVATE crosstrain_core_pure nlohmann_json::nlohmann_json GTest::gtest_main)
+target_link_libraries(obs_report_tests PRIVATE ct_scratch crosstrain_core_pure nlohmann_json::nlohmann_json GTest::gtest_main)
 gtest_discover_tests(obs_report_tests PROPERTIES LABELS unit TIMEOUT 60 DISCOVERY_TIMEOUT 60)
 # The report in headless Chromium; the screenshots stay in the build tree.
 add_executable(obs_report_browser_tests obs/test_report_browser.cpp)

@@ -16,6 +16,7 @@
 #include "crosstrain/data/ctr.h"
 #include "crosstrain/recsys/metrics.h"
 #include "ctr_random.h"
+#include "scratch.h"
 
 using namespace crosstrain::data;
 namespace fs = std::filesystem;
@@ -223,10 +224,8 @@ namespace {
 class CriteoFile : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("crosstrain-criteo-" + std::to_string(getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::create_directories(dir_);
+    dir_ = crosstrain::testing::scratch_dir(std::string("criteo-") +
+                                            ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
   void TearDown() override { fs::remove_all(dir_); }
 

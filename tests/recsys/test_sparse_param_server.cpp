@@ -19,6 +19,7 @@
 
 #include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/recsys/sparse_param_server.h"
+#include "scratch.h"
 
 using namespace crosstrain;
 using namespace crosstrain::recsys;
@@ -62,11 +63,7 @@ at::Tensor push_ids(int w, int64_t rows) {
   return ids_of(v);
 }
 
-std::string temp_dir(const std::string& tag) {
-  const fs::path p = fs::temp_directory_path() / ("ct-sparse-ps-" + tag + "-" + std::to_string(::getpid()));
-  fs::remove_all(p);
-  return p.string();
-}
+std::string temp_dir(const std::string& tag) { return crosstrain::testing::scratch_path("sparse-ps-" + tag).string(); }
 
 int64_t rss_anon_kb() {
   std::ifstream in("/proc/self/status");

@@ -3,7 +3,7 @@ add_executable(recsys_pure_tests recsys/test_ctr_data.cpp recsys/test_metrics.cp
   recsys/test_dlrm_config.cpp recsys/test_dlrm_identity.cpp)
 target_compile_options(recsys_pure_tests PRIVATE -Wall -Wextra)
 target_include_directories(recsys_pure_tests PRIVATE ${PROJECT_SOURCE_DIR}/src/data)  # ctr_random.h is private
-target_link_libraries(recsys_pure_tests PRIVATE crosstrain_data_pure crosstrain_core_pure crosstrain_recsys_pure
+target_link_libraries(recsys_pure_tests PRIVATE ct_scratch crosstrain_data_pure crosstrain_core_pure crosstrain_recsys_pure
   GTest::gtest_main Threads::Threads)
 gtest_discover_tests(recsys_pure_tests PROPERTIES LABELS unit TIMEOUT 120 DISCOVERY_TIMEOUT 60)
 # The all-to-all exchange of lookups and gradients, ranks as threads.

@@ -21,6 +21,7 @@
 #include "chromium.h"
 #include "crosstrain/scheduler/train_share.h"
 #include "subprocess.h"
+#include "scratch.h"
 
 using namespace crosstrain::testing;
 namespace fs = std::filesystem;
@@ -56,9 +57,7 @@ class ComputeNetwork : public ::testing::Test {
  protected:
   void SetUp() override {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root to run slurmd";
-    root_ = fs::temp_directory_path() / ("ct-network-" + std::to_string(::getpid()));
-    fs::remove_all(root_);
-    fs::create_directories(root_);
+    root_ = crosstrain::testing::scratch_dir("network");
     for (const char* name : {"east", "west"}) {
       const auto r = run_process({kTestbed, "start", (root_ / name).string(), name, std::to_string(port(name))}, {},
                                  milliseconds(60000));

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "crosstrain/scheduler/local_executor.h"
+#include "scratch.h"
 
 namespace crosstrain::scheduler {
 namespace {
@@ -25,9 +26,8 @@ std::string slurp(const fs::path& p) {
 class LocalExecutorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    work_ = fs::temp_directory_path() / ("ct-local-" + std::to_string(::getpid()) + "-" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(work_);
+    work_ = crosstrain::testing::scratch_path(std::string("local-") +
+                                              ::testing::UnitTest::GetInstance()->current_test_info()->name());
   }
   void TearDown() override { fs::remove_all(work_); }
   static JobRecord job(int64_t id) {

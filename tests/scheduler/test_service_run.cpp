@@ -17,6 +17,7 @@
 #include "chromium.h"
 #include "scheduler_test_util.h"
 #include "subprocess.h"
+#include "scratch.h"
 
 namespace crosstrain::scheduler {
 namespace {
@@ -65,11 +66,7 @@ void write_metrics(const fs::path& dir) {
 // A fresh folder for each rig (two may live at once).
 fs::path fresh_dir() {
   static int rigs = 0;
-  const fs::path dir = fs::path(::testing::TempDir()) /
-                       ("ct-service-run-" + std::to_string(::getpid()) + "-" + std::to_string(++rigs));
-  fs::remove_all(dir);
-  fs::create_directories(dir);
-  return dir;
+  return crosstrain::testing::scratch_dir("service-run-" + std::to_string(++rigs));
 }
 
 // Job 1: simulated (no run folder); job 2: trains, three steps in its metrics; job 3: its folder has no metrics yet.

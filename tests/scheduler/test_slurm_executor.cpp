@@ -13,6 +13,7 @@
 
 #include "crosstrain/scheduler/command.h"
 #include "crosstrain/scheduler/slurm_executor.h"
+#include "scratch.h"
 
 using namespace crosstrain::scheduler;
 namespace fs = std::filesystem;
@@ -31,7 +32,7 @@ class TwoSlurmClusters : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     if (::geteuid() != 0) GTEST_SKIP() << "needs root to run slurmd";
-    root_ = fs::temp_directory_path() / ("ct-slurm-" + std::to_string(::getpid()));
+    root_ = crosstrain::testing::scratch_path("slurm");
     for (const char* name : {"east", "west"}) restart(name);
   }
   static void TearDownTestSuite() {

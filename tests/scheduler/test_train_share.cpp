@@ -10,6 +10,7 @@
 #include "crosstrain/core/error.h"
 #include "crosstrain/planner/layout.h"
 #include "crosstrain/scheduler/train_share.h"
+#include "scratch.h"
 
 namespace crosstrain::scheduler {
 namespace {
@@ -149,8 +150,7 @@ TEST(TrainShare, ShellLineQuotesEveryArgument) {
 }
 
 TEST(TrainShare, NewestCompleteCheckpointAndLastWholeMetricsLine) {
-  const fs::path run = fs::temp_directory_path() / ("ct-share-" + std::to_string(::getpid()));
-  fs::remove_all(run);
+  const fs::path run = crosstrain::testing::scratch_path("share");
   EXPECT_EQ(newest_checkpoint_step(run.string()), 0);
   for (const char* d : {"step_00000010", "step_00000020", "step_00000030.tmp", "step_00000040"})
     fs::create_directories(run / "checkpoints" / d);

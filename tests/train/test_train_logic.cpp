@@ -129,8 +129,16 @@ TEST(Config, UnknownKeysAndWrongTypesAreNamed) {
   auto what = error_of([&] { train::load_config(path); });
   EXPECT_NE(what.find("unknown key 'train.stepz'"), std::string::npos) << what;
   EXPECT_NE(what.find("valid keys of [train]: steps, global_batch"), std::string::npos) << what;
+  EXPECT_NE(what.find("did you mean 'train.steps'?"), std::string::npos) << what;
   what = error_of([&] { train::load_config(temp_file("b2.toml", "[trian]\nsteps = 1\n")); });
   EXPECT_NE(what.find("unknown section [trian]"), std::string::npos) << what;
+  EXPECT_NE(what.find("did you mean 'train.steps'?"), std::string::npos) << what;
+  // A key of another section, or nothing close at all.
+  what = error_of([&] { train::load_config(temp_file("b5.toml", "[train]\nlog_every = 5\n")); });
+  EXPECT_NE(what.find("did you mean 'run.log_every'?"), std::string::npos) << what;
+  what = error_of([&] { train::load_config(temp_file("b6.toml", "[train]\nflux_capacitor = 5\n")); });
+  EXPECT_EQ(what.find("did you mean"), std::string::npos) << what;
+  EXPECT_NE(what.find("valid keys of [train]"), std::string::npos) << what;
   what = error_of([&] { train::load_config(temp_file("b3.toml", "[train]\nsteps = \"many\"\n")); });
   EXPECT_NE(what.find("train.steps"), std::string::npos) << what;
   EXPECT_NE(what.find("must be an integer"), std::string::npos) << what;

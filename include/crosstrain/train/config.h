@@ -132,8 +132,14 @@ Config parse_config(const std::string& text, const std::string& origin);
 void apply_override(Config& config, const std::string& assignment);
 // The complete resolved config as TOML (every key, defaults included).
 std::string to_toml(const Config& config);
+// The same TOML, every key followed by a comment with what it takes and, where the value is not the default,
+// the default (`crosstrain config`).
+std::string describe_config(const Config& config);
+// What a config will do that its author may not expect, one line each (a run that ends inside its warm-up, a
+// DiLoCo run that never reaches an outer step). Nothing here is an error.
+std::vector<std::string> config_notices(const Config& config);
 // Per-key checks that need no world size (ranges, signs); load_config runs them after the overrides. Throws
-// UsageError naming the key and its value. Checks across keys and ranks are in check_config (trainer.h).
+// UsageError naming the key and its value. Checks across keys and ranks are in resolve() (jobs/trainer.h).
 void check_ranges(const Config& config);
 // sync.cluster_batch as counts (empty when the key is empty). Throws UsageError naming the key unless every
 // count is a positive integer.

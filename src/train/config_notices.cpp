@@ -1,0 +1,31 @@
+// Notices about a config that is valid but probably not what its author meant. They are printed once, by the
+// process the user started (`crosstrain train`) and by `crosstrain config`.
+#include <string>
+#include <vector>
+
+#include "crosstrain/train/config.h"
+#include "crosstrain/train/sync_mode.h"
+
+namespace crosstrain::train {
+
+std::vector<std::string> config_notices(const Config& c) {
+  std::vector<std::string> out;
+  const std::string steps = std::to_string(c.train.steps);
+  if (c.train.warmup_steps >= c.train.steps)
+    out.push_back("train.steps = " + steps + " ends inside the " + std::to_string(c.train.warmup_steps) +
+                  "-step warm-up (train.warmup_steps): the learning rate never reaches train.lr; lower "
+                  "train.warmup_steps for a short run");
+  if (c.sync.mode == SyncMode::DiLoCo && c.sync.inner_steps > 0) {
+    const int64_t outer = c.train.steps / c.sync.inner_steps;
+    const std::string h = std::to_string(c.sync.inner_steps);
+    if (outer == 0)
+      out.push_back("train.steps = " + steps + " ends before DiLoCo's first outer step (sync.inner_steps = " + h +
+                    "): the clusters never average; lower sync.inner_steps");
+    else if (outer == 1)
+      out.push_back("train.steps = " + steps + " makes a single DiLoCo outer step (sync.inner_steps = " + h +
+                    "); lower sync.inner_steps for more");
+  }
+  return out;
+}
+
+}  // namespace crosstrain::train

@@ -1,0 +1,74 @@
+// `crosstrain config`: the config a run would get, as a user asks for it. Real processes, no training.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "cli_fixture.h"
+#include "scratch.h"
+
+using namespace crosstrain::testing;
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+namespace {
+
+ProcessResult config(std::vector<std::string> args) {
+  args.insert(args.begin(), {kBin, "config"});
+  return run_process(args, {}, milliseconds(60000));
+}
+
+// The line of `key = ...` in [section] of a printed config.
+std::string line_of(const std::string& text, const std::string& section, const std::string& key) {
+  const auto start = text.find("[" + section + "]\n");
+  if (start == std::string::npos) return "";
+  const auto at = text.find("\n" + key + " = ", start);
+  if (at == std::string::npos) return "";
+  return text.substr(at + 1, text.find('\n', at + 1) - at - 1);
+}
+
+}  // namespace
+
+TEST(ConfigCli, PrintsEveryKeyWithWhatItTakesAndTheDefaultWhereItDiffers) {
+  const auto res = config({kRecipes + "/gpt-tiny.toml", "--set", "train.steps=7", "--set", "sync.mode=diloco"});
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  const std::string steps = line_of(res.output, "train", "steps");
+  EXPECT_NE(steps.find("steps = 7"), std::string::npos) << steps;
+  EXPECT_NE(steps.find("# integer; default "), std::string::npos) << steps;
+  const std::string mode = line_of(res.output, "sync", "mode");
+  EXPECT_NE(mode.find("one of sync, diloco, ssp, async, gossip; default 'sync'"), std::string::npos) << mode;
+  EXPECT_NE(line_of(res.output, "dlrm", "mode").find("one of sharded, ps"), std::string::npos) << res.output;
+  for (const char* section : {"run", "model", "data", "train", "parallel", "comm", "sync", "elastic", "obs", "dlrm",
+                              "debug"})
+    EXPECT_NE(res.output.find(std::string("[") + section + "]"), std::string::npos) << section;
+  // A short DiLoCo run: both notices, as comments.
+  EXPECT_NE(res.output.find("# notice: train.steps = 7 ends inside the"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("# notice: train.steps = 7 ends before DiLoCo's first outer step"), std::string::npos)
+      << res.output;
+}
+
+TEST(ConfigCli, WhatItPrintsIsARecipeThatReadsBackToTheSameConfig) {
+  const auto first = config({kRecipes + "/gpt-tiny.toml", "--set", "train.steps=9", "--set", "dlrm.pooling=mean"});
+  ASSERT_EQ(first.exit_code(), 0) << first.output;
+  const fs::path saved = scratch_dir("config-cli") / "printed.toml";
+  std::ofstream(saved) << first.output;
+  const auto again = config({saved.string()});
+  ASSERT_EQ(again.exit_code(), 0) << again.output;
+  // Only the first line (which names the recipe) differs.
+  EXPECT_EQ(first.output.substr(first.output.find('\n')), again.output.substr(again.output.find('\n')));
+}
+
+TEST(ConfigCli, NprocResolvesTheLayoutOrRefusesIt) {
+  auto res = config({kRecipes + "/gpt-tiny.toml", "--nproc", "4", "--set", "parallel.tp=2"});
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  EXPECT_NE(res.output.find("# resolved for 4 ranks: dp 2 x pp 1 x tp 2"), std::string::npos) << res.output;
+  res = config({kRecipes + "/gpt-tiny.toml", "--nproc", "3", "--set", "train.global_batch=4"});
+  EXPECT_EQ(res.exit_code(), 2) << res.output;
+  EXPECT_NE(res.output.find("train.global_batch = 4"), std::string::npos) << res.output;
+}
+
+TEST(ConfigCli, AKeyInTheWrongSectionIsNamedWithTheRightOne) {
+  const auto res = config({"--set", "train.log_every=5"});
+  EXPECT_EQ(res.exit_code(), 2) << res.output;
+  EXPECT_NE(res.output.find("did you mean 'run.log_every'?"), std::string::npos) << res.output;
+}

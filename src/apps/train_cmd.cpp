@@ -4,6 +4,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <cstdlib>
 
 #include "crosstrain/comm/diagnostics/hang_doctor.h"
@@ -44,15 +45,26 @@ void check_resume(const train::Config& config) {
   if (!notice.empty()) std::fprintf(stderr, "crosstrain: %s\n", notice.c_str());
 }
 
-// The command line that continues this run, for the message after Ctrl-C.
+// `word` as a shell reads it back: as it is when plain, else in single quotes (with its own quotes escaped).
+std::string shell_word(const std::string& word) {
+  const bool plain = !word.empty() && word.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                                             "0123456789-_./=:,+@%") == std::string::npos;
+  if (plain) return word;
+  std::string quoted = "'";
+  for (char c : word) quoted += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return quoted + "'";
+}
+
+// The command line that continues this run, for the message after Ctrl-C: this binary's real path (a build
+// tree's crosstrain is rarely on the PATH), the same arguments, and --resume.
 std::string resume_command(const std::vector<std::string>& args) {
-  std::string out = "crosstrain";
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::string out = shell_word(ec ? std::string("crosstrain") : self.string());
   bool resume = false;
   for (const auto& a : args) {
     resume = resume || a == "--resume";
-    const bool plain = !a.empty() && a.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-                                                         "0123456789-_./=:,+@%") == std::string::npos;
-    out += " " + (plain ? a : "'" + a + "'");
+    out += " " + shell_word(a);
   }
   return resume ? out : out + " --resume";
 }
@@ -145,8 +157,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   if (result.stopped_after < 0) return 0;
   if (world->rank() == 0) {
     auto latest = checkpoint::latest_checkpoint(config.run.dir);
-    std::fprintf(stderr, "crosstrain: interrupted after step %lld of %lld; no checkpoint was left half-written. ",
-                 static_cast<long long>(result.stopped_after), static_cast<long long>(config.train.steps));
+    std::fprintf(stderr, "crosstrain: interrupted after step %lld of %lld; no checkpoint was left half-written. ", static_cast<long long>(result.stopped_after), static_cast<long long>(config.train.steps));
     if (latest)
       std::fprintf(stderr, "The newest checkpoint is %s; continue with: %s\n", latest->c_str(),
                    resume_command(relaunch_args).c_str());

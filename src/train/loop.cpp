@@ -102,6 +102,7 @@ LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const
   int64_t step = first;
   if (hooks.before_commit) before_commit = [&] { hooks.before_commit(step); };
   LoopEnd end = LoopEnd::Finished;
+  first_step_ = first;
   for (; step <= c_.train.steps; ++step) {
     job.set_step(step);
     if (stop_vote.agreed()) {
@@ -125,7 +126,10 @@ LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const
 }
 
 void TrainLoop::finish_stopped(Job& job, bool leader) {
-  const std::string saved = job.commit_pending();
+  std::string saved = job.commit_pending();
+  // Keep the work: the state after the last step done, unless that step saved on schedule already.
+  const int64_t last = result_.stopped_after, every = c_.train.checkpoint_every;
+  if (last >= first_step_ && !(every > 0 && last % every == 0)) saved = job.save_now(last);
   if (leader && !options_.quiet) progress_.finish();
   say_saved(saved, leader);
   job.flush_trace();

@@ -107,7 +107,12 @@ TEST(DlrmCli, RunsThroughTheCommonLoopTracesReportsAndStopsOnCtrlC) {
   auto stopped = job.wait(std::chrono::milliseconds(120000));
   EXPECT_FALSE(stopped.timed_out);
   EXPECT_EQ(stopped.exit_code(), 128 + SIGINT) << stopped.output;
-  EXPECT_TRUE(std::regex_search(stopped.output, std::regex("interrupted after step [0-9]+ of 100000"))) << stopped.output;
+  std::smatch at;
+  ASSERT_TRUE(std::regex_search(stopped.output, at, std::regex("interrupted after step ([0-9]+) of 100000")))
+      << stopped.output;
+  char last[32];
+  std::snprintf(last, sizeof last, "step_%08d", std::stoi(at[1]));
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/" + last + "/manifest.json")) << "the step it stopped after is saved";
   EXPECT_TRUE(contains(stopped.output, "The newest checkpoint is " + dir + "/checkpoints/step_0000000"))
       << stopped.output;
   EXPECT_TRUE(contains(stopped.output, "--resume")) << stopped.output;

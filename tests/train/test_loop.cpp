@@ -47,6 +47,10 @@ class ScriptedJob : public train::Job {
     return "";
   }
   std::string commit_pending() override { return ""; }
+  std::string save_now(int64_t step) override {
+    calls.push_back("save now " + std::to_string(step));
+    return "";
+  }
   void add_metrics(obs::StepMetrics& m, const train::StepRecord& rec, double) override {
     calls.push_back("row " + std::to_string(rec.step));
     m.counts["scripted"] = 1;
@@ -148,6 +152,30 @@ TEST(TrainLoop, AStopAskedOnOneRankEndsEveryRankAfterTheSameStep) {
   EXPECT_EQ(stopped[0], 5);  // the vote posted at step 5 is read before step 6
   EXPECT_EQ(stopped[1], 5);
   EXPECT_EQ(stopped[2], 5);
+}
+
+TEST(TrainLoop, AStoppedRunSavesTheLastStepDoneUnlessItSavedOnSchedule) {
+  for (const int64_t every : {0, 4, 5}) {
+    train::Config c = config("stop-save-" + std::to_string(every), 1000, 0);
+    c.train.checkpoint_every = every;
+    std::vector<std::vector<std::string>> calls(2);
+    comm::FakeWorld::run(2, [&](comm::Communicator& world) {
+      train::TrainOptions o;
+      o.quiet = true;
+      ScriptedJob job;
+      int polls = 0;
+      o.stop_requested = [&] { return world.rank() == 1 && ++polls >= 5; };
+      train::TrainLoop loop(c, o);
+      ASSERT_EQ(loop.run(job, world, 1), train::LoopEnd::Stopped);
+      loop.finish_stopped(job, world.rank() == 0);
+      calls[world.rank()] = job.calls;
+    });
+    for (int r = 0; r < 2; ++r) {  // every rank: the save is collective
+      const auto saves_now = std::count(calls[r].begin(), calls[r].end(), "save now 5");
+      EXPECT_EQ(saves_now, every == 5 ? 0 : 1) << "checkpoint_every " << every << ", rank " << r;
+      EXPECT_EQ(calls[r].back(), every == 5 ? "save 5" : "save now 5") << "checkpoint_every " << every;
+    }
+  }
 }
 
 TEST(TrainLoop, HooksSeeEachStepAndCanEndTheRun) {

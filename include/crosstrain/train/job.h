@@ -72,6 +72,9 @@ class Job {
   virtual std::string checkpoint(int64_t step) = 0;
   // Commits an asynchronous save already written (stopping between steps: nothing new is started).
   virtual std::string commit_pending() = 0;
+  // Saves the state after `step` now, whatever the schedule, and commits it (a run stopped between steps keeps
+  // its work). Collective, like checkpoint().
+  virtual std::string save_now(int64_t step) = 0;
 
   // The step's metrics row: the loop has filled the common fields (step, loss, lr, throughput, times, the
   // evaluation, local_batch, peak_rss_bytes); the family adds its own. `elapsed_s`: since the run started.

@@ -50,7 +50,8 @@ class TrainLoop {
   LoopEnd run(Job& job, comm::Communicator& world, int64_t first, const StepHooks& hooks = {});
   // After the last step: the job's own end, the summary line and the sample (rank 0).
   void finish(Job& job, bool leader);
-  // After a stop vote: commits an asynchronous save already written and says so.
+  // After a stop vote: commits an asynchronous save already written and saves the last step done, unless it
+  // saved on schedule, so that a resume continues where the run stopped. Collective.
   void finish_stopped(Job& job, bool leader);
 
   TrainResult& result() { return result_; }
@@ -70,6 +71,7 @@ class TrainLoop {
   obs::ProgressPrinter progress_;
   std::chrono::steady_clock::time_point start_;
   TrainResult result_;
+  int64_t first_step_ = 1;  // of the last run(): a stop before it trained anything has nothing to save
 };
 
 }  // namespace crosstrain::train

@@ -215,6 +215,15 @@ std::string DlrmJob::checkpoint(int64_t step) {
   // The parameter server's last pushes are all applied once every worker said goodbye: the tables are still.
   if (last) embeddings_->finish();
   if (!last && !(c_.train.checkpoint_every > 0 && step % c_.train.checkpoint_every == 0)) return "";
+  return save(step, last);
+}
+
+std::string DlrmJob::save_now(int64_t step) {
+  Phase phase(recording_, obs::SpanKind::Checkpoint, "checkpoint", step);
+  return save(step, step == c_.train.steps);
+}
+
+std::string DlrmJob::save(int64_t step, bool last) {
   // Parameter server: every worker has pushed step `step` (and waits in the commit's collectives until every
   // rank copied its shards), so the saved tables hold exactly the pushes of steps up to `step`.
   if (ps_ && !last && size_ > 1) world_.barrier()->wait();

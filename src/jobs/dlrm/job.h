@@ -33,6 +33,7 @@ class DlrmJob : public Job {
   Evaluation evaluate() override;
   std::string checkpoint(int64_t step) override;
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
+  std::string save_now(int64_t step) override;
   void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
   void flush_trace() override;
   void finish() override;
@@ -48,6 +49,7 @@ class DlrmJob : public Job {
   std::pair<at::Tensor, at::Tensor> forward(const data::CtrBatch& b, bool training);
   double planted_auc();
   int64_t resume();
+  std::string save(int64_t step, bool last);  // writes and commits the checkpoint of `step`
 
   const Config& c_;
   RunRecording recording_;

@@ -627,15 +627,26 @@ std::string Run::checkpoint(int64_t step) {
   std::string saved = commit_pending();
   const bool last = step == c_.train.steps;
   if ((c_.train.checkpoint_every > 0 && step % c_.train.checkpoint_every == 0) || last) {
-    auto pieces = optimizer_->checkpoint_pieces(placement(), sync_->state());
-    nlohmann::json info = state_to_info(CheckpointState{step, sampler_->state(), to_toml(c_), dims_.dp(), dims_.pp(),
-                                                        dims_.tp(), dims_.zero});
-    info["optimizer_step"] = optimizer_->step_count();
-    info["sync_mode"] = to_string(c_.sync.mode);
-    checkpoints_.save(step, std::move(pieces), std::move(info));
-    if (last || !c_.train.async_checkpoint) saved = checkpoints_.commit();
+    const std::string now = save(step, last || !c_.train.async_checkpoint);
+    if (!now.empty()) saved = now;
   }
   return saved;
+}
+
+std::string Run::save_now(int64_t step) {
+  Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Checkpoint, "checkpoint", step);
+  commit_pending();
+  return save(step, /*commit=*/true);
+}
+
+std::string Run::save(int64_t step, bool commit) {
+  auto pieces = optimizer_->checkpoint_pieces(placement(), sync_->state());
+  nlohmann::json info = state_to_info(CheckpointState{step, sampler_->state(), to_toml(c_), dims_.dp(), dims_.pp(),
+                                                      dims_.tp(), dims_.zero});
+  info["optimizer_step"] = optimizer_->step_count();
+  info["sync_mode"] = to_string(c_.sync.mode);
+  checkpoints_.save(step, std::move(pieces), std::move(info));
+  return commit ? checkpoints_.commit() : "";
 }
 
 void Run::add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) {

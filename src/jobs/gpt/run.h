@@ -71,6 +71,7 @@ class Run : public Job {
   void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
   void print_header() const override;
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
+  std::string save_now(int64_t step) override;
   void set_step(int64_t step) override;
   bool lockstep() const override { return sync_traits_.lockstep; }
   void finish() override { fill_dump(); }
@@ -112,6 +113,8 @@ class Run : public Job {
   StatePlacement placement() const;
   SyncSetup sync_setup(const Config& c, comm::Communicator& world);
   void start_trace(const RunStart& start);
+  // Writes the checkpoint of `step` (committed at once when `commit`; else by the next commit_pending()).
+  std::string save(int64_t step, bool commit);
   bool spans_clusters(const SyncConfig& s, int cluster_hint);  // collective over the world
   void trace_pipeline_step(int64_t step, int64_t started_us);
   void exchange_straggler_timings(int64_t step);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "crosstrain/core/machine.h"
 #include "crosstrain/jobs/trainer.h"
 #include "crosstrain/train/config.h"
 
@@ -30,6 +31,9 @@ int config_command(const ConfigCommand& command) {
   }
   std::cout << "# crosstrain config" << (command.recipe.empty() ? " (defaults)" : " of " + command.recipe)
             << ": every key, what it takes, and its default where the value differs\n";
+  if (command.nproc > 0)
+    for (const auto& notice : train::host_notices(config, command.nproc, usable_cores()))
+      std::cout << "# notice: " << notice << "\n";
   if (command.nproc > 0) print_layout(train::resolve(config, command.nproc));
   for (const auto& notice : train::config_notices(config)) std::cout << "# notice: " << notice << "\n";
   std::cout << "\n" << train::describe_config(config);

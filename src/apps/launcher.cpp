@@ -19,6 +19,7 @@
 #include "crosstrain/store/auth.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/launch_env.h"
+#include "line_folder.h"
 
 namespace crosstrain::apps {
 namespace {
@@ -51,18 +52,25 @@ struct Rank {
   Stream out, err;
 };
 
-void emit(int rank, const std::string& line, bool is_err, bool prefix) {
+void print_lines(const std::vector<std::string>& lines) {
+  for (const auto& line : lines) std::cerr << line + "\n" << std::flush;
+}
+
+// A line of a rank: stderr lines with their rank go through `folder` (what several ranks print alike is printed
+// once), the rest as they come.
+void emit(int rank, const std::string& line, bool is_err, bool prefix, LineFolder& folder) {
+  if (is_err && prefix) return print_lines(folder.offer(rank, line, Clock::now()));
   std::string text = (prefix ? "[rank " + std::to_string(rank) + "] " : std::string()) + line + "\n";
   (is_err ? std::cerr : std::cout) << text << std::flush;
 }
 
 // Reads what is available; returns false at end of file.
-bool pump(Rank& r, Stream& s, bool is_err, bool prefix) {
+bool pump(Rank& r, Stream& s, bool is_err, bool prefix, LineFolder& folder) {
   char buf[8192];
   ssize_t n = read(s.fd, buf, sizeof buf);
   if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
   if (n <= 0) {
-    if (!s.pending.empty()) emit(r.rank, s.pending, is_err, prefix);
+    if (!s.pending.empty()) emit(r.rank, s.pending, is_err, prefix, folder);
     s.pending.clear();
     close(s.fd);
     s.fd = -1;
@@ -77,7 +85,7 @@ bool pump(Rank& r, Stream& s, bool is_err, bool prefix) {
   s.pending.append(buf, static_cast<size_t>(n));
   size_t start = 0;
   for (size_t nl; (nl = s.pending.find('\n', start)) != std::string::npos; start = nl + 1)
-    emit(r.rank, s.pending.substr(start, nl - start), is_err, prefix);
+    emit(r.rank, s.pending.substr(start, nl - start), is_err, prefix, folder);
   s.pending.erase(0, start);
   return true;
 }
@@ -208,9 +216,10 @@ void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o)
 // Passes the ranks' output on, forwards signals, and stops every rank when one fails; returns once all have
 // exited (and their pipes are drained), with the launcher's exit code.
 // Elastic: the rank's old output is passed on to the end, then a new process takes its place.
-void restart_rank(Rank& r, int world, int port, const LaunchOptions& o) {
+void restart_rank(Rank& r, int world, int port, const LaunchOptions& o, LineFolder& folder) {
   for (Stream* s : {&r.out, &r.err})
-    while (s->fd >= 0 && pump(r, *s, s == &r.err, o.prefix_output && (s == &r.err || r.rank != 0 || o.prefix_rank0_stdout))) {
+    while (s->fd >= 0 && pump(r, *s, s == &r.err, o.prefix_output && (s == &r.err || r.rank != 0 || o.prefix_rank0_stdout),
+                              folder)) {
       pollfd p{s->fd, POLLIN, 0};
       if (poll(&p, 1, 100) <= 0) {  // a child of the rank still holds the pipe: stop listening to it
         close(s->fd);
@@ -247,6 +256,8 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
   Clock::time_point kill_at{};
   Clock::time_point all_exited_at{};
   bool all_exited = false;
+  // Identical lines of crosstrain itself from several ranks wait this long for their copies (line_folder.h).
+  LineFolder folder(std::chrono::milliseconds(200), static_cast<int>(ranks.size()));
   for (;;) {
     std::vector<pollfd> fds{{g_signal_pipe[0], POLLIN, 0}};
     std::vector<std::pair<Rank*, bool>> owners{{nullptr, false}};
@@ -255,13 +266,15 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
       if (r.err.fd >= 0) { fds.push_back({r.err.fd, POLLIN, 0}); owners.push_back({&r, true}); }
     }
     if (all_exited && (fds.size() == 1 || Clock::now() - all_exited_at > std::chrono::milliseconds(500))) break;
+    print_lines(folder.due(Clock::now()));
     // Elastic: a dead rank is noticed here first (its exit), so look more often.
     poll(fds.data(), fds.size(), elastic ? 20 : 100);
     for (size_t i = 1; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       Rank& r = *owners[i].first;
       const bool is_err = owners[i].second;
-      pump(r, is_err ? r.err : r.out, is_err, o.prefix_output && (is_err || r.rank != 0 || o.prefix_rank0_stdout));
+      pump(r, is_err ? r.err : r.out, is_err, o.prefix_output && (is_err || r.rank != 0 || o.prefix_rank0_stdout),
+           folder);
     }
     if (fds[0].revents & POLLIN) {
       unsigned char sig = 0;
@@ -293,7 +306,7 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
       if (!failed(status)) ++succeeded;
       if (failed(status) && !stopping && elastic) {
         // Elastic: the others train on; the rank restarts while the budget lasts.
-        if (elastic->on_failure(r.rank, r.pid, describe_status(status))) restart_rank(r, world, port, o);
+        if (elastic->on_failure(r.rank, r.pid, describe_status(status))) restart_rank(r, world, port, o, folder);
         else if (result == 0) result = exit_code_of(status);
         continue;
       }
@@ -320,6 +333,7 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
       all_exited_at = Clock::now();
     }
   }
+  print_lines(folder.flush());
   // Elastic: the job succeeded when training finished on some rank, whatever was lost on the way.
   return elastic && succeeded > 0 && !interrupted ? 0 : result;
 }

@@ -398,6 +398,8 @@ struct CommandLine {
 
   CommandLine() {
     app.require_subcommand(1);
+    // Every option's --help line shows its default (subcommands inherit this from the app).
+    app.option_defaults()->always_capture_default();
     // What it is and what it runs on today: libtorch on CPUs, Gloo and MPI between processes (no CUDA/NCCL yet).
     app.set_version_flag("--version", std::string("crosstrain ") + CROSSTRAIN_VERSION + " (libtorch " +
                                           TORCH_VERSION + ", CPU; Gloo and MPI back ends)");

@@ -11,6 +11,7 @@
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/machine.h"
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/elastic/membership.h"
@@ -109,8 +110,6 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   // Resolved once: by the process the user started for every rank it will start (before any exists), and in
   // each rank for its world; the Trainer takes the result as it is.
   train::ResolvedRun run = train::resolve(config, launching ? cmd.nproc : env.world_size);
-  if (env.source == LaunchSource::Single)  // once, by the process the user started
-    for (const auto& notice : train::config_notices(config)) std::fprintf(stderr, "crosstrain: notice: %s\n", notice.c_str());
   if (config.elastic.enabled) train::check_elastic_config(config, launching ? cmd.nproc : env.world_size);
   // Elastic training resumes from the newest checkpoint by itself when no live replica holds the state.
   if (!cmd.resume && !config.elastic.enabled && checkpoint::latest_checkpoint(config.run.dir))
@@ -124,6 +123,13 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   // Ctrl-C stops lockstep training between steps (the launcher forwards it to every rank); in other sync
   // modes, and in the launcher itself, it keeps its usual meaning.
   const bool stoppable = train::sync_traits(config.sync).lockstep;
+  // Once every check passed, and once, by the process the user started: what may surprise in this config.
+  if (env.source == LaunchSource::Single) {
+    auto notices = train::config_notices(config);
+    if (launching)
+      for (auto& n : train::host_notices(config, cmd.nproc, usable_cores())) notices.push_back(std::move(n));
+    for (const auto& notice : notices) std::fprintf(stderr, "crosstrain: notice: %s\n", notice.c_str());
+  }
   if (launching) {
     // Ranks write into pipes; tell rank 0 whether a person is watching.
     if (isatty(STDOUT_FILENO)) setenv("CROSSTRAIN_TTY", "1", 1);

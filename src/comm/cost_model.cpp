@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/machine.h"
 
 namespace crosstrain::comm {
 namespace {
@@ -194,15 +195,7 @@ std::string local_hostname() {
   return name;
 }
 
-int local_core_count() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return std::max(1u, std::thread::hardware_concurrency());
-}
+int local_core_count() { return usable_cores(); }
 
 Link default_host_link() {
   // Gloo over loopback TCP between two ranks on 2 cores (bench cost-model): one-way messages ~150 us and

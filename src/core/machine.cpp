@@ -1,8 +1,12 @@
 #include "crosstrain/core/machine.h"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 
 namespace crosstrain {
 
@@ -16,6 +20,13 @@ int64_t available_memory_bytes() {
     if (fields >> key >> kib && key == "MemAvailable:") return kib * 1024;
   }
   return -1;
+}
+
+int usable_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
 }  // namespace crosstrain

@@ -1,5 +1,6 @@
 // Notices about a config that is valid but probably not what its author meant. They are printed once, by the
 // process the user started (`crosstrain train`) and by `crosstrain config`.
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -11,7 +12,7 @@ namespace crosstrain::train {
 std::vector<std::string> config_notices(const Config& c) {
   std::vector<std::string> out;
   const std::string steps = std::to_string(c.train.steps);
-  if (c.train.warmup_steps >= c.train.steps)
+  if (c.train.warmup_steps > c.train.steps)
     out.push_back("train.steps = " + steps + " ends inside the " + std::to_string(c.train.warmup_steps) +
                   "-step warm-up (train.warmup_steps): the learning rate never reaches train.lr; lower "
                   "train.warmup_steps for a short run");
@@ -26,6 +27,17 @@ std::vector<std::string> config_notices(const Config& c) {
                     "); lower sync.inner_steps for more");
   }
   return out;
+}
+
+std::vector<std::string> host_notices(const Config& c, int ranks, int cores) {
+  const int64_t threads = ranks * c.train.threads_per_rank;
+  if (threads <= cores) return {};
+  return {std::to_string(ranks) + " ranks x " + std::to_string(c.train.threads_per_rank) + " compute thread" +
+          (c.train.threads_per_rank == 1 ? "" : "s") + " on " + std::to_string(cores) + " core" +
+          (cores == 1 ? "" : "s") + ": the ranks take turns on the cores, so steps take longer than on a machine "
+          "that fits them, and the MFU reads high (its peak is timed while the ranks share the cores); use "
+          "--nproc " + std::to_string(std::max<int64_t>(1, cores / c.train.threads_per_rank)) + " or fewer for "
+          "figures you can compare"};
 }
 
 }  // namespace crosstrain::train

@@ -5,6 +5,7 @@
 #include "../../src/apps/bench_comm.h"
 #include "../../src/apps/error_line.h"
 #include "../../src/apps/launcher.h"
+#include "../../src/apps/line_folder.h"
 #include "crosstrain/comm/reference.h"
 #include "crosstrain/core/error.h"
 
@@ -101,4 +102,34 @@ TEST(RanksFit, RefusesWhatCannotFitWithTheFigures) {
   EXPECT_NO_THROW(apps::check_ranks_fit(1000, rank, room));
   room.available_bytes = 1LL << 20;  // not even one rank
   EXPECT_THROW(apps::check_ranks_fit(1, rank, room), UsageError);
+}
+
+TEST(RankList, JoinsRuns) {
+  EXPECT_EQ(apps::rank_list({3, 0, 1, 2}), "0-3");
+  EXPECT_EQ(apps::rank_list({7, 0, 2, 5, 6}), "0,2,5-7");
+  EXPECT_EQ(apps::rank_list({4}), "4");
+  EXPECT_EQ(apps::rank_list({}), "");
+}
+
+TEST(LineFolder, WhatEveryRankPrintsAlikeComesOnceWithItsRanks) {
+  using std::chrono::milliseconds;
+  const auto t0 = apps::LineFolder::Clock::now();
+  apps::LineFolder folder(milliseconds(200), 3);
+  // A program's own lines pass at once, with their rank.
+  EXPECT_EQ(folder.offer(1, "loss 3.2", t0), std::vector<std::string>{"[rank 1] loss 3.2"});
+  // crosstrain's lines wait for their copies; all three ranks: printed at once, folded.
+  EXPECT_TRUE(folder.offer(2, "crosstrain: error: bad key", t0).empty());
+  EXPECT_TRUE(folder.offer(0, "crosstrain: error: bad key", t0).empty());
+  EXPECT_EQ(folder.offer(1, "crosstrain: error: bad key", t0),
+            std::vector<std::string>{"[ranks 0-2] crosstrain: error: bad key"});
+  // Two of three: held until the moment is over.
+  EXPECT_TRUE(folder.offer(0, "crosstrain: warning: w", t0).empty());
+  EXPECT_TRUE(folder.offer(2, "crosstrain: warning: w", t0 + milliseconds(50)).empty());
+  EXPECT_TRUE(folder.due(t0 + milliseconds(150)).empty());
+  EXPECT_EQ(folder.due(t0 + milliseconds(250)), std::vector<std::string>{"[ranks 0,2] crosstrain: warning: w"});
+  // A rank that says the same twice is two lines, not one line of one rank counted twice.
+  EXPECT_TRUE(folder.offer(1, "crosstrain: step", t0).empty());
+  EXPECT_TRUE(folder.offer(1, "crosstrain: step", t0).empty());
+  EXPECT_EQ(folder.flush(), (std::vector<std::string>{"[rank 1] crosstrain: step", "[rank 1] crosstrain: step"}));
+  EXPECT_TRUE(folder.flush().empty());
 }

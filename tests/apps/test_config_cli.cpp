@@ -72,3 +72,25 @@ TEST(ConfigCli, AKeyInTheWrongSectionIsNamedWithTheRightOne) {
   EXPECT_EQ(res.exit_code(), 2) << res.output;
   EXPECT_NE(res.output.find("did you mean 'run.log_every'?"), std::string::npos) << res.output;
 }
+
+TEST(ConfigCli, MoreRanksThanCoresIsNoticed) {
+  const auto res = config({kRecipes + "/gpt-tiny.toml", "--nproc", "256", "--set", "train.global_batch=256"});
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  EXPECT_NE(res.output.find("# notice: 256 ranks x 1 compute thread on "), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("the MFU reads high"), std::string::npos) << res.output;
+  const auto fits = config({kRecipes + "/gpt-tiny.toml", "--nproc", "1"});
+  EXPECT_EQ(fits.output.find("compute thread"), std::string::npos) << fits.output;
+}
+
+TEST(ConfigCli, EveryOptionsHelpShowsItsDefault) {
+  // CLI11 prints the default after the type and its check: "INT:N>=1=1".
+  for (const auto& [command, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"train", "INT:N>=1=1"}, {"config", "INT:NONNEGATIVE=0"}, {"run", "INT:N>=1=1"}}) {
+    const auto res = run_process({kBin, command, "--help"}, {}, milliseconds(30000));
+    EXPECT_EQ(res.exit_code(), 0) << res.output;
+    const auto at = res.output.find("--nproc");
+    ASSERT_NE(at, std::string::npos) << res.output;
+    const std::string line = res.output.substr(at, res.output.find('\n', at) - at);
+    EXPECT_NE(line.find(shown), std::string::npos) << command << ": " << line;
+  }
+}

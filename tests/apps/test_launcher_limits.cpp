@@ -216,3 +216,20 @@ TEST(LauncherLimits, SecondInterruptKillsRanksThatIgnoreTheFirst) {
 }
 
 }  // namespace
+
+TEST(LauncherOutput, AnErrorEveryRankPrintsComesOnceWithItsRanks) {
+  const ProcessResult res = run_process(
+      {kBin, "run", "--nproc", "3", "--", "sh", "-c",
+       "echo \"crosstrain: error: mine is $RANK\" >&2; "
+       "echo 'crosstrain: error: the same for all' >&2; sleep 2; exit 2"},
+      {}, milliseconds(30000));
+  EXPECT_EQ(res.exit_code(), 2) << res.output;
+  size_t copies = 0;
+  for (size_t at = 0; (at = res.output.find("crosstrain: error: the same for all", at)) != std::string::npos; ++at)
+    ++copies;
+  EXPECT_EQ(copies, 1u) << res.output;
+  EXPECT_TRUE(contains(res.output, "[ranks 0-2] crosstrain: error: the same for all")) << res.output;
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(contains(res.output, "[rank " + std::to_string(r) + "] crosstrain: error: mine is " + std::to_string(r)))
+        << res.output;
+}

@@ -9,4 +9,7 @@ namespace crosstrain {
 // when that cannot be read (not Linux, an old kernel): callers then skip their memory checks.
 int64_t available_memory_bytes();
 
+// The cores this process may run on (its CPU affinity, which a container or taskset narrows), at least 1.
+int usable_cores();
+
 }  // namespace crosstrain

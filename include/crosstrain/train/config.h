@@ -138,6 +138,9 @@ std::string describe_config(const Config& config);
 // What a config will do that its author may not expect, one line each (a run that ends inside its warm-up, a
 // DiLoCo run that never reaches an outer step). Nothing here is an error.
 std::vector<std::string> config_notices(const Config& config);
+// The same for `ranks` ranks started on one host of `cores` cores: more compute threads than cores (each rank
+// has train.threads_per_rank) make the ranks take turns, and every figure measured under that misleads.
+std::vector<std::string> host_notices(const Config& config, int ranks, int cores);
 // Per-key checks that need no world size (ranges, signs); load_config runs them after the overrides. Throws
 // UsageError naming the key and its value. Checks across keys and ranks are in resolve() (jobs/trainer.h).
 void check_ranges(const Config& config);

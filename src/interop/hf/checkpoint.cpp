@@ -316,7 +316,10 @@ std::unique_ptr<WeightSource> open_checked(const std::string& path, const models
   try {
     source = open_weights(path);
   } catch (const UsageError& e) {
-    throw UsageError("model.init_from: " + std::string(e.what()));
+    // Most often the pre-training run was never made, or under another run.dir (make demo writes runs/demo).
+    const std::string fix = fs::exists(path) ? "" : "; train the run it names first, or point it at one that "
+                                                    "exists: --set model.init_from=runs/demo after make demo";
+    throw UsageError("model.init_from: " + std::string(e.what()) + fix);
   }
   const auto mismatches = hf::compare_model(recipe, source->config());
   if (!mismatches.empty()) throw UsageError(hf::describe_mismatches(mismatches, source->describe()));

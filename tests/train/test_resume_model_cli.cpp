@@ -142,5 +142,5 @@ TEST(ResumeModel, ALongerScheduleResumesWithANotice) {
   EXPECT_TRUE(contains(r.output, "notice: train.steps = 4 where the checkpoint's run had 2")) << r.output;
   // The same length again (the newest checkpoint is now the 4-step run's): nothing to announce.
   auto same = run_process(with(tiny_args(dir, 1, 4), {"--set", "model.n_layer=4", "--resume"}), {}, milliseconds(120000));
-  EXPECT_FALSE(contains(same.output, "notice: train.steps")) << same.output;
+  EXPECT_FALSE(contains(same.output, "where the checkpoint's run had")) << same.output;
 }

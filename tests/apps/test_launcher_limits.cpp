@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "scratch.h"
 #include "subprocess.h"
 
 using namespace crosstrain::testing;
@@ -218,10 +219,15 @@ TEST(LauncherLimits, SecondInterruptKillsRanksThatIgnoreTheFirst) {
 }  // namespace
 
 TEST(LauncherOutput, AnErrorEveryRankPrintsComesOnceWithItsRanks) {
+  // The ranks print the common line only once all three have started (a file each, waited for at most 10 s), so
+  // that a loaded machine's slow start does not spread the copies beyond the launcher's moment of holding them.
+  const std::string started = crosstrain::testing::scratch_dir("launcher-fold").string();
   const ProcessResult res = run_process(
       {kBin, "run", "--nproc", "3", "--", "sh", "-c",
-       "echo \"crosstrain: error: mine is $RANK\" >&2; "
-       "echo 'crosstrain: error: the same for all' >&2; sleep 2; exit 2"},
+       "touch \"$0/$RANK\"; i=0; while [ $(ls \"$0\" | wc -l) -lt 3 ] && [ $i -lt 200 ]; do sleep 0.05; "
+       "i=$((i+1)); done; echo \"crosstrain: error: mine is $RANK\" >&2; "
+       "echo 'crosstrain: error: the same for all' >&2; sleep 2; exit 2",
+       started},
       {}, milliseconds(30000));
   EXPECT_EQ(res.exit_code(), 2) << res.output;
   size_t copies = 0;

@@ -135,7 +135,7 @@ void print_totals(const PlanInputs& in, double tokens) {
               si(dev.memory_bytes, "B").c_str());
 }
 
-void print_estimate(const Estimate& e, double tokens) {
+void print_estimate(const Estimate& e, double tokens, const std::string& currency) {
   const auto& t = e.time;
   const auto& m = e.memory;
   std::printf("layout    %s\n", e.layout.describe().c_str());
@@ -152,8 +152,8 @@ void print_estimate(const Estimate& e, double tokens) {
               m.in_flight_microbatches, si(m.buffers_bytes, "B").c_str(), si(m.total_bytes, "B").c_str(),
               si(m.capacity_bytes, "B").c_str(), m.fits ? ": fits" : ": DOES NOT FIT");
   if (tokens > 0)
-    std::printf("train     %s tokens: %s, %s device-hours, cost %.4g, energy %s\n", si(tokens, "").c_str(),
-                duration(e.time_to_train_s).c_str(), si(e.device_hours, "").c_str(), e.cost,
+    std::printf("train     %s tokens: %s, %s device-hours, cost %.4g %s, energy %s\n", si(tokens, "").c_str(),
+                duration(e.time_to_train_s).c_str(), si(e.device_hours, "").c_str(), e.cost, currency.c_str(),
                 si(e.energy_j / 3600, "Wh").c_str());
   const double comm = t.tp_exposed_s + t.pp_transfer_s + t.dp_exposed_s + t.wan_exposed_s;
   std::printf("wall      %s (compute %s of the step, exposed communication %s, bubble %s); scaling efficiency %.2f\n",
@@ -165,7 +165,7 @@ void print_estimate(const Estimate& e, double tokens) {
   std::printf("train it  crosstrain train RECIPE --nproc %d%s\n", e.layout.devices(), sets.c_str());
 }
 
-nlohmann::json to_json(const Estimate& e) {
+nlohmann::json to_json(const Estimate& e, const std::string& currency) {
   const auto& t = e.time;
   const auto& m = e.memory;
   return {{"layout", e.layout.describe()},
@@ -186,6 +186,7 @@ nlohmann::json to_json(const Estimate& e) {
           {"time_to_train_s", e.time_to_train_s},
           {"device_hours", e.device_hours},
           {"cost", e.cost},
+          {"currency", currency},
           {"energy_j", e.energy_j},
           {"scaling_efficiency", e.scaling_efficiency},
           {"wall", e.wall}};
@@ -202,7 +203,7 @@ int run_search(const PlanCommand& cmd, const PlanInputs& in) {
   const planner::SearchResult r = planner::search_layouts(in.model, in.cluster, o);
   if (cmd.json) {
     nlohmann::json best = nlohmann::json::array();
-    for (const auto& e : r.best) best.push_back(to_json(e));
+    for (const auto& e : r.best) best.push_back(to_json(e, in.cluster.currency));
     std::cout << nlohmann::json{{"candidates", r.candidates}, {"pruned_by_memory", r.pruned_by_memory},
                                 {"feasible", r.feasible}, {"seconds", r.seconds},
                                 {"candidates_per_s", r.candidates_per_s}, {"best", best}}
@@ -219,7 +220,7 @@ int run_search(const PlanCommand& cmd, const PlanInputs& in) {
   }
   for (size_t i = 0; i < r.best.size(); ++i) {
     std::printf("\n#%zu\n", i + 1);
-    print_estimate(r.best[i], cmd.tokens);
+    print_estimate(r.best[i], cmd.tokens, in.cluster.currency);
   }
   return 0;
 }
@@ -257,9 +258,9 @@ int plan_command(const PlanCommand& cmd) {
   o.tokens = cmd.tokens;
   const Estimate e = planner::estimate(in.model, in.cluster, in.layout, o);
   if (cmd.json) {
-    std::cout << to_json(e).dump(2) << "\n";
+    std::cout << to_json(e, in.cluster.currency).dump(2) << "\n";
   } else {
-    print_estimate(e, cmd.tokens);
+    print_estimate(e, cmd.tokens, in.cluster.currency);
   }
   return 0;
 }

@@ -244,6 +244,10 @@ ClusterFile parse_cluster(const std::string& text, const std::string& origin) {
   const Reader r(origin);
   ClusterFile out;
   out.name = root["name"].value_or(std::string("cluster"));
+  out.currency = root["currency"].value_or(std::string("USD"));
+  const bool iso_code = out.currency.size() == 3 && std::all_of(out.currency.begin(), out.currency.end(),
+                                                                 [](char ch) { return ch >= 'A' && ch <= 'Z'; });
+  if (!iso_code) r.fail("currency", "'" + out.currency + "' is not a currency code such as \"USD\" or \"EUR\"");
   const comm::Link host = r.link_in(root, "top level", "host", comm::Link{});
   const comm::Link between = r.link_in(root, "top level", "cluster", host);
   out.wan = r.link_in(root, "top level", "wan", between);
@@ -370,7 +374,7 @@ std::string to_toml(const ClusterFile& c) {
     t.insert("links", toml::table{{"host", link_toml(k.host_link)}, {"cluster", link_toml(k.cluster_link)}});
     clusters.push_back(t);
   }
-  toml::table root{{"name", c.name}, {"devices", devices}, {"clusters", clusters},
+  toml::table root{{"name", c.name}, {"currency", c.currency}, {"devices", devices}, {"clusters", clusters},
                    {"links", toml::table{{"wan", link_toml(c.wan)}}}};
   if (!c.wan_links.empty()) {
     toml::array wans;

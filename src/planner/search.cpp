@@ -1,6 +1,7 @@
 #include "crosstrain/planner/search.h"
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <exception>
 #include <map>
@@ -142,6 +143,26 @@ void for_each_layout(const ModelShape& m, const ClusterFile& cluster, const Sear
 
 double rank_key(const Estimate& e, const SearchOptions& o) { return o.rank_by == "cost" ? e.cost : e.time.step_s; }
 
+// Whether `b` only repeats `a` under another sync mode: the same layout otherwise, the same step time and cost. So it
+// is when no data-parallel traffic crosses a wide-area link (each replica group inside one cluster): every mode
+// then trains alike, and a list of them would show one plan several times.
+bool repeats_under_another_sync(const Estimate& a, const Estimate& b) {
+  Layout same = b.layout;
+  same.sync = a.layout.sync, same.inner_steps = a.layout.inner_steps, same.cluster_batch = a.layout.cluster_batch;
+  auto close = [](double x, double y) { return std::abs(x - y) <= 1e-9 * std::max(std::abs(x), std::abs(y)); };
+  return same.describe() == a.layout.describe() && close(a.time.step_s, b.time.step_s) && close(a.cost, b.cost);
+}
+
+// Adds `e` to a list kept sorted by rank_key and at most `top` long, unless an entry already shows its plan.
+void keep_if_among_best(std::vector<Estimate>& best, Estimate e, const SearchOptions& o) {
+  if (static_cast<int>(best.size()) == o.top && rank_key(e, o) >= rank_key(best.back(), o)) return;
+  for (const Estimate& kept : best)
+    if (repeats_under_another_sync(kept, e)) return;
+  best.push_back(std::move(e));
+  std::stable_sort(best.begin(), best.end(), [&](const Estimate& a, const Estimate& b) { return rank_key(a, o) < rank_key(b, o); });
+  if (static_cast<int>(best.size()) > o.top) best.pop_back();
+}
+
 }  // namespace
 
 std::vector<Layout> enumerate_layouts(const ModelShape& model, const ClusterFile& cluster, const SearchOptions& options) {
@@ -195,10 +216,7 @@ void search_range(const ModelShape& model, const ClusterFile& cluster, const Sea
       }
     }
     ++r.feasible;
-    if (static_cast<int>(r.best.size()) == o.top && rank_key(e, o) >= rank_key(r.best.back(), o)) continue;
-    r.best.push_back(std::move(e));
-    std::sort(r.best.begin(), r.best.end(), [&](const Estimate& a, const Estimate& b) { return rank_key(a, o) < rank_key(b, o); });
-    if (static_cast<int>(r.best.size()) > o.top) r.best.pop_back();
+    keep_if_among_best(r.best, std::move(e), o);
   }
 }
 
@@ -235,10 +253,9 @@ SearchResult search_layouts(const ModelShape& model, const ClusterFile& cluster,
   SearchResult r;
   for (auto& p : parts) {
     r.candidates += p.candidates, r.pruned_by_memory += p.pruned_by_memory, r.feasible += p.feasible;
-    for (auto& e : p.best) r.best.push_back(std::move(e));
+    // In the candidates' order (a layout's sync modes are neighbours, Sync first): a repeat keeps the first.
+    for (auto& e : p.best) keep_if_among_best(r.best, std::move(e), o);
   }
-  std::stable_sort(r.best.begin(), r.best.end(), [&](const Estimate& a, const Estimate& b) { return rank_key(a, o) < rank_key(b, o); });
-  if (static_cast<int>(r.best.size()) > o.top) r.best.resize(o.top);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.candidates_per_s = r.seconds > 0 ? r.candidates / r.seconds : 0;
   return r;

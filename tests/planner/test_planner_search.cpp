@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -161,6 +162,44 @@ CommandRun run_crosstrain(const std::string& args) {
 const std::string kGpt3 = std::string("plan gpt3-175b '") + CROSSTRAIN_SOURCE_DIR +
                           "/clusters/a100-1024.toml' --tokens 300e9 --layout \"tp=8 pp=16 m=192 mb=1 recompute=full\"";
 
+TEST(PlannerSearch, APlanIsListedOnceWhateverSyncModesTrainItAlike) {
+  // Two clusters of one host with 2 devices and a slow link between them. A layout whose data-parallel groups stay
+  // inside a cluster (the pipeline crosses the link) trains the same under every sync mode: such a plan must be
+  // listed once, not once per mode.
+  const std::string file =
+      "currency = \"EUR\"\n[devices.x]\npeak_tflops = { bf16 = 100 }\nmemory_gb = 80\nmemory_bandwidth_gbs = 1000\n"
+      "price_per_hour = 2\n"
+      "[[clusters]]\nname = \"a\"\ndevice = \"x\"\nhosts = 1\ndevices_per_host = 2\n"
+      "[[clusters]]\nname = \"b\"\ndevice = \"x\"\nhosts = 1\ndevices_per_host = 2\n"
+      "[links.wan]\nlatency_us = 20000\nbandwidth_gbps = 1\n";
+  const ClusterFile c = parse_cluster(file, "two.toml");
+  EXPECT_EQ(c.currency, "EUR");
+  const ModelShape m = model_preset("gpt-small");
+  SearchOptions o = options(16);
+  o.top = 40;
+  auto alike = [](const Estimate& a, const Estimate& b) {
+    Layout same = b.layout;
+    same.sync = a.layout.sync, same.inner_steps = a.layout.inner_steps, same.cluster_batch = a.layout.cluster_batch;
+    return same.describe() == a.layout.describe() && a.time.step_s == b.time.step_s;
+  };
+  // Such repeats exist among the candidates (else this test would prove nothing)...
+  const std::vector<Layout> layouts = enumerate_layouts(m, c, o);
+  int repeats = 0;
+  for (size_t i = 0; i + 1 < layouts.size() && repeats == 0; ++i) {
+    if (layouts[i].sync != LayoutSync::Sync || layouts[i + 1].sync == LayoutSync::Sync) continue;
+    if (!estimate_memory(m, c, layouts[i]).fits) continue;
+    repeats += alike(estimate(m, c, layouts[i]), estimate(m, c, layouts[i + 1]));
+  }
+  ASSERT_GT(repeats, 0);
+  // ... and none reaches the list.
+  const SearchResult r = search_layouts(m, c, o);
+  ASSERT_GT(r.best.size(), 5u);
+  for (size_t i = 0; i < r.best.size(); ++i)
+    for (size_t j = i + 1; j < r.best.size(); ++j)
+      EXPECT_FALSE(alike(r.best[i], r.best[j])) << r.best[i].layout.describe() << " and " << r.best[j].layout.describe();
+  EXPECT_THROW(parse_cluster("currency = \"euros\"\n" + file.substr(file.find('\n') + 1), "bad.toml"), UsageError);
+}
+
 TEST(PlanCommand, Gpt3TotalsMatchTheHandArithmetic) {
   const CommandRun r = run_crosstrain(kGpt3);
   ASSERT_EQ(r.status, 0) << r.output;
@@ -175,6 +214,8 @@ TEST(PlanCommand, Gpt3TotalsMatchTheHandArithmetic) {
   has("698 GB at 4 bytes");
   // dp = 1024 / (8 x 16) = 8 replicas of 192 micro-batches: Megatron's batch of 1536.
   has("dp=8 tp=8 pp=16");
+  // The cluster file names no currency: prices are in US dollars.
+  EXPECT_TRUE(std::regex_search(r.output, std::regex("cost [0-9.e+]+ USD, energy"))) << r.output;
 }
 
 TEST(PlanCommand, Gpt3JsonIsNearMegatronsThroughput) {

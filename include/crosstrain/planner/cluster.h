@@ -23,6 +23,7 @@
 //   [clusters.links.host]    latency_us = 2   bandwidth_gbps = 2400   # Gbit/s per device, inside a host (NVLink)
 //   [clusters.links.cluster] latency_us = 5   bandwidth_gbps = 200    # per device, between hosts (InfiniBand)
 //
+//   currency = "USD"                   # of every price (ISO 4217; USD when absent)
 //   [links.wan] latency_us = 25000 bandwidth_gbps = 10               # default between any two clusters
 //   [[wan]] clusters = ["east", "west"]  latency_us = 40000  bandwidth_gbps = 1
 //
@@ -105,6 +106,7 @@ struct WanLink {
 
 struct ClusterFile {
   std::string name = "cluster";
+  std::string currency = "USD";   // of every price_per_hour (top-level `currency`, an ISO 4217 code)
   std::map<std::string, DeviceType> devices;
   std::vector<ClusterSpec> clusters;
   comm::Link wan;                 // default between two clusters

@@ -4,7 +4,7 @@
 Three runs of the same recipe and step count: plain (no membership), elastic without faults (the cost of
 membership), and elastic under chaos (SIGKILL of a random rank every few seconds, now and then a SIGSTOP: a hung
 rather than dead rank; the launcher restarts the killed ranks and they rejoin). Figures come from the launcher's
-and the ranks' own log lines (each carries [t=unix_ms]) and from metrics.jsonl:
+and the ranks' own log lines (each carries its UTC time, [2026-12-06T09:14:44.123Z]) and from metrics.jsonl:
   detect   kill -> the coordinator's failure generation that drops the rank
   resume   that generation -> the next step committed
   lost     steps aborted per failure (the step in flight)
@@ -13,7 +13,7 @@ and the ranks' own log lines (each carries [t=unix_ms]) and from metrics.jsonl:
            trains on fewer sequences while replicas are missing; that run has as many steps of the full batch as
            the chaos run's tokens fill), and against the plain run of the same step count
 """
-import argparse, json, os, random, re, signal, statistics, subprocess, sys, time
+import argparse, datetime, json, os, random, re, signal, statistics, subprocess, sys, time
 
 def now_ms():
     return int(time.time() * 1000)
@@ -95,15 +95,20 @@ def run_chaos(args):
     m["wall_s"] = time.time() - t0
     return m, faults, open(log_path).read()
 
-GEN = re.compile(r"crosstrain elastic: \[t=(\d+)\] generation (\d+) \((\w+)\): (.*)")
-COMMIT = re.compile(r"\[t=(\d+)\] rank \d+: generation (\d+): step (\d+) committed")
-ABORT = re.compile(r"\[t=(\d+)\] rank \d+: step (\d+) aborted in generation (\d+)")
+# Log lines carry UTC times with milliseconds, "[2026-12-06T09:14:44.123Z]"; the analysis works in epoch ms.
+STAMP = r"\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)\]"
+GEN = re.compile(r"crosstrain elastic: " + STAMP + r" generation (\d+) \((\w+)\): (.*)")
+COMMIT = re.compile(STAMP + r" rank \d+: generation (\d+): step (\d+) committed")
+ABORT = re.compile(STAMP + r" rank \d+: step (\d+) aborted in generation (\d+)")
+
+def epoch_ms(stamp):
+    return round(datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() * 1000)
 HEAL = re.compile(r"healed from replica \d+: (\d+) bytes in ([0-9.]+) s \(heal_MBps=([0-9.]+)\)")
 
 def analyse(faults, text):
-    gens = [(int(t), int(g), why, rest) for t, g, why, rest in GEN.findall(text)]
-    commits = sorted((int(t), int(g), int(s)) for t, g, s in COMMIT.findall(text))
-    aborts = sorted({(int(g), int(s)): int(t) for t, s, g in ABORT.findall(text)}.items(), key=lambda x: x[1])
+    gens = [(epoch_ms(t), int(g), why, rest) for t, g, why, rest in GEN.findall(text)]
+    commits = sorted((epoch_ms(t), int(g), int(s)) for t, g, s in COMMIT.findall(text))
+    aborts = sorted({(int(g), int(s)): epoch_ms(t) for t, s, g in ABORT.findall(text)}.items(), key=lambda x: x[1])
     rows = []
     for t_fault, rank, kind in faults:
         hit = next(((t, g) for t, g, why, rest in gens

@@ -36,7 +36,7 @@ import tomllib
 RECIPE = "recipes/gpt-tiny.toml"
 LOCK = "/tmp/ct-build.lock"
 WIDE = ["model.n_embd=256"]  # gpt-tiny at twice the width (about 3.4M parameters)
-PIPE = ["parallel.microbatches=4"]
+PIPE = ["train.micro_batches=4"]
 WAN_RATE_MBIT, WAN_DELAY_MS = 100, 25
 DILOCO = ["sync.mode=diloco", "sync.inner_steps=10", "sync.outer_lr=1.0", "sync.outer_momentum=0.5"]
 

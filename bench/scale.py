@@ -91,7 +91,7 @@ def main():
     p.add_argument("--steps", type=int, default=3)
     a = p.parse_args()
     work = tempfile.mkdtemp(prefix="bench-scale-")
-    layout = {"parallel.pp": 2, "parallel.tp": 2, "parallel.sequence_parallel": "true", "parallel.microbatches": 4}
+    layout = {"parallel.pp": 2, "parallel.tp": 2, "parallel.sequence_parallel": "true", "train.micro_batches": 4}
     print("# bench-scale: GPT 24L d1024 h16 V32768 T256, 4 sequences per step, fp32 AdamW", flush=True)
     single_rows, single_peak = train(a.bin, os.path.join(work, "single"), 1, 2, {})
     params = single_rows[-1].get("param_bytes", 0) / 4

@@ -88,7 +88,6 @@ void measure(comm::Communicator& world, const BenchPipelineOptions& o, parallel:
   parallel::ParallelConfig layout;
   layout.pp = p;
   layout.schedule = parallel::to_string(kind);
-  layout.microbatches = m;
   const parallel::ParallelDims dims = models::gpt_dims(config, layout, m, p);
   const parallel::ScheduleSpec spec = dims.schedule_spec();
   parallel::Mesh mesh(world, dims.shape);

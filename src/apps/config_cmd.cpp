@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <iostream>
 
+#include "crosstrain/core/error.h"
 #include "crosstrain/core/machine.h"
 #include "crosstrain/jobs/trainer.h"
 #include "crosstrain/train/config.h"
@@ -22,6 +23,12 @@ void print_layout(const train::ResolvedRun& run) {
 }  // namespace
 
 int config_command(const ConfigCommand& command) {
+  if (command.reference) {
+    if (!command.recipe.empty() || !command.sets.empty() || command.nproc > 0)
+      throw UsageError("config --reference prints every key's default: give it no recipe, --set or --nproc");
+    std::cout << train::config_reference();
+    return 0;
+  }
   train::Config config;
   if (!command.recipe.empty()) {
     config = train::load_config(command.recipe, command.sets);
@@ -30,7 +37,7 @@ int config_command(const ConfigCommand& command) {
     train::check_ranges(config);
   }
   std::cout << "# crosstrain config" << (command.recipe.empty() ? " (defaults)" : " of " + command.recipe)
-            << ": every key, what it takes, and its default where the value differs\n";
+            << ": every key = its value  # what it does [what it takes; its default]\n";
   if (command.nproc > 0)
     for (const auto& notice : train::host_notices(config, command.nproc, usable_cores()))
       std::cout << "# notice: " << notice << "\n";

@@ -263,6 +263,8 @@ void add_config_command(CLI::App& app, ConfigCli& config) {
   config.cmd->add_option("--nproc", o.nproc, "also check it for this many ranks and print the layout (default: 0, "
                                              "no check)")
       ->check(CLI::NonNegativeNumber);
+  config.cmd->add_flag("--reference", o.reference, "print every key's type, default and help as Markdown (the page "
+                                                    "docs/config-reference.md)");
 }
 
 // `crosstrain demo`.

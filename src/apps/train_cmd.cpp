@@ -70,6 +70,37 @@ std::string resume_command(const std::vector<std::string>& args) {
   return resume ? out : out + " --resume";
 }
 
+// The end of the message after a stop: the checkpoint a run continues from and the command that does it, or that
+// there is none yet.
+void say_how_to_continue(const train::Config& config, const std::vector<std::string>& args) {
+  if (auto latest = checkpoint::latest_checkpoint(config.run.dir))
+    std::fprintf(stderr, "The newest checkpoint is %s; continue with: %s\n", latest->c_str(),
+                 resume_command(args).c_str());
+  else
+    std::fprintf(stderr, "No checkpoint was written yet (train.checkpoint_every = %lld), so the run starts over "
+                 "next time; a smaller train.checkpoint_every saves on the way\n",
+                 static_cast<long long>(config.train.checkpoint_every));
+}
+
+// After a stop every rank agreed on: where it stopped and how to go on.
+void say_interrupted(const train::Config& config, const train::TrainResult& result,
+                     const std::vector<std::string>& args) {
+  std::fprintf(stderr, "crosstrain: interrupted (%s) after step %lld of %lld; no checkpoint was left half-written. ",
+               interrupt_signal() == SIGTERM ? "SIGTERM" : "SIGINT", static_cast<long long>(result.stopped_after),
+               static_cast<long long>(config.train.steps));
+  say_how_to_continue(config, args);
+}
+
+// After a signal ended the ranks of a run that cannot agree on a step to stop at: what was kept, and how to go on.
+void say_not_stoppable(const train::Config& config, const std::vector<std::string>& args) {
+  const std::string mode = config.model.arch == models::ModelArch::Dlrm ? "dlrm.mode = \"ps\""
+                                                                         : std::string("sync.mode = \"") +
+                                                                               train::to_string(config.sync.mode) + "\"";
+  std::fprintf(stderr, "crosstrain: the ranks were stopped where they stood: with %s they never all meet, so there is "
+               "no step at which they could stop together and save. ", mode.c_str());
+  say_how_to_continue(config, args);
+}
+
 // The job secret: CROSSTRAIN_SECRET, else run.secret_file (refused when others can read it), else none.
 std::string job_secret(const LaunchEnv& env, const train::Config& config) {
   if (!env.secret.empty() || config.run.secret_file.empty()) return env.secret;
@@ -77,7 +108,7 @@ std::string job_secret(const LaunchEnv& env, const train::Config& config) {
 }
 
 // One rank of an elastic job (jobs/gpt/elastic.h): membership first, then a Run per generation.
-int train_elastic_rank(const train::Config& config, const LaunchEnv& env) {
+int train_elastic_rank(const train::Config& config, const LaunchEnv& env, const std::vector<std::string>& args) {
   if (env.source == LaunchSource::Single)
     throw UsageError("elastic training needs a launcher that restarts ranks and hosts the coordinator: use "
                      "crosstrain train --nproc N --max-restarts K, or crosstrain run --max-restarts K -- ...");
@@ -85,8 +116,14 @@ int train_elastic_rank(const train::Config& config, const LaunchEnv& env) {
   train::TrainOptions options;
   const char* tty = std::getenv("CROSSTRAIN_TTY");
   options.progress_bar = tty && std::string(tty) == "1";
-  train::train_elastic(config, membership, options);
-  return 0;
+  // Ctrl-C (forwarded by the launcher) rides on the step vote: every member saves the step it committed and stops.
+  catch_interrupt();
+  options.stop_requested = interrupt_requested;
+  const train::TrainResult result = train::train_elastic(config, membership, options);
+  if (result.stopped_after < 0) return 0;
+  // Every live member says it; the launcher prints the identical lines once, with their ranks.
+  say_interrupted(config, result, args);
+  return 128 + (interrupt_signal() ? interrupt_signal() : SIGINT);
 }
 
 }  // namespace
@@ -120,9 +157,10 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   // model.init_from against the recipe, from headers only, once rather than once per rank (--resume does not use it).
   if (!cmd.resume && env.source == LaunchSource::Single && !config.model_init_from.empty())
     train::check_initial_weights(config.model_init_from, config.model);
-  // Ctrl-C stops lockstep training between steps (the launcher forwards it to every rank); in other sync
-  // modes, and in the launcher itself, it keeps its usual meaning.
-  const bool stoppable = train::sync_traits(config.sync).lockstep;
+  // Ctrl-C stops training after a step where every rank meets (each step in lockstep, each outer step in DiLoCo;
+  // the launcher forwards it to every rank); in modes whose ranks drift apart, and in the launcher itself, it
+  // keeps its usual meaning.
+  const bool stoppable = family.meets_every(config) > 0;
   // Once every check passed, and once, by the process the user started: what may surprise in this config.
   if (env.source == LaunchSource::Single) {
     auto notices = train::config_notices(config);
@@ -139,9 +177,11 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     ElasticLaunch elastic;
     elastic.enabled = config.elastic.enabled;
     elastic.max_restarts = static_cast<int>(config.elastic.max_restarts);
-    return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic);
+    const int code = launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic);
+    if (!stoppable && (code == 128 + SIGINT || code == 128 + SIGTERM)) say_not_stoppable(config, relaunch_args);
+    return code;
   }
-  if (config.elastic.enabled) return train_elastic_rank(config, env);
+  if (config.elastic.enabled) return train_elastic_rank(config, env, relaunch_args);
   auto world = comm::init_world(env, config.comm);
   train::Trainer trainer(std::move(run), *world);
   train::TrainOptions options;
@@ -161,18 +201,8 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   }
   const train::TrainResult result = trainer.run(options);
   if (result.stopped_after < 0) return 0;
-  if (world->rank() == 0) {
-    auto latest = checkpoint::latest_checkpoint(config.run.dir);
-    std::fprintf(stderr, "crosstrain: interrupted after step %lld of %lld; no checkpoint was left half-written. ", static_cast<long long>(result.stopped_after), static_cast<long long>(config.train.steps));
-    if (latest)
-      std::fprintf(stderr, "The newest checkpoint is %s; continue with: %s\n", latest->c_str(),
-                   resume_command(relaunch_args).c_str());
-    else
-      std::fprintf(stderr, "No checkpoint was written yet (train.checkpoint_every = %lld), so the run starts over "
-                   "next time; a smaller train.checkpoint_every saves on the way\n",
-                   static_cast<long long>(config.train.checkpoint_every));
-  }
-  return 128 + SIGINT;
+  if (world->rank() == 0) say_interrupted(config, result, relaunch_args);
+  return 128 + (interrupt_signal() ? interrupt_signal() : SIGINT);
 }
 
 }  // namespace crosstrain::apps

@@ -90,7 +90,7 @@ void Coordinator::tick(Clock::time_point now) {
     if (store_->check({done_key(rank)})) {
       finishing_ = true;  // training is over: ranks leaving now are not failures
       store_->set(finished_key(), to_bytes("1"));
-      if (options_.log) options_.log("[t=" + std::to_string(unix_ms()) + "] training finished on rank " +
+      if (options_.log) options_.log("[" + log_time(unix_ms()) + "] training finished on rank " +
                                      std::to_string(rank) + "; the membership no longer changes");
       return;
     }
@@ -166,7 +166,7 @@ void Coordinator::publish(const Generation& next, Clock::time_point now) {
   if (next.replicas.empty()) emptied_ = now;
   if (options_.log) {
     std::ostringstream line;
-    line << "[t=" << unix_ms() << "] generation " << next.id << " (" << next.reason << "): " << next.replicas.size()
+    line << "[" << log_time(unix_ms()) << "] generation " << next.id << " (" << next.reason << "): " << next.replicas.size()
          << " replica" << (next.replicas.size() == 1 ? "" : "s") << " (" << join(next.replicas) << "), "
          << next.ranks.size() << " rank" << (next.ranks.size() == 1 ? "" : "s") << losses;
     options_.log(line.str());

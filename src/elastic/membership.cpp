@@ -181,13 +181,16 @@ bool Membership::start(const Generation& g, int64_t step) {
 
 // Two store round trips per member and step: the add, then (all but the last voter) one get that waits on the
 // server for the decision. The last voter learns of a pending generation from the watcher, not from the store.
-Decision Membership::vote(const Generation& g, int64_t step) {
+Decision Membership::vote(const Generation& g, int64_t step, bool stop) {
   auto& store = *rendezvous_->store();
+  // Before the vote: the last voter, who decides, sees every request made before any vote it counts.
+  if (stop) store.set(stop_key(), to_bytes("1"));
   const int64_t count = store.add(vote_key(g.id, step), 1);
   if (count == static_cast<int64_t>(g.ranks.size())) {
     // The last vote: the step commits; a generation published meanwhile starts after it on every member.
     Decision d;
     d.commit = true;
+    d.stop = store.check({stop_key()});
     const int64_t latest = latest_.load();
     d.next_generation = latest > g.id ? latest : 0;
     store.set(decision_key(g.id, step), to_bytes(encode_decision(d)));

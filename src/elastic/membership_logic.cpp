@@ -3,6 +3,9 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
 #include <stdexcept>
 
 namespace crosstrain::elastic {
@@ -208,16 +211,17 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
 }
 
 std::string encode_decision(const Decision& d) {
-  return std::string(d.commit ? "commit " : "abort ") + std::to_string(d.next_generation);
+  return std::string(!d.commit ? "abort " : d.stop ? "stop " : "commit ") + std::to_string(d.next_generation);
 }
 
 Decision decode_decision(const std::string& text) {
   Decision d;
   const auto space = text.find(' ');
   const std::string verb = text.substr(0, space);
-  if ((verb != "commit" && verb != "abort") || space == std::string::npos)
+  if ((verb != "commit" && verb != "stop" && verb != "abort") || space == std::string::npos)
     throw std::runtime_error("malformed elastic step decision '" + text.substr(0, 40) + "'");
-  d.commit = verb == "commit";
+  d.commit = verb != "abort";
+  d.stop = verb == "stop";
   try {
     size_t used = 0;
     d.next_generation = std::stoll(text.substr(space + 1), &used);
@@ -237,9 +241,33 @@ int64_t unix_ms() {
       .count();
 }
 
+std::string log_time(int64_t ms) {
+  const std::time_t seconds = static_cast<std::time_t>(ms / 1000);
+  std::tm utc{};
+  gmtime_r(&seconds, &utc);
+  char text[40];
+  std::snprintf(text, sizeof text, "%04d-%02d-%02dT%02d:%02d:%02d.%03dZ", utc.tm_year + 1900, utc.tm_mon + 1,
+                utc.tm_mday, utc.tm_hour, utc.tm_min, utc.tm_sec, static_cast<int>(ms % 1000));
+  return text;
+}
+
+int64_t parse_log_time(const std::string& text) {
+  std::tm utc{};
+  int millis = -1;
+  char zone = 0;
+  const int fields = std::sscanf(text.c_str(), "%4d-%2d-%2dT%2d:%2d:%2d.%3d%c", &utc.tm_year, &utc.tm_mon,
+                                 &utc.tm_mday, &utc.tm_hour, &utc.tm_min, &utc.tm_sec, &millis, &zone);
+  if (fields != 8 || zone != 'Z' || text.size() != 24 || millis < 0)
+    throw std::runtime_error("'" + text.substr(0, 40) + "' is not a log time like 2026-12-06T09:14:44.123Z");
+  utc.tm_year -= 1900;
+  utc.tm_mon -= 1;
+  return static_cast<int64_t>(timegm(&utc)) * 1000 + millis;
+}
+
 std::string registration_key(int rank) { return "elastic/register/" + std::to_string(rank); }
 std::string heartbeat_key(int rank) { return "elastic/heartbeat/" + std::to_string(rank); }
 std::string generation_key(int64_t id) { return "elastic/generation/" + std::to_string(id); }
+std::string stop_key() { return "elastic/stop"; }
 std::string latest_generation_key() { return "elastic/generation/latest"; }
 std::string vote_key(int64_t generation, int64_t step) {
   return "elastic/vote/" + std::to_string(generation) + "/" + std::to_string(step);

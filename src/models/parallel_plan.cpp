@@ -253,6 +253,24 @@ std::set<std::string> frozen_parameters(const ParallelPlan& plan, const GPTConfi
   return frozen;
 }
 
+double training_flops_per_token(const ParallelPlan& plan, const GPTConfig& c, const std::set<std::string>& frozen) {
+  double flops = c.flops_per_token();
+  for (const auto& p : plan.parameters()) {
+    double n = 1;
+    for (int64_t extent : p.shape) n *= static_cast<double>(extent);
+    // An adapter is a trained matrix that flops_per_token does not know: forward, input and weight gradient.
+    if (is_lora_adapter(p.name)) {
+      flops += 6 * n;
+      continue;
+    }
+    // A frozen matrix still multiplies forward and passes the gradient back, but gets no weight gradient: 2 of
+    // its 6. Embedding lookups were never counted, except a tied head's multiply.
+    const bool counted = p.part != Part::Embedding || (c.is_llama() && c.tie_embeddings && p.name == "wte.weight");
+    if (frozen.count(p.name) && counted) flops -= 2 * n;
+  }
+  return flops;
+}
+
 std::vector<int64_t> partition_layers(int64_t layers, int stages, double embed_cost, double head_cost) {
   if (stages < 1 || stages > layers)
     throw UsageError("cannot split " + std::to_string(layers) + " layers into " + std::to_string(stages) + " stages");

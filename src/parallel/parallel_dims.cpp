@@ -67,9 +67,18 @@ ParallelDims ParallelDims::resolve(const ParallelConfig& c, int64_t train_micro_
        "parallel.sequence_parallel needs parallel.tp > 1 (layout " + factors(d.shape) + ")");
   d.schedule = parse_schedule(c.schedule);
   d.chunks = c.chunks > 0 ? c.chunks : (d.schedule == ScheduleKind::Interleaved1F1B ? 2 : 1);
+  // One count of micro-batches per step (train.micro_batches): gradient accumulation, and a pipeline's
+  // micro-batches, of which a pipeline gets at least one per stage (fewer would leave stages idle every step).
   const int64_t wanted = std::max<int64_t>(1, train_micro_batches);
-  d.microbatches = c.microbatches > 0 ? c.microbatches : d.shape.pp > 1 ? std::max<int64_t>(wanted, d.shape.pp) : wanted;
-  if (d.shape.pp > 1) validate(d.schedule_spec());
+  d.microbatches = d.shape.pp > 1 ? std::max<int64_t>(wanted, d.shape.pp) : wanted;
+  if (d.shape.pp > 1) {
+    try {
+      validate(d.schedule_spec());
+    } catch (const UsageError& e) {
+      throw UsageError(std::string(e.what()) + " (train.micro_batches = " + std::to_string(train_micro_batches) +
+                       ", parallel.pp = " + std::to_string(d.shape.pp) + ")");
+    }
+  }
   need(c.zero >= 0 && c.zero <= 3,
        "parallel.zero = " + std::to_string(c.zero) + ": use 0 (plain data parallel), 1, 2 or 3");
   d.zero = static_cast<int>(c.zero);

@@ -89,7 +89,6 @@ std::vector<std::string> Layout::train_overrides(OverrideScope scope) const {
       "parallel.pp=" + std::to_string(pp),
       "parallel.zero=" + std::to_string(zero),
       "parallel.schedule=" + std::string(parallel::to_string(schedule)),
-      "parallel.microbatches=" + std::to_string(microbatches),
       "parallel.chunks=" + std::to_string(chunks),
       "parallel.sequence_parallel=" + std::string(sequence_parallel ? "true" : "false"),
       "train.global_batch=" + std::to_string(global_batch()),

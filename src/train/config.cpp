@@ -24,6 +24,7 @@ struct Field {
   std::function<void(const toml::node&, const std::string& where)> set;
   std::function<std::string()> show;
   std::string type;
+  std::string help;  // one line: what the key does (crosstrain config, docs/config-reference.md)
 };
 
 [[noreturn]] void wrong_type(const std::string& where, const char* expected, const toml::node& node) {
@@ -36,27 +37,27 @@ struct Field {
   throw UsageError(where + " must be " + expected + ", got " + got.str());
 }
 
-Field int_field(const char* section, const char* key, int64_t& ref) {
+Field int_field(const char* section, const char* key, int64_t& ref, const char* help) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
             if (!n.is_integer()) wrong_type(where, "an integer", n);
             ref = n.as_integer()->get();
           },
           [&ref] { return std::to_string(ref); },
-          "integer"};
+          "integer", help};
 }
 
-Field uint_field(const char* section, const char* key, uint64_t& ref) {
+Field uint_field(const char* section, const char* key, uint64_t& ref, const char* help) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
             if (!n.is_integer() || n.as_integer()->get() < 0) wrong_type(where, "a non-negative integer", n);
             ref = static_cast<uint64_t>(n.as_integer()->get());
           },
           [&ref] { return std::to_string(ref); },
-          "integer >= 0"};
+          "integer >= 0", help};
 }
 
-Field double_field(const char* section, const char* key, double& ref) {
+Field double_field(const char* section, const char* key, double& ref, const char* help) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
             double v = 0;
@@ -73,10 +74,10 @@ Field double_field(const char* section, const char* key, double& ref) {
             out << toml::value<double>(ref);
             return out.str();
           },
-          "number"};
+          "number", help};
 }
 
-Field string_field(const char* section, const char* key, std::string& ref) {
+Field string_field(const char* section, const char* key, std::string& ref, const char* help) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
             if (!n.is_string()) wrong_type(where, "a string", n);
@@ -87,7 +88,7 @@ Field string_field(const char* section, const char* key, std::string& ref) {
             out << toml::value<std::string>(ref);
             return out.str();
           },
-          "string"};
+          "string", help};
 }
 
 // Every name of an enum, in order ("sync, diloco, ssp"): the config's enums number their values from 0 and name
@@ -103,7 +104,7 @@ std::string names_of(const char* (*name)(Enum)) {
 // A key whose value is one of a fixed set of names: parsed into its enum once, here, when the config is read.
 template <typename Enum>
 Field named_field(const char* section, const char* key, Enum& ref, Enum (*parse)(const std::string&),
-                  const char* (*name)(Enum)) {
+                  const char* (*name)(Enum), const char* help) {
   return {section, key,
           [&ref, parse](const toml::node& n, const std::string& where) {
             if (!n.is_string()) wrong_type(where, "a string", n);
@@ -120,17 +121,17 @@ Field named_field(const char* section, const char* key, Enum& ref, Enum (*parse)
             out << toml::value<std::string>(name(ref));
             return out.str();
           },
-          "one of " + names_of(name)};
+          "one of " + names_of(name), help};
 }
 
-Field bool_field(const char* section, const char* key, bool& ref) {
+Field bool_field(const char* section, const char* key, bool& ref, const char* help) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
             if (!n.is_boolean()) wrong_type(where, "true or false", n);
             ref = n.as_boolean()->get();
           },
           [&ref] { return std::string(ref ? "true" : "false"); },
-          "true or false"};
+          "true or false", help};
 }
 
 // Adds each key a layer's visit_keys names (models/gpt_config.h, data/dataset.h, ...) to the table, as a Field of
@@ -138,14 +139,21 @@ Field bool_field(const char* section, const char* key, bool& ref) {
 struct KeyAdder {
   std::vector<Field>& out;
   const char* section;
-  void operator()(const char* key, int64_t& ref) { out.push_back(int_field(section, key, ref)); }
-  void operator()(const char* key, uint64_t& ref) { out.push_back(uint_field(section, key, ref)); }
-  void operator()(const char* key, double& ref) { out.push_back(double_field(section, key, ref)); }
-  void operator()(const char* key, std::string& ref) { out.push_back(string_field(section, key, ref)); }
-  void operator()(const char* key, bool& ref) { out.push_back(bool_field(section, key, ref)); }
+  void operator()(const char* key, int64_t& ref, const char* help) { out.push_back(int_field(section, key, ref, help)); }
+  void operator()(const char* key, uint64_t& ref, const char* help) {
+    out.push_back(uint_field(section, key, ref, help));
+  }
+  void operator()(const char* key, double& ref, const char* help) {
+    out.push_back(double_field(section, key, ref, help));
+  }
+  void operator()(const char* key, std::string& ref, const char* help) {
+    out.push_back(string_field(section, key, ref, help));
+  }
+  void operator()(const char* key, bool& ref, const char* help) { out.push_back(bool_field(section, key, ref, help)); }
   template <typename Enum>
-  void operator()(const char* key, Enum& ref, Enum (*parse)(const std::string&), const char* (*name)(Enum)) {
-    out.push_back(named_field(section, key, ref, parse, name));
+  void operator()(const char* key, Enum& ref, Enum (*parse)(const std::string&), const char* (*name)(Enum),
+                  const char* help) {
+    out.push_back(named_field(section, key, ref, parse, name, help));
   }
 };
 
@@ -157,15 +165,22 @@ void add_keys(std::vector<Field>& out, const char* name, Section& section) {
 // The [run], [model] and [data] keys (fields() lists the others after them).
 std::vector<Field> run_model_data_fields(Config& c) {
   std::vector<Field> all = {
-      string_field("run", "name", c.run.name),
-      string_field("run", "dir", c.run.dir),
-      uint_field("run", "seed", c.run.seed),
-      int_field("run", "log_every", c.run.log_every),
-      string_field("run", "secret_file", c.run.secret_file),
-      bool_field("run", "work_log", c.run.work_log),
+      string_field("run", "name", c.run.name,
+                 "the run's name in logs, traces and reports"),
+      string_field("run", "dir", c.run.dir,
+                 "where the resolved config, metrics.jsonl, traces and checkpoints/ go"),
+      uint_field("run", "seed", c.run.seed,
+                 "seed of the initial weights and of the data order"),
+      int_field("run", "log_every", c.run.log_every,
+                 "steps between progress lines (metrics.jsonl gets every step)"),
+      string_field("run", "secret_file", c.run.secret_file,
+                 "a file (mode 0600) holding the job secret peers must prove; CROSSTRAIN_SECRET takes precedence"),
+      bool_field("run", "work_log", c.run.work_log,
+                 "write RUN_DIR/work/cluster<K>.jsonl for ledger claims"),
   };
   add_keys(all, "model", c.model);
-  all.push_back(string_field("model", "init_from", c.model_init_from));  // the run's, not the model shape's
+  all.push_back(string_field("model", "init_from", c.model_init_from,
+                 "start from these weights: a Hugging Face folder or a crosstrain checkpoint (\"\": seeded init)"));  // the run's, not the model shape's
   add_keys(all, "data", c.data);
   add_keys(all, "dlrm", c.dlrm);
   return all;
@@ -174,67 +189,116 @@ std::vector<Field> run_model_data_fields(Config& c) {
 // The [train] keys.
 std::vector<Field> train_fields(Config& c) {
   return {
-      int_field("train", "steps", c.train.steps),
-      int_field("train", "global_batch", c.train.global_batch),
-      int_field("train", "micro_batches", c.train.micro_batches),
-      double_field("train", "lr", c.train.lr),
-      double_field("train", "min_lr", c.train.min_lr),
-      int_field("train", "warmup_steps", c.train.warmup_steps),
-      double_field("train", "weight_decay", c.train.weight_decay),
-      double_field("train", "beta1", c.train.beta1),
-      double_field("train", "beta2", c.train.beta2),
-      double_field("train", "eps", c.train.eps),
-      double_field("train", "grad_clip", c.train.grad_clip),
-      int_field("train", "eval_every", c.train.eval_every),
-      int_field("train", "eval_batches", c.train.eval_batches),
-      int_field("train", "checkpoint_every", c.train.checkpoint_every),
-      int_field("train", "keep_checkpoints", c.train.keep_checkpoints),
-      bool_field("train", "async_checkpoint", c.train.async_checkpoint),
-      int_field("train", "sample_tokens", c.train.sample_tokens),
-      double_field("train", "peak_flops_per_rank", c.train.peak_flops_per_rank),
-      int_field("train", "threads_per_rank", c.train.threads_per_rank),
-      string_field("train", "precision", c.train.precision),
-      string_field("train", "recompute", c.train.recompute),
-      string_field("train", "freeze", c.train.freeze),
+      int_field("train", "steps", c.train.steps,
+                 "optimizer steps of the run"),
+      int_field("train", "global_batch", c.train.global_batch,
+                 "sequences per optimizer step, over all data-parallel ranks"),
+      int_field("train", "micro_batches", c.train.micro_batches,
+                 "micro-batches per step and data-parallel rank: gradient accumulation, and a pipeline's micro-batches (at least parallel.pp)"),
+      double_field("train", "lr", c.train.lr,
+                 "peak learning rate (after warm-up; cosine decay to min_lr)"),
+      double_field("train", "min_lr", c.train.min_lr,
+                 "learning rate at the last step"),
+      int_field("train", "warmup_steps", c.train.warmup_steps,
+                 "steps of linear warm-up from 0 to lr"),
+      double_field("train", "weight_decay", c.train.weight_decay,
+                 "AdamW decoupled weight decay"),
+      double_field("train", "beta1", c.train.beta1,
+                 "AdamW first-moment decay"),
+      double_field("train", "beta2", c.train.beta2,
+                 "AdamW second-moment decay"),
+      double_field("train", "eps", c.train.eps,
+                 "AdamW epsilon"),
+      double_field("train", "grad_clip", c.train.grad_clip,
+                 "clip the global gradient norm to this; 0: no clipping"),
+      int_field("train", "eval_every", c.train.eval_every,
+                 "steps between validation losses; 0: none"),
+      int_field("train", "eval_batches", c.train.eval_batches,
+                 "batches per validation"),
+      int_field("train", "checkpoint_every", c.train.checkpoint_every,
+                 "steps between checkpoints; 0: only at the end (and when stopped)"),
+      int_field("train", "keep_checkpoints", c.train.keep_checkpoints,
+                 "the newest K complete checkpoints are kept; 0: all"),
+      bool_field("train", "async_checkpoint", c.train.async_checkpoint,
+                 "write checkpoints on a background thread while training goes on"),
+      int_field("train", "sample_tokens", c.train.sample_tokens,
+                 "tokens generated by rank 0 at the end; 0: no sample"),
+      double_field("train", "peak_flops_per_rank", c.train.peak_flops_per_rank,
+                 "the peak behind MFU; 0: time this rank's GEMMs at the model's shapes"),
+      int_field("train", "threads_per_rank", c.train.threads_per_rank,
+                 "compute threads of each rank"),
+      string_field("train", "precision", c.train.precision,
+                 "fp32, or bf16 (bf16 parameters and gradients, fp32 master weights)"),
+      string_field("train", "recompute", c.train.recompute,
+                 "activations redone in backward: none, selective (attention core) or full (whole blocks)"),
+      string_field("train", "freeze", c.train.freeze,
+                 "parameters kept fixed: embedding, head, block ranges like \"0-5\", or all (\"\": none; all but LoRA with lora_rank)"),
   };
 }
 
 // The [sync] and [elastic] keys.
 std::vector<Field> sync_elastic_fields(Config& c) {
   return {
-      named_field("sync", "mode", c.sync.mode, parse_sync_mode, to_string),
-      int_field("sync", "clusters", c.sync.clusters),
-      string_field("sync", "topology", c.sync.topology),
-      bool_field("sync", "hierarchical", c.sync.hierarchical),
-      int_field("sync", "inner_steps", c.sync.inner_steps),
-      double_field("sync", "outer_lr", c.sync.outer_lr),
-      double_field("sync", "outer_momentum", c.sync.outer_momentum),
-      bool_field("sync", "nesterov", c.sync.nesterov),
-      string_field("sync", "compression", c.sync.compression),
-      int_field("sync", "fragments", c.sync.fragments),
-      int_field("sync", "overlap_steps", c.sync.overlap_steps),
-      string_field("sync", "cluster_batch", c.sync.cluster_batch),
-      int_field("sync", "period", c.sync.period),
-      int_field("sync", "staleness", c.sync.staleness),
-      int_field("sync", "slow_rank", c.sync.slow_rank),
-      double_field("sync", "slow_ms", c.sync.slow_ms),
-      bool_field("elastic", "enabled", c.elastic.enabled),
-      int_field("elastic", "heartbeat_ms", c.elastic.heartbeat_ms),
-      int_field("elastic", "failure_timeout_ms", c.elastic.failure_timeout_ms),
-      int_field("elastic", "min_replicas", c.elastic.min_replicas),
-      int_field("elastic", "max_restarts", c.elastic.max_restarts),
+      named_field("sync", "mode", c.sync.mode, parse_sync_mode, to_string,
+                  "how replicas agree: sync (every step), diloco, ssp, async or gossip"),
+      int_field("sync", "clusters", c.sync.clusters,
+                 "clusters of consecutive ranks; 0: from sync.topology or CROSSTRAIN_CLUSTER, else 1"),
+      string_field("sync", "topology", c.sync.topology,
+                 "a topology TOML (hosts and their clusters): each rank finds its host's cluster"),
+      bool_field("sync", "hierarchical", c.sync.hierarchical,
+                 "sync: all-reduce inside each cluster, then across clusters"),
+      int_field("sync", "inner_steps", c.sync.inner_steps,
+                 "diloco: inner steps H between outer steps"),
+      double_field("sync", "outer_lr", c.sync.outer_lr,
+                 "diloco: outer SGD learning rate"),
+      double_field("sync", "outer_momentum", c.sync.outer_momentum,
+                 "diloco: outer momentum"),
+      bool_field("sync", "nesterov", c.sync.nesterov,
+                 "diloco: Nesterov outer momentum"),
+      string_field("sync", "compression", c.sync.compression,
+                 "diloco outer gradients: none, bf16, fp16, int8, int4, ..."),
+      int_field("sync", "fragments", c.sync.fragments,
+                 "streaming diloco: parameter fragments synced on a staggered schedule; 1: all at once"),
+      int_field("sync", "overlap_steps", c.sync.overlap_steps,
+                 "streaming diloco: inner steps a fragment's exchange overlaps"),
+      string_field("sync", "cluster_batch", c.sync.cluster_batch,
+                 "diloco: sequences per step of each cluster, e.g. \"24,8\" (adds up to train.global_batch); \"\": even"),
+      int_field("sync", "period", c.sync.period,
+                 "gossip, async, ssp: steps between exchanges"),
+      int_field("sync", "staleness", c.sync.staleness,
+                 "ssp: steps a rank may run ahead of the slowest"),
+      int_field("sync", "slow_rank", c.sync.slow_rank,
+                 "experiments: this rank sleeps slow_ms every step; -1: none"),
+      double_field("sync", "slow_ms", c.sync.slow_ms,
+                 "experiments: the slow rank's extra milliseconds per step"),
+      bool_field("elastic", "enabled", c.elastic.enabled,
+                 "survive failures and joins (also --max-restarts, --nnodes MIN:MAX)"),
+      int_field("elastic", "heartbeat_ms", c.elastic.heartbeat_ms,
+                 "each rank's heartbeat period"),
+      int_field("elastic", "failure_timeout_ms", c.elastic.failure_timeout_ms,
+                 "a rank silent this long is dead and its replica leaves"),
+      int_field("elastic", "min_replicas", c.elastic.min_replicas,
+                 "train on while at least this many replicas are live"),
+      int_field("elastic", "max_restarts", c.elastic.max_restarts,
+                 "the launcher restarts failed ranks this many times in all"),
   };
 }
 
 // The [debug] keys: switches for tests only.
 std::vector<Field> debug_fields(Config& c) {
   return {
-      int_field("debug", "fault_save_delay_ms", c.debug.checkpoint.save_delay_ms),
-      bool_field("debug", "fault_commit_rename", c.debug.checkpoint.commit_rename),
-      string_field("debug", "elastic_kill", c.debug.elastic_kill),
-      string_field("debug", "elastic_stop", c.debug.elastic_stop),
-      bool_field("debug", "elastic_digest", c.debug.elastic_digest),
-      string_field("debug", "skip_collective", c.debug.skip_collective),
+      int_field("debug", "fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
+                 "tests: every checkpoint save takes this much longer"),
+      bool_field("debug", "fault_commit_rename", c.debug.checkpoint.commit_rename,
+                 "tests: the checkpoint's final rename fails"),
+      string_field("debug", "elastic_kill", c.debug.elastic_kill,
+                 "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGKILL in that step"),
+      string_field("debug", "elastic_stop", c.debug.elastic_stop,
+                 "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGSTOP in that step"),
+      bool_field("debug", "elastic_digest", c.debug.elastic_digest,
+                 "tests: print each rank's state digest when a generation starts"),
+      string_field("debug", "skip_collective", c.debug.skip_collective,
+                 "tests: \"RANK@STEP\" (or all@STEP) holds back its first collective of that step"),
   };
 }
 
@@ -303,6 +367,15 @@ std::string did_you_mean(const std::vector<Field>& all, const std::string& secti
   return likely.empty() ? "" : "did you mean '" + likely + "'? ";
 }
 
+// Keys that recipes of earlier versions may still hold, and what they became.
+struct RenamedKey {
+  const char *section, *key, *now, *why;
+};
+constexpr RenamedKey kRenamedKeys[] = {
+    {"parallel", "microbatches", "train.micro_batches",
+     "one count of micro-batches per step, for gradient accumulation and pipelines alike"},
+};
+
 void set_key(std::vector<Field>& all, const std::string& section, const std::string& key, const toml::node& value,
              const std::string& origin) {
   std::vector<std::string> valid;
@@ -316,6 +389,10 @@ void set_key(std::vector<Field>& all, const std::string& section, const std::str
       return;
     }
   }
+  for (const auto& renamed : kRenamedKeys)
+    if (section == renamed.section && key == renamed.key)
+      throw UsageError("'" + section + "." + key + "' in " + origin + " is now " + renamed.now + " (" + renamed.why +
+                       "); set that instead");
   const std::string hint = did_you_mean(all, section, key);
   if (!section_known)
     throw UsageError("unknown section [" + section + "] in " + origin + "; " + hint + "the sections are " +
@@ -509,9 +586,38 @@ std::string describe_config(const Config& config) {
       section = f.section;
     }
     const std::string line = f.key + " = " + f.show();
-    const std::string was = initial[i].show();
-    out << line << std::string(line.size() < 40 ? 40 - line.size() : 1, ' ') << "# " << f.type
-        << (was == f.show() ? "" : "; default " + was) << "\n";
+    out << line << std::string(line.size() < 40 ? 40 - line.size() : 1, ' ') << "# " << f.help << " [" << f.type
+        << "; default " << initial[i].show() << "]\n";
+  }
+  return out.str();
+}
+
+namespace {
+
+// A table cell of Markdown: '|' would end the cell.
+std::string cell(const std::string& text) {
+  std::string out;
+  for (char c : text) out += c == '|' ? std::string("\\|") : std::string(1, c);
+  return out;
+}
+
+}  // namespace
+
+std::string config_reference() {
+  Config defaults;
+  std::ostringstream out;
+  out << "# Configuration reference\n\n"
+      << "Every key of a run's config, section by section: what it takes, its default and what it does. A recipe "
+         "(TOML) sets\nany of them, `--set section.key=value` overrides one, and `crosstrain config RECIPE [--set ...]` "
+         "prints the\nresolved config of a run with these same lines. This page is generated from the table the "
+         "config reader uses\n(`crosstrain config --reference > docs/config-reference.md`; a test keeps it current).\n";
+  std::string section;
+  for (const Field& f : fields(defaults)) {
+    if (f.section != section) {
+      out << "\n## [" << f.section << "]\n\n| key | takes | default | what it does |\n|---|---|---|---|\n";
+      section = f.section;
+    }
+    out << "| `" << f.key << "` | " << cell(f.type) << " | `" << cell(f.show()) << "` | " << cell(f.help) << " |\n";
   }
   return out.str();
 }

@@ -26,6 +26,10 @@ std::vector<std::string> config_notices(const Config& c) {
       out.push_back("train.steps = " + steps + " makes a single DiLoCo outer step (sync.inner_steps = " + h +
                     "); lower sync.inner_steps for more");
   }
+  if (c.parallel.pp > 1 && c.train.micro_batches < c.parallel.pp)
+    out.push_back("train.micro_batches = " + std::to_string(c.train.micro_batches) + " is raised to " +
+                  std::to_string(c.parallel.pp) + " for a " + std::to_string(c.parallel.pp) +
+                  "-stage pipeline (parallel.pp): one micro-batch per stage at the least; more shrink the bubble");
   return out;
 }
 

@@ -96,8 +96,8 @@ void TrainLoop::step_outputs(Job& job, const StepRecord& rec, bool leader) {
 
 LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const StepHooks& hooks) {
   const bool leader = world.rank() == 0;
-  // Ctrl-C stops lockstep training between steps (stop_vote.h says why only there).
-  StopVote stop_vote(world, job.lockstep() ? options_.stop_requested : nullptr);
+  // Ctrl-C stops training after a step where the ranks meet (stop_vote.h says why only there).
+  StopVote stop_vote(world, options_.stop_requested, job.meets_every());
   std::function<void()> before_commit;
   int64_t step = first;
   if (hooks.before_commit) before_commit = [&] { hooks.before_commit(step); };
@@ -110,7 +110,7 @@ LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const
       end = LoopEnd::Stopped;
       break;
     }
-    stop_vote.post();
+    stop_vote.post(step);
     if (hooks.before_step) hooks.before_step(step);
     const StepRecord rec = job.train_step(step, before_commit);
     if (hooks.committed) hooks.committed(step);

@@ -2,8 +2,9 @@
 
 namespace crosstrain::train {
 
-StopVote::StopVote(comm::Communicator& world, std::function<bool()> requested)
-    : world_(world), requested_(std::move(requested)), flag_(at::zeros({1}, at::kInt)) {}
+StopVote::StopVote(comm::Communicator& world, std::function<bool()> requested, int64_t every)
+    : world_(world), requested_(every > 0 ? std::move(requested) : nullptr), every_(every),
+      flag_(at::zeros({1}, at::kInt)) {}
 
 bool StopVote::agreed() {
   if (!exchange_) return false;
@@ -12,8 +13,8 @@ bool StopVote::agreed() {
   return flag_.item<int>() != 0;
 }
 
-void StopVote::post() {
-  if (!requested_) return;
+void StopVote::post(int64_t step) {
+  if (!requested_ || step % every_ != 0) return;
   finish();  // one vote in flight at a time: the buffer is shared
   flag_.fill_(requested_() ? 1 : 0);
   exchange_ = world_.all_reduce(flag_, comm::ReduceOp::Max);

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <sstream>
 
 #include "cli_fixture.h"
 #include "scratch.h"
@@ -29,14 +31,14 @@ std::string line_of(const std::string& text, const std::string& section, const s
 
 }  // namespace
 
-TEST(ConfigCli, PrintsEveryKeyWithWhatItTakesAndTheDefaultWhereItDiffers) {
+TEST(ConfigCli, PrintsEveryKeyWithItsHelpWhatItTakesAndItsDefault) {
   const auto res = config({kRecipes + "/gpt-tiny.toml", "--set", "train.steps=7", "--set", "sync.mode=diloco"});
   ASSERT_EQ(res.exit_code(), 0) << res.output;
   const std::string steps = line_of(res.output, "train", "steps");
   EXPECT_NE(steps.find("steps = 7"), std::string::npos) << steps;
-  EXPECT_NE(steps.find("# integer; default "), std::string::npos) << steps;
+  EXPECT_NE(steps.find("# optimizer steps of the run [integer; default 100]"), std::string::npos) << steps;
   const std::string mode = line_of(res.output, "sync", "mode");
-  EXPECT_NE(mode.find("one of sync, diloco, ssp, async, gossip; default 'sync'"), std::string::npos) << mode;
+  EXPECT_NE(mode.find("[one of sync, diloco, ssp, async, gossip; default 'sync']"), std::string::npos) << mode;
   EXPECT_NE(line_of(res.output, "dlrm", "mode").find("one of sharded, ps"), std::string::npos) << res.output;
   for (const char* section : {"run", "model", "data", "train", "parallel", "comm", "sync", "elastic", "obs", "dlrm",
                               "debug"})
@@ -79,7 +81,7 @@ TEST(ConfigCli, MoreRanksThanCoresIsNoticed) {
   EXPECT_NE(res.output.find("# notice: 256 ranks x 1 compute thread on "), std::string::npos) << res.output;
   EXPECT_NE(res.output.find("the MFU reads high"), std::string::npos) << res.output;
   const auto fits = config({kRecipes + "/gpt-tiny.toml", "--nproc", "1"});
-  EXPECT_EQ(fits.output.find("compute thread"), std::string::npos) << fits.output;
+  EXPECT_EQ(fits.output.find("the MFU reads high"), std::string::npos) << fits.output;
 }
 
 TEST(ConfigCli, EveryOptionsHelpShowsItsDefault) {
@@ -93,4 +95,49 @@ TEST(ConfigCli, EveryOptionsHelpShowsItsDefault) {
     const std::string line = res.output.substr(at, res.output.find('\n', at) - at);
     EXPECT_NE(line.find(shown), std::string::npos) << command << ": " << line;
   }
+}
+
+TEST(ConfigCli, TheReferencePageIsWhatTheConfigReaderKnows) {
+  const auto res = run_process({kBin, "config", "--reference"}, {}, milliseconds(30000));
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  std::ifstream in(CT_SOURCE_DIR "/docs/config-reference.md");
+  const std::string page((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(page, res.output) << "docs/config-reference.md is out of date: build/crosstrain config --reference > "
+                                 "docs/config-reference.md";
+  // Every key has a line of help: no row ends in an empty cell.
+  std::istringstream rows(res.output);
+  int keys = 0;
+  for (std::string row; std::getline(rows, row);) {
+    if (row.rfind("| `", 0) != 0) continue;
+    ++keys;
+    EXPECT_EQ(row.find("|  |"), std::string::npos) << row;
+    EXPECT_GT(row.size() - row.rfind(" | ") , 6u) << row;
+  }
+  EXPECT_GT(keys, 100) << res.output;
+  EXPECT_NE(res.output.find("| `micro_batches` | integer | `1` |"), std::string::npos) << res.output;
+  const auto mixed = run_process({kBin, "config", "--reference", "--set", "train.steps=3"}, {}, milliseconds(30000));
+  EXPECT_EQ(mixed.exit_code(), 2) << mixed.output;
+}
+
+TEST(ConfigCli, MicroBatchesHaveOneNameAndTheOldOneSaysWhichItIs) {
+  const auto old = config({"--set", "parallel.microbatches=4"});
+  EXPECT_EQ(old.exit_code(), 2) << old.output;
+  EXPECT_NE(old.output.find("'parallel.microbatches' in --set parallel.microbatches=4 is now train.micro_batches"),
+            std::string::npos)
+      << old.output;
+  // A pipeline takes its micro-batches from train.micro_batches, at least one per stage.
+  auto res = config({kRecipes + "/gpt-tiny.toml", "--nproc", "2", "--set", "parallel.pp=2", "--set",
+                     "train.micro_batches=4"});
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  EXPECT_NE(res.output.find("dp 1 x pp 2 x tp 1, ZeRO 0, 4 micro-batches per step"), std::string::npos) << res.output;
+  res = config({kRecipes + "/gpt-tiny.toml", "--nproc", "2", "--set", "parallel.pp=2"});
+  ASSERT_EQ(res.exit_code(), 0) << res.output;
+  EXPECT_NE(res.output.find("dp 1 x pp 2 x tp 1, ZeRO 0, 2 micro-batches per step"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("# notice: train.micro_batches = 1 is raised to 2 for a 2-stage pipeline"),
+            std::string::npos)
+      << res.output;
+  res = config({kRecipes + "/gpt-tiny.toml", "--nproc", "2", "--set", "parallel.pp=2", "--set",
+                "parallel.schedule=interleaved", "--set", "train.micro_batches=3", "--set", "model.n_layer=4"});
+  EXPECT_EQ(res.exit_code(), 2) << res.output;
+  EXPECT_NE(res.output.find("(train.micro_batches = 3, parallel.pp = 2)"), std::string::npos) << res.output;
 }

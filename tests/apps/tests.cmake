@@ -3,7 +3,8 @@
 add_executable(apps_unit_tests apps/test_cli_logic.cpp)
 target_link_libraries(apps_unit_tests PRIVATE ct_test_support crosstrain_cli GTest::gtest_main)
 gtest_discover_tests(apps_unit_tests PROPERTIES LABELS unit DISCOVERY_TIMEOUT 60)
-add_executable(train_cli_tests apps/test_train_cli.cpp apps/test_secret_cli.cpp apps/test_config_cli.cpp)
+add_executable(train_cli_tests apps/test_train_cli.cpp apps/test_secret_cli.cpp apps/test_config_cli.cpp
+                               apps/test_readme_commands.cpp)
 target_link_libraries(train_cli_tests PRIVATE ct_test_support nlohmann_json::nlohmann_json GTest::gtest_main)
 gtest_discover_tests(train_cli_tests PROPERTIES LABELS train TIMEOUT 600 DISCOVERY_TIMEOUT 60)
 # SIGKILLed launcher, failed fork (pids cgroup), --nproc checks.

@@ -8,16 +8,20 @@
 // while a killed rank restarts and rejoins.
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <filesystem>
 #include <map>
 #include <regex>
 #include <set>
+#include <thread>
 
 #include "cli_fixture.h"
 #include "rogue_client.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/elastic/membership_logic.h"
 
 using namespace crosstrain::testing;
+namespace fs = std::filesystem;
 using std::chrono::milliseconds;
 
 namespace {
@@ -69,6 +73,37 @@ TEST(ElasticCli, ARankRestartedAfterTheEndExitsCleanly) {
   expect_every_step_once(dir, 6);
 }
 
+// Ctrl-C rides on the step vote: every member stops after the same committed step, saves it, and the printed
+// command continues from it.
+TEST(ElasticCli, CtrlCStopsEveryMemberAfterTheSameStepAndSavesIt) {
+  const auto dir = fresh_dir("elastic-sigint");
+  auto args = elastic_args(dir, 2, 2000, {"--max-restarts", "2", "--set", "train.checkpoint_every=1000"});
+  Process job(args);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (last_logged_step(dir) < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_GE(last_logged_step(dir), 5) << "the run never reached step 5";
+  job.signal(SIGINT);
+  auto res = job.wait(milliseconds(90000));
+  EXPECT_FALSE(res.timed_out);
+  EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
+  std::smatch stop;
+  ASSERT_TRUE(std::regex_search(res.output, stop, std::regex("interrupted \\(SIGINT\\) after step ([0-9]+) of 2000")))
+      << res.output;
+  const int stopped = std::stoi(stop[1]);
+  EXPECT_LT(stopped, 2000);
+  char last[32];
+  std::snprintf(last, sizeof last, "step_%08d", stopped);
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / last)) << res.output;
+  EXPECT_FALSE(contains(res.output, "restarting")) << res.output;  // a stop is not a failure
+  auto resumed = run_process(with(args, {"--resume", "--set", "train.steps=" + std::to_string(stopped + 2)}), {},
+                             milliseconds(90000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  const auto rows = read_metrics(dir);
+  ASSERT_FALSE(rows.empty());
+  EXPECT_EQ(rows.back()["step"].get<int>(), stopped + 2);
+}
+
 // Membership changes nothing when nothing fails: the same losses as plain data parallel training.
 TEST(ElasticCli, FaultFreeRunMatchesPlainTraining) {
   const auto plain = fresh_dir("elastic-plain"), elastic = fresh_dir("elastic-same");
@@ -96,9 +131,9 @@ TEST(ElasticCli, KilledReplicaLeavesAndSurvivorsCommitTheNextStep) {
   // The survivors were blocked in the all-reduce with the dead rank: the failure generation ends that wait, so the
   // redone step commits long before the generation's 10 s communication timeout would have.
   std::smatch failed, committed;
-  ASSERT_TRUE(std::regex_search(r.output, failed, std::regex(R"(\[t=(\d+)\] generation 2 \(failure\))")));
-  ASSERT_TRUE(std::regex_search(r.output, committed, std::regex(R"(\[t=(\d+)\] rank \d+: generation 2: step 5 committed)")));
-  EXPECT_LT(std::stoll(committed[1]) - std::stoll(failed[1]), 5000) << r.output;
+  ASSERT_TRUE(std::regex_search(r.output, failed, std::regex(R"(\[([0-9T:.Z-]+)\] generation 2 \(failure\))")));
+  ASSERT_TRUE(std::regex_search(r.output, committed, std::regex(R"(\[([0-9T:.Z-]+)\] rank \d+: generation 2: step 5 committed)")));
+  EXPECT_LT(crosstrain::elastic::parse_log_time(committed[1]) - crosstrain::elastic::parse_log_time(failed[1]), 5000) << r.output;
   // The survivors agree bit for bit when the new generation starts.
   const auto d = digests(r.output);
   ASSERT_TRUE(d.count(2)) << r.output;
@@ -114,10 +149,10 @@ TEST(ElasticCli, AWaitOnPeersThatGaveUpEndsWithTheGeneration) {
                        {}, milliseconds(120000));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   std::smatch failed, committed;
-  ASSERT_TRUE(std::regex_search(r.output, failed, std::regex(R"(\[t=(\d+)\] generation 2 \(failure\))"))) << r.output;
-  ASSERT_TRUE(std::regex_search(r.output, committed, std::regex(R"(\[t=(\d+)\] rank \d+: generation 2: step 5 committed)")))
+  ASSERT_TRUE(std::regex_search(r.output, failed, std::regex(R"(\[([0-9T:.Z-]+)\] generation 2 \(failure\))"))) << r.output;
+  ASSERT_TRUE(std::regex_search(r.output, committed, std::regex(R"(\[([0-9T:.Z-]+)\] rank \d+: generation 2: step 5 committed)")))
       << r.output;
-  EXPECT_LT(std::stoll(committed[1]) - std::stoll(failed[1]), 5000) << r.output;
+  EXPECT_LT(crosstrain::elastic::parse_log_time(committed[1]) - crosstrain::elastic::parse_log_time(failed[1]), 5000) << r.output;
   expect_every_step_once(dir, 10);
 }
 

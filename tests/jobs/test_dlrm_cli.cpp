@@ -108,7 +108,7 @@ TEST(DlrmCli, RunsThroughTheCommonLoopTracesReportsAndStopsOnCtrlC) {
   EXPECT_FALSE(stopped.timed_out);
   EXPECT_EQ(stopped.exit_code(), 128 + SIGINT) << stopped.output;
   std::smatch at;
-  ASSERT_TRUE(std::regex_search(stopped.output, at, std::regex("interrupted after step ([0-9]+) of 100000")))
+  ASSERT_TRUE(std::regex_search(stopped.output, at, std::regex("interrupted \\(SIGINT\\) after step ([0-9]+) of 100000")))
       << stopped.output;
   char last[32];
   std::snprintf(last, sizeof last, "step_%08d", std::stoi(at[1]));

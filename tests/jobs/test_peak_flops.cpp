@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/models/parallel_plan.h"
 #include "peak_flops.h"
 
 namespace crosstrain::train {
@@ -66,6 +67,35 @@ TEST(GemmPeak, BestIsTheHighestMeasuredRate) {
     EXPECT_EQ(peak.by_shape[0].first, "qkv 64x32x96");
     EXPECT_EQ(describe(peak).rfind("best ", 0), 0u) << describe(peak);
   }
+}
+
+TEST(GemmPeak, RanksOfOneHostTakeTurnsAndHostsMeasureAtOnce) {
+  // Ranks 0, 1 and 3 share a host; 2 and 4 share another; 5 is alone.
+  EXPECT_EQ(turns_per_host({7, 7, 9, 7, 9, 11}), (std::vector<int>{0, 1, 0, 2, 1, 0}));
+  EXPECT_EQ(turns_per_host({7}), (std::vector<int>{0}));
+  EXPECT_TRUE(turns_per_host({}).empty());
+}
+
+TEST(TrainingFlops, FrozenMatricesLoseTheirWeightGradientAndAdaptersAddTheirOwn) {
+  models::GPTConfig c = gpt_tiny();
+  const models::ParallelPlan plan(c);
+  // Nothing frozen: PaLM's 6 N + 12 L T d.
+  EXPECT_DOUBLE_EQ(models::training_flops_per_token(plan, c, {}), c.flops_per_token());
+  // The head frozen (the final LayerNorm's gain and bias, and the d x vocab matrix): 4 per parameter, not 6.
+  const auto head = models::frozen_parameters(plan, c, "head");
+  EXPECT_DOUBLE_EQ(models::training_flops_per_token(plan, c, head), c.flops_per_token() - 2.0 * (2 * 128 + 128 * 256));
+  // The embedding frozen: lookups were never counted, so nothing changes.
+  const auto embedding = models::frozen_parameters(plan, c, "embedding");
+  EXPECT_DOUBLE_EQ(models::training_flops_per_token(plan, c, embedding), c.flops_per_token());
+  // LoRA with the rest frozen: 4 per base parameter that multiplies, 6 per adapter parameter (rank 8 on the fused
+  // qkv projection of each of the 4 blocks: A is 8 x 128, B 384 x 8).
+  c.lora_rank = 8;
+  const models::ParallelPlan lora_plan(c);
+  const auto all = models::frozen_parameters(lora_plan, c, "");
+  const double multiplying = (c.flops_per_token() - 12.0 * c.n_layer * c.block_size * c.n_embd) / 6.0;
+  const double adapters = 4.0 * (8 * 128 + 384 * 8);
+  EXPECT_DOUBLE_EQ(models::training_flops_per_token(lora_plan, c, all),
+                   c.flops_per_token() - 2.0 * multiplying + 6.0 * adapters);
 }
 
 }  // namespace

@@ -40,7 +40,7 @@ train::Config config_for(const std::string& tag, const Layout& l, const std::str
   c.parallel.zero = l.zero;
   c.parallel.schedule = l.schedule;
   c.parallel.sequence_parallel = l.sequence_parallel;
-  if (l.pp > 1) c.parallel.microbatches = 4;
+  if (l.pp > 1) c.train.micro_batches = 4;
   c.train.recompute = recompute;
   return c;
 }

@@ -139,7 +139,7 @@ TEST(Traces, PipelineAndTensorParallelRanksRecordStagesAndTransfers) {
   const std::string dir = fresh_dir("trace-pp2-tp2");
   auto args = tiny_args(dir, 4, 6);
   args.insert(args.end(), {"--set", "parallel.pp=2", "--set", "parallel.tp=2", "--set", "parallel.dp=1", "--set",
-                           "parallel.microbatches=4", "--set", "parallel.schedule=1f1b", "--set", "train.eval_every=0"});
+                           "train.micro_batches=4", "--set", "parallel.schedule=1f1b", "--set", "train.eval_every=0"});
   const ProcessResult r = run_process(args, {}, std::chrono::minutes(3));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   for (int rank = 0; rank < 4; ++rank) {
@@ -161,6 +161,11 @@ TEST(Traces, PipelineAndTensorParallelRanksRecordStagesAndTransfers) {
     EXPECT_TRUE(transfer_with_peer);
   }
   expect_merged_timeline(merge(dir), 4);
+  // One replica: no gradient all-reduce, so all the communication the rows show is tensor- and pipeline-parallel.
+  for (const auto& row : read_metrics(dir)) {
+    EXPECT_GT(row["comm_time_s"].get<double>(), 0.0) << row.dump();
+    EXPECT_GT(row["exposed_comm_time_s"].get<double>(), 0.0) << row.dump();
+  }
 }
 
 TEST(Stragglers, SlowedRankIsNamedWithinTenSteps) {

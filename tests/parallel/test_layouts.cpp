@@ -23,7 +23,7 @@ struct Layout {
   int dp, pp, tp;
   std::string schedule = "1f1b";
   bool sequence_parallel = false;
-  int64_t microbatches = 0;
+  int64_t microbatches = 0;  // train.micro_batches; 0: the default (a pipeline raises it to pp)
   std::string stage_layers = "";
   int zero = 0;
 };
@@ -56,7 +56,7 @@ std::vector<TensorsByName> run_layout(const Layout& l, const std::string& tag, c
   c.parallel.tp = l.tp;
   c.parallel.schedule = l.schedule;
   c.parallel.sequence_parallel = l.sequence_parallel;
-  c.parallel.microbatches = l.microbatches;
+  if (l.microbatches > 0) c.train.micro_batches = l.microbatches;
   c.parallel.stage_layers = l.stage_layers;
   const int world = l.dp * l.pp * l.tp;
   std::vector<std::map<std::string, at::Tensor>> grads(world);

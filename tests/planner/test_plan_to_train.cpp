@@ -32,7 +32,7 @@ TEST(PlanToTrain, TheTrainerRunsTheSplitThePlannerChoseForUnequalDevices) {
   const std::string recipe = std::string(CROSSTRAIN_SOURCE_DIR) + "/recipes/gpt-tiny.toml";
   int status = 0;
   const std::string plan = run(std::string(CROSSTRAIN_BINARY) + " plan " + recipe + " " + dir +
-                                   "/two.toml --nproc 2 --set parallel.pp=2 --set parallel.microbatches=2 --json",
+                                   "/two.toml --nproc 2 --set parallel.pp=2 --set train.micro_batches=2 --json",
                                &status);
   ASSERT_EQ(status, 0) << plan;
   const auto j = nlohmann::json::parse(plan);

@@ -515,7 +515,7 @@ TEST(PlannerLayout, TrainOverridesCarryEveryChoice) {
   const std::vector<std::string> o = l.train_overrides();
   auto has = [&](const std::string& s) { return std::find(o.begin(), o.end(), s) != o.end(); };
   for (const char* s : {"parallel.dp=2", "parallel.tp=2", "parallel.pp=2", "parallel.zero=1", "parallel.schedule=zb-h1",
-                        "parallel.microbatches=4", "parallel.chunks=1", "parallel.sequence_parallel=true",
+                        "parallel.chunks=1", "parallel.sequence_parallel=true",
                         "train.global_batch=16", "train.micro_batches=4", "train.precision=bf16",
                         "train.recompute=full", "sync.mode=diloco", "sync.inner_steps=50",
                         "parallel.stage_layers=\"3,1\""})

@@ -23,6 +23,17 @@ inline std::vector<nlohmann::json> read_metrics(const std::string& dir) {
   return rows;
 }
 
+// The newest step metrics.jsonl holds while a run writes it (a line being written is skipped); -1 before any.
+inline int64_t last_logged_step(const std::string& dir) {
+  int64_t step = -1;
+  std::ifstream in(std::filesystem::path(dir) / "metrics.jsonl");
+  for (std::string line; std::getline(in, line);) {
+    const auto row = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (row.is_object() && row.contains("step")) step = row["step"].get<int64_t>();
+  }
+  return step;
+}
+
 // `args` with `extra` appended (a command line with a few more options).
 inline std::vector<std::string> with(std::vector<std::string> args, const std::vector<std::string>& extra) {
   args.insert(args.end(), extra.begin(), extra.end());

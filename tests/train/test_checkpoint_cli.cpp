@@ -460,7 +460,7 @@ TEST(Checkpoints, CtrlCStopsEveryRankBetweenStepsAndSaysHowToResume) {
   EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
   // Stopped within two steps of the signal, which came during step 10's save.
   std::smatch stop;
-  ASSERT_TRUE(std::regex_search(res.output, stop, std::regex("interrupted after step (1[0-2]) of 2000"))) << res.output;
+  ASSERT_TRUE(std::regex_search(res.output, stop, std::regex("interrupted \\(SIGINT\\) after step (1[0-2]) of 2000"))) << res.output;
   const int stopped = std::stoi(stop[1]);
   char last[32];
   std::snprintf(last, sizeof last, "step_%08d", stopped);
@@ -479,4 +479,62 @@ TEST(Checkpoints, CtrlCStopsEveryRankBetweenStepsAndSaysHowToResume) {
   auto resumed = run_process(with(args, {"--resume", "--set", "train.steps=14"}), {}, milliseconds(60000));
   ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/checkpoints/" + last)) << resumed.output;
+}
+
+TEST(Checkpoints, SigtermInDiLoCoFinishesTheOuterStepSavesItAndResumesFromIt) {
+  auto dir = fresh_dir("ckpt_sigint_diloco");
+  // Two clusters of one rank; they meet every 4 inner steps, and only there can they agree to stop.
+  auto args = with(tiny_args(dir, 2, 2000), {"--set", "sync.mode=diloco", "--set", "sync.clusters=2", "--set",
+                                             "sync.inner_steps=4", "--set", "train.checkpoint_every=1000"});
+  Process job(args);
+  // Signalled once the run is between outer steps: at least 5 steps in, and a few more past whatever it shows.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (last_logged_step(dir) < 5 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_GE(last_logged_step(dir), 5) << "the run never reached step 5";
+  // SIGTERM, as a batch system sends before it kills: the same stop as Ctrl-C.
+  job.signal(SIGTERM);
+  auto res = job.wait(milliseconds(90000));
+  EXPECT_FALSE(res.timed_out);
+  EXPECT_EQ(res.exit_code(), 128 + SIGTERM) << res.output;
+  std::smatch stop;
+  ASSERT_TRUE(std::regex_search(res.output, stop, std::regex("interrupted \\(SIGTERM\\) after step ([0-9]+) of 2000")))
+      << res.output;
+  const int stopped = std::stoi(stop[1]);
+  // At an outer step (the clusters hold the same parameters there), and before the run's end.
+  EXPECT_EQ(stopped % 4, 0) << res.output;
+  EXPECT_GE(stopped, 8) << res.output;
+  EXPECT_LT(stopped, 2000) << res.output;
+  char last[32];
+  std::snprintf(last, sizeof last, "step_%08d", stopped);
+  EXPECT_TRUE(contains(res.output, "The newest checkpoint is " + dir + "/checkpoints/" + last)) << res.output;
+  EXPECT_EQ(step_dirs(dir), std::vector<std::string>{last});
+  EXPECT_TRUE(leftovers(dir).empty()) << leftovers(dir).front();
+  // The printed command, a few steps longer, continues from that step.
+  const auto from = res.output.find("continue with: ");
+  ASSERT_NE(from, std::string::npos) << res.output;
+  const std::string command = res.output.substr(from + 15, res.output.find('\n', from) - from - 15);
+  EXPECT_TRUE(contains(command, "--resume")) << command;
+  auto resumed = run_process({"/bin/sh", "-c", command + " --set train.steps=" + std::to_string(stopped + 4)}, {},
+                             milliseconds(90000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/checkpoints/" + last)) << resumed.output;
+}
+
+TEST(Checkpoints, CtrlCInSspSaysWhyNothingIsSavedNowAndWhatToContinueFrom) {
+  auto dir = fresh_dir("ckpt_sigint_ssp");
+  auto args = with(tiny_args(dir, 2, 2000), {"--set", "sync.mode=ssp", "--set", "train.checkpoint_every=3"});
+  Process job(args);
+  const auto first = fs::path(dir) / "checkpoints" / "step_00000003";
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (!fs::exists(first) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_TRUE(fs::exists(first)) << "the step-3 checkpoint never appeared";
+  job.signal(SIGINT);
+  auto res = job.wait(milliseconds(90000));
+  EXPECT_FALSE(res.timed_out);
+  EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
+  EXPECT_TRUE(contains(res.output, "with sync.mode = \"ssp\" they never all meet")) << res.output;
+  EXPECT_TRUE(std::regex_search(res.output, std::regex("The newest checkpoint is " + dir +
+                                                       "/checkpoints/step_[0-9]+; continue with: .*--resume")))
+      << res.output;
 }

@@ -21,10 +21,11 @@ namespace {
 // Records what the loop asked of it, in order ("train 3", "eval 4", "save 4", "row 4").
 class ScriptedJob : public train::Job {
  public:
-  explicit ScriptedJob(bool evaluates_last = false) : evaluates_last_(evaluates_last) {}
+  explicit ScriptedJob(bool evaluates_last = false, int64_t meets_every = 1)
+      : evaluates_last_(evaluates_last), meets_every_(meets_every) {}
   int64_t start_step() const override { return 1; }
   void set_step(int64_t step) override { step_ = step; }
-  bool lockstep() const override { return true; }
+  int64_t meets_every() const override { return meets_every_; }
   void print_header() const override {}
   train::StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override {
     if (before_commit) before_commit();
@@ -63,6 +64,7 @@ class ScriptedJob : public train::Job {
 
  private:
   bool evaluates_last_;
+  int64_t meets_every_;
   int64_t step_ = 0;
 };
 
@@ -152,6 +154,34 @@ TEST(TrainLoop, AStopAskedOnOneRankEndsEveryRankAfterTheSameStep) {
   EXPECT_EQ(stopped[0], 5);  // the vote posted at step 5 is read before step 6
   EXPECT_EQ(stopped[1], 5);
   EXPECT_EQ(stopped[2], 5);
+}
+
+TEST(TrainLoop, RanksThatMeetEveryFewStepsStopAfterTheNextMeetingAndOnlyVoteThere) {
+  const train::Config c = config("stop-outer", 1000, 0);
+  for (const int64_t every : {4, 0}) {
+    std::vector<int64_t> stopped(2, -2);
+    std::vector<int> polls(2, 0);
+    comm::FakeWorld::run(2, [&](comm::Communicator& world) {
+      train::TrainOptions o;
+      o.quiet = true;
+      ScriptedJob job(false, every);  // DiLoCo with 4 inner steps; 0: ranks never meet (ssp, async, gossip)
+      int& mine = polls[world.rank()];
+      // Rank 1 asks from its sixth poll on; with no meetings it would ask at once, and is never heard.
+      o.stop_requested = [&] { return world.rank() == 1 && (++mine >= 2 || every == 0); };
+      train::TrainLoop loop(c, o);
+      const train::LoopEnd end = loop.run(job, world, 1);
+      EXPECT_EQ(end, every ? train::LoopEnd::Stopped : train::LoopEnd::Finished);
+      stopped[world.rank()] = loop.result().stopped_after;
+    });
+    if (every == 0) {
+      EXPECT_EQ(stopped, (std::vector<int64_t>{-1, -1}));
+      EXPECT_EQ(polls[1], 0);  // nobody asked: there is no vote to put it to
+      continue;
+    }
+    // Polled before steps 4 and 8 only: the second poll (before step 8) asks, and both stop after step 8.
+    EXPECT_EQ(polls[1], 2);
+    EXPECT_EQ(stopped, (std::vector<int64_t>{8, 8}));
+  }
 }
 
 TEST(TrainLoop, AStoppedRunSavesTheLastStepDoneUnlessItSavedOnSchedule) {

@@ -29,16 +29,18 @@ struct CommConfig {
 };
 
 // The [comm] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
-// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
-// name parsed into an enum), so a new key of this section is one line here.
+// reader (train/config.cpp) visits them with `key(name, field, help)` (and `key(name, field, parse, to_string, help)`
+// for a name parsed into an enum; the help is the line `crosstrain config` and docs/config-reference.md show),
+// so a new key of this section is one line here.
 template <typename Key>
 void visit_keys(CommConfig& c, Key&& key) {
-  key("backend", c.backend);
-  key("timeout_s", c.timeout_s);
-  key("shared_memory", c.shared_memory);
-  key("compression", c.compression);
-  key("algo", c.algo);
-  key("topology", c.topology);
+  key("backend", c.backend, "gloo, or mpi (a job started by mpirun)");
+  key("timeout_s", c.timeout_s,
+      "seconds any wait for a peer (collective, rendezvous, group creation) may take before the run fails");
+  key("shared_memory", c.shared_memory, "same-host float all-reduces through shared memory");
+  key("compression", c.compression, "data-parallel gradients: none, bf16, fp16, int8, int4, topk:F or powersgd:R");
+  key("algo", c.algo, "collective algorithm: builtin (the back end's), ring, tree, hd, hierarchical or auto");
+  key("topology", c.topology, "algo = auto: a topology TOML whose links the cost model uses");
 }
 
 // Checks algo, topology and compression (throws UsageError naming the bad value and the choices) without

@@ -53,15 +53,17 @@ struct DatasetConfig {
 };
 
 // The [data] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
-// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
-// name parsed into an enum), so a new key of this section is one line here.
+// reader (train/config.cpp) visits them with `key(name, field, help)` (and `key(name, field, parse, to_string, help)`
+// for a name parsed into an enum; the help is the line `crosstrain config` and docs/config-reference.md show),
+// so a new key of this section is one line here.
 template <typename Key>
 void visit_keys(DatasetConfig& c, Key&& key) {
-  key("path", c.path);
-  key("format", c.format);
-  key("val_fraction", c.val_fraction);
-  key("tokenizer", c.tokenizer);
-  key("eos_token", c.eos_token);
+  key("path", c.path, "text file, folder of text files, .bin token file or .jsonl prompt/response pairs");
+  key("format", c.format, "auto (by extension), text, bin (uint16 unless meta.json says uint32), bin32 or jsonl");
+  key("val_fraction", c.val_fraction, "share of the data held out for validation, in [0, 1)");
+  key("tokenizer", c.tokenizer,
+      "jsonl: the tokenizer (tokenizer.json, vocab+merges or SentencePiece model); \"\": bytes");
+  key("eos_token", c.eos_token, "jsonl: the end-of-text id after each response; -1: byte 0 (bytes only)");
 }
 
 struct Splits {

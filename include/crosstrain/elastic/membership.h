@@ -79,8 +79,8 @@ class Membership {
   // Marks the first step of `g`; false when the coordinator closed it first (a member failed meanwhile).
   bool start(const Generation& g, int64_t step);
   // This rank's vote for `step` of `g` once its gradients are reduced; returns the step's fate (every member gets
-  // the same one).
-  Decision vote(const Generation& g, int64_t step);
+  // the same one). `stop`: this rank was asked to stop (Ctrl-C): the step, once committed, is the job's last.
+  Decision vote(const Generation& g, int64_t step, bool stop = false);
   // The fate of a step this rank did not vote for (it was interrupted): waits for the coordinator's abort.
   Decision await_decision(const Generation& g, int64_t step);
   // True once a failure generation newer than `current` is published.

@@ -111,6 +111,7 @@ struct Decision {
   bool commit = false;
   int64_t next_generation = 0;  // commit: a pending generation to switch to after this step (0: none);
                                 // abort: the generation that redoes this step
+  bool stop = false;            // commit, and every member stops after this step (a rank was asked: Ctrl-C, SIGTERM)
 };
 std::string encode_decision(const Decision& d);
 Decision decode_decision(const std::string& text);  // throws std::runtime_error
@@ -118,14 +119,19 @@ Decision decode_decision(const std::string& text);  // throws std::runtime_error
 // Store values are bytes (c10d::Store); records are text.
 std::vector<uint8_t> to_bytes(const std::string& text);
 std::string from_bytes(const std::vector<uint8_t>& bytes);
-// Milliseconds since the epoch: the "[t=...]" of log lines, comparable across processes (bench/chaos.py).
+// Milliseconds since the epoch, comparable across processes.
 int64_t unix_ms();
+// The time stamp of elastic log lines: UTC with milliseconds, "2026-12-06T09:14:44.123Z" (ISO 8601; bench/chaos.py
+// and the tests read it back). parse_log_time is its inverse; it throws std::runtime_error for anything else.
+std::string log_time(int64_t unix_ms);
+int64_t parse_log_time(const std::string& text);
 
 // Store keys, all under the job's "elastic/" prefix.
 std::string registration_key(int rank);
 std::string heartbeat_key(int rank);
 std::string generation_key(int64_t id);
-std::string latest_generation_key();  // the id of the newest generation (decimal)
+std::string latest_generation_key();
+std::string stop_key();  // set by a rank that was asked to stop, before its next vote  // the id of the newest generation (decimal)
 std::string vote_key(int64_t generation, int64_t step);
 std::string decision_key(int64_t generation, int64_t step);
 // The first step of a generation, written by its members when they start it, or "closed" by the coordinator when

@@ -54,24 +54,26 @@ struct GPTConfig {
 };
 
 // The [model] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
-// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
-// name parsed into an enum), so a new key of this section is one line here.
+// reader (train/config.cpp) visits them with `key(name, field, help)` (and `key(name, field, parse, to_string, help)`
+// for a name parsed into an enum; the help is the line `crosstrain config` and docs/config-reference.md show),
+// so a new key of this section is one line here.
 template <typename Key>
 void visit_keys(GPTConfig& c, Key&& key) {
-  key("n_layer", c.n_layer);
-  key("n_head", c.n_head);
-  key("n_embd", c.n_embd);
-  key("block_size", c.block_size);
-  key("vocab_size", c.vocab_size);
-  key("dropout", c.dropout);
-  key("arch", c.arch, parse_model_arch, to_string);
-  key("n_kv_head", c.n_kv_head);
-  key("ffn_hidden", c.ffn_hidden);
-  key("rope_theta", c.rope_theta);
-  key("norm_eps", c.norm_eps);
-  key("tie_embeddings", c.tie_embeddings);
-  key("lora_rank", c.lora_rank);
-  key("lora_alpha", c.lora_alpha);
+  key("n_layer", c.n_layer, "transformer blocks");
+  key("n_head", c.n_head, "attention heads (query heads for llama); n_embd must be a multiple");
+  key("n_embd", c.n_embd, "model width d");
+  key("block_size", c.block_size, "context length in tokens");
+  key("vocab_size", c.vocab_size, "token ids 0..vocab_size-1 (256: bytes; a token file or tokenizer may say more)");
+  key("dropout", c.dropout, "dropout probability in [0, 1) on attention, MLP and embeddings");
+  key("arch", c.arch, parse_model_arch, to_string,
+      "model family: gpt (LayerNorm, GELU, learned positions), llama (RMSNorm, SwiGLU, rotary) or dlrm ([dlrm])");
+  key("n_kv_head", c.n_kv_head, "llama: key/value heads of grouped-query attention; 0: n_head");
+  key("ffn_hidden", c.ffn_hidden, "llama: SwiGLU width; 0: 8 d / 3 rounded up to a multiple of 32");
+  key("rope_theta", c.rope_theta, "llama: rotary position base");
+  key("norm_eps", c.norm_eps, "llama: RMSNorm epsilon");
+  key("tie_embeddings", c.tie_embeddings, "the output head reuses the embedding matrix");
+  key("lora_rank", c.lora_rank, "LoRA adapters of this rank on the query and value projections; 0: none");
+  key("lora_alpha", c.lora_alpha, "LoRA updates are scaled by lora_alpha / lora_rank; 0: lora_alpha = lora_rank");
 }
 
 }  // namespace crosstrain::models

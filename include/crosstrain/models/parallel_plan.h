@@ -121,6 +121,10 @@ bool is_lora_adapter(const std::string& name);
 // or everything but the adapters when the model has LoRA adapters. Throws UsageError on an unknown item or a
 // block outside the model, and when nothing would be left to train.
 std::set<std::string> frozen_parameters(const ParallelPlan& plan, const GPTConfig& config, const std::string& spec);
+// The FLOPs a training step spends per token (MFU's numerator): GPTConfig::flops_per_token (6 per multiplying
+// parameter, plus attention), less the weight gradients of `frozen` matrices (2 per parameter), plus LoRA
+// adapters (6 per parameter). Pure.
+double training_flops_per_token(const ParallelPlan& plan, const GPTConfig& config, const std::set<std::string>& frozen);
 
 // Contiguous split of the blocks over `stages` virtual stages, balancing a per-layer cost estimate:
 // a block costs 1; the embedding adds `embed_cost` to the first stage and the head `head_cost` to the last.

@@ -21,20 +21,23 @@ struct ObsConfig {
 };
 
 // The [obs] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
-// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
-// name parsed into an enum), so a new key of this section is one line here.
+// reader (train/config.cpp) visits them with `key(name, field, help)` (and `key(name, field, parse, to_string, help)`
+// for a name parsed into an enum; the help is the line `crosstrain config` and docs/config-reference.md show),
+// so a new key of this section is one line here.
 template <typename Key>
 void visit_keys(ObsConfig& c, Key&& key) {
-  key("trace", c.trace);
-  key("trace_flush_every", c.trace_flush_every);
-  key("trace_buffer_events", c.trace_buffer_events);
-  key("flight_records", c.flight_records);
-  key("straggler_every", c.straggler_every);
-  key("straggler_margin", c.straggler_margin);
-  key("straggler_min_ms", c.straggler_min_ms);
-  key("straggler_windows", c.straggler_windows);
-  key("metrics_port", c.metrics_port);
-  key("metrics_host", c.metrics_host);
+  key("trace", c.trace, "each rank writes run.dir/traces/rank-R.json (Perfetto / chrome://tracing)");
+  key("trace_flush_every", c.trace_flush_every, "steps between appends to the trace files");
+  key("trace_buffer_events", c.trace_buffer_events,
+      "trace events held in memory between appends; beyond it the oldest are dropped");
+  key("flight_records", c.flight_records, "the last N collectives of each rank, named when a wait times out");
+  key("straggler_every", c.straggler_every,
+      "steps between exchanges of per-rank step times (straggler detection); 0: off");
+  key("straggler_margin", c.straggler_margin, "a straggler is busier than the median by this share ...");
+  key("straggler_min_ms", c.straggler_min_ms, "... and by at least this many milliseconds a step ...");
+  key("straggler_windows", c.straggler_windows, "... in this many exchanges in a row");
+  key("metrics_port", c.metrics_port, "rank 0 serves Prometheus metrics on http://metrics_host:port/metrics; 0: off");
+  key("metrics_host", c.metrics_host, "the address the metrics endpoint listens on");
 }
 
 }  // namespace crosstrain::obs

@@ -20,7 +20,6 @@ struct ParallelConfig {
   int64_t tp = 1;                 // tensor-parallel ranks per stage
   bool sequence_parallel = false; // shard LayerNorm/dropout regions along the sequence (needs tp > 1)
   std::string schedule = "1f1b"; // gpipe, 1f1b, interleaved, zb-h1, zb-h2
-  int64_t microbatches = 0;       // pipeline micro-batches; 0: max(train.micro_batches, pp)
   int64_t chunks = 0;             // model chunks per stage (interleaved); 0: 2 for interleaved, else 1
   std::string stage_layers;       // blocks per virtual stage, e.g. "3,3,2"; empty: balanced by cost
   double bucket_mb = 1.0;         // gradient all-reduce bucket size
@@ -28,20 +27,21 @@ struct ParallelConfig {
 };
 
 // The [parallel] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
-// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
-// name parsed into an enum), so a new key of this section is one line here.
+// reader (train/config.cpp) visits them with `key(name, field, help)` (and `key(name, field, parse, to_string, help)`
+// for a name parsed into an enum; the help is the line `crosstrain config` and docs/config-reference.md show),
+// so a new key of this section is one line here.
 template <typename Key>
 void visit_keys(ParallelConfig& c, Key&& key) {
-  key("dp", c.dp);
-  key("pp", c.pp);
-  key("tp", c.tp);
-  key("sequence_parallel", c.sequence_parallel);
-  key("schedule", c.schedule);
-  key("microbatches", c.microbatches);
-  key("chunks", c.chunks);
-  key("stage_layers", c.stage_layers);
-  key("bucket_mb", c.bucket_mb);
-  key("zero", c.zero);
+  key("dp", c.dp, "data-parallel replicas; 0: world / (pp x tp)");
+  key("pp", c.pp, "pipeline stages (each step runs train.micro_batches micro-batches, at least one per stage)");
+  key("tp", c.tp, "tensor-parallel ranks per stage");
+  key("sequence_parallel", c.sequence_parallel, "shard LayerNorm and dropout along the sequence (needs tp > 1)");
+  key("schedule", c.schedule, "pipeline schedule: gpipe, 1f1b, interleaved, zb-h1 or zb-h2");
+  key("chunks", c.chunks, "interleaved: model chunks per stage; 0: 2 for interleaved, else 1");
+  key("stage_layers", c.stage_layers, "blocks per virtual stage, e.g. \"3,3,2\"; \"\": balanced by cost");
+  key("bucket_mb", c.bucket_mb, "gradient all-reduce bucket size in MB");
+  key("zero", c.zero,
+      "ZeRO stage over the data-parallel ranks: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters");
 }
 
 struct ParallelDims {

@@ -58,29 +58,32 @@ struct DlrmConfig {
 };
 
 // The [dlrm] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
-// reader (train/config.cpp) visits them with `key(name, field)` (and `key(name, field, parse, to_string)` for a
-// name parsed into an enum), so a new key of this section is one line here.
+// reader (train/config.cpp) visits them with `key(name, field, help)` (and `key(name, field, parse, to_string, help)`
+// for a name parsed into an enum; the help is the line `crosstrain config` and docs/config-reference.md show),
+// so a new key of this section is one line here.
 template <typename Key>
 void visit_keys(DlrmConfig& c, Key&& key) {
-  key("tables", c.tables);
-  key("embedding_dim", c.embedding_dim);
-  key("dense_features", c.dense_features);
-  key("multi_hot", c.multi_hot);
-  key("pooling", c.pooling, parse_pooling, to_string);
-  key("bottom_mlp", c.bottom_mlp);
-  key("top_mlp", c.top_mlp);
-  key("sharding", c.sharding);
-  key("memory_budget_mb", c.memory_budget_mb);
-  key("sparse_optimizer", c.sparse_optimizer);
-  key("sparse_lr", c.sparse_lr);
-  key("data", c.data);
-  key("zipf", c.zipf);
-  key("signal", c.signal);
-  key("click_rate", c.click_rate);
-  key("val_fraction", c.val_fraction);
-  key("mode", c.mode, parse_dlrm_mode, to_string);
-  key("ps_storage", c.ps_storage, parse_table_storage, to_string);
-  key("cache_rows", c.cache_rows);
+  key("tables", c.tables, "rows of each embedding table, e.g. \"100000,20000\" or \"26x1000\"");
+  key("embedding_dim", c.embedding_dim, "width of every embedding (and of the bottom MLP's output)");
+  key("dense_features", c.dense_features, "continuous inputs per example");
+  key("multi_hot", c.multi_hot, "ids per example and sparse feature (synthetic data)");
+  key("pooling", c.pooling, parse_pooling, to_string, "how a feature's ids combine: sum or mean");
+  key("bottom_mlp", c.bottom_mlp, "hidden widths of the dense MLP, e.g. \"64\"");
+  key("top_mlp", c.top_mlp, "hidden widths of the top MLP before its 1-wide logit, e.g. \"64,32\"");
+  key("sharding", c.sharding, "per table: auto, table, row or column (one for all, or a comma list)");
+  key("memory_budget_mb", c.memory_budget_mb, "per rank, for tables and their optimizer state; 0: unlimited");
+  key("sparse_optimizer", c.sparse_optimizer, "tables' optimizer: adagrad (row-wise) or adam");
+  key("sparse_lr", c.sparse_lr, "tables' learning rate");
+  key("data", c.data, "\"synthetic\", or the path of a Criteo TSV file");
+  key("zipf", c.zipf, "synthetic: exponent of the id distribution");
+  key("signal", c.signal, "synthetic: strength of the planted click signal");
+  key("click_rate", c.click_rate, "synthetic: roughly the share of positive labels");
+  key("val_fraction", c.val_fraction, "Criteo: the last share of the lines held out for validation");
+  key("mode", c.mode, parse_dlrm_mode, to_string,
+      "sharded (tables split over the ranks, in lockstep) or ps (a parameter server; workers drift)");
+  key("ps_storage", c.ps_storage, parse_table_storage, to_string,
+      "ps: the server's tables in memory, or in a memory-mapped file (mmap)");
+  key("cache_rows", c.cache_rows, "ps: rows each worker caches; 0: no cache");
 }
 
 // Checks that need no world size; UsageError names the key (dlrm.tables etc.) and the fix.

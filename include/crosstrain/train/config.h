@@ -31,7 +31,7 @@ struct RunConfig {
 struct TrainConfig {
   int64_t steps = 100;
   int64_t global_batch = 16;      // sequences per optimizer step, over all data-parallel ranks
-  int64_t micro_batches = 1;      // gradient accumulation steps per optimizer step
+  int64_t micro_batches = 1;      // per step and data-parallel rank: accumulation, and a pipeline's (at least pp)
   double lr = 1e-3;
   double min_lr = 1e-4;
   int64_t warmup_steps = 10;
@@ -132,9 +132,12 @@ Config parse_config(const std::string& text, const std::string& origin);
 void apply_override(Config& config, const std::string& assignment);
 // The complete resolved config as TOML (every key, defaults included).
 std::string to_toml(const Config& config);
-// The same TOML, every key followed by a comment with what it takes and, where the value is not the default,
-// the default (`crosstrain config`).
+// The same TOML, every key followed by a comment with its help line, what it takes and its default
+// (`crosstrain config`).
 std::string describe_config(const Config& config);
+// docs/config-reference.md: every key's section, type, default and help as Markdown tables
+// (`crosstrain config --reference`).
+std::string config_reference();
 // What a config will do that its author may not expect, one line each (a run that ends inside its warm-up, a
 // DiLoCo run that never reaches an outer step). Nothing here is an error.
 std::vector<std::string> config_notices(const Config& config);

@@ -54,8 +54,11 @@ class Job {
   virtual int64_t start_step() const = 0;
   // Names the step in every later error of this rank's communicators.
   virtual void set_step(int64_t step) = 0;
-  // Every rank takes every step together (a per-step exchange such as the stop vote costs nothing extra).
-  virtual bool lockstep() const = 0;
+  // Steps between the points where every rank of the job meets: 1 when all take every step together, DiLoCo's
+  // inner_steps (its outer steps), 0 when ranks drift apart for good (ssp, async, gossip, a parameter server). An
+  // exchange there, such as the Ctrl-C stop vote, costs no extra waiting.
+  virtual int64_t meets_every() const = 0;
+  bool lockstep() const { return meets_every() == 1; }
   virtual void print_header() const = 0;
 
   // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes

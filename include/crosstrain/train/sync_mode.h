@@ -22,6 +22,9 @@ struct SyncTraits {
   // Every replica takes every step together: a per-step exchange (the Ctrl-C vote, straggler timings, elastic
   // votes) costs no extra waiting.
   bool lockstep;
+  // Steps between the points where every rank meets anyway: 1 in lockstep, sync.inner_steps in DiLoCo (its outer
+  // steps), 0 where ranks never all wait for each other (ssp, async, gossip). Ctrl-C stops a run there.
+  int64_t meets_every;
   // Replicas average inside their cluster, then across clusters: the mode needs the cluster groups, the same
   // number of ranks in every cluster (diloco; sync with sync.hierarchical).
   bool cluster_groups;

@@ -25,7 +25,7 @@ class DlrmJob : public Job {
 
   int64_t start_step() const override { return start_step_; }
   void set_step(int64_t step) override;
-  bool lockstep() const override { return !ps_; }  // the parameter server lets workers drift apart
+  int64_t meets_every() const override { return ps_ ? 0 : 1; }  // ps workers drift apart (model_family.cpp agrees)
   void print_header() const override;
   StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override;
   bool has_validation() const override { return true; }

@@ -50,6 +50,7 @@ Config generation_config(const Config& c, int live, int slots) {
   return g;
 }
 
+// The loop's own stop vote is off: a request to stop rides on the membership's step vote instead.
 TrainOptions without_stop_vote(TrainOptions o) {
   o.stop_requested = nullptr;
   return o;
@@ -94,6 +95,7 @@ class ElasticLoop {
   bool decided_ = false;       // the fate of the step in flight is known on this rank
   int64_t next_step_ = 1;
   int64_t switch_to_ = 0;
+  bool stopped_ = false;  // a committed step was voted the last (a rank was asked to stop)
   double peak_flops_ = 0;
   bool header_printed_ = false;
   double vote_s_ = 0;  // time in the per-step vote (the cost of membership on the critical path)
@@ -112,7 +114,7 @@ ElasticLoop::~ElasticLoop() {
 
 void ElasticLoop::note(const std::string& line) const {
   if (o_.quiet) return;
-  std::fprintf(stderr, "crosstrain elastic: [t=%lld] rank %d: %s\n", static_cast<long long>(elastic::unix_ms()), m_.rank(),
+  std::fprintf(stderr, "crosstrain elastic: [%s] rank %d: %s\n", elastic::log_time(elastic::unix_ms()).c_str(), m_.rank(),
                line.c_str());
 }
 
@@ -136,7 +138,12 @@ TrainResult ElasticLoop::run() {
       recover(e, 0);
     }
   }
-  finish();
+  if (stopped_) {
+    m_.finish();
+    loop_.finish_stopped(*run_, world_->rank() == 0);
+  } else {
+    finish();
+  }
   return loop_.result();
 }
 
@@ -246,7 +253,7 @@ bool ElasticLoop::train_steps() {
   };
   hooks.before_commit = [&](int64_t step) {
     const auto vote_start = Clock::now();
-    d = m_.vote(gen_, step);
+    d = m_.vote(gen_, step, o_.stop_requested && o_.stop_requested());
     vote_s_ += seconds_since(vote_start);
     ++votes_;
     decided_ = true;
@@ -257,12 +264,17 @@ bool ElasticLoop::train_steps() {
     if (world_->rank() == 0 && step == first)
       note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
   };
-  hooks.keep_going = [&](int64_t) {
+  hooks.keep_going = [&](int64_t step) {
+    if (d.stop) {
+      stopped_ = true;
+      loop_.result().stopped_after = step;
+      return false;
+    }
     if (d.next_generation <= gen_.id) return true;
     switch_to_ = d.next_generation;
     return false;
   };
-  return loop_.run(*run_, *world_, first, hooks) == LoopEnd::Finished;
+  return loop_.run(*run_, *world_, first, hooks) == LoopEnd::Finished || stopped_;
 }
 
 void ElasticLoop::finish() {

@@ -1,7 +1,11 @@
 #include "peak_flops.h"
 
+#include <ATen/ATen.h>
+
+#include <algorithm>
 #include <cstdio>
 
+#include "crosstrain/comm/cost_model.h"
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::train {
@@ -28,6 +32,29 @@ GemmPeak measure_gemm_peak(const models::GPTConfig& model, int64_t tokens_per_mi
       peak.best_flops = flops;
       peak.best_shape = s.describe();
     }
+  }
+  return peak;
+}
+
+std::vector<int> turns_per_host(const std::vector<int64_t>& host_of_rank) {
+  std::vector<int> turns(host_of_rank.size(), 0);
+  for (size_t r = 0; r < host_of_rank.size(); ++r)
+    for (size_t before = 0; before < r; ++before) turns[r] += host_of_rank[before] == host_of_rank[r] ? 1 : 0;
+  return turns;
+}
+
+GemmPeak measure_in_turns_per_host(comm::Communicator& world, const std::function<GemmPeak()>& measure) {
+  if (world.size() == 1) return measure();
+  const at::Tensor mine = at::full({1}, static_cast<int64_t>(std::hash<std::string>{}(comm::local_hostname())), at::kLong);
+  at::Tensor hosts = at::empty({world.size()}, at::kLong);
+  world.all_gather(mine, hosts)->wait();
+  const std::vector<int64_t> host_of_rank(hosts.data_ptr<int64_t>(), hosts.data_ptr<int64_t>() + world.size());
+  const std::vector<int> turns = turns_per_host(host_of_rank);
+  const int rounds = 1 + *std::max_element(turns.begin(), turns.end());
+  GemmPeak peak;
+  for (int round = 0; round < rounds; ++round) {
+    if (turns[world.rank()] == round) peak = measure();
+    world.barrier()->wait();  // the next ranks of each host start once these are done
   }
   return peak;
 }

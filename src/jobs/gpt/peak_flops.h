@@ -7,10 +7,12 @@
 #include <c10/core/ScalarType.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "crosstrain/comm/communicator.h"
 #include "crosstrain/models/gpt_config.h"
 #include "crosstrain/obs/gemm_timer.h"
 
@@ -34,6 +36,14 @@ struct GemmPeak {
 // is the peak. About 2.5 x seconds_per_shape per shape: 1.3 s for the five at the default 0.1 s.
 GemmPeak measure_gemm_peak(const models::GPTConfig& model, int64_t tokens_per_micro_batch, at::ScalarType dtype,
                            double seconds_per_shape = 0.1);
+
+// Collective over `world`: measure() on every rank, the ranks of one host taking turns while those of other hosts
+// measure at once, so that each rank's peak is that of its threads with cores to themselves. Timed all at once,
+// ranks that outnumber the cores would each measure a share of them, and MFU would read high by that factor.
+GemmPeak measure_in_turns_per_host(comm::Communicator& world, const std::function<GemmPeak()>& measure);
+
+// Pure: the turn of each rank, from the host each rank runs on (its place among the ranks of its host).
+std::vector<int> turns_per_host(const std::vector<int64_t>& host_of_rank);
 
 // "best 12.3 GFLOP/s (head 2048x128x256); qkv 2048x128x384 10.1, proj ... GFLOP/s"
 std::string describe(const GemmPeak& peak);

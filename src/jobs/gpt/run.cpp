@@ -216,7 +216,9 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   install_memory_counter();  // tensors allocated from here on are counted (activation_peak_bytes)
   model_ = models::parallelize(c.model, c.run.seed, dims_, mesh_, sampler_->local_micro_batch(), compute_dtype());
   model_->set_recompute(models::parse_recompute(c.train.recompute));
-  const std::set<std::string> frozen = models::frozen_parameters(models::ParallelPlan(c.model), c.model, c.train.freeze);
+  const models::ParallelPlan plan(c.model);
+  const std::set<std::string> frozen = models::frozen_parameters(plan, c.model, c.train.freeze);
+  flops_per_token_ = models::training_flops_per_token(plan, c.model, frozen);
   start_from_weights(c, *model_, tp_index_, dims_.tp(), start.resume, talk_, !frozen.empty());
   freeze(frozen);
 
@@ -255,7 +257,9 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   } else if (start.peak_flops > 0) {
     peak_flops_ = start.peak_flops;
   } else {
-    gemm_peak_ = measure_gemm_peak(c.model, sampler_->local_micro_batch() * c.model.block_size, compute_dtype());
+    gemm_peak_ = measure_in_turns_per_host(world_, [&] {
+      return measure_gemm_peak(c.model, sampler_->local_micro_batch() * c.model.block_size, compute_dtype());
+    });
     peak_flops_ = gemm_peak_.best_flops;
   }
   // Every rank measured its own; the mean makes MFU one number.
@@ -488,7 +492,7 @@ void Run::set_step(int64_t step) {
 
 StepRecord Run::train_step(int64_t step, const std::function<void()>& before_commit) {
   const auto t0 = Clock::now();
-  const double blocked_before = recording_.recorder().blocked_seconds();
+  const double blocked_before = recording_.recorder().blocked_seconds(), sync_before = sync_->stats().blocked_s;
   step_ = step;
   recording_.recorder().set_step(step);
   StepRecord rec;
@@ -501,6 +505,14 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
   rec.local_batch = sampler_->local_batch();
   rec.comm_time_s = optimizer_->reducer().stats().comm_time_s;
   rec.exposed_comm_time_s = optimizer_->reducer().stats().exposed_comm_time_s;
+  if (dims_.tp() > 1 || dims_.pp() > 1) {
+    // Tensor- and pipeline-parallel transfers block the training thread where they happen (inside forward and
+    // backward): the time blocked on communication in this step, less the reducer's and the sync mode's waits.
+    const double blocked = recording_.recorder().blocked_seconds() - blocked_before;
+    const double model_parallel = std::max(0.0, blocked - rec.exposed_comm_time_s - (sync_->stats().blocked_s - sync_before));
+    rec.comm_time_s += model_parallel;
+    rec.exposed_comm_time_s += model_parallel;
+  }
   if (!std::isfinite(rec.loss))
     throw Error("step " + std::to_string(step) + ": the loss is " + std::to_string(rec.loss) +
                 "; lower train.lr or check the data");
@@ -650,7 +662,7 @@ std::string Run::save(int64_t step, bool commit) {
 }
 
 void Run::add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) {
-  const double achieved = c_.model.flops_per_token() * rec.tokens_per_s / world_.size();
+  const double achieved = flops_per_token_ * rec.tokens_per_s / world_.size();
   m.mfu = achieved / peak_flops_;
   m.extra["gemm_peak_flops"] = peak_flops_;
   m.extra["achieved_flops_per_rank"] = achieved;

@@ -73,7 +73,7 @@ class Run : public Job {
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
   std::string save_now(int64_t step) override;
   void set_step(int64_t step) override;
-  bool lockstep() const override { return sync_traits_.lockstep; }
+  int64_t meets_every() const override { return sync_traits_.meets_every; }
   void finish() override { fill_dump(); }
   std::string sample() override;
   // Appends the buffered spans to the trace file now (the end of a run; every obs.trace_flush_every steps).
@@ -145,6 +145,7 @@ class Run : public Job {
   int64_t start_step_ = 1;
   int64_t step_ = 0;  // the step in progress (spans of the phases that do not take it)
   double peak_flops_ = 0;
+  double flops_per_token_ = 0;  // of a training step: frozen weights get no weight gradient, adapters count
   int64_t activation_peak_bytes_ = 0;  // of the last training step (core/memory_counter.h)
   int64_t rss_before_model_ = 0;  // RSS (freed memory returned) just before the model was built
   GemmPeak gemm_peak_;  // measured here (empty when given or carried over)

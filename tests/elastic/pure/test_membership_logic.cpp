@@ -224,18 +224,20 @@ TEST(MembershipRecords, MalformedGenerationRejected) {
 }
 
 TEST(MembershipRecords, DecisionRoundTrips) {
-  for (const Decision d : {Decision{true, 0}, Decision{true, 7}, Decision{false, 3}}) {
+  for (const Decision d : {Decision{true, 0}, Decision{true, 7}, Decision{false, 3}, Decision{true, 0, true}}) {
     const Decision back = decode_decision(encode_decision(d));
     EXPECT_EQ(back.commit, d.commit);
     EXPECT_EQ(back.next_generation, d.next_generation);
+    EXPECT_EQ(back.stop, d.stop);
   }
   EXPECT_EQ(encode_decision({false, 2}), "abort 2");
   EXPECT_EQ(encode_decision({true, 0}), "commit 0");
+  EXPECT_EQ(encode_decision({true, 4, true}), "stop 4");  // commits, and is the job's last step
 }
 
 TEST(MembershipRecords, MalformedDecisionRejected) {
-  for (const std::string text : {"", "commit", "abort", "commit ", "abort x", "commit 1x", "commit 1 ", "yes 1",
-                                 "Commit 1", "abort 0", "abort -3", "abort 99999999999999999999999"})
+  for (const std::string text : {"", "commit", "abort", "stop", "commit ", "abort x", "stop x", "commit 1x", "commit 1 ",
+                                 "yes 1", "Commit 1", "abort 0", "abort -3", "abort 99999999999999999999999"})
     EXPECT_THROW(decode_decision(text), std::runtime_error) << "'" << text << "'";
 }
 
@@ -484,4 +486,16 @@ TEST(MembershipNextGeneration, FirstGenerationWaitsForTheMinimumRanksAfterSettli
   auto g = next_generation(v, 1);
   ASSERT_TRUE(g.has_value());
   EXPECT_EQ(g->ranks, (std::vector<int>{0, 1}));
+}
+
+TEST(ElasticLogTime, ReadsAsUtcWithMillisecondsAndBack) {
+  // 2026-12-06 09:14:44.123 UTC: 20,793 days after the epoch.
+  const int64_t ms = (20793LL * 86400 + 9 * 3600 + 14 * 60 + 44) * 1000 + 123;
+  EXPECT_EQ(log_time(ms), "2026-12-06T09:14:44.123Z");
+  EXPECT_EQ(parse_log_time("2026-12-06T09:14:44.123Z"), ms);
+  EXPECT_EQ(log_time(7), "1970-01-01T00:00:00.007Z");
+  const int64_t now = unix_ms();
+  EXPECT_EQ(parse_log_time(log_time(now)), now);
+  for (const char* bad : {"1765012484123", "2026-12-06 09:14:44.123Z", "2026-12-06T09:14:44.123", "", "t=5"})
+    EXPECT_THROW(parse_log_time(bad), std::runtime_error) << bad;
 }

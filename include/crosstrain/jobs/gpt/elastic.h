@@ -18,7 +18,9 @@ namespace crosstrain::train {
 void check_elastic_config(const Config& config, int world);
 // This rank's membership settings: its replica slot and replica size from the layout, the timing from [elastic].
 elastic::MembershipOptions membership_options(const Config& config, int rank, int world);
-// Trains as a member of the job until train.steps; returns what this process trained.
+// Trains as a member of the job until train.steps, or until a step voted while some rank's
+// options.stop_requested() said so (Ctrl-C), which every member then saves and stops after (its stopped_after);
+// returns what this process trained.
 TrainResult train_elastic(const Config& config, elastic::Membership& membership, const TrainOptions& options);
 
 }  // namespace crosstrain::train

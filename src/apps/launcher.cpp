@@ -319,12 +319,17 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
                   << describe_status(status);
         if (others > 0) std::cerr << "; stopping the other " << others << (others == 1 ? " rank" : " ranks");
         std::cerr << std::endl;
-        signal_all(ranks, SIGTERM);
+        signal_all(ranks, o.peer_failure_signal);
         kill_at = Clock::now() + o.stop_grace;
       }
     }
     end_excluded(ranks, elastic);
     if (stopping && !killed && Clock::now() >= kill_at) {
+      if (interrupted && std::any_of(ranks.begin(), ranks.end(), [](const Rank& x) { return x.running; }))
+        std::cerr << "crosstrain run: the ranks did not stop within "
+                  << std::chrono::duration_cast<std::chrono::seconds>(std::max(o.stop_grace, o.signal_grace)).count()
+                  << " s of the signal; killing them (what they were saving is lost, earlier checkpoints stay)"
+                  << std::endl;
       signal_all(ranks, SIGKILL);
       killed = true;
     }
@@ -459,7 +464,8 @@ int launch(const LaunchOptions& o) {
 }
 
 int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::milliseconds timeout,
-                int64_t extra_bytes_per_rank, const std::string& secret, const ElasticLaunch& elastic) {
+                int64_t extra_bytes_per_rank, const std::string& secret, const ElasticLaunch& elastic,
+                std::chrono::milliseconds signal_grace) {
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n <= 0) throw Error("cannot find this program's path (/proc/self/exe)");
@@ -472,6 +478,8 @@ int launch_self(int nproc, const std::vector<std::string>& args, std::chrono::mi
   o.rank_needs.bytes += extra_bytes_per_rank;
   o.secret = secret;
   o.elastic = elastic;
+  o.peer_failure_signal = SIGKILL;
+  o.signal_grace = signal_grace;
   o.command.push_back(exe);
   o.command.insert(o.command.end(), args.begin(), args.end());
   return launch(o);

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -21,6 +22,9 @@ struct LaunchOptions {
   int master_port = 0;                 // 0: a free port (single node only); 29500 when several nodes
   std::vector<std::string> command;    // program and arguments run once per rank
   std::chrono::milliseconds stop_grace{3000};   // SIGTERM, then SIGKILL after this long
+  // What the others get when a rank fails. crosstrain's own training ranks take SIGTERM as a request to stop after
+  // their next step (a batch system's warning); a peer's failure must end them now, so launch_self sends SIGKILL.
+  int peer_failure_signal = SIGTERM;
   std::chrono::milliseconds signal_grace{30000};  // after a forwarded SIGINT/SIGTERM (a second one kills at once)
   std::chrono::milliseconds timeout{30000};     // rendezvous store
   std::map<std::string, std::string> extra_env;
@@ -41,9 +45,11 @@ void parse_master(const std::string& text, std::string& host, int& port);
 int launch(const LaunchOptions& options);
 
 // Runs this very binary with `args` as nproc local ranks; `extra_bytes_per_rank` adds to a bare rank's memory
-// (the model state a training rank holds at the least).
+// (the model state a training rank holds at the least); `signal_grace`: how long the ranks may take to stop after
+// a forwarded SIGINT or SIGTERM (a DiLoCo run stops at its next outer step).
 int launch_self(int nproc, const std::vector<std::string>& args,
                 std::chrono::milliseconds timeout = std::chrono::milliseconds(30000), int64_t extra_bytes_per_rank = 0,
-                const std::string& secret = "", const ElasticLaunch& elastic = {});
+                const std::string& secret = "", const ElasticLaunch& elastic = {},
+                std::chrono::milliseconds signal_grace = std::chrono::milliseconds(30000));
 
 }  // namespace crosstrain::apps

@@ -177,7 +177,11 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     ElasticLaunch elastic;
     elastic.enabled = config.elastic.enabled;
     elastic.max_restarts = static_cast<int>(config.elastic.max_restarts);
-    const int code = launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic);
+    // A DiLoCo run stops at its next outer step, which may be minutes away: the ranks get 10 minutes to get there
+    // (a second Ctrl-C still ends them at once); elsewhere a step and a save get 30 s.
+    const auto grace = std::chrono::seconds(family.meets_every(config) > 1 ? 600 : 30);
+    const int code =
+        launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic, grace);
     if (!stoppable && (code == 128 + SIGINT || code == 128 + SIGTERM)) say_not_stoppable(config, relaunch_args);
     return code;
   }

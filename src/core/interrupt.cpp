@@ -18,7 +18,10 @@ void catch_interrupt() {
   // SA_RESETHAND: the second Ctrl-C gets the default action; SA_RESTART: reads and waits carry on.
   sa.sa_flags = SA_RESETHAND | SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
-  // The same for SIGTERM, what batch systems send before they kill (Slurm waits KillWait, 30 s by default).
+  // SIGTERM is what batch systems send before they kill (Slurm waits KillWait, 30 s by default). It stays caught:
+  // Slurm signals every process of a step, so a rank gets it from Slurm and again from its launcher, and the
+  // second copy must not kill it before it saved. The batch system's SIGKILL is the backstop.
+  sa.sa_flags = SA_RESTART;
   sigaction(SIGTERM, &sa, nullptr);
 }
 

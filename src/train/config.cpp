@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <iomanip>
@@ -57,6 +59,24 @@ Field uint_field(const char* section, const char* key, uint64_t& ref, const char
           "integer >= 0", help};
 }
 
+// The shortest decimal that reads back as exactly `value` (0.1, not 0.10000000000000001), as a TOML float.
+std::string shortest_number(double value) {
+  char text[32];
+  int digits = 1;
+  for (; digits < 17; ++digits) {
+    std::snprintf(text, sizeof text, "%.*g", digits, value);
+    if (std::strtod(text, nullptr) == value) break;
+  }
+  // Whole numbers up to 16 digits in full (10000.0, not 1e+04): %g writes an exponent once it has more digits
+  // than its precision.
+  const double magnitude = std::fabs(value);
+  if (magnitude >= 1 && magnitude < 1e16) digits = std::max(digits, 1 + static_cast<int>(std::log10(magnitude)));
+  std::snprintf(text, sizeof text, "%.*g", digits, value);
+  std::string out = text;
+  if (out.find_first_of(".e") == std::string::npos) out += ".0";  // 10000.0: a float, not an integer
+  return out;
+}
+
 Field double_field(const char* section, const char* key, double& ref, const char* help) {
   return {section, key,
           [&ref](const toml::node& n, const std::string& where) {
@@ -69,11 +89,7 @@ Field double_field(const char* section, const char* key, double& ref, const char
             if (!std::isfinite(v)) wrong_type(where, "a finite number", n);
             ref = v;
           },
-          [&ref] {
-            std::ostringstream out;
-            out << toml::value<double>(ref);
-            return out.str();
-          },
+          [&ref] { return shortest_number(ref); },
           "number", help};
 }
 
@@ -367,13 +383,16 @@ std::string did_you_mean(const std::vector<Field>& all, const std::string& secti
   return likely.empty() ? "" : "did you mean '" + likely + "'? ";
 }
 
-// Keys that recipes of earlier versions may still hold, and what they became.
+// Keys that recipes of earlier versions may still hold, and what they became. Every config saved before the change
+// (checkpoint manifests, run.dir/config.toml, recipes copied from ours) holds the key at its old default, which
+// meant "not set": that value is read as nothing, so old checkpoints and runs still load; any other is refused.
 struct RenamedKey {
   const char *section, *key, *now, *why;
+  int64_t old_default;
 };
 constexpr RenamedKey kRenamedKeys[] = {
     {"parallel", "microbatches", "train.micro_batches",
-     "one count of micro-batches per step, for gradient accumulation and pipelines alike"},
+     "one count of micro-batches per step, for gradient accumulation and pipelines alike", 0},
 };
 
 void set_key(std::vector<Field>& all, const std::string& section, const std::string& key, const toml::node& value,
@@ -389,10 +408,12 @@ void set_key(std::vector<Field>& all, const std::string& section, const std::str
       return;
     }
   }
-  for (const auto& renamed : kRenamedKeys)
-    if (section == renamed.section && key == renamed.key)
-      throw UsageError("'" + section + "." + key + "' in " + origin + " is now " + renamed.now + " (" + renamed.why +
-                       "); set that instead");
+  for (const auto& renamed : kRenamedKeys) {
+    if (section != renamed.section || key != renamed.key) continue;
+    if (value.is_integer() && value.as_integer()->get() == renamed.old_default) return;
+    throw UsageError("'" + section + "." + key + "' in " + origin + " is now " + renamed.now + " (" + renamed.why +
+                     "); set that instead");
+  }
   const std::string hint = did_you_mean(all, section, key);
   if (!section_known)
     throw UsageError("unknown section [" + section + "] in " + origin + "; " + hint + "the sections are " +

@@ -4,7 +4,16 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <thread>
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/models/parallel_plan.h"
@@ -69,11 +78,48 @@ TEST(GemmPeak, BestIsTheHighestMeasuredRate) {
   }
 }
 
-TEST(GemmPeak, RanksOfOneHostTakeTurnsAndHostsMeasureAtOnce) {
-  // Ranks 0, 1 and 3 share a host; 2 and 4 share another; 5 is alone.
-  EXPECT_EQ(turns_per_host({7, 7, 9, 7, 9, 11}), (std::vector<int>{0, 1, 0, 2, 1, 0}));
-  EXPECT_EQ(turns_per_host({7}), (std::vector<int>{0}));
-  EXPECT_TRUE(turns_per_host({}).empty());
+TEST(GemmPeak, ProcessesOfOneHostTakeTurnsAndALockHeldTooLongIsGivenUpOn) {
+  const std::string lock = ::testing::TempDir() + "/gemm-peak-turns.lock";
+  std::remove(lock.c_str());
+  // Three "ranks" measure at once; each measurement takes 100 ms: with turns, no two overlap.
+  using Clock = std::chrono::steady_clock;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans(3);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 3; ++r)
+    ranks.emplace_back([&, r] {
+      measure_in_turns_per_host(
+          [&] {
+            spans[r].first = Clock::now();
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+            spans[r].second = Clock::now();
+            return GemmPeak{};
+          },
+          lock);
+    });
+  for (auto& t : ranks) t.join();
+  std::sort(spans.begin(), spans.end());
+  for (size_t i = 1; i < spans.size(); ++i) EXPECT_LE(spans[i - 1].second, spans[i].first) << "turns " << i - 1 << ", " << i;
+  // A lock someone keeps: the rank waits `wait`, then measures anyway.
+  const int holder = ::open(lock.c_str(), O_RDWR);
+  ASSERT_GE(holder, 0);
+  ASSERT_EQ(::flock(holder, LOCK_EX), 0);
+  const auto start = Clock::now();
+  bool measured = false;
+  measure_in_turns_per_host([&] { measured = true; return GemmPeak{}; }, lock, std::chrono::milliseconds(200));
+  EXPECT_TRUE(measured);
+  EXPECT_GE(Clock::now() - start, std::chrono::milliseconds(200));
+  ::close(holder);
+  // A link planted where the lock goes is not followed.
+  std::remove(lock.c_str());
+  const std::string target = ::testing::TempDir() + "/gemm-peak-target";
+  { std::ofstream(target) << "x"; }
+  ::chmod(target.c_str(), 0600);
+  ASSERT_EQ(::symlink(target.c_str(), lock.c_str()), 0);
+  measure_in_turns_per_host([] { return GemmPeak{}; }, lock, std::chrono::milliseconds(50));
+  struct stat st {};
+  ASSERT_EQ(::stat(target.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::remove(lock.c_str());
 }
 
 TEST(TrainingFlops, FrozenMatricesLoseTheirWeightGradientAndAdaptersAddTheirOwn) {

@@ -166,7 +166,7 @@ TEST(TrainLoop, RanksThatMeetEveryFewStepsStopAfterTheNextMeetingAndOnlyVoteTher
       o.quiet = true;
       ScriptedJob job(false, every);  // DiLoCo with 4 inner steps; 0: ranks never meet (ssp, async, gossip)
       int& mine = polls[world.rank()];
-      // Rank 1 asks from its sixth poll on; with no meetings it would ask at once, and is never heard.
+      // Rank 1 asks from its second poll on; with no meetings it would ask at once, and is never heard.
       o.stop_requested = [&] { return world.rank() == 1 && (++mine >= 2 || every == 0); };
       train::TrainLoop loop(c, o);
       const train::LoopEnd end = loop.run(job, world, 1);

@@ -124,6 +124,31 @@ TEST(Config, LoadsOverridesAndPrints) {
   EXPECT_EQ(train::to_toml(again), train::to_toml(c));
 }
 
+TEST(Config, ConfigsSavedBeforeTheMicroBatchRenameStillLoad) {
+  // Every checkpoint manifest and run.dir/config.toml written before it holds the old key at its default.
+  const auto c = train::parse_config("[parallel]\nmicrobatches = 0\npp = 2\n[train]\nmicro_batches = 4\n", "old manifest");
+  EXPECT_EQ(c.parallel.pp, 2);
+  EXPECT_EQ(c.train.micro_batches, 4);
+  // A value someone chose is not dropped without a word: it names the key that holds it now.
+  const auto what = error_of([] { train::parse_config("[parallel]\nmicrobatches = 8\n", "old recipe"); });
+  EXPECT_NE(what.find("'parallel.microbatches' in old recipe is now train.micro_batches"), std::string::npos) << what;
+}
+
+TEST(Config, NumbersPrintInTheirShortestExactForm) {
+  train::Config c;
+  c.data.val_fraction = 0.1;
+  c.model.norm_eps = 1e-5;
+  c.train.lr = 3e-4;
+  const std::string toml = train::to_toml(c);
+  for (const char* line : {"val_fraction = 0.1\n", "norm_eps = 1e-05\n", "lr = 0.0003\n", "outer_lr = 0.7\n"})
+    EXPECT_NE(toml.find(line), std::string::npos) << line << " in\n" << toml;
+  // And read back exactly.
+  const auto back = train::parse_config(toml, "printed");
+  EXPECT_EQ(back.data.val_fraction, 0.1);
+  EXPECT_EQ(back.model.norm_eps, 1e-5);
+  EXPECT_EQ(back.train.lr, 3e-4);
+}
+
 TEST(Config, UnknownKeysAndWrongTypesAreNamed) {
   auto path = temp_file("bad.toml", "[train]\nstepz = 7\n");
   auto what = error_of([&] { train::load_config(path); });

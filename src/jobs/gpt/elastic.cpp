@@ -265,7 +265,7 @@ bool ElasticLoop::train_steps() {
       note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
   };
   hooks.keep_going = [&](int64_t step) {
-    if (d.stop) {
+    if (d.stop && step < c_.train.steps) {  // a stop voted at the last step: the run simply ends
       stopped_ = true;
       loop_.result().stopped_after = step;
       return false;

@@ -1,11 +1,13 @@
 #include "peak_flops.h"
 
-#include <ATen/ATen.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
-#include <algorithm>
 #include <cstdio>
+#include <thread>
 
-#include "crosstrain/comm/cost_model.h"
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::train {
@@ -36,26 +38,30 @@ GemmPeak measure_gemm_peak(const models::GPTConfig& model, int64_t tokens_per_mi
   return peak;
 }
 
-std::vector<int> turns_per_host(const std::vector<int64_t>& host_of_rank) {
-  std::vector<int> turns(host_of_rank.size(), 0);
-  for (size_t r = 0; r < host_of_rank.size(); ++r)
-    for (size_t before = 0; before < r; ++before) turns[r] += host_of_rank[before] == host_of_rank[r] ? 1 : 0;
-  return turns;
-}
-
-GemmPeak measure_in_turns_per_host(comm::Communicator& world, const std::function<GemmPeak()>& measure) {
-  if (world.size() == 1) return measure();
-  const at::Tensor mine = at::full({1}, static_cast<int64_t>(std::hash<std::string>{}(comm::local_hostname())), at::kLong);
-  at::Tensor hosts = at::empty({world.size()}, at::kLong);
-  world.all_gather(mine, hosts)->wait();
-  const std::vector<int64_t> host_of_rank(hosts.data_ptr<int64_t>(), hosts.data_ptr<int64_t>() + world.size());
-  const std::vector<int> turns = turns_per_host(host_of_rank);
-  const int rounds = 1 + *std::max_element(turns.begin(), turns.end());
-  GemmPeak peak;
-  for (int round = 0; round < rounds; ++round) {
-    if (turns[world.rank()] == round) peak = measure();
-    world.barrier()->wait();  // the next ranks of each host start once these are done
+GemmPeak measure_in_turns_per_host(const std::function<GemmPeak()>& measure, const std::string& lock_path,
+                                   std::chrono::milliseconds wait) {
+  // Never through a link someone else planted in /tmp (O_NOFOLLOW, and a plain file with one name), and anyone's
+  // to take (0666 despite the umask): another user's job on this host shares its cores too.
+  int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0666);
+  if (fd < 0) fd = ::open(lock_path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);  // flock needs no write access
+  struct stat st {};
+  if (fd >= 0 && (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1)) {
+    ::close(fd);
+    fd = -1;
   }
+  if (fd >= 0 && st.st_uid == ::geteuid()) (void)::fchmod(fd, 0666);
+  // A lock not had by the deadline is given up on: measured without it, the run goes on.
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (fd >= 0 && ::flock(fd, LOCK_EX | LOCK_NB) != 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  GemmPeak peak;
+  try {
+    peak = measure();
+  } catch (...) {
+    if (fd >= 0) ::close(fd);  // closing releases the lock
+    throw;
+  }
+  if (fd >= 0) ::close(fd);
   return peak;
 }
 

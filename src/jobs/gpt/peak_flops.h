@@ -6,13 +6,13 @@
 
 #include <c10/core/ScalarType.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "crosstrain/comm/communicator.h"
 #include "crosstrain/models/gpt_config.h"
 #include "crosstrain/obs/gemm_timer.h"
 
@@ -37,13 +37,14 @@ struct GemmPeak {
 GemmPeak measure_gemm_peak(const models::GPTConfig& model, int64_t tokens_per_micro_batch, at::ScalarType dtype,
                            double seconds_per_shape = 0.1);
 
-// Collective over `world`: measure() on every rank, the ranks of one host taking turns while those of other hosts
-// measure at once, so that each rank's peak is that of its threads with cores to themselves. Timed all at once,
-// ranks that outnumber the cores would each measure a share of them, and MFU would read high by that factor.
-GemmPeak measure_in_turns_per_host(comm::Communicator& world, const std::function<GemmPeak()>& measure);
-
-// Pure: the turn of each rank, from the host each rank runs on (its place among the ranks of its host).
-std::vector<int> turns_per_host(const std::vector<int64_t>& host_of_rank);
+// measure() while this process holds the host's GEMM-timing lock (`lock_path`, flock): the processes of one host
+// take turns, those of other hosts measure at once, so each rank's peak is that of its threads with cores to
+// themselves. Timed all at once, ranks that outnumber the cores would each measure a share of them, and MFU would
+// read high by that factor. No collective: a rank that measures (a restarted elastic rank) waits for no rank that
+// does not. A lock not had within `wait` (a stuck process holds it) is given up on: the rank measures anyway.
+GemmPeak measure_in_turns_per_host(const std::function<GemmPeak()>& measure,
+                                   const std::string& lock_path = "/tmp/crosstrain-gemm-peak.lock",
+                                   std::chrono::milliseconds wait = std::chrono::milliseconds(120000));
 
 // "best 12.3 GFLOP/s (head 2048x128x256); qkv 2048x128x384 10.1, proj ... GFLOP/s"
 std::string describe(const GemmPeak& peak);

@@ -251,13 +251,14 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   if (start.resume) resume();
   sync_->start(start_step_);
   optimizer_->zero_grad();
-  // MFU's denominator (docs/observability.md): the best sustained one-thread GEMM rate at the model's own shapes.
+  // MFU's denominator (docs/observability.md): the best sustained GEMM rate at the model's own shapes, with this
+  // rank's threads, the ranks of a host timing in turn.
   if (c.train.peak_flops_per_rank > 0) {
     peak_flops_ = c.train.peak_flops_per_rank;
   } else if (start.peak_flops > 0) {
     peak_flops_ = start.peak_flops;
   } else {
-    gemm_peak_ = measure_in_turns_per_host(world_, [&] {
+    gemm_peak_ = measure_in_turns_per_host([&] {
       return measure_gemm_peak(c.model, sampler_->local_micro_batch() * c.model.block_size, compute_dtype());
     });
     peak_flops_ = gemm_peak_.best_flops;

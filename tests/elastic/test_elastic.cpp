@@ -79,22 +79,13 @@ TEST(ElasticCli, CtrlCStopsEveryMemberAfterTheSameStepAndSavesIt) {
   const auto dir = fresh_dir("elastic-sigint");
   auto args = elastic_args(dir, 2, 2000, {"--max-restarts", "2", "--set", "train.checkpoint_every=1000"});
   Process job(args);
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (last_logged_step(dir) < 5 && std::chrono::steady_clock::now() < deadline)
-    std::this_thread::sleep_for(milliseconds(20));
-  ASSERT_GE(last_logged_step(dir), 5) << "the run never reached step 5";
-  job.signal(SIGINT);
-  auto res = job.wait(milliseconds(90000));
+  const auto res = signal_at_step(job, dir, 5, SIGINT);
   EXPECT_FALSE(res.timed_out);
   EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
-  std::smatch stop;
-  ASSERT_TRUE(std::regex_search(res.output, stop, std::regex("interrupted \\(SIGINT\\) after step ([0-9]+) of 2000")))
-      << res.output;
-  const int stopped = std::stoi(stop[1]);
+  const int stopped = stopped_after(res.output, "SIGINT");
+  ASSERT_GE(stopped, 5) << res.output;
   EXPECT_LT(stopped, 2000);
-  char last[32];
-  std::snprintf(last, sizeof last, "step_%08d", stopped);
-  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / last)) << res.output;
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / step_dir_name(stopped))) << res.output;
   EXPECT_FALSE(contains(res.output, "restarting")) << res.output;  // a stop is not a failure
   auto resumed = run_process(with(args, {"--resume", "--set", "train.steps=" + std::to_string(stopped + 2)}), {},
                              milliseconds(90000));

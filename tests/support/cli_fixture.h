@@ -3,9 +3,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <regex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "subprocess.h"
@@ -32,6 +36,31 @@ inline int64_t last_logged_step(const std::string& dir) {
     if (row.is_object() && row.contains("step")) step = row["step"].get<int64_t>();
   }
   return step;
+}
+
+// Signals a running `crosstrain train` once its metrics.jsonl reaches `step` (within 90 s; a gtest failure if it
+// never does) and waits for it to end (at most 90 s).
+inline ProcessResult signal_at_step(Process& job, const std::string& dir, int64_t step, int signal) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
+  while (last_logged_step(dir) < step && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_GE(last_logged_step(dir), step) << "the run never reached step " << step;
+  job.signal(signal);
+  return job.wait(std::chrono::milliseconds(90000));
+}
+
+// The step an interrupted run says it stopped after ("interrupted (SIGTERM) after step 12 of 2000"), -1 when it
+// does not say so; and the checkpoint directory name of a step.
+inline int stopped_after(const std::string& output, const std::string& signal_name) {
+  std::smatch stop;
+  if (!std::regex_search(output, stop, std::regex("interrupted \\(" + signal_name + "\\) after step ([0-9]+) of")))
+    return -1;
+  return std::stoi(stop[1]);
+}
+inline std::string step_dir_name(int step) {
+  char name[32];
+  std::snprintf(name, sizeof name, "step_%08d", step);
+  return name;
 }
 
 // `args` with `extra` appended (a command line with a few more options).

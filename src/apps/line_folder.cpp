@@ -29,14 +29,21 @@ std::vector<std::string> LineFolder::offer(int rank, const std::string& line, Cl
   auto same = std::find_if(held_.begin(), held_.end(), [&](const Held& h) {
     return h.text == line && std::find(h.ranks.begin(), h.ranks.end(), rank) == h.ranks.end();
   });
+  std::vector<std::string> out;
   if (same == held_.end()) {
+    // A rank that floods its own lines must not grow the held set (or the search through it) without end: past
+    // kMaxHeld the oldest goes out as it is.
+    if (held_.size() >= kMaxHeld) {
+      out.push_back(folded(held_.front()));
+      held_.erase(held_.begin());
+    }
     held_.push_back(Held{line, {rank}, now});
     same = held_.end() - 1;
   } else {
     same->ranks.push_back(rank);
   }
-  if (static_cast<int>(same->ranks.size()) < ranks_) return {};
-  std::vector<std::string> out{folded(*same)};
+  if (static_cast<int>(same->ranks.size()) < ranks_) return out;
+  out.push_back(folded(*same));
   held_.erase(same);
   return out;
 }

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@ class LineFolder {
     Clock::time_point since;
   };
   static std::string folded(const Held& h);
+  static constexpr size_t kMaxHeld = 256;  // lines held at once (each waits at most `hold`)
 
   std::chrono::milliseconds hold_;
   int ranks_;

@@ -383,17 +383,32 @@ std::string did_you_mean(const std::vector<Field>& all, const std::string& secti
   return likely.empty() ? "" : "did you mean '" + likely + "'? ";
 }
 
-// Keys that recipes of earlier versions may still hold, and what they became. Every config saved before the change
-// (checkpoint manifests, run.dir/config.toml, recipes copied from ours) holds the key at its old default, which
-// meant "not set": that value is read as nothing, so old checkpoints and runs still load; any other is refused.
+// Keys that configs of earlier versions may still hold, and what they became. Recipes copied from ours hold the key
+// at its old default, which meant "not set": that value is read as nothing. Any other value in a recipe or --set is
+// refused, naming the new key. A config a checkpoint or run folder saved (parse_config) is carried over instead, as
+// it meant then, so that what was saved still loads.
 struct RenamedKey {
   const char *section, *key, *now, *why;
   int64_t old_default;
+  void (*carry)(Config&, int64_t);  // sets the new key from an old value
 };
 constexpr RenamedKey kRenamedKeys[] = {
     {"parallel", "microbatches", "train.micro_batches",
-     "one count of micro-batches per step, for gradient accumulation and pipelines alike", 0},
+     "one count of micro-batches per step, for gradient accumulation and pipelines alike", 0,
+     // The old key, when set, took precedence over train.micro_batches.
+     [](Config& c, int64_t value) { c.train.micro_batches = value; }},
 };
+
+// The entry of section.key when it is a renamed key; else null.
+const RenamedKey* renamed_key(const std::string& section, const std::string& key) {
+  for (const auto& renamed : kRenamedKeys)
+    if (section == renamed.section && key == renamed.key) return &renamed;
+  return nullptr;
+}
+
+bool at_old_default(const RenamedKey& renamed, const toml::node& value) {
+  return value.is_integer() && value.as_integer()->get() == renamed.old_default;
+}
 
 void set_key(std::vector<Field>& all, const std::string& section, const std::string& key, const toml::node& value,
              const std::string& origin) {
@@ -408,10 +423,9 @@ void set_key(std::vector<Field>& all, const std::string& section, const std::str
       return;
     }
   }
-  for (const auto& renamed : kRenamedKeys) {
-    if (section != renamed.section || key != renamed.key) continue;
-    if (value.is_integer() && value.as_integer()->get() == renamed.old_default) return;
-    throw UsageError("'" + section + "." + key + "' in " + origin + " is now " + renamed.now + " (" + renamed.why +
+  if (const RenamedKey* renamed = renamed_key(section, key)) {
+    if (at_old_default(*renamed, value)) return;
+    throw UsageError("'" + section + "." + key + "' in " + origin + " is now " + renamed->now + " (" + renamed->why +
                      "); set that instead");
   }
   const std::string hint = did_you_mean(all, section, key);
@@ -445,17 +459,26 @@ void apply_override(Config& config, const std::string& assignment) {
 
 namespace {
 
-Config config_from_table(const toml::table& table, const std::string& origin) {
+// `saved`: a config crosstrain wrote (a checkpoint's, a run folder's), whose renamed keys carry over.
+Config config_from_table(const toml::table& table, const std::string& origin, bool saved) {
   Config config;
   auto all = fields(config);
+  std::vector<std::pair<const RenamedKey*, int64_t>> carried;
   for (const auto& [section, node] : table) {
     const std::string name(section.str());
     if (!node.is_table()) {
       throw UsageError("'" + name + "' in " + origin + " must be a section [" + name + "]; the sections are " +
                        join(sections(all)));
     }
-    for (const auto& [key, value] : *node.as_table()) set_key(all, name, std::string(key.str()), value, origin);
+    for (const auto& [key, value] : *node.as_table()) {
+      const RenamedKey* renamed = renamed_key(name, std::string(key.str()));
+      if (saved && renamed && value.is_integer() && !at_old_default(*renamed, value))
+        carried.emplace_back(renamed, value.as_integer()->get());
+      else
+        set_key(all, name, std::string(key.str()), value, origin);
+    }
   }
+  for (const auto& [renamed, value] : carried) renamed->carry(config, value);
   return config;
 }
 
@@ -472,7 +495,7 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
     throw UsageError("config file '" + path + "' line " + std::to_string(where.line) + ": " +
                      std::string(e.description()));
   }
-  Config config = config_from_table(table, path);
+  Config config = config_from_table(table, path, /*saved=*/false);
   for (const auto& o : overrides) apply_override(config, o);
   check_ranges(config);
   return config;
@@ -592,7 +615,7 @@ Config parse_config(const std::string& text, const std::string& origin) {
     throw UsageError("config in " + origin + " line " + std::to_string(e.source().begin.line) + ": " +
                      std::string(e.description()));
   }
-  return config_from_table(table, origin);
+  return config_from_table(table, origin, /*saved=*/true);
 }
 
 std::string describe_config(const Config& config) {

@@ -39,7 +39,7 @@ std::vector<std::string> host_notices(const Config& c, int ranks, int cores) {
   return {std::to_string(ranks) + " ranks x " + std::to_string(c.train.threads_per_rank) + " compute thread" +
           (c.train.threads_per_rank == 1 ? "" : "s") + " on " + std::to_string(cores) + " core" +
           (cores == 1 ? "" : "s") + ": the ranks take turns on the cores, so steps take longer than on a machine "
-          "that fits them, and the MFU reads high (its peak is timed while the ranks share the cores); use "
+          "that fits them, and the MFU reads low (its peak is timed by each rank with the cores to itself); use "
           "--nproc " + std::to_string(std::max<int64_t>(1, cores / c.train.threads_per_rank)) + " or fewer for "
           "figures you can compare"};
 }

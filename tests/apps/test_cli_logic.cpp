@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <ATen/ATen.h>
 
 #include "../../src/apps/bench_comm.h"
@@ -109,6 +111,20 @@ TEST(RankList, JoinsRuns) {
   EXPECT_EQ(apps::rank_list({7, 0, 2, 5, 6}), "0,2,5-7");
   EXPECT_EQ(apps::rank_list({4}), "4");
   EXPECT_EQ(apps::rank_list({}), "");
+}
+
+TEST(LineFolder, ARankThatFloodsItsOwnLinesHoldsNoMoreThanABoundAndLosesNone) {
+  const auto t0 = apps::LineFolder::Clock::now();
+  apps::LineFolder folder(std::chrono::milliseconds(200), 2);
+  size_t printed = 0, most_held = 0;
+  for (int i = 0; i < 2000; ++i) {
+    printed += folder.offer(0, "crosstrain: line " + std::to_string(i), t0).size();
+    most_held = std::max(most_held, static_cast<size_t>(i + 1) - printed);
+  }
+  EXPECT_LE(most_held, 256u);
+  const auto rest = folder.flush();
+  EXPECT_EQ(printed + rest.size(), 2000u);
+  EXPECT_EQ(rest.back(), "[rank 0] crosstrain: line 1999");
 }
 
 TEST(LineFolder, WhatEveryRankPrintsAlikeComesOnceWithItsRanks) {

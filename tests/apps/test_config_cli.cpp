@@ -79,9 +79,9 @@ TEST(ConfigCli, MoreRanksThanCoresIsNoticed) {
   const auto res = config({kRecipes + "/gpt-tiny.toml", "--nproc", "256", "--set", "train.global_batch=256"});
   ASSERT_EQ(res.exit_code(), 0) << res.output;
   EXPECT_NE(res.output.find("# notice: 256 ranks x 1 compute thread on "), std::string::npos) << res.output;
-  EXPECT_NE(res.output.find("the MFU reads high"), std::string::npos) << res.output;
+  EXPECT_NE(res.output.find("the MFU reads low"), std::string::npos) << res.output;
   const auto fits = config({kRecipes + "/gpt-tiny.toml", "--nproc", "1"});
-  EXPECT_EQ(fits.output.find("the MFU reads high"), std::string::npos) << fits.output;
+  EXPECT_EQ(fits.output.find("the MFU reads low"), std::string::npos) << fits.output;
 }
 
 TEST(ConfigCli, EveryOptionsHelpShowsItsDefault) {

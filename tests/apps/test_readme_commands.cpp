@@ -3,6 +3,7 @@
 // its rank count, so a renamed key, a recipe that moved or a layout that no longer resolves turns this red; and
 // every line of a tiny recipe trains 2 steps as written.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
@@ -100,13 +101,17 @@ std::vector<CommandLine> documented_commands() {
   return all;
 }
 
+// A scratch name of this process: ctest runs this file's tests as processes side by side, and one must not
+// remove what the other is reading.
+std::string own_name(const std::string& name) { return name + "-" + std::to_string(::getpid()); }
+
 bool is_crosstrain(const std::string& word) { return word == "crosstrain" || word == "build/crosstrain"; }
 
 // The token file `make tokens` writes into the checkout (data/fortunes-sp, for the SentencePiece recipes), made once
 // in a scratch folder instead: the checks must not depend on what an earlier command left in the tree.
 const std::string& sentencepiece_tokens() {
   static const std::string file = [] {
-    const std::string out = fresh_dir("documented-fortunes-sp");
+    const std::string out = fresh_dir(own_name("documented-fortunes-sp"));
     const auto made = run_process({kBin, "tokenize", "/usr/share/games/fortunes", "--out", out, "--vocab-size", "2048"},
                                   {}, milliseconds(120000));
     EXPECT_EQ(made.exit_code(), 0) << made.output;
@@ -183,7 +188,7 @@ TEST(DocumentedCommands, EveryTrainLineOfTheReadmeAndDocsIsAValidRun) {
 // made once in a scratch folder.
 const std::string& pretrained_run() {
   static const std::string dir = [] {
-    const std::string out = fresh_dir("documented-pretrained");
+    const std::string out = fresh_dir(own_name("documented-pretrained"));
     const auto made = run_in_checkout({kBin, "train", "recipes/gpt-tiny.toml", "--set", "run.dir=" + out, "--set",
                                        "train.steps=2", "--set", "train.eval_every=0", "--set", "train.sample_tokens=0",
                                        "--set", "train.peak_flops_per_rank=1e9"},
@@ -215,7 +220,7 @@ TEST(DocumentedCommands, EveryTinyRecipeLineTrainsTwoSteps) {
     const std::string text((std::istreambuf_iterator<char>(recipe)), std::istreambuf_iterator<char>());
     fine_tunes = fine_tunes || std::regex_search(text, std::regex("\ninit_from = \"[^\"]+\""));
     args[1] = "train";
-    const std::string dir = fresh_dir("documented-" + std::to_string(++ran));
+    const std::string dir = fresh_dir(own_name("documented-" + std::to_string(++ran)));
     args.insert(args.end(), {"--set", "run.dir=" + dir, "--set", "train.steps=2", "--set", "train.eval_every=0",
                              "--set", "train.sample_tokens=0", "--set", "train.peak_flops_per_rank=1e9"});
     if (fine_tunes) args.insert(args.end(), {"--set", "model.init_from=" + pretrained_run()});

@@ -91,16 +91,6 @@ void say_interrupted(const train::Config& config, const train::TrainResult& resu
   say_how_to_continue(config, args);
 }
 
-// After a signal ended the ranks of a run that cannot agree on a step to stop at: what was kept, and how to go on.
-void say_not_stoppable(const train::Config& config, const std::vector<std::string>& args) {
-  const std::string mode = config.model.arch == models::ModelArch::Dlrm ? "dlrm.mode = \"ps\""
-                                                                         : std::string("sync.mode = \"") +
-                                                                               train::to_string(config.sync.mode) + "\"";
-  std::fprintf(stderr, "crosstrain: the ranks were stopped where they stood: with %s they never all meet, so there is "
-               "no step at which they could stop together and save. ", mode.c_str());
-  say_how_to_continue(config, args);
-}
-
 // The job secret: CROSSTRAIN_SECRET, else run.secret_file (refused when others can read it), else none.
 std::string job_secret(const LaunchEnv& env, const train::Config& config) {
   if (!env.secret.empty() || config.run.secret_file.empty()) return env.secret;
@@ -157,10 +147,6 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   // model.init_from against the recipe, from headers only, once rather than once per rank (--resume does not use it).
   if (!cmd.resume && env.source == LaunchSource::Single && !config.model_init_from.empty())
     train::check_initial_weights(config.model_init_from, config.model);
-  // Ctrl-C stops training after a step where every rank meets (each step in lockstep, each outer step in DiLoCo;
-  // the launcher forwards it to every rank); in modes whose ranks drift apart, and in the launcher itself, it
-  // keeps its usual meaning.
-  const bool stoppable = family.meets_every(config) > 0;
   // Once every check passed, and once, by the process the user started: what may surprise in this config.
   if (env.source == LaunchSource::Single) {
     auto notices = train::config_notices(config);
@@ -177,13 +163,11 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     ElasticLaunch elastic;
     elastic.enabled = config.elastic.enabled;
     elastic.max_restarts = static_cast<int>(config.elastic.max_restarts);
-    // A DiLoCo run stops at its next outer step, which may be minutes away: the ranks get 10 minutes to get there
+    // Ctrl-C stops every rank at a step they agree on (train/stop_vote.h). Where they hear it only every few steps
+    // (DiLoCo's outer steps, ssp, async, gossip) that may be minutes away: the ranks get 10 minutes to get there
     // (a second Ctrl-C still ends them at once); elsewhere a step and a save get 30 s.
-    const auto grace = std::chrono::seconds(family.meets_every(config) > 1 ? 600 : 30);
-    const int code =
-        launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic, grace);
-    if (!stoppable && (code == 128 + SIGINT || code == 128 + SIGTERM)) say_not_stoppable(config, relaunch_args);
-    return code;
+    const auto grace = std::chrono::seconds(family.stop_check(config).every > 1 ? 600 : 30);
+    return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic, grace);
   }
   if (config.elastic.enabled) return train_elastic_rank(config, env, relaunch_args);
   auto world = comm::init_world(env, config.comm);
@@ -199,10 +183,9 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
   }
   const char* tty = std::getenv("CROSSTRAIN_TTY");
   options.progress_bar = (tty && std::string(tty) == "1") || (env.source == LaunchSource::Single && isatty(STDOUT_FILENO));
-  if (stoppable) {
-    catch_interrupt();
-    options.stop_requested = interrupt_requested;
-  }
+  // The launcher forwards Ctrl-C to every rank; each finishes the step the ranks agree on and saves it.
+  catch_interrupt();
+  options.stop_requested = interrupt_requested;
   const train::TrainResult result = trainer.run(options);
   if (result.stopped_after < 0) return 0;
   if (world->rank() == 0) say_interrupted(config, result, relaunch_args);

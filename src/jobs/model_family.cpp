@@ -35,7 +35,7 @@ ModelFamily transformer(models::ModelArch arch, const std::string& summary) {
   f.resolve = resolve_decoder;
   f.make_job = make_gpt_job;
   f.parameters = [](const Config& c) { return c.model.parameter_count(); };
-  f.meets_every = [](const Config& c) { return sync_traits(c.sync).meets_every; };
+  f.stop_check = [](const Config& c) { return sync_traits(c.sync).stop_check; };
   return f;
 }
 
@@ -51,7 +51,7 @@ ModelFamily dlrm() {
     const bool tables_in_files = c.dlrm.on_parameter_server() && c.dlrm.ps_storage == recsys::TableStorageKind::Mmap;
     return tables_in_files ? int64_t{0} : c.dlrm.parameter_count();
   };
-  f.meets_every = [](const Config& c) { return c.dlrm.on_parameter_server() ? int64_t{0} : int64_t{1}; };
+  f.stop_check = [](const Config& c) { return c.dlrm.on_parameter_server() ? sync_traits(c.sync).stop_check : StopCheck{}; };
   return f;
 }
 

@@ -96,8 +96,8 @@ void TrainLoop::step_outputs(Job& job, const StepRecord& rec, bool leader) {
 
 LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const StepHooks& hooks) {
   const bool leader = world.rank() == 0;
-  // Ctrl-C stops training after a step where the ranks meet (stop_vote.h says why only there).
-  StopVote stop_vote(world, options_.stop_requested, job.meets_every());
+  // Ctrl-C stops training at a step every rank agrees on (stop_vote.h says which).
+  StopVote stop_vote(world, options_.stop_requested, job.stop_check());
   std::function<void()> before_commit;
   int64_t step = first;
   if (hooks.before_commit) before_commit = [&] { hooks.before_commit(step); };
@@ -105,7 +105,7 @@ LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const
   first_step_ = first;
   for (; step <= c_.train.steps; ++step) {
     job.set_step(step);
-    if (stop_vote.agreed()) {
+    if (stop_vote.agreed(step)) {
       result_.stopped_after = step - 1;
       end = LoopEnd::Stopped;
       break;

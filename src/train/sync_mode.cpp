@@ -15,6 +15,20 @@ constexpr EnumName<SyncMode> kModes[] = {{SyncMode::Sync, "sync"},
                                          {SyncMode::Async, "async"},
                                          {SyncMode::Gossip, "gossip"}};
 
+StopCheck stop_check_of(const SyncConfig& config) {
+  const int64_t period = std::max<int64_t>(1, config.period);
+  // A vote read as many steps after it was posted as it is posted apart: one vote in flight at a time.
+  auto drifting = [](int64_t every) { return StopCheck{every, every}; };
+  switch (config.mode) {
+    case SyncMode::Sync: return {1, 1};
+    case SyncMode::DiLoCo: return {std::max<int64_t>(1, config.inner_steps), 1};
+    case SyncMode::Ssp: return drifting(std::max<int64_t>(0, config.staleness) + 1);
+    case SyncMode::Async: return drifting(8 * period);
+    case SyncMode::Gossip: return drifting(4 * period);
+  }
+  return {1, 1};
+}
+
 }  // namespace
 
 SyncMode parse_sync_mode(const std::string& name) { return parse_enum(kModes, name, "sync.mode"); }
@@ -25,7 +39,7 @@ SyncTraits sync_traits(const SyncConfig& config) {
   SyncTraits t{};
   t.mode = config.mode;
   t.lockstep = t.mode == SyncMode::Sync;
-  t.meets_every = t.lockstep ? 1 : t.mode == SyncMode::DiLoCo ? std::max<int64_t>(1, config.inner_steps) : 0;
+  t.stop_check = stop_check_of(config);
   t.cluster_groups = t.mode == SyncMode::DiLoCo || (t.mode == SyncMode::Sync && config.hierarchical);
   t.parameter_server = t.mode == SyncMode::Ssp || t.mode == SyncMode::Async;
   t.elastic = t.mode == SyncMode::Sync && !config.hierarchical;

@@ -3,6 +3,8 @@
 // as safetensors, and bad settings are refused with a message that names the key.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <csignal>
 #include <filesystem>
 #include <fstream>
@@ -92,6 +94,37 @@ TEST(DlrmCli, BadSettingsAreRefusedNamingTheKey) {
     EXPECT_TRUE(contains(r.output, c.expect)) << c.expect << ":\n" << r.output;
     EXPECT_FALSE(fs::exists(dir + "/checkpoints")) << "a refused run writes nothing";
   }
+  fs::remove_all(dir);
+}
+
+// Workers of the parameter server drift apart under ssp, yet a Ctrl-C stops them after the same step (one before a
+// vote is read: every sync.staleness + 1 = 5 steps), saves the tables there, and the run resumes from it.
+TEST(DlrmCli, CtrlCOnTheParameterServerStopsEveryWorkerAfterTheSameStepAndSaves) {
+  const std::string dir = fresh("ps_stop");
+  auto args = train_args(dir, 2, 100000);
+  args.insert(args.end(), {"--set", "dlrm.mode=ps", "--set", "sync.mode=ssp", "--set", "run.log_every=1",
+                           "--set", "train.checkpoint_every=100000"});
+  Process job(args);
+  ASSERT_TRUE(job.wait_for_output("step 6/100000", std::chrono::milliseconds(180000))) << "never reached step 6";
+  job.signal(SIGINT);
+  auto stopped = job.wait(std::chrono::milliseconds(120000));
+  EXPECT_FALSE(stopped.timed_out);
+  EXPECT_EQ(stopped.exit_code(), 128 + SIGINT) << stopped.output;
+  std::smatch at;
+  ASSERT_TRUE(std::regex_search(stopped.output, at, std::regex("interrupted \\(SIGINT\\) after step ([0-9]+) of 100000")))
+      << stopped.output;
+  const int step = std::stoi(at[1]);
+  EXPECT_EQ(step % 5, 4) << stopped.output;
+  char last[32];
+  std::snprintf(last, sizeof last, "step_%08d", step);
+  EXPECT_TRUE(fs::exists(dir + "/checkpoints/" + last + "/manifest.json")) << "the step it stopped after is saved";
+  auto resume_args = args;
+  resume_args[std::find(resume_args.begin(), resume_args.end(), "train.steps=100000") - resume_args.begin()] =
+      "train.steps=" + std::to_string(step + 2);
+  resume_args.push_back("--resume");
+  auto resumed = run_process(resume_args, {}, std::chrono::milliseconds(180000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/checkpoints/" + last)) << resumed.output;
   fs::remove_all(dir);
 }
 

@@ -513,20 +513,37 @@ TEST(Checkpoints, SigtermInDiLoCoFinishesTheOuterStepSavesItAndResumesFromIt) {
   EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/checkpoints/" + last)) << resumed.output;
 }
 
-TEST(Checkpoints, CtrlCInSspSaysWhyNothingIsSavedNowAndWhatToContinueFrom) {
-  auto dir = fresh_dir("ckpt_sigint_ssp");
-  auto args = with(tiny_args(dir, 2, 2000), {"--set", "sync.mode=ssp", "--set", "train.checkpoint_every=3"});
+namespace {
+
+// Ranks that drift apart (ssp, async, gossip) hear a Ctrl-C every `every` steps and read it as many steps later
+// (SyncTraits::stop_check): signalled mid-run, every rank stops after the same step, one before a read, saves
+// its replica there, and the printed command continues from it.
+void ctrl_c_in_drifting_mode(const std::string& mode, int every) {
+  auto dir = fresh_dir("ckpt_sigint_" + mode);
+  auto args = with(tiny_args(dir, 2, 2000), {"--set", "sync.mode=" + mode, "--set", "train.checkpoint_every=1000"});
   Process job(args);
-  const auto first = fs::path(dir) / "checkpoints" / "step_00000003";
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(90);
-  while (!fs::exists(first) && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(milliseconds(20));
-  ASSERT_TRUE(fs::exists(first)) << "the step-3 checkpoint never appeared";
-  job.signal(SIGINT);
-  auto res = job.wait(milliseconds(90000));
-  EXPECT_FALSE(res.timed_out);
+  const auto res = signal_at_step(job, dir, 5, SIGINT);
+  EXPECT_FALSE(res.timed_out) << mode;
   EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
-  EXPECT_TRUE(contains(res.output, "with sync.mode = \"ssp\" they never all meet")) << res.output;
-  EXPECT_TRUE(std::regex_search(res.output, std::regex("The newest checkpoint is " + dir +
-                                                       "/checkpoints/step_[0-9]+; continue with: .*--resume")))
-      << res.output;
+  const int stopped = stopped_after(res.output, "SIGINT");
+  ASSERT_GE(stopped, 0) << res.output;
+  EXPECT_EQ(stopped % every, every - 1) << res.output;
+  EXPECT_GE(stopped, 5) << res.output;
+  const std::string last = step_dir_name(stopped);
+  EXPECT_TRUE(contains(res.output, "The newest checkpoint is " + dir + "/checkpoints/" + last)) << res.output;
+  EXPECT_EQ(step_dirs(dir), std::vector<std::string>{last}) << mode;
+  EXPECT_TRUE(leftovers(dir).empty()) << leftovers(dir).front();
+  const auto from = res.output.find("continue with: ");
+  ASSERT_NE(from, std::string::npos) << res.output;
+  const std::string command = res.output.substr(from + 15, res.output.find('\n', from) - from - 15);
+  auto resumed = run_process({"/bin/sh", "-c", command + " --set train.steps=" + std::to_string(stopped + 3)}, {},
+                             milliseconds(90000));
+  ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
+  EXPECT_TRUE(contains(resumed.output, "resumed from " + dir + "/checkpoints/" + last)) << resumed.output;
 }
+
+}  // namespace
+
+TEST(Checkpoints, CtrlCInSspStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("ssp", 5); }
+TEST(Checkpoints, CtrlCInAsyncStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("async", 8); }
+TEST(Checkpoints, CtrlCInGossipStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("gossip", 4); }

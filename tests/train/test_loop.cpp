@@ -21,11 +21,11 @@ namespace {
 // Records what the loop asked of it, in order ("train 3", "eval 4", "save 4", "row 4").
 class ScriptedJob : public train::Job {
  public:
-  explicit ScriptedJob(bool evaluates_last = false, int64_t meets_every = 1)
-      : evaluates_last_(evaluates_last), meets_every_(meets_every) {}
+  explicit ScriptedJob(bool evaluates_last = false, train::StopCheck stop_check = {})
+      : evaluates_last_(evaluates_last), stop_check_(stop_check) {}
   int64_t start_step() const override { return 1; }
   void set_step(int64_t step) override { step_ = step; }
-  int64_t meets_every() const override { return meets_every_; }
+  train::StopCheck stop_check() const override { return stop_check_; }
   void print_header() const override {}
   train::StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override {
     if (before_commit) before_commit();
@@ -64,7 +64,7 @@ class ScriptedJob : public train::Job {
 
  private:
   bool evaluates_last_;
-  int64_t meets_every_;
+  train::StopCheck stop_check_;
   int64_t step_ = 0;
 };
 
@@ -156,31 +156,35 @@ TEST(TrainLoop, AStopAskedOnOneRankEndsEveryRankAfterTheSameStep) {
   EXPECT_EQ(stopped[2], 5);
 }
 
-TEST(TrainLoop, RanksThatMeetEveryFewStepsStopAfterTheNextMeetingAndOnlyVoteThere) {
+TEST(TrainLoop, RanksThatHearEveryFewStepsVoteOnlyThereAndReadTheVoteTheLagLater) {
   const train::Config c = config("stop-outer", 1000, 0);
-  for (const int64_t every : {4, 0}) {
+  struct Case {
+    train::StopCheck check;
+    int64_t stopped;  // the step every rank stops after
+  };
+  // DiLoCo with 4 inner steps: posted before steps 4 and 8, read a step later. ssp with staleness 2: posted
+  // before steps 3 and 6, read before steps 6 and 9.
+  for (const Case k : {Case{{4, 1}, 8}, Case{{3, 3}, 8}}) {
     std::vector<int64_t> stopped(2, -2);
     std::vector<int> polls(2, 0);
     comm::FakeWorld::run(2, [&](comm::Communicator& world) {
       train::TrainOptions o;
       o.quiet = true;
-      ScriptedJob job(false, every);  // DiLoCo with 4 inner steps; 0: ranks never meet (ssp, async, gossip)
+      ScriptedJob job(false, k.check);
       int& mine = polls[world.rank()];
-      // Rank 1 asks from its second poll on; with no meetings it would ask at once, and is never heard.
-      o.stop_requested = [&] { return world.rank() == 1 && (++mine >= 2 || every == 0); };
+      // Rank 1 asks from its second poll on.
+      o.stop_requested = [&] { return world.rank() == 1 && ++mine >= 2; };
       train::TrainLoop loop(c, o);
-      const train::LoopEnd end = loop.run(job, world, 1);
-      EXPECT_EQ(end, every ? train::LoopEnd::Stopped : train::LoopEnd::Finished);
+      EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Stopped);
       stopped[world.rank()] = loop.result().stopped_after;
+      // The last step run is the one before the read, on every rank.
+      const auto trained = std::find_if(job.calls.rbegin(), job.calls.rend(),
+                                        [](const std::string& call) { return call.rfind("train ", 0) == 0; });
+      ASSERT_NE(trained, job.calls.rend());
+      EXPECT_EQ(*trained, "train " + std::to_string(k.stopped));
     });
-    if (every == 0) {
-      EXPECT_EQ(stopped, (std::vector<int64_t>{-1, -1}));
-      EXPECT_EQ(polls[1], 0);  // nobody asked: there is no vote to put it to
-      continue;
-    }
-    // Polled before steps 4 and 8 only: the second poll (before step 8) asks, and both stop after step 8.
-    EXPECT_EQ(polls[1], 2);
-    EXPECT_EQ(stopped, (std::vector<int64_t>{8, 8}));
+    EXPECT_EQ(polls[1], 2) << "every " << k.check.every;
+    EXPECT_EQ(stopped, (std::vector<int64_t>{k.stopped, k.stopped})) << "every " << k.check.every;
   }
 }
 

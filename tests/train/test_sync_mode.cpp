@@ -2,6 +2,8 @@
 // the traits that the loop, the launcher, elastic training and DLRM ask instead of comparing strings.
 #include <gtest/gtest.h>
 
+#include <utility>
+
 #include "crosstrain/core/error.h"
 #include "crosstrain/train/config.h"
 #include "crosstrain/train/sync_mode.h"
@@ -50,6 +52,27 @@ TEST(SyncMode, TraitsSayWhatEachModeImplies) {
   }
   EXPECT_FALSE(traits("gossip").parameter_server);
   EXPECT_FALSE(traits("gossip").elastic);
+}
+
+// When each mode hears a Ctrl-C: posted every `every` steps and read `lag` steps later (train/stop_vote.h).
+TEST(SyncMode, EachModeHearsAStopWhereItWaitsAnyway) {
+  auto check = [](const std::string& mode, int64_t inner_steps, int64_t staleness, int64_t period) {
+    train::SyncConfig c;
+    c.mode = train::parse_sync_mode(mode);
+    c.inner_steps = inner_steps;
+    c.staleness = staleness;
+    c.period = period;
+    const train::StopCheck s = train::sync_traits(c).stop_check;
+    return std::make_pair(s.every, s.lag);
+  };
+  using P = std::pair<int64_t, int64_t>;
+  EXPECT_EQ(check("sync", 50, 4, 1), P(1, 1));
+  EXPECT_EQ(check("diloco", 50, 4, 1), P(50, 1));  // at the outer step, where the clusters meet
+  // ssp: a rank staleness + 1 steps ahead waits for the slowest anyway, so reading then costs nothing more.
+  EXPECT_EQ(check("ssp", 50, 4, 1), P(5, 5));
+  EXPECT_EQ(check("ssp", 50, 0, 1), P(1, 1));
+  EXPECT_EQ(check("async", 50, 4, 2), P(16, 16));
+  EXPECT_EQ(check("gossip", 50, 4, 3), P(12, 12));
 }
 
 // The mode and the model family are parsed once, when the config is read: a recipe or --set with another name is

@@ -31,9 +31,8 @@ struct ModelFamily {
   std::function<std::unique_ptr<Job>(const ResolvedRun&, comm::Communicator& world, const TrainOptions&)> make_job;
   // The parameters whose state a rank holds (DLRM tables kept in files count none).
   std::function<int64_t(const Config&)> parameters;
-  // Steps between the points where every rank of a run meets (Job::meets_every), known before any rank starts:
-  // where it is 0, Ctrl-C cannot stop the ranks at a common step.
-  std::function<int64_t(const Config&)> meets_every;
+  // When the ranks of a run hear a Ctrl-C together (Job::stop_check), known before any rank starts.
+  std::function<StopCheck(const Config&)> stop_check;
 };
 
 // The family of c.model.arch (parsed when the config was read: models::parse_model_arch names the choices).

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "crosstrain/obs/step_log.h"
+#include "crosstrain/train/sync_mode.h"
 
 namespace crosstrain::train {
 
@@ -54,11 +55,9 @@ class Job {
   virtual int64_t start_step() const = 0;
   // Names the step in every later error of this rank's communicators.
   virtual void set_step(int64_t step) = 0;
-  // Steps between the points where every rank of the job meets: 1 when all take every step together, DiLoCo's
-  // inner_steps (its outer steps), 0 when ranks drift apart for good (ssp, async, gossip, a parameter server). An
-  // exchange there, such as the Ctrl-C stop vote, costs no extra waiting.
-  virtual int64_t meets_every() const = 0;
-  bool lockstep() const { return meets_every() == 1; }
+  // When the ranks hear a Ctrl-C together (SyncTraits::stop_check says how each sync mode chooses it, so that the
+  // vote costs no waiting the mode does not do anyway).
+  virtual StopCheck stop_check() const = 0;
   virtual void print_header() const = 0;
 
   // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes

@@ -5,6 +5,7 @@
 // not a string compared in ten files.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace crosstrain::train {
@@ -17,14 +18,24 @@ enum class SyncMode { Sync, DiLoCo, Ssp, Async, Gossip };
 SyncMode parse_sync_mode(const std::string& name);
 const char* to_string(SyncMode mode);
 
+// When the ranks of a run can hear a Ctrl-C together (train/stop_vote.h): every `every` steps each rank posts its
+// vote, and reads the result `lag` steps later (1 <= lag <= every), at the same step on every rank. Reading it
+// waits for the slowest rank to have posted: the cadence is chosen so that this wait is one the mode has anyway.
+struct StopCheck {
+  int64_t every = 1;
+  int64_t lag = 1;
+};
+
 struct SyncTraits {
   SyncMode mode;
   // Every replica takes every step together: a per-step exchange (the Ctrl-C vote, straggler timings, elastic
   // votes) costs no extra waiting.
   bool lockstep;
-  // Steps between the points where every rank meets anyway: 1 in lockstep, sync.inner_steps in DiLoCo (its outer
-  // steps), 0 where ranks never all wait for each other (ssp, async, gossip). Ctrl-C stops a run there.
-  int64_t meets_every;
+  // Lockstep: every step, read at the next one. DiLoCo: at each outer step (every sync.inner_steps), where the
+  // clusters meet. ssp: every sync.staleness + 1 steps, read as many steps later: a rank that far ahead of the
+  // slowest waits for it anyway. async and gossip bound no drift: every 8 (async) or 4 (gossip) exchange periods,
+  // read as many steps later, so only a rank further ahead than that waits, and only at those steps.
+  StopCheck stop_check;
   // Replicas average inside their cluster, then across clusters: the mode needs the cluster groups, the same
   // number of ranks in every cluster (diloco; sync with sync.hierarchical).
   bool cluster_groups;

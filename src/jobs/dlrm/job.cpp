@@ -239,6 +239,7 @@ int64_t DlrmJob::resume() {
   checkpoint::CheckpointReader reader(*latest);
   check_resume_step(*latest, reader.step(), c_.train.steps);
   load_checkpoint(reader, tables_, *embeddings_, adam_, rank_, size_);
+  if (talk_) std::printf("resumed from %s (step %lld)\n", latest->c_str(), static_cast<long long>(reader.step()));
   return reader.step() + 1;
 }
 

@@ -25,7 +25,8 @@ class DlrmJob : public Job {
 
   int64_t start_step() const override { return start_step_; }
   void set_step(int64_t step) override;
-  int64_t meets_every() const override { return ps_ ? 0 : 1; }  // ps workers drift apart (model_family.cpp agrees)
+  // Parameter-server workers drift apart as their sync mode lets them (model_family.cpp agrees).
+  StopCheck stop_check() const override { return ps_ ? sync_traits(c_.sync).stop_check : StopCheck{}; }
   void print_header() const override;
   StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override;
   bool has_validation() const override { return true; }

@@ -522,7 +522,7 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
   if (work_log_) log_work(step);
   if (window_busy_s_.empty()) window_first_step_ = step;
   window_busy_s_.push_back(std::max(0.0, rec.step_time_s - (recording_.recorder().blocked_seconds() - blocked_before)));
-  if (lockstep() && c_.obs.straggler_every > 0 && step % c_.obs.straggler_every == 0) exchange_straggler_timings(step);
+  if (sync_traits_.lockstep && c_.obs.straggler_every > 0 && step % c_.obs.straggler_every == 0) exchange_straggler_timings(step);
   if (step % c_.obs.trace_flush_every == 0) flush_trace();
   return rec;
 }

@@ -73,7 +73,7 @@ class Run : public Job {
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
   std::string save_now(int64_t step) override;
   void set_step(int64_t step) override;
-  int64_t meets_every() const override { return sync_traits_.meets_every; }
+  StopCheck stop_check() const override { return sync_traits_.stop_check; }
   void finish() override { fill_dump(); }
   std::string sample() override;
   // Appends the buffered spans to the trace file now (the end of a run; every obs.trace_flush_every steps).

@@ -98,6 +98,10 @@ class DiLoCo : public StrategyBase {
     return {g_.cluster, g_.local_index, static_cast<int>(g_.layout.local[g_.cluster].size())};
   }
 
+  void settle(int64_t step) override {
+    if (pending_ >= 0) land(step);
+  }
+
   void after_step(int64_t step, bool last) override {
     const int64_t H = std::max<int64_t>(1, s_.config.inner_steps), F = static_cast<int64_t>(fragments_.size());
     // A pending exchange lands `overlap_steps` after it started (or now, before anything else starts).

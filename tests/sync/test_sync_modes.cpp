@@ -7,6 +7,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 
+#include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/sync/strategy.h"
@@ -545,4 +546,36 @@ TEST(SyncAccounting, FlatSyncCountsWideAreaBytesOnlyAcrossClusters) {
   two.sync.clusters = 2;
   Outcome across = train_with(two, 2);
   EXPECT_GT(across.last_row["wan_bytes"].get<int64_t>(), 0);
+}
+
+// Ctrl-C in streaming DiLoCo stops after an outer step, where a fragment's exchange has only just started (it
+// lands a step later): the stop completes it before saving, so both clusters' saved copies of that fragment hold
+// the same new outer parameters instead of each its own inner ones.
+TEST(SyncStop, StreamingDiLoCoLandsTheExchangeInFlightBeforeItSaves) {
+  train::Config c = base("stop_streaming", 1000);
+  c.sync.mode = train::SyncMode::DiLoCo;
+  c.sync.inner_steps = 6;
+  c.sync.fragments = 3;  // fragments exchange at steps 2, 4 and 6, each landing one step later
+  c.sync.overlap_steps = 1;
+  c.sync.clusters = 2;
+  c.train.checkpoint_every = 0;
+  std::vector<int64_t> stopped(2, -2);
+  comm::FakeWorld::run(2, [&](comm::Communicator& world) {
+    train::Trainer trainer(c, world);
+    train::TrainOptions options;
+    options.quiet = true;
+    options.stop_requested = [] { return true; };  // heard at the first outer step, 6
+    stopped[world.rank()] = trainer.run(options).stopped_after;
+  });
+  ASSERT_EQ(stopped, (std::vector<int64_t>{6, 6}));
+  checkpoint::CheckpointReader reader(c.run.dir + "/checkpoints/step_00000006");
+  int same = 0, different = 0;
+  for (const auto& name : reader.tensors()) {
+    if (name.find('#') != std::string::npos || !reader.has(name + "#copy1")) continue;
+    auto whole = [](const std::string&, const at::Tensor& full, int, int) { return full; };  // tp = 1
+    const at::Tensor a = reader.read_full(name, whole), b = reader.read_full(name + "#copy1", whole);
+    (a.equal(b) ? same : different) += 1;
+  }
+  EXPECT_GT(same, 0) << "the fragment exchanged at step 6 was saved before its outer step landed";
+  EXPECT_GT(different, 0) << "the other fragments took inner steps since they landed";
 }

@@ -85,6 +85,9 @@ class SyncStrategy {
   virtual double after_backward(int64_t step, double loss) { return loss; }
   // After the optimizer step of `step`; on the last step every replica ends with the same parameters.
   virtual void after_step(int64_t step, bool last) {}
+  // Before a run stopped early (Ctrl-C) saves after `step`: completes an exchange still in flight (streaming
+  // DiLoCo), so the checkpoint holds its outer step instead of losing it. Collective, like after_step.
+  virtual void settle(int64_t step) {}
   virtual SyncStats stats() const = 0;
 };
 

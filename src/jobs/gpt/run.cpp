@@ -651,6 +651,7 @@ std::string Run::checkpoint(int64_t step) {
 std::string Run::save_now(int64_t step) {
   Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Checkpoint, "checkpoint", step);
   commit_pending();
+  sync_->settle(step);
   return save(step, /*commit=*/true);
 }
 

@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <chrono>
 
 #include "conformance.h"
@@ -157,4 +158,38 @@ TEST(ShmComm, SilentPeerTimesOutNamingIt) {
   for (auto& t : threads) t.join();
   EXPECT_NE(error.find("[rank 0] allreduce(sum)"), std::string::npos) << error;
   EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
+}
+
+// With every core busy, each sched_yield of the waiting rank can give its core away for milliseconds: the wait
+// still looks at its deadline (and at dead peers) by the clock, so it ends near the group timeout.
+TEST(ShmComm, SilentPeerTimesOutOnTimeWhileOtherThreadsHogTheCores) {
+  std::atomic<bool> hog{true};
+  std::vector<std::thread> hogs;
+  for (int i = 0; i < 6; ++i)
+    hogs.emplace_back([&] {
+      volatile uint64_t x = 0;
+      while (hog.load(std::memory_order_relaxed)) x = x + 1;
+    });
+  FakeWorld world(2, Millis(300));
+  std::string error;
+  double waited_s = -1;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto c = comm::with_shared_memory(world.communicator(r));
+      if (r == 1) return;
+      at::Tensor t = at::ones({8});
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        c->all_reduce(t, comm::ReduceOp::Sum)->wait();
+      } catch (const CommError& e) {
+        error = e.what();
+      }
+      waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  for (auto& t : threads) t.join();
+  hog = false;
+  for (auto& t : hogs) t.join();
+  EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
+  EXPECT_LT(waited_s, 5.0) << "the 0.3 s timeout was noticed only after " << waited_s << " s";
 }

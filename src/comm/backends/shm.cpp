@@ -133,13 +133,17 @@ class ShmCommunicator : public ForwardingCommunicator {
   // within ~100 ms (same host: its process id is known), one that hangs at the timeout.
   void await(std::atomic<uint32_t>& word, std::atomic<uint32_t>& sleepers, uint32_t target, int peer,
              const char* what, const std::string& op, Clock::time_point deadline) {
-    auto next_check = Clock::now() + std::chrono::milliseconds(100);
+    const auto start = Clock::now();
+    auto next_check = start + std::chrono::milliseconds(100);
     for (int spin = 0;; ++spin) {
       uint32_t seen = word.load(std::memory_order_acquire);
       if (static_cast<int32_t>(seen - target) >= 0) return;
-      if (spin < 20000) {
+      if (spin < kMaxSpins) {
         if (spin > 200) sched_yield();  // give the peer its core on small machines
-        continue;
+        // Spinning ends by the clock too: on a loaded machine each yield may hand the core away for milliseconds,
+        // and 20,000 of them once kept a survivor of a dead peer from looking for half a minute.
+        if ((spin & 63) != 0 || Clock::now() - start < kSpinFor) continue;
+        spin = kMaxSpins;
       }
       const auto now = Clock::now();
       if (now > next_check) {
@@ -210,6 +214,8 @@ class ShmCommunicator : public ForwardingCommunicator {
   std::vector<int64_t> pids_;
   uint32_t round_ = 0;  // touched only by the job running (inline or on the worker): one at a time
   static constexpr int64_t kInlineBytes = 64 << 10;
+  static constexpr int kMaxSpins = 20000;
+  static constexpr std::chrono::microseconds kSpinFor{2000};
   SerialWorker worker_;  // last: destroyed (and drained) first
 };
 

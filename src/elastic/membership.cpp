@@ -4,6 +4,7 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include <algorithm>
 #include <chrono>
 
 #include "crosstrain/comm/algorithms/communicator.h"
@@ -75,13 +76,29 @@ Membership::~Membership() {
   if (watcher_.joinable()) watcher_.join();
 }
 
+// A reply later than the client waits for (a loaded machine) closes that connection, so that the late reply
+// cannot answer the next request: the background threads open another one and carry on. False once the store
+// cannot be reached: the job is over, and the main thread finds out on its next store call.
+bool Membership::reopen(std::shared_ptr<comm::Rendezvous>& connection) {
+  if (stop_) return false;
+  try {
+    connection = connect_retrying(env_, -1, std::min(options_.comm.timeout(), comm::Millis(5000)));
+    return true;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void Membership::heartbeat_loop() {
   const auto period = std::chrono::milliseconds(options_.timing.heartbeat_ms);
   while (!stop_) {
     try {
       beat_->store()->add(heartbeat_key(env_.rank), 1);
+    } catch (const CommError&) {
+      if (!reopen(beat_)) return;
+      continue;
     } catch (const std::exception&) {
-      return;  // the store is gone: the job is over; the main thread finds out on its next store call
+      return;
     }
     for (auto slept = std::chrono::milliseconds(0); slept < period && !stop_; slept += std::chrono::milliseconds(10))
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -90,23 +107,23 @@ void Membership::heartbeat_loop() {
 
 // Waits for each next generation record in turn; a failure generation raises the abort flag at once.
 void Membership::watch_loop() {
-  auto& store = *watch_->store();
   while (!stop_) {
     const int64_t next = latest_.load() + 1;
     try {
-      store.wait({generation_key(next)}, std::chrono::milliseconds(250));
-    } catch (const CommError& e) {
-      if (e.timed_out()) continue;
-      return;
-    } catch (const std::exception&) {
-      return;
-    }
-    try {
+      auto& store = *watch_->store();
+      try {
+        store.wait({generation_key(next)}, std::chrono::milliseconds(250));
+      } catch (const CommError& e) {
+        if (e.timed_out()) continue;  // no new generation yet (or a late reply: the next call finds it closed)
+        throw;
+      }
       const Generation g = decode_generation(from_bytes(store.get(generation_key(next))));
       if (g.failure()) failure_generation_ = g.id;
       latest_ = g.id;
+    } catch (const CommError&) {
+      if (!reopen(watch_)) return;
     } catch (const std::exception&) {
-      return;
+      return;  // a record this process cannot read
     }
   }
 }

@@ -93,6 +93,7 @@ class Membership {
   bool is_member(const Generation& g) const;
   void heartbeat_loop();
   void watch_loop();
+  bool reopen(std::shared_ptr<comm::Rendezvous>& connection);
   std::string get(const std::string& key);
   std::string wait_get(const std::string& key, std::chrono::milliseconds timeout);
 
@@ -104,8 +105,6 @@ class Membership {
   std::atomic<int64_t> latest_{0};
   std::atomic<int64_t> failure_generation_{0};
   std::atomic<bool> stop_{false};
-  std::mutex error_mu_;
-  std::string watch_error_;
   std::thread heartbeat_, watcher_;
 };
 

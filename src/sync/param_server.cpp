@@ -10,7 +10,9 @@
 namespace crosstrain::train {
 namespace {
 constexpr int kTagRequest = 7101, kTagData = 7102, kTagReplyHeader = 7103, kTagReplyData = 7104;
-constexpr int64_t kHeaderWords = 4;  // type, clock, unused x2
+// Request: type, clock, the worker was asked to stop, unused x2. Reply: version, slowest clock, slowest worker,
+// staleness, the server heard of a stop.
+constexpr int64_t kHeaderWords = 5;
 }  // namespace
 
 ParameterServer::ParameterServer(comm::Communicator& group, const at::Tensor& initial, comm::Millis timeout,
@@ -38,11 +40,13 @@ void ParameterServer::handle(int w, int64_t clock, const at::Tensor& delta, at::
   h[1] = c.min_clock;
   h[2] = c.slowest;
   h[3] = staleness;
+  h[4] = stop_known_ ? 1 : 0;
 }
 
 void ParameterServer::serve(int w, const at::Tensor& request) {
   const int64_t type = request.data_ptr<int64_t>()[0], clock = request.data_ptr<int64_t>()[1];
   if (type != kPush) throw Error("unknown request type " + std::to_string(type));
+  if (request.data_ptr<int64_t>()[2] != 0) stop_known_ = true;
   comm::Communicator& group = core_.group();
   at::Tensor delta = at::empty({shard_end(rank_) - shard_begin(rank_)}, at::kFloat);
   group.recv(delta, w, kTagData)->wait(core_.timeout());
@@ -62,6 +66,7 @@ void ParameterServer::serve(int w, const at::Tensor& request) {
 
 ParameterServer::Reply ParameterServer::push_pull(const at::Tensor& delta, at::Tensor& params, int64_t clock) {
   core_.check_usable("push_pull");
+  if (stop_asked_) stop_known_ = true;
   comm::Communicator& group = core_.group();
   at::Tensor flat_delta = delta.reshape(-1).contiguous();
   std::vector<at::Tensor> headers(size_), datas(size_), parts(size_), requests(size_);
@@ -71,6 +76,7 @@ ParameterServer::Reply ParameterServer::push_pull(const at::Tensor& delta, at::T
     parts[s] = flat_delta.slice(0, shard_begin(s), shard_end(s)).contiguous();
     if (s == rank_) continue;
     requests[s] = core_.header(kPush, clock);
+    requests[s].data_ptr<int64_t>()[2] = stop_asked_ ? 1 : 0;
     sends.push_back(group.send(requests[s], s, kTagRequest));
     sends.push_back(group.send(parts[s], s, kTagData));
     datas[s] = at::empty({shard_end(s) - shard_begin(s)}, at::kFloat);
@@ -93,6 +99,7 @@ ParameterServer::Reply ParameterServer::push_pull(const at::Tensor& delta, at::T
   for (int s = 0; s < size_; ++s) {
     auto* h = headers[s].data_ptr<int64_t>();
     r.staleness = std::max(r.staleness, h[3]);
+    r.stop = r.stop || h[4] != 0;
     if (h[1] < r.min_clock) {
       r.min_clock = h[1];
       r.slowest = static_cast<int>(h[2]);

@@ -51,6 +51,11 @@ class ServerSync : public StrategyBase {
            std::to_string(s_.config.period) + " steps)";
   }
   comm::Communicator* gradient_group() const override { return nullptr; }
+  void ask_to_stop() override {
+    if (server_) server_->ask_to_stop();
+    else stop_heard_ = true;  // one worker: nobody else to tell
+  }
+  bool stop_heard() const override { return stop_heard_; }
 
   void before_step(int64_t step) override {
     StrategyBase::before_step(step);
@@ -94,6 +99,7 @@ class ServerSync : public StrategyBase {
       at::Tensor delta = now - pulled_;
       auto r = server_->push_pull(delta, pulled_, step);
       set_tensors(pulled_);
+      stop_heard_ = stop_heard_ || r.stop;
       ++pushes_;
       staleness_sum_ += r.staleness;
       stats_.staleness_max = std::max(stats_.staleness_max, r.staleness);
@@ -112,6 +118,7 @@ class ServerSync : public StrategyBase {
   std::unique_ptr<ParameterServer> server_;
   at::Tensor pulled_;
   int64_t pushes_ = 0, staleness_sum_ = 0;
+  bool stop_heard_ = false;
 };
 
 }  // namespace

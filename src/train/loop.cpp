@@ -98,6 +98,7 @@ LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const
   const bool leader = world.rank() == 0;
   // Ctrl-C stops training at a step every rank agrees on (stop_vote.h says which).
   StopVote stop_vote(world, options_.stop_requested, job.stop_check());
+  HeardStop heard_stop(world, options_.stop_requested, job, c_.train.steps);
   std::function<void()> before_commit;
   int64_t step = first;
   if (hooks.before_commit) before_commit = [&] { hooks.before_commit(step); };
@@ -105,7 +106,7 @@ LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const
   first_step_ = first;
   for (; step <= c_.train.steps; ++step) {
     job.set_step(step);
-    if (stop_vote.agreed(step)) {
+    if (stop_vote.agreed(step) || heard_stop.stops_before(step)) {
       result_.stopped_after = step - 1;
       end = LoopEnd::Stopped;
       break;

@@ -5,7 +5,8 @@
 namespace crosstrain::train {
 
 StopVote::StopVote(comm::Communicator& world, std::function<bool()> requested, StopCheck check)
-    : world_(world), requested_(std::move(requested)), check_(check), flag_(at::zeros({1}, at::kInt)) {
+    : world_(world), requested_(check.every > 0 ? std::move(requested) : nullptr), check_(check),
+      flag_(at::zeros({1}, at::kInt)) {
   check_.every = std::max<int64_t>(1, check_.every);
   // One vote in flight at a time: the buffer is shared, so each is read before the next is posted.
   check_.lag = std::clamp<int64_t>(check_.lag, 1, check_.every);
@@ -29,6 +30,28 @@ void StopVote::post(int64_t step) {
 void StopVote::finish() {
   if (exchange_) exchange_->wait();
   exchange_.reset();
+}
+
+HeardStop::HeardStop(comm::Communicator& world, std::function<bool()> requested, Job& job, int64_t last_step)
+    : world_(world), requested_(job.stop_check().every == 0 ? std::move(requested) : nullptr), job_(job),
+      last_step_(last_step) {}
+
+bool HeardStop::stops_before(int64_t step) {
+  if (!requested_) return false;
+  if (!exchanged_) {
+    if (!asked_ && requested_()) {
+      job_.ask_to_stop();
+      asked_ = true;
+    }
+    const bool heard = job_.stop_heard();
+    if (!heard && step < last_step_) return false;
+    // [heard, last step done]: every rank sends it once, on hearing or before the last step.
+    at::Tensor mine = at::tensor({heard ? int64_t{1} : int64_t{0}, step - 1}, at::kLong);
+    world_.all_reduce(mine, comm::ReduceOp::Max)->wait();
+    exchanged_ = true;
+    if (mine[0].item<int64_t>() != 0) stop_after_ = mine[1].item<int64_t>();
+  }
+  return stop_after_ >= 0 && step > stop_after_;
 }
 
 }  // namespace crosstrain::train

@@ -23,7 +23,7 @@ StopCheck stop_check_of(const SyncConfig& config) {
     case SyncMode::Sync: return {1, 1};
     case SyncMode::DiLoCo: return {std::max<int64_t>(1, config.inner_steps), 1};
     case SyncMode::Ssp: return drifting(std::max<int64_t>(0, config.staleness) + 1);
-    case SyncMode::Async: return drifting(8 * period);
+    case SyncMode::Async: return {0, 0};
     case SyncMode::Gossip: return drifting(4 * period);
   }
   return {1, 1};

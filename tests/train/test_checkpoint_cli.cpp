@@ -515,9 +515,10 @@ TEST(Checkpoints, SigtermInDiLoCoFinishesTheOuterStepSavesItAndResumesFromIt) {
 
 namespace {
 
-// Ranks that drift apart (ssp, async, gossip) hear a Ctrl-C every `every` steps and read it as many steps later
-// (SyncTraits::stop_check): signalled mid-run, every rank stops after the same step, one before a read, saves
-// its replica there, and the printed command continues from it.
+// Ranks that drift apart hear a Ctrl-C every `every` steps and read it as many steps later (ssp, gossip;
+// SyncTraits::stop_check), or (every = 0: async) through the parameter server's replies: signalled mid-run, every
+// rank stops after the same step (one before a read), saves its replica there, and the printed command continues
+// from it.
 void ctrl_c_in_drifting_mode(const std::string& mode, int every) {
   auto dir = fresh_dir("ckpt_sigint_" + mode);
   auto args = with(tiny_args(dir, 2, 2000), {"--set", "sync.mode=" + mode, "--set", "train.checkpoint_every=1000"});
@@ -527,7 +528,7 @@ void ctrl_c_in_drifting_mode(const std::string& mode, int every) {
   EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
   const int stopped = stopped_after(res.output, "SIGINT");
   ASSERT_GE(stopped, 0) << res.output;
-  EXPECT_EQ(stopped % every, every - 1) << res.output;
+  if (every > 0) EXPECT_EQ(stopped % every, every - 1) << res.output;
   EXPECT_GE(stopped, 5) << res.output;
   const std::string last = step_dir_name(stopped);
   EXPECT_TRUE(contains(res.output, "The newest checkpoint is " + dir + "/checkpoints/" + last)) << res.output;
@@ -545,5 +546,5 @@ void ctrl_c_in_drifting_mode(const std::string& mode, int every) {
 }  // namespace
 
 TEST(Checkpoints, CtrlCInSspStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("ssp", 5); }
-TEST(Checkpoints, CtrlCInAsyncStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("async", 8); }
+TEST(Checkpoints, CtrlCInAsyncStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("async", 0); }
 TEST(Checkpoints, CtrlCInGossipStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("gossip", 4); }

@@ -26,6 +26,8 @@ class ScriptedJob : public train::Job {
   int64_t start_step() const override { return 1; }
   void set_step(int64_t step) override { step_ = step; }
   train::StopCheck stop_check() const override { return stop_check_; }
+  void ask_to_stop() override { calls.push_back("asked " + std::to_string(step_)); }
+  bool stop_heard() const override { return hears_from >= 0 && step_ >= hears_from; }
   void print_header() const override {}
   train::StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override {
     if (before_commit) before_commit();
@@ -61,6 +63,7 @@ class ScriptedJob : public train::Job {
   train::LiveState live_state(int64_t) override { return {}; }
 
   std::vector<std::string> calls;
+  int64_t hears_from = -1;  // stop_check().every = 0: the step from which a push's reply carries a stop
 
  private:
   bool evaluates_last_;
@@ -185,6 +188,51 @@ TEST(TrainLoop, RanksThatHearEveryFewStepsVoteOnlyThereAndReadTheVoteTheLagLater
     });
     EXPECT_EQ(polls[1], 2) << "every " << k.check.every;
     EXPECT_EQ(stopped, (std::vector<int64_t>{k.stopped, k.stopped})) << "every " << k.check.every;
+  }
+}
+
+// async: no vote. Rank 1 is asked before its step 3 and hears of it there; rank 0 hears before step 7 (its pushes
+// came later). Each says the last step it did (2 and 6): both train on to step 6 and stop after it.
+TEST(TrainLoop, RanksWithoutAVoteStopAfterTheFurthestStepAnyOfThemDidWhenTheyHeard) {
+  const train::Config c = config("stop-heard", 1000, 0);
+  std::vector<int64_t> stopped(2, -2);
+  std::vector<std::vector<std::string>> calls(2);
+  comm::FakeWorld::run(2, [&](comm::Communicator& world) {
+    train::TrainOptions o;
+    o.quiet = true;
+    ScriptedJob job(false, {0, 0});
+    job.hears_from = world.rank() == 1 ? 3 : 7;
+    int polls = 0;
+    o.stop_requested = [&] { return world.rank() == 1 && ++polls >= 3; };
+    train::TrainLoop loop(c, o);
+    EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Stopped);
+    stopped[world.rank()] = loop.result().stopped_after;
+    calls[world.rank()] = job.calls;
+  });
+  EXPECT_EQ(stopped, (std::vector<int64_t>{6, 6}));
+  EXPECT_EQ(std::count(calls[1].begin(), calls[1].end(), "asked 3"), 1);  // told the servers once
+  EXPECT_EQ(std::count(calls[0].begin(), calls[0].end(), "train 6"), 1);
+  EXPECT_EQ(std::count(calls[0].begin(), calls[0].end(), "train 7"), 0);
+}
+
+// A rank that comes to the last step without having heard joins the exchange there: everyone stops after the
+// step before it. Without any request the run ends normally.
+TEST(TrainLoop, ARankThatNeverHeardJoinsTheStopAtTheLastStep) {
+  for (const bool asked : {true, false}) {
+    const train::Config c = config(asked ? "stop-heard-last" : "stop-heard-none", 10, 0);
+    std::vector<int64_t> stopped(2, -2);
+    comm::FakeWorld::run(2, [&](comm::Communicator& world) {
+      train::TrainOptions o;
+      o.quiet = true;
+      ScriptedJob job(false, {0, 0});
+      if (asked && world.rank() == 0) job.hears_from = 4;
+      o.stop_requested = [&] { return asked && world.rank() == 0; };
+      train::TrainLoop loop(c, o);
+      EXPECT_EQ(loop.run(job, world, 1), asked ? train::LoopEnd::Stopped : train::LoopEnd::Finished);
+      stopped[world.rank()] = loop.result().stopped_after;
+    });
+    if (asked) EXPECT_EQ(stopped, (std::vector<int64_t>{9, 9}));
+    else EXPECT_EQ(stopped, (std::vector<int64_t>{-1, -1}));
   }
 }
 

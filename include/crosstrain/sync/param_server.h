@@ -11,6 +11,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -32,12 +33,16 @@ class ParameterServer {
     int64_t min_clock = 0;    // the slowest worker's clock
     int slowest = 0;          // its rank
     int64_t staleness = 0;    // of this push: the most pushes of other workers any server applied since our pull
+    bool stop = false;        // a server of this push has heard that a worker was asked to stop (Ctrl-C)
   };
   // Pushes `delta` (flat, may be all zeros: a pull) stamped with `clock`, and writes the servers' parameters
   // into `params` (flat). Throws CommError/Error naming the server rank on a failure or timeout.
   Reply push_pull(const at::Tensor& delta, at::Tensor& params, int64_t clock);
   // The clocks as the server of this rank knows them (no communication).
   Reply local_clocks() const;
+  // This worker was asked to stop: every later push tells the servers, whose replies tell every worker that
+  // pushes to them after that (Reply::stop).
+  void ask_to_stop() { stop_asked_ = true; }
   // Says goodbye to every server; the server thread ends when every worker has (bounded by the timeout).
   void finish();
 
@@ -55,6 +60,8 @@ class ParameterServer {
   int64_t numel_;
   at::Tensor shard_;                        // under core_.mutex()
   std::vector<int64_t> last_pull_version_;  // under core_.mutex()
+  std::atomic<bool> stop_asked_{false};     // this worker's Ctrl-C, sent with each push
+  std::atomic<bool> stop_known_{false};     // this rank's server has heard of one
   comm::ParamServerCore core_;              // last: its threads stop before the shard goes
 };
 

@@ -88,6 +88,10 @@ class SyncStrategy {
   // Before a run stopped early (Ctrl-C) saves after `step`: completes an exchange still in flight (streaming
   // DiLoCo), so the checkpoint holds its outer step instead of losing it. Collective, like after_step.
   virtual void settle(int64_t step) {}
+  // async, whose ranks never wait for each other: a Ctrl-C travels with the pushes to the parameter server.
+  // ask_to_stop: this rank was asked; stop_heard: this rank or another one was (it heard in a push's reply).
+  virtual void ask_to_stop() {}
+  virtual bool stop_heard() const { return false; }
   virtual SyncStats stats() const = 0;
 };
 

@@ -58,6 +58,10 @@ class Job {
   // When the ranks hear a Ctrl-C together (SyncTraits::stop_check says how each sync mode chooses it, so that the
   // vote costs no waiting the mode does not do anyway).
   virtual StopCheck stop_check() const = 0;
+  // Where stop_check().every is 0 (async): this rank was asked to stop, and whether any rank was, as far as this
+  // one has heard (train/stop_vote.h, HeardStop).
+  virtual void ask_to_stop() {}
+  virtual bool stop_heard() const { return false; }
   virtual void print_header() const = 0;
 
   // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes

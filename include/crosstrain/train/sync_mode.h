@@ -21,6 +21,8 @@ const char* to_string(SyncMode mode);
 // When the ranks of a run can hear a Ctrl-C together (train/stop_vote.h): every `every` steps each rank posts its
 // vote, and reads the result `lag` steps later (1 <= lag <= every), at the same step on every rank. Reading it
 // waits for the slowest rank to have posted: the cadence is chosen so that this wait is one the mode has anyway.
+// With `every` = 0 there is no vote: the request travels with the parameter-server pushes instead (async, whose
+// ranks never wait for each other; Job::ask_to_stop).
 struct StopCheck {
   int64_t every = 1;
   int64_t lag = 1;
@@ -33,8 +35,9 @@ struct SyncTraits {
   bool lockstep;
   // Lockstep: every step, read at the next one. DiLoCo: at each outer step (every sync.inner_steps), where the
   // clusters meet. ssp: every sync.staleness + 1 steps, read as many steps later: a rank that far ahead of the
-  // slowest waits for it anyway. async and gossip bound no drift: every 8 (async) or 4 (gossip) exchange periods,
-  // read as many steps later, so only a rank further ahead than that waits, and only at those steps.
+  // slowest waits for it anyway. gossip: every 4 exchange periods, read as many steps later (a rank more than that
+  // far ahead waits there; its neighbours rarely let it get so far). async: no vote (every = 0), the pushes
+  // carry it.
   StopCheck stop_check;
   // Replicas average inside their cluster, then across clusters: the mode needs the cluster groups, the same
   // number of ranks in every cluster (diloco; sync with sync.hierarchical).

@@ -27,6 +27,10 @@ class DlrmJob : public Job {
   void set_step(int64_t step) override;
   // Parameter-server workers drift apart as their sync mode lets them (model_family.cpp agrees).
   StopCheck stop_check() const override { return ps_ ? sync_traits(c_.sync).stop_check : StopCheck{}; }
+  void ask_to_stop() override {
+    if (ps_) ps_->ask_to_stop();
+  }
+  bool stop_heard() const override { return ps_ && ps_->stop_heard(); }
   void print_header() const override;
   StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override;
   bool has_validation() const override { return true; }

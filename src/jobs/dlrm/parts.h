@@ -75,6 +75,8 @@ class DlrmPsSync {
   void start(int64_t first_step);
   void before_step(int64_t step) { strategy_->before_step(step); }
   void after_step(int64_t step, bool last) { strategy_->after_step(step, last); }
+  void ask_to_stop() { strategy_->ask_to_stop(); }
+  bool stop_heard() const { return strategy_->stop_heard(); }
 
  private:
   std::vector<at::Tensor> dense_;

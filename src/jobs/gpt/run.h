@@ -74,6 +74,8 @@ class Run : public Job {
   std::string save_now(int64_t step) override;
   void set_step(int64_t step) override;
   StopCheck stop_check() const override { return sync_traits_.stop_check; }
+  void ask_to_stop() override { sync_->ask_to_stop(); }
+  bool stop_heard() const override { return sync_->stop_heard(); }
   void finish() override { fill_dump(); }
   std::string sample() override;
   // Appends the buffered spans to the trace file now (the end of a run; every obs.trace_flush_every steps).

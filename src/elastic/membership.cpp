@@ -181,9 +181,11 @@ std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g)
   const comm::Millis timeout = std::min(options_.comm.timeout(), comm::Millis(10000));
   auto world = comm::make_gloo_communicator(rendezvous_, index, static_cast<int>(g.ranks.size()), timeout,
                                             "elastic/g" + std::to_string(g.id));
-  if (options_.comm.shared_memory) world = comm::with_shared_memory(std::move(world));
-  world = comm::with_algorithms(std::move(world), options_.comm);
   const int64_t id = g.id;
+  // Its small all-reduces run inline, inside the call, where the abortable wrapper below cannot reach them.
+  if (options_.comm.shared_memory)
+    world = comm::with_shared_memory(std::move(world), 8 << 20, [this, id] { return abort_requested(id); });
+  world = comm::with_algorithms(std::move(world), options_.comm);
   return make_abortable(std::move(world), [this, id] { return abort_requested(id) ? failure_generation_.load() : 0; });
 }
 

@@ -309,6 +309,8 @@ std::vector<Field> debug_fields(Config& c) {
                  "tests: the checkpoint's final rename fails"),
       string_field("debug", "elastic_kill", c.debug.elastic_kill,
                  "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGKILL in that step"),
+      string_field("debug", "elastic_kill_heal", c.debug.elastic_kill_heal,
+                 "tests: \"RANK@N\": restarted processes 1 to N of that rank die while they heal"),
       string_field("debug", "elastic_stop", c.debug.elastic_stop,
                  "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGSTOP in that step"),
       bool_field("debug", "elastic_digest", c.debug.elastic_digest,
@@ -561,6 +563,7 @@ void check_ranges(const Config& c) {
   // Malformed debug specs are refused before any rank starts (each rank would refuse it again).
   parse_debug_fault(c.debug.elastic_kill, "elastic_kill");
   parse_debug_fault(c.debug.elastic_stop, "elastic_stop");
+  parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal");
   parse_debug_fault(c.debug.skip_collective, "skip_collective");
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");

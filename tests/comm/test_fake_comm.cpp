@@ -193,3 +193,33 @@ TEST(ShmComm, SilentPeerTimesOutOnTimeWhileOtherThreadsHogTheCores) {
   EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
   EXPECT_LT(waited_s, 5.0) << "the 0.3 s timeout was noticed only after " << waited_s << " s";
 }
+
+// Elastic training abandons a group when its generation ends: a rank still waiting in a shared-memory all-reduce
+// for a peer that has left the call stops waiting at once, well before the group timeout.
+TEST(ShmComm, AnAbandonedGroupEndsTheWaitAtOnce) {
+  FakeWorld world(2, Millis(30000));
+  std::atomic<bool> ended{false};
+  std::string error;
+  double waited_s = -1;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto c = comm::with_shared_memory(world.communicator(r), 1 << 20, [&] { return ended.load(); });
+      if (r == 1) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        ended = true;  // the generation ended: rank 1 went on without the all-reduce
+        return;
+      }
+      at::Tensor t = at::ones({8});
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        c->all_reduce(t, comm::ReduceOp::Sum)->wait();
+      } catch (const CommError& e) {
+        error = e.what();
+      }
+      waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  for (auto& t : threads) t.join();
+  EXPECT_NE(error.find("abandoned while this rank waited for rank 1"), std::string::npos) << error;
+  EXPECT_LT(waited_s, 3.0) << "the 30 s timeout, not the abandonment, ended the wait";
+}

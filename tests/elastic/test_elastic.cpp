@@ -346,3 +346,33 @@ TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
     EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "metrics.jsonl")) << set;
   }
 }
+
+// A joiner that dies while it receives its state, ten times in a row, costs the survivors little: they keep
+// committing steps, and no two commits are further apart than two failure timeouts.
+TEST(ElasticCli, AJoinerKilledMidHealTenTimesNeverStallsTheSurvivors) {
+  const auto dir = fresh_dir("elastic-heal-kills");
+  const double failure_timeout_s = 1.0;
+  auto args = elastic_args(dir, 3, 100000,
+                           {"--max-restarts", "11", "--set", "debug.elastic_kill=2@3", "--set",
+                            "debug.elastic_kill_heal=2@10", "--set", "elastic.failure_timeout_ms=1000", "--set",
+                            "train.global_batch=12"});
+  Process job(args);
+  // The first process of rank 2 dies at step 3; restarts 1 to 10 die while they heal; the eleventh heals.
+  ASSERT_TRUE(job.wait_for_output("restarting it (11 of 11 restarts)", milliseconds(240000)));
+  ASSERT_TRUE(job.wait_for_output("healed from replica", milliseconds(120000)));
+  job.signal(SIGINT);
+  const auto res = job.wait(milliseconds(90000));
+  EXPECT_EQ(res.exit_code(), 128 + SIGINT) << res.output;
+  const auto rows = read_metrics(dir);
+  ASSERT_GT(rows.size(), 20u) << res.output;
+  double widest = 0;
+  int64_t widest_after = 0;
+  for (size_t i = 1; i < rows.size(); ++i) {
+    const double gap = rows[i]["time_s"].get<double>() - rows[i - 1]["time_s"].get<double>();
+    if (gap > widest) widest = gap, widest_after = rows[i - 1]["step"].get<int64_t>();
+    EXPECT_EQ(rows[i]["step"].get<int64_t>(), rows[i - 1]["step"].get<int64_t>() + 1);  // every step once
+  }
+  std::printf("joiner killed mid-heal 10 times: %zu steps committed, widest gap %.2f s after step %lld\n", rows.size(),
+              widest, static_cast<long long>(widest_after));
+  EXPECT_LT(widest, 2 * failure_timeout_s) << "after step " << widest_after << "\n" << res.output;
+}

@@ -100,6 +100,9 @@ struct DebugConfig {
   // debug.elastic_kill / elastic_stop = "RANK@STEP" (or "all@STEP"): the first process of that rank sends
   // itself SIGKILL / SIGSTOP in the middle of that step, before its gradients are reduced (tests, chaos runs).
   std::string elastic_kill, elastic_stop;
+  // debug.elastic_kill_heal = "RANK@N": restarted processes 1 to N of that rank send themselves SIGKILL while
+  // they receive their state (a joiner that dies mid-heal, N times in a row).
+  std::string elastic_kill_heal;
   bool elastic_digest = false;  // debug.elastic_digest: print each rank's state digest when a generation starts
   // debug.skip_collective = "RANK@STEP" (or "all@STEP"): that rank holds back its first collective of that step
   // and sleeps in it without issuing it (tests of the hang diagnosis: the others time out and must name it).

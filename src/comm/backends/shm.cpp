@@ -100,8 +100,10 @@ class Segment {
 
 class ShmCommunicator : public ForwardingCommunicator {
  public:
-  ShmCommunicator(std::unique_ptr<Communicator> inner, std::unique_ptr<Segment> segment, std::vector<int64_t> pids)
-      : ForwardingCommunicator(std::move(inner), "shm"), segment_(std::move(segment)), pids_(std::move(pids)) {}
+  ShmCommunicator(std::unique_ptr<Communicator> inner, std::unique_ptr<Segment> segment, std::vector<int64_t> pids,
+                  std::function<bool()> abandoned)
+      : ForwardingCommunicator(std::move(inner), "shm"), segment_(std::move(segment)), pids_(std::move(pids)),
+        abandoned_(std::move(abandoned)) {}
 
   WorkPtr all_reduce(at::Tensor& tensor, ReduceOp op) override {
     const auto dtype = tensor.scalar_type();
@@ -125,7 +127,7 @@ class ShmCommunicator : public ForwardingCommunicator {
 
  protected:
   std::unique_ptr<Communicator> wrap_group(std::unique_ptr<Communicator> sub) override {
-    return with_shared_memory(std::move(sub), segment_->slot_bytes());
+    return with_shared_memory(std::move(sub), segment_->slot_bytes(), abandoned_);
   }
 
  private:
@@ -148,9 +150,7 @@ class ShmCommunicator : public ForwardingCommunicator {
       const auto now = Clock::now();
       if (now > next_check) {
         next_check = now + std::chrono::milliseconds(100);
-        if (!alive(static_cast<pid_t>(pids_[peer])))
-          throw CommError(context(op, peer), "rank " + std::to_string(peer) + " (pid " + std::to_string(pids_[peer]) +
-                                                 ") exited during a shared-memory all-reduce");
+        check_peers(op, peer);
       }
       if (now > deadline) {
         CommContext c = context(op, peer);
@@ -162,6 +162,18 @@ class ShmCommunicator : public ForwardingCommunicator {
       if (static_cast<int32_t>(seen - target) < 0) futex_wait(&word, seen, std::chrono::microseconds(1000));
       sleepers.fetch_sub(1, std::memory_order_relaxed);
     }
+  }
+
+  // Any member gone means this call can never complete, whichever peer it waits for now (the others may wait
+  // for this rank); so does a group its owner abandoned.
+  void check_peers(const std::string& op, int waiting_for) const {
+    for (int q = 0; q < size(); ++q)
+      if (q != rank() && !alive(static_cast<pid_t>(pids_[q])))
+        throw CommError(context(op, q), "rank " + std::to_string(q) + " (pid " + std::to_string(pids_[q]) +
+                                            ") exited during a shared-memory all-reduce");
+    if (abandoned_ && abandoned_())
+      throw CommError(context(op, waiting_for), "the group was abandoned while this rank waited for rank " +
+                                                    std::to_string(waiting_for) + " (a shared-memory all-reduce)");
   }
 
   void reduce(at::Tensor& t, ReduceOp op, const std::string& name) {
@@ -212,6 +224,7 @@ class ShmCommunicator : public ForwardingCommunicator {
 
   std::unique_ptr<Segment> segment_;
   std::vector<int64_t> pids_;
+  std::function<bool()> abandoned_;
   uint32_t round_ = 0;  // touched only by the job running (inline or on the worker): one at a time
   static constexpr int64_t kInlineBytes = 64 << 10;
   static constexpr int kMaxSpins = 20000;
@@ -221,7 +234,8 @@ class ShmCommunicator : public ForwardingCommunicator {
 
 }  // namespace
 
-std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> inner, int64_t slot_bytes) {
+std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> inner, int64_t slot_bytes,
+                                                 std::function<bool()> abandoned) {
   if (!inner || inner->size() < 2) return inner;
   // Same host? Compare host ids (hash of the hostname and boot id) over the group.
   char host[256] = {0};
@@ -254,7 +268,7 @@ std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> i
   if (inner->rank() != 0) segment = std::make_unique<Segment>(name, false, inner->size(), slot_bytes);
   inner->barrier()->wait();
   if (inner->rank() == 0) shm_unlink(name.c_str());
-  return std::make_unique<ShmCommunicator>(std::move(inner), std::move(segment), std::move(pids));
+  return std::make_unique<ShmCommunicator>(std::move(inner), std::move(segment), std::move(pids), std::move(abandoned));
 }
 
 }  // namespace crosstrain::comm

@@ -33,9 +33,15 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 
 // The first process of a rank only: a restarted one must not fail again at the same step.
-bool first_incarnation() {
+// How often the launcher restarted this rank's process (0: the first one).
+int64_t restart_count() {
   const char* restarts = std::getenv("CROSSTRAIN_RESTART_COUNT");
-  return !restarts || std::string(restarts) == "0";
+  if (!restarts) return 0;
+  try {
+    return std::stoll(restarts);
+  } catch (const std::exception&) {
+    return 0;
+  }
 }
 
 int job_replicas(const Config& c, int world) {
@@ -61,7 +67,9 @@ class ElasticLoop {
  public:
   ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o)
       : c_(c), m_(m), o_(o), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
-        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")), loop_options_(without_stop_vote(o)),
+        stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
+        kill_in_heal_(parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal")),
+        loop_options_(without_stop_vote(o)),
         loop_(c, loop_options_) {}
   ~ElasticLoop();
   TrainResult run();
@@ -79,8 +87,9 @@ class ElasticLoop {
   elastic::Membership& m_;
   const TrainOptions& o_;
   const int slots_;
-  const DebugFault kill_, stop_;
-  const bool first_incarnation_ = first_incarnation();  // read once, not on every step
+  const DebugFault kill_, stop_, kill_in_heal_;
+  const int64_t restarts_ = restart_count();  // read once, not on every step
+  const bool first_incarnation_ = restarts_ == 0;
   elastic::Generation gen_;
   // A generation's objects: Gloo cannot cancel an operation in flight, so a failed generation's communicator
   // and the tensors its operations were given stay allocated until the process ends (leaked on purpose).
@@ -226,7 +235,11 @@ void ElasticLoop::bootstrap_state() {
     if (carried_.valid()) run_->adopt(carried_);
     next_step_ = best;
     const std::vector<int> receivers(behind.begin(), behind.end());
-    const HealStats h = run_->heal_from(static_cast<int>(donor), receivers, next_step_);
+    auto die_if_asked = [this] {
+      const int64_t n = kill_in_heal_.step_for(m_.rank());
+      if (restarts_ >= 1 && restarts_ <= n) raise(SIGKILL);
+    };
+    const HealStats h = run_->heal_from(static_cast<int>(donor), receivers, next_step_, die_if_asked);
     if (behind.count(run_->dp_index()) && h.bytes > 0) {
       char line[200];
       std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",

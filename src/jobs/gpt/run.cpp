@@ -754,7 +754,8 @@ void Run::adopt(const LiveState& from) {
   optimizer_->sync_tensors_changed();
 }
 
-HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step) {
+HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
+                         const std::function<void()>& midway) {
   HealStats stats;
   comm::Communicator* dp = mesh_.group(Axis::DP);
   const int me = dp_index_;
@@ -787,6 +788,7 @@ HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& 
     buffers.push_back(me == donor ? at::cat(flat) : at::zeros({numel}, at::TensorOptions().dtype(dtype)));
   }
   transfer(scalars);  // also lines the two sides up
+  if (me != donor && midway) midway();
   const auto t0 = std::chrono::steady_clock::now();
   for (at::Tensor& buffer : buffers) {
     transfer(buffer);

@@ -99,8 +99,10 @@ class Run : public Job {
   // Takes over `from` (a Run of the same rank layout): copies its tensors into this Run's.
   void adopt(const LiveState& from);
   // Replica `donor` sends its state and step to the `receivers` (data-parallel indices), point to point; the
-  // other replicas take no part. Stats are the donor's (sent) or the receiver's (received).
-  HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step);
+  // other replicas take no part. Stats are the donor's (sent) or the receiver's (received). `midway` runs on a
+  // receiver between the step and the state (a test's fault: a joiner that dies while it heals).
+  HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
+                      const std::function<void()>& midway = {});
   // FNV-1a over the live state (tests check that healed replicas match bit for bit).
   std::string state_digest();
   int dp_index() const { return dp_index_; }

@@ -7,6 +7,7 @@
 // they stay asynchronous. Waits spin briefly, then sleep on a futex in the segment; all have the timeout.
 #pragma once
 
+#include <functional>
 #include <memory>
 
 #include "crosstrain/comm/communicator.h"
@@ -15,6 +16,10 @@ namespace crosstrain::comm {
 
 // Collective over `inner`: decides together whether every member is on this host (else returns `inner`
 // unchanged) and sets up the segment. `slot_bytes` bounds one round; larger buffers go in several rounds.
-std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> inner, int64_t slot_bytes = 8 << 20);
+// `abandoned`, when given, is asked every ~100 ms while a wait lasts (as is whether every peer still lives): true
+// ends the wait with a CommError at once. Elastic training passes "this group's generation has ended", since
+// the other members have then left this call and will never arrive.
+std::unique_ptr<Communicator> with_shared_memory(std::unique_ptr<Communicator> inner, int64_t slot_bytes = 8 << 20,
+                                                 std::function<bool()> abandoned = {});
 
 }  // namespace crosstrain::comm

@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 
 #include "conformance.h"
 #include "crosstrain/comm/backends/fake.h"
@@ -160,6 +161,32 @@ TEST(ShmComm, SilentPeerTimesOutNamingIt) {
   EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
 }
 
+// Rank 1 never joins the all-reduce (it runs `rank1` instead); rank 0's error and how long it waited.
+struct SilentPeerWait {
+  std::string error;
+  double waited_s = -1;
+};
+SilentPeerWait wait_for_silent_peer(Millis timeout, std::function<bool()> abandoned, std::function<void()> rank1) {
+  FakeWorld world(2, timeout);
+  SilentPeerWait out;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r)
+    threads.emplace_back([&, r] {
+      auto c = comm::with_shared_memory(world.communicator(r), 1 << 20, abandoned);
+      if (r == 1) return rank1();
+      at::Tensor t = at::ones({8});
+      const auto start = std::chrono::steady_clock::now();
+      try {
+        c->all_reduce(t, comm::ReduceOp::Sum)->wait();
+      } catch (const CommError& e) {
+        out.error = e.what();
+      }
+      out.waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
 // With every core busy, each sched_yield of the waiting rank can give its core away for milliseconds: the wait
 // still looks at its deadline (and at dead peers) by the clock, so it ends near the group timeout.
 TEST(ShmComm, SilentPeerTimesOutOnTimeWhileOtherThreadsHogTheCores) {
@@ -170,56 +197,21 @@ TEST(ShmComm, SilentPeerTimesOutOnTimeWhileOtherThreadsHogTheCores) {
       volatile uint64_t x = 0;
       while (hog.load(std::memory_order_relaxed)) x = x + 1;
     });
-  FakeWorld world(2, Millis(300));
-  std::string error;
-  double waited_s = -1;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      auto c = comm::with_shared_memory(world.communicator(r));
-      if (r == 1) return;
-      at::Tensor t = at::ones({8});
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        c->all_reduce(t, comm::ReduceOp::Sum)->wait();
-      } catch (const CommError& e) {
-        error = e.what();
-      }
-      waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    });
-  for (auto& t : threads) t.join();
+  const SilentPeerWait w = wait_for_silent_peer(Millis(300), {}, [] {});
   hog = false;
   for (auto& t : hogs) t.join();
-  EXPECT_NE(error.find("peer 1"), std::string::npos) << error;
-  EXPECT_LT(waited_s, 5.0) << "the 0.3 s timeout was noticed only after " << waited_s << " s";
+  EXPECT_NE(w.error.find("peer 1"), std::string::npos) << w.error;
+  EXPECT_LT(w.waited_s, 5.0) << "the 0.3 s timeout was noticed only after " << w.waited_s << " s";
 }
 
 // Elastic training abandons a group when its generation ends: a rank still waiting in a shared-memory all-reduce
 // for a peer that has left the call stops waiting at once, well before the group timeout.
 TEST(ShmComm, AnAbandonedGroupEndsTheWaitAtOnce) {
-  FakeWorld world(2, Millis(30000));
   std::atomic<bool> ended{false};
-  std::string error;
-  double waited_s = -1;
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r)
-    threads.emplace_back([&, r] {
-      auto c = comm::with_shared_memory(world.communicator(r), 1 << 20, [&] { return ended.load(); });
-      if (r == 1) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(300));
-        ended = true;  // the generation ended: rank 1 went on without the all-reduce
-        return;
-      }
-      at::Tensor t = at::ones({8});
-      const auto start = std::chrono::steady_clock::now();
-      try {
-        c->all_reduce(t, comm::ReduceOp::Sum)->wait();
-      } catch (const CommError& e) {
-        error = e.what();
-      }
-      waited_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    });
-  for (auto& t : threads) t.join();
-  EXPECT_NE(error.find("abandoned while this rank waited for rank 1"), std::string::npos) << error;
-  EXPECT_LT(waited_s, 3.0) << "the 30 s timeout, not the abandonment, ended the wait";
+  const SilentPeerWait w = wait_for_silent_peer(Millis(30000), [&] { return ended.load(); }, [&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ended = true;  // the generation ended: rank 1 went on without the all-reduce
+  });
+  EXPECT_NE(w.error.find("abandoned while this rank waited for rank 1"), std::string::npos) << w.error;
+  EXPECT_LT(w.waited_s, 3.0) << "the 30 s timeout, not the abandonment, ended the wait";
 }

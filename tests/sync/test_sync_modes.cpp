@@ -10,6 +10,7 @@
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/sync/param_server.h"
 #include "crosstrain/sync/strategy.h"
 #include "crosstrain/train/test_hooks.h"
 #include "crosstrain/jobs/trainer.h"
@@ -578,4 +579,29 @@ TEST(SyncStop, StreamingDiLoCoLandsTheExchangeInFlightBeforeItSaves) {
   }
   EXPECT_GT(same, 0) << "the fragment exchanged at step 6 was saved before its outer step landed";
   EXPECT_GT(different, 0) << "the other fragments took inner steps since they landed";
+}
+
+// async Ctrl-C (HeardStop): a stop asked on one worker reaches the other in the reply to its next push, and no
+// reply carries one before anybody asked.
+TEST(ParameterServerStop, AStopAskedOnOneWorkerReachesTheOtherInItsNextReply) {
+  std::vector<std::vector<bool>> heard(2);
+  comm::FakeWorld::run(2, [&](comm::Communicator& world) {
+    auto group = world.split({0, 1});
+    at::Tensor params = at::zeros({10});
+    at::Tensor delta = at::zeros({10});
+    train::ParameterServer ps(*group, params, comm::Millis(10000));
+    auto& mine = heard[world.rank()];
+    mine.push_back(ps.push_pull(delta, params, 1).stop);
+    world.barrier()->wait();
+    if (world.rank() == 0) {
+      ps.ask_to_stop();
+      mine.push_back(ps.push_pull(delta, params, 2).stop);
+    }
+    world.barrier()->wait();
+    if (world.rank() == 1) mine.push_back(ps.push_pull(delta, params, 2).stop);
+    world.barrier()->wait();
+    ps.finish();
+  });
+  EXPECT_EQ(heard[0], (std::vector<bool>{false, true}));
+  EXPECT_EQ(heard[1], (std::vector<bool>{false, true}));
 }

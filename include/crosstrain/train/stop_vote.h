@@ -24,7 +24,8 @@ namespace crosstrain::train {
 
 class StopVote {
  public:
-  // `requested` is polled at each step that is a multiple of `check.every`; without it nothing is exchanged.
+  // `requested` is polled at each step that is a multiple of `check.every`; without it, or with `check.every` = 0
+  // (async: HeardStop instead), nothing is exchanged.
   StopVote(comm::Communicator& world, std::function<bool()> requested, StopCheck check);
 
   // Collective before `step`: true when any rank asked to stop in the vote posted `check.lag` steps ago (the run
@@ -55,7 +56,8 @@ class HeardStop {
   HeardStop(comm::Communicator& world, std::function<bool()> requested, Job& job, int64_t last_step);
 
   // Before `step`: true when the run stops after step - 1 (collective once, when this rank first hears, or before
-  // the last step).
+  // the last step). That exchange waits, within the group timeout, for every rank to hear or reach the last step:
+  // no longer than async's final barrier waits for the slowest rank anyway.
   bool stops_before(int64_t step);
 
  private:

@@ -14,7 +14,6 @@
 #include "crosstrain/core/machine.h"
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
-#include "crosstrain/elastic/membership.h"
 #include "crosstrain/jobs/model_family.h"
 #include "crosstrain/train/sync_mode.h"
 #include "crosstrain/interop/hf/checkpoint.h"
@@ -102,14 +101,13 @@ int train_elastic_rank(const train::Config& config, const LaunchEnv& env, const 
   if (env.source == LaunchSource::Single)
     throw UsageError("elastic training needs a launcher that restarts ranks and hosts the coordinator: use "
                      "crosstrain train --nproc N --max-restarts K, or crosstrain run --max-restarts K -- ...");
-  elastic::Membership membership(env, train::membership_options(config, env.rank, env.world_size));
   train::TrainOptions options;
   const char* tty = std::getenv("CROSSTRAIN_TTY");
   options.progress_bar = tty && std::string(tty) == "1";
   // Ctrl-C (forwarded by the launcher) rides on the step vote: every member saves the step it committed and stops.
   catch_interrupt();
   options.stop_requested = interrupt_requested;
-  const train::TrainResult result = train::train_elastic(config, membership, options);
+  const train::TrainResult result = train::train_elastic(config, env, options);
   if (result.stopped_after < 0) return 0;
   // Every live member says it; the launcher prints the identical lines once, with their ranks.
   say_interrupted(config, result, args);

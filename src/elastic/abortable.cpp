@@ -1,6 +1,10 @@
 #include "crosstrain/elastic/abortable.h"
 
+#include <condition_variable>
+#include <deque>
+#include <mutex>
 #include <optional>
+#include <thread>
 
 #include "crosstrain/elastic/membership.h"
 
@@ -12,26 +16,112 @@ using comm::Millis;
 using comm::ReduceOp;
 using comm::WorkPtr;
 
+// Waits for works that cannot be woken to look at `ended` (Gloo's point to point reports completion only from
+// inside its own wait): one thread per communicator takes such a wait off the caller, which watches `ended` as
+// for any other work. A wait given up on stays with that thread until the back end's timeout or the peer's
+// closed connection ends it, and keeps the operation's buffers alive until then.
+class Waiter {
+ public:
+  ~Waiter() {
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->stop = true;
+    }
+    state_->wake.notify_all();
+    // It may still be inside a wait given up on: it finishes that (within the timeout) and ends by itself.
+    if (thread_.joinable()) thread_.detach();
+  }
+
+  // True once `work` is done (its error rethrown), false as soon as stop() says so.
+  bool wait(const WorkPtr& work, Millis timeout, const std::function<bool()>& stop) {
+    auto job = std::make_shared<Job>();
+    job->work = work;
+    job->timeout = timeout;
+    {
+      std::lock_guard<std::mutex> lock(state_->mu);
+      state_->queue.push_back(job);
+      if (!thread_.joinable()) thread_ = std::thread([state = state_] { run(*state); });
+    }
+    state_->wake.notify_all();
+    std::unique_lock<std::mutex> lock(state_->mu);
+    while (!state_->done.wait_for(lock, Millis(20), [&] { return job->finished; }))
+      if (stop()) return false;
+    if (job->error) std::rethrow_exception(job->error);
+    return true;
+  }
+
+ private:
+  struct Job {
+    WorkPtr work;
+    Millis timeout{0};
+    bool finished = false;
+    std::exception_ptr error;
+  };
+  struct State {
+    std::mutex mu;
+    std::condition_variable wake, done;
+    std::deque<std::shared_ptr<Job>> queue;
+    bool stop = false;
+  };
+
+  static void run(State& s) {
+    for (;;) {
+      std::shared_ptr<Job> job;
+      {
+        std::unique_lock<std::mutex> lock(s.mu);
+        s.wake.wait(lock, [&] { return s.stop || !s.queue.empty(); });
+        if (s.queue.empty()) return;
+        job = std::move(s.queue.front());
+        s.queue.pop_front();
+      }
+      std::exception_ptr error;
+      try {
+        job->work->wait(job->timeout);
+      } catch (...) {
+        error = std::current_exception();
+      }
+      {
+        std::lock_guard<std::mutex> lock(s.mu);
+        job->error = error;
+        job->finished = true;
+      }
+      s.done.notify_all();
+    }
+  }
+
+  std::shared_ptr<State> state_ = std::make_shared<State>();
+  std::thread thread_;
+};
+
 class AbortableWork : public comm::Work {
  public:
-  AbortableWork(WorkPtr inner, const EndedFn& ended, CommContext context, Millis timeout)
-      : Work(timeout), inner_(std::move(inner)), ended_(ended), context_(std::move(context)) {}
+  AbortableWork(WorkPtr inner, const EndedFn& ended, std::shared_ptr<Waiter> waiter, CommContext context,
+                Millis timeout)
+      : Work(timeout), inner_(std::move(inner)), ended_(ended), waiter_(std::move(waiter)),
+        context_(std::move(context)) {}
 
   void wait(Millis timeout) override {
     if (inner_->is_completed()) return inner_->wait(timeout);
-    // The back end wakes this thread when the operation ends, and every 20 ms to look at `ended` (polling the
-    // operation instead cost ~6% of a gpt-tiny step on 2 cores: the wake-ups of 4 ranks compete with their
-    // compute). Every work of a generation's groups can (Gloo collectives, the shared-memory and algorithm
-    // workers); one that cannot is waited for plainly, bounded by the group's timeout.
-    const std::optional<bool> done = inner_->wait_unless(timeout, [this] { return ended_() != 0; });
-    if (!done.has_value()) return inner_->wait(timeout);
-    if (!*done) throw GenerationEnded(context_, ended_());
+    (void)wait_unless(timeout, [] { return false; });
+  }
+
+  // The back end wakes this thread when the operation ends, and every 20 ms to look at `ended` (polling the
+  // operation instead cost ~6% of a gpt-tiny step on 2 cores: the wake-ups of 4 ranks compete with their
+  // compute). Gloo collectives and the shared-memory and algorithm workers can; the rest (point to point) is
+  // waited for on the communicator's waiter thread. A wrapper around this one gets the same (no second thread).
+  std::optional<bool> wait_unless(Millis timeout, const std::function<bool()>& give_up) override {
+    const auto stop = [&] { return give_up() || ended_() != 0; };
+    std::optional<bool> done = inner_->wait_unless(timeout, stop);
+    if (!done.has_value()) done = waiter_->wait(inner_, timeout, stop);
+    if (!*done && ended_() != 0) throw GenerationEnded(context_, ended_());
+    return done;
   }
   bool is_completed() override { return inner_->is_completed(); }
 
  private:
   WorkPtr inner_;
   EndedFn ended_;
+  std::shared_ptr<Waiter> waiter_;
   CommContext context_;
 };
 
@@ -64,10 +154,10 @@ class AbortableCommunicator : public Communicator {
     return wrap("alltoall", inner_->all_to_all(in, out));
   }
   WorkPtr barrier() override { return wrap("barrier", inner_->barrier()); }
-  // Point to point is not wrapped: Gloo reports a send or recv complete only from inside its wait, so it cannot
-  // be polled. A dead peer's closed connection ends it with an error; a hung one within the group's timeout.
-  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return inner_->send(t, dst, tag); }
-  WorkPtr recv(at::Tensor& t, int src, int tag) override { return inner_->recv(t, src, tag); }
+  // Point to point too (a heal's transfer to a joiner that died, a pipeline neighbour that hung): its waits go
+  // through the waiter thread.
+  WorkPtr send(const at::Tensor& t, int dst, int tag) override { return wrap("send", inner_->send(t, dst, tag), dst); }
+  WorkPtr recv(at::Tensor& t, int src, int tag) override { return wrap("recv", inner_->recv(t, src, tag), src); }
   std::unique_ptr<Communicator> split(const std::vector<int>& ranks) override {
     auto sub = inner_->split(ranks);
     return sub ? std::make_unique<AbortableCommunicator>(std::move(sub), ended_) : nullptr;
@@ -76,11 +166,12 @@ class AbortableCommunicator : public Communicator {
  private:
   WorkPtr wrap(const char* op, WorkPtr work, int peer = -1) {
     if (work->is_completed()) return work;
-    return std::make_shared<AbortableWork>(std::move(work), ended_, context(op, peer), timeout());
+    return std::make_shared<AbortableWork>(std::move(work), ended_, waiter_, context(op, peer), timeout());
   }
 
   std::unique_ptr<Communicator> inner_;
   EndedFn ended_;
+  std::shared_ptr<Waiter> waiter_ = std::make_shared<Waiter>();
 };
 
 }  // namespace

@@ -179,14 +179,19 @@ std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g)
   if (index < 0) throw Error("rank " + std::to_string(env_.rank) + " is not a member of generation " + std::to_string(g.id));
   // A member that dies while the group forms must not hold the others for the whole job timeout.
   const comm::Millis timeout = std::min(options_.comm.timeout(), comm::Millis(10000));
-  auto world = comm::make_gloo_communicator(rendezvous_, index, static_cast<int>(g.ranks.size()), timeout,
-                                            "elastic/g" + std::to_string(g.id));
   const int64_t id = g.id;
+  // A failure that ends the generation while its group forms sends the others elsewhere: stop waiting for them.
+  auto world = comm::make_gloo_communicator(rendezvous_, index, static_cast<int>(g.ranks.size()), timeout,
+                                            "elastic/g" + std::to_string(g.id), [this, id] { return abort_requested(id); });
+  const EndedFn ended = [this, id] { return abort_requested(id) ? failure_generation_.load() : 0; };
+  // The wrappers below set themselves up with collectives over the Gloo group (they exchange segment names and
+  // pids, and a digest of their settings): abortable too, or a failure meanwhile holds the rest for the timeout.
+  world = make_abortable(std::move(world), ended);
   // Its small all-reduces run inline, inside the call, where the abortable wrapper below cannot reach them.
   if (options_.comm.shared_memory)
     world = comm::with_shared_memory(std::move(world), 8 << 20, [this, id] { return abort_requested(id); });
   world = comm::with_algorithms(std::move(world), options_.comm);
-  return make_abortable(std::move(world), [this, id] { return abort_requested(id) ? failure_generation_.load() : 0; });
+  return make_abortable(std::move(world), ended);
 }
 
 bool Membership::start(const Generation& g, int64_t step) {

@@ -3,12 +3,15 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
+#include <thread>
 #include <netdb.h>
 #include <system_error>
 
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/rendezvous.h"
+#include "crosstrain/store/abandonable_store.h"
 #include "crosstrain/store/address.h"
 #include "crosstrain/store/client.h"
 #include "crosstrain/store/auth.h"
@@ -270,6 +273,59 @@ TEST(Rendezvous, GlooGroupsFormOnTheStoreWhileStrangersPester) {
   EXPECT_EQ(rank1.get(), 2.0);
   close(gib);
   close(stalled);
+}
+
+TEST(AbandonableStore, AWaitEndsSoonAfterItIsAbandonedAndOtherwiseBehavesAsTheStore) {
+  StoreServer server(quick_server(2));
+  auto inner = client(server, 0, 2, milliseconds(5000));
+  std::atomic<bool> abandoned{false};
+  AbandonableStore store(inner, [&] { return abandoned.load(); }, "the generation ended");
+  // Passes through: a key set later is waited for across slices and read.
+  auto writer = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(milliseconds(350));
+    client(server, 1, 2)->set("later", bytes("v"));
+  });
+  EXPECT_EQ(store.get("later"), bytes("v"));
+  writer.get();
+  // A real timeout is still the inner store's, and still reads as one.
+  try {
+    store.wait({"never"}, milliseconds(250));
+    FAIL() << "a wait for a missing key returned";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(e.timed_out()) << e.what();
+  }
+  // Abandoned: the wait (of 5 s) ends within about a slice, naming the key and why.
+  auto giver = std::async(std::launch::async, [&] {
+    std::this_thread::sleep_for(milliseconds(300));
+    abandoned = true;
+  });
+  const auto start = Clock::now();
+  try {
+    store.get("never");
+    FAIL() << "get of a missing key returned";
+  } catch (const CommError& e) {
+    EXPECT_FALSE(e.timed_out()) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'never'")) << e.what();
+    EXPECT_TRUE(contains(e.what(), "the generation ended")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 1.5);
+  giver.get();
+}
+
+TEST(Rendezvous, AGroupGivenUpWhileItFormsEndsAtOnceNotAfterItsTimeout) {
+  // Rank 1 never comes (it went to a later elastic generation): rank 0 gives the group up after 0.3 s.
+  auto host = comm::Rendezvous::host("127.0.0.1", 0, 2, milliseconds(10000), 0);
+  const auto start = Clock::now();
+  std::string message;
+  try {
+    comm::make_gloo_communicator(host, 0, 2, milliseconds(10000), "g7",
+                                 [&] { return seconds_since(start) > 0.3; });
+  } catch (const CommError& e) {
+    message = e.what();
+  }
+  EXPECT_TRUE(contains(message, "given up before it formed")) << message;
+  EXPECT_TRUE(contains(message, "g7")) << message;
+  EXPECT_LT(seconds_since(start), 3.0);  // 10 s without the predicate
 }
 
 TEST(StoreServer, TurnsAwayAConnectionItCannotStartAThreadForAndLogsItOnce) {

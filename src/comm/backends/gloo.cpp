@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "crosstrain/comm/init.h"
+#include "crosstrain/store/abandonable_store.h"
 
 namespace crosstrain::comm {
 namespace {
@@ -417,8 +418,13 @@ std::optional<bool> GlooWork::wait_unless(Millis timeout, const std::function<bo
 }  // namespace
 
 std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Rendezvous> rendezvous, int rank, int size,
-                                                     Millis timeout, const std::string& name) {
-  auto store = c10::make_intrusive<c10d::PrefixStore>(name + "/", rendezvous->store());
+                                                     Millis timeout, const std::string& name,
+                                                     std::function<bool()> abandoned) {
+  c10::intrusive_ptr<c10d::Store> base = rendezvous->store();
+  if (abandoned)
+    base = c10::make_intrusive<store::AbandonableStore>(base, std::move(abandoned),
+                                                        "group '" + name + "' was given up before it formed");
+  auto store = c10::make_intrusive<c10d::PrefixStore>(name + "/", base);
   return std::make_unique<GlooCommunicator>(std::move(rendezvous), store, name, rank, size, timeout);
 }
 

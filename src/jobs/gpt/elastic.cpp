@@ -15,6 +15,7 @@
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/core/allocator.h"
 #include "crosstrain/core/threads.h"
+#include "crosstrain/elastic/membership.h"
 #include "crosstrain/models/parallelize.h"
 #include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
@@ -30,6 +31,17 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+// Where a generation's set-up went, for the log line that starts it (the survivors wait this long).
+std::string setup_times(Clock::time_point group, Clock::time_point run, Clock::time_point state, Clock::time_point start) {
+  char text[160];
+  std::snprintf(text, sizeof text, " (set up in %.2f s: group %.2f s, run %.2f s, state %.2f s)",
+                seconds_since(group), seconds_between(group, run), seconds_between(run, state),
+                seconds_between(state, start));
+  return text;
+}
 
 
 // The first process of a rank only: a restarted one must not fail again at the same step.
@@ -65,8 +77,8 @@ TrainOptions without_stop_vote(TrainOptions o) {
 // One process's part in an elastic job: a Run per generation; the state carried from one to the next.
 class ElasticLoop {
  public:
-  ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o)
-      : c_(c), m_(m), o_(o), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
+  ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o, GemmPeak peak)
+      : c_(c), m_(m), o_(o), peak_(std::move(peak)), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
         stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
         kill_in_heal_(parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal")),
         loop_options_(without_stop_vote(o)),
@@ -86,6 +98,7 @@ class ElasticLoop {
   const Config& c_;
   elastic::Membership& m_;
   const TrainOptions& o_;
+  const GemmPeak peak_;  // this process's own, measured before it registered
   const int slots_;
   const DebugFault kill_, stop_, kill_in_heal_;
   const int64_t restarts_ = restart_count();  // read once, not on every step
@@ -101,11 +114,12 @@ class ElasticLoop {
   LiveState carried_;
   bool has_state_ = false;     // this generation's Run holds the live state (loaded, adopted or healed)
   bool started_ = false;       // this generation's start step is agreed
+  const char* setup_phase_ = "group";  // where its set-up is (a log line says where a failure ended it)
+  Clock::time_point setup_began_{};
   bool decided_ = false;       // the fate of the step in flight is known on this rank
   int64_t next_step_ = 1;
   int64_t switch_to_ = 0;
   bool stopped_ = false;  // a committed step was voted the last (a rank was asked to stop)
-  double peak_flops_ = 0;
   bool header_printed_ = false;
   double vote_s_ = 0;  // time in the per-step vote (the cost of membership on the critical path)
   int64_t votes_ = 0;
@@ -169,8 +183,13 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
     if (d.commit) throw Error("elastic: step " + std::to_string(next_step_) + " committed without this rank's vote (a bug)");
     successor = d.next_generation;
   }
-  if (started_) note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id));
-  if (has_state_ && run_) carried_ = run_->live_state(next_step_);
+  if (started_) {
+    note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id));
+  } else {
+    char when[80];
+    std::snprintf(when, sizeof when, " (in its %s set-up, after %.2f s): ", setup_phase_, seconds_since(setup_began_));
+    note("generation " + std::to_string(gen_.id) + " ended before it started" + when + error.what());
+  }  if (has_state_ && run_) carried_ = run_->live_state(next_step_);
   // Its Run is kept (never destroyed: the abandoned operations hold its buffers), so its trace is written now.
   if (run_) run_->flush_trace();
   run_ = nullptr;
@@ -180,26 +199,35 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
 
 bool ElasticLoop::run_generation() {
   has_state_ = started_ = decided_ = false;
+  const auto t_group = Clock::now();
+  setup_began_ = t_group;
+  setup_phase_ = "group";
   configs_.push_back(std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_)));
   worlds_.push_back(m_.build_world(gen_));
   world_ = worlds_.back().get();
+  const auto t_run = Clock::now();
+  setup_phase_ = "run";
   if (world_->rank() != 0) loop_.close_outputs();  // a rank 0 of an earlier generation serves no stale figures
   RunStart start;
   start.refuse_old_run_dir = false;
   start.slot = m_.replica();
   start.slots = slots_;
-  start.peak_flops = peak_flops_;
+  start.peak = peak_;
   // Each generation has its own world size: its layout is resolved here, once per generation.
   const parallel::ParallelDims dims = validate(*configs_.back(), world_->size());
   runs_.push_back(std::make_unique<Run>(*configs_.back(), dims, *world_, o_, start));
   run_ = runs_.back().get();
-  peak_flops_ = run_->peak_flops();
+  const auto t_state = Clock::now();
+  setup_phase_ = "state";
   bootstrap_state();
+  const auto t_start = Clock::now();
+  setup_phase_ = "start";
   started_ = m_.start(gen_, next_step_);
   if (!started_) throw elastic::GenerationEnded(CommContext{}, m_.latest_generation());
   if (world_->rank() == 0) {
     note("generation " + std::to_string(gen_.id) + " (" + gen_.reason + "): " + std::to_string(gen_.replicas.size()) +
-         " of " + std::to_string(slots_) + " replicas train from step " + std::to_string(next_step_));
+         " of " + std::to_string(slots_) + " replicas train from step " + std::to_string(next_step_) +
+         setup_times(t_group, t_run, t_state, t_start));
     if (!header_printed_) run_->print_header();
     header_printed_ = true;
     // A new rank 0 may find the metrics port still held by the last one's process: an elastic job goes on
@@ -321,6 +349,9 @@ void check_elastic_config(const Config& c, int world) {
                      std::to_string(replicas) + " replicas of this job");
 }
 
+namespace {
+
+// This rank's membership settings: its replica slot and replica size from the layout, the timing from [elastic].
 elastic::MembershipOptions membership_options(const Config& c, int rank, int world) {
   const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
   elastic::MembershipOptions o;
@@ -333,11 +364,22 @@ elastic::MembershipOptions membership_options(const Config& c, int rank, int wor
   return o;
 }
 
-TrainResult train_elastic(const Config& config, elastic::Membership& membership, const TrainOptions& options) {
-  check_elastic_config(config, membership.world_size());
+}  // namespace
+
+TrainResult train_elastic(const Config& config, const LaunchEnv& env, const TrainOptions& options) {
+  check_elastic_config(config, env.world_size);
   limit_compute_threads(static_cast<int>(config.train.threads_per_rank));
   keep_freed_memory_for_reuse();
-  ElasticLoop loop(config, membership, options);
+  // Everything a process can do alone comes before it registers, since registering asks the members to take it
+  // in: timed inside a generation, a joiner's GEMM peak (1.3 s, several under load) held every member.
+  GemmPeak peak;
+  if (config.train.peak_flops_per_rank <= 0) {
+    const int replicas = job_replicas(config, env.world_size);
+    const int64_t micro_batch = config.train.global_batch / replicas / std::max<int64_t>(1, config.train.micro_batches);
+    peak = measure_model_peak(config, micro_batch);
+  }
+  elastic::Membership membership(env, membership_options(config, env.rank, env.world_size));
+  ElasticLoop loop(config, membership, options, std::move(peak));
   try {
     return loop.run();
   } catch (const elastic::JobFinished& e) {

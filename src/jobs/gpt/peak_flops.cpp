@@ -65,6 +65,12 @@ GemmPeak measure_in_turns_per_host(const std::function<GemmPeak()>& measure, con
   return peak;
 }
 
+GemmPeak measure_model_peak(const Config& c, int64_t micro_batch) {
+  const at::ScalarType dtype = c.train.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  return measure_in_turns_per_host([&] { return measure_gemm_peak(c.model, micro_batch * c.model.block_size, dtype); },
+                                   "/tmp/crosstrain-gemm-peak.lock", c.comm.timeout() / 4);
+}
+
 std::string describe(const GemmPeak& peak) {
   char head[160];
   std::snprintf(head, sizeof head, "best %.2f GFLOP/s (%s)", peak.best_flops / 1e9, peak.best_shape.c_str());

@@ -15,6 +15,7 @@
 
 #include "crosstrain/models/gpt_config.h"
 #include "crosstrain/obs/gemm_timer.h"
+#include "crosstrain/train/config.h"
 
 namespace crosstrain::train {
 
@@ -45,6 +46,11 @@ GemmPeak measure_gemm_peak(const models::GPTConfig& model, int64_t tokens_per_mi
 GemmPeak measure_in_turns_per_host(const std::function<GemmPeak()>& measure,
                                    const std::string& lock_path = "/tmp/crosstrain-gemm-peak.lock",
                                    std::chrono::milliseconds wait = std::chrono::milliseconds(120000));
+
+// A run's own denominator: its model at `micro_batch` sequences per micro-batch in train.precision, the ranks of a
+// host in turn. The lock is given up on after a quarter of comm.timeout_s, so that the ranks that measured first
+// and then wait for the last one in a collective stay inside its timeout.
+GemmPeak measure_model_peak(const Config& c, int64_t micro_batch);
 
 // "best 12.3 GFLOP/s (head 2048x128x256); qkv 2048x128x384 10.1, proj ... GFLOP/s"
 std::string describe(const GemmPeak& peak);

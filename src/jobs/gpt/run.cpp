@@ -255,14 +255,13 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   // rank's threads, the ranks of a host timing in turn.
   if (c.train.peak_flops_per_rank > 0) {
     peak_flops_ = c.train.peak_flops_per_rank;
-  } else if (start.peak_flops > 0) {
-    peak_flops_ = start.peak_flops;
+  } else if (start.peak.best_flops > 0) {
+    gemm_peak_ = start.peak;
+    peak_flops_ = gemm_peak_.best_flops;
   } else {
     // The ranks that measured first wait for the host's last one in the average below: the lock is given up on
     // after a quarter of the collective timeout, so that wait stays well inside it.
-    gemm_peak_ = measure_in_turns_per_host(
-        [&] { return measure_gemm_peak(c.model, sampler_->local_micro_batch() * c.model.block_size, compute_dtype()); },
-        "/tmp/crosstrain-gemm-peak.lock", c.comm.timeout() / 4);
+    gemm_peak_ = measure_model_peak(c, sampler_->local_micro_batch());
     peak_flops_ = gemm_peak_.best_flops;
   }
   // Every rank measured its own; the mean makes MFU one number.

@@ -44,7 +44,7 @@ struct RunStart {
   // Data order: this replica's slot among `slots` replicas (elastic: its slot in the full job, which keeps the
   // sampler's order when replicas leave). -1: the mesh's own data-parallel index and size.
   int slot = -1, slots = -1;
-  double peak_flops = 0;          // measured once per process; 0: measure now
+  GemmPeak peak;                  // measured once per process (elastic: before it joins); empty: measure now
 };
 
 struct HealStats {

@@ -8,7 +8,7 @@
 // unchanged. This is torchft's rule: the batch shrinks with the job rather than each replica's work growing.
 #pragma once
 
-#include "crosstrain/elastic/membership.h"
+#include "crosstrain/core/launch_env.h"
 #include "crosstrain/train/config.h"
 #include "crosstrain/jobs/trainer.h"
 
@@ -16,11 +16,10 @@ namespace crosstrain::train {
 
 // Checks that `config` can train elastically on `world` ranks; throws UsageError with the fix otherwise.
 void check_elastic_config(const Config& config, int world);
-// This rank's membership settings: its replica slot and replica size from the layout, the timing from [elastic].
-elastic::MembershipOptions membership_options(const Config& config, int rank, int world);
-// Trains as a member of the job until train.steps, or until a step voted while some rank's
+// Joins the job's membership (elastic/membership.h) once it has done what it can alone, then trains as a member
+// of the generations that count it until train.steps, or until a step voted while some rank's
 // options.stop_requested() said so (Ctrl-C), which every member then saves and stops after (its stopped_after);
 // returns what this process trained.
-TrainResult train_elastic(const Config& config, elastic::Membership& membership, const TrainOptions& options);
+TrainResult train_elastic(const Config& config, const LaunchEnv& env, const TrainOptions& options);
 
 }  // namespace crosstrain::train

@@ -102,6 +102,8 @@ void Coordinator::tick(Clock::time_point now) {
   while (open_.size() > 1 && store_->check({start_key(open_[1].id)})) open_.erase(open_.begin());
   MembershipView view;
   view.current = open_.empty() ? nullptr : &open_.back();
+  for (auto it = open_.rbegin(); it != open_.rend() && view.holders == nullptr; ++it)
+    if (it->reason != "join" || store_->check({start_key(it->id)})) view.holders = &*it;
   view.registered = registered_;
   view.world_size = options_.world_size;
   view.min_start_ranks = options_.min_start_ranks;
@@ -115,10 +117,10 @@ void Coordinator::tick(Clock::time_point now) {
   // generations. Failures never wait.
   const bool join_pending = !open_.empty() && open_.back().reason == "join" && !store_->check({start_key(open_.back().id)});
   if (next->reason == "join" && join_pending) return;
-  publish(*next, now);
+  publish(*next, now, view.holders);
 }
 
-std::string Coordinator::describe_losses(const Generation& next, Clock::time_point now) const {
+std::string Coordinator::describe_losses(const Generation& next, Clock::time_point now, const Generation* holders) const {
   if (open_.empty()) return "";
   std::ostringstream out;
   for (int rank : open_.back().ranks) {
@@ -127,6 +129,8 @@ std::string Coordinator::describe_losses(const Generation& next, Clock::time_poi
     out << "; rank " << rank;
     if (it == registered_.end() || it->second.incarnation != open_.back().incarnations.at(rank))
       out << " restarted";
+    else if (waits_to_join(rank, it->second.incarnation, holders, now))
+      out << " joins again later (it was still healing)";
     else if (!detector_.dead(rank, it->second.incarnation, now))
       out << " left with its replica " << it->second.replica;
     else if (detector_.silent_for(rank, now).count() >= timing_.failure_timeout_ms)
@@ -137,16 +141,26 @@ std::string Coordinator::describe_losses(const Generation& next, Clock::time_poi
   return out.str();
 }
 
-void Coordinator::publish(const Generation& next, Clock::time_point now) {
+// A live joiner that a failure generation left out because it holds no state yet: it stays registered and comes
+// back in the next join (ending it would cost it its whole start again).
+bool Coordinator::waits_to_join(int rank, const std::string& member, const Generation* holders,
+                                Clock::time_point now) const {
+  if (holders == nullptr || holders->index_of(rank) >= 0) return false;
+  auto it = registered_.find(rank);
+  return it != registered_.end() && it->second.incarnation == member && !detector_.dead(rank, member, now);
+}
+
+void Coordinator::publish(const Generation& next, Clock::time_point now, const Generation* holders) {
   const Generation* current = open_.empty() ? nullptr : &open_.back();
   std::vector<std::pair<int, int>> excluded;
   if (current)
     for (int rank : current->ranks) {
       const std::string& member = current->incarnations.at(rank);
       if (next.index_of(rank) >= 0 && next.incarnations.at(rank) == member) continue;
+      if (waits_to_join(rank, member, holders, now)) continue;
       if (!detector_.has_exited(rank, member)) excluded.push_back({rank, pid_of_incarnation(member)});
     }
-  const std::string losses = describe_losses(next, now);
+  const std::string losses = describe_losses(next, now, holders);
   // The launcher ends the excluded processes: none of them may be admitted again (the rest of a failed replica
   // would otherwise rejoin with its restarted rank before the launcher has ended it).
   for (const auto& [rank, pid] : excluded) {

@@ -57,6 +57,11 @@ Membership::Membership(const LaunchEnv& env, MembershipOptions options)
   rendezvous_ = connect_retrying(env_, env_.rank, timeout);
   beat_ = connect_retrying(env_, -1, timeout);
   watch_ = connect_retrying(env_, -1, timeout);
+  // No generation published before this process registers can count it: its watcher and its search for a
+  // generation start after them (a restarted process that read every old record caught up seconds late on a
+  // loaded machine, and all that time did not see a failure that ended its generation).
+  latest_ = latest_published();
+  first_candidate_ = latest_.load() + 1;
   // Beat before registering: the coordinator starts watching the heartbeat as soon as it reads the registration.
   beat_->store()->add(heartbeat_key(env_.rank), 1);
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
@@ -137,6 +142,20 @@ std::string Membership::wait_get(const std::string& key, std::chrono::millisecon
   return get(key);
 }
 
+int64_t Membership::latest_published() {
+  auto& store = *rendezvous_->store();
+  if (!store.check({latest_generation_key()})) return 0;
+  const std::string text = get(latest_generation_key());
+  try {
+    size_t used = 0;
+    const int64_t id = std::stoll(text, &used);
+    if (used == text.size() && id >= 0) return id;
+  } catch (const std::exception&) {
+  }
+  throw CommError(membership_context(env_.rank, "join"), "the store's newest generation record reads '" +
+                                                             text.substr(0, 40) + "', not a generation number");
+}
+
 Generation Membership::generation(int64_t id) { return decode_generation(get(generation_key(id))); }
 
 bool Membership::is_member(const Generation& g) const {
@@ -147,7 +166,7 @@ bool Membership::is_member(const Generation& g) const {
 Generation Membership::await_member_generation(int64_t after) {
   const auto timeout = options_.comm.timeout();
   const auto deadline = std::chrono::steady_clock::now() + timeout;
-  for (int64_t id = after + 1;; ++id) {
+  for (int64_t id = std::max(after + 1, first_candidate_);; ++id) {
     const auto left = std::chrono::duration_cast<comm::Millis>(deadline - std::chrono::steady_clock::now());
     if (left <= comm::Millis(0))
       throw CommError(membership_context(env_.rank, "join"),

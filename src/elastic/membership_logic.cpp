@@ -166,6 +166,27 @@ bool still_member(int replica, const std::vector<const Registration*>& ranks, co
   return true;
 }
 
+// Drops from a failure generation the replicas that hold no live state (joiners): they join again later.
+void keep_only_holders(Generation& next, const Generation& holders) {
+  Generation kept;
+  kept.id = next.id;
+  for (int replica : next.replicas)
+    if (holders.has_replica(replica)) kept.replicas.push_back(replica);
+  for (int replica : next.survivors)
+    if (holders.has_replica(replica)) kept.survivors.push_back(replica);
+  for (int rank : next.ranks) {  // a kept replica's ranks are the holders' own processes
+    const std::string& incarnation = next.incarnations.at(rank);
+    auto it = holders.incarnations.find(rank);
+    if (it == holders.incarnations.end() || it->second != incarnation) continue;
+    kept.ranks.push_back(rank);
+    kept.incarnations[rank] = incarnation;
+  }
+  next.replicas = std::move(kept.replicas);
+  next.survivors = std::move(kept.survivors);
+  next.ranks = std::move(kept.ranks);
+  next.incarnations = std::move(kept.incarnations);
+}
+
 }  // namespace
 
 std::optional<Generation> next_generation(const MembershipView& v, int min_replicas) {
@@ -207,6 +228,7 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
   // Losing replicas cannot wait; joining ones wait until at least min_replicas can train.
   if (!lost && count < min_replicas) return std::nullopt;
   next.reason = lost ? "failure" : "join";
+  if (lost && v.holders != nullptr) keep_only_holders(next, *v.holders);
   return next;
 }
 

@@ -1,6 +1,8 @@
 // A generation's communicator (elastic/abortable.h): once a failure generation is published, every wait on it
-// ends with GenerationEnded, point to point included, which Gloo can only report from inside its own wait.
+// ends with GenerationEnded, point to point included, which Gloo can only report from inside its own wait. And a
+// restarted rank's membership learns of that failure at once.
 #include <ATen/ATen.h>
+#include <torch/csrc/distributed/c10d/Store.hpp>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -68,4 +70,44 @@ TEST(Abortable, AReceiveFromAPeerThatNeverSendsEndsWithTheGeneration) {
   }
   EXPECT_LT(seconds_since(start), 2.0);  // the group's timeout is 10 s
   failure.get();
+}
+
+// A restarted process reads no generation record published before it registered: none of them can count it.
+// Reading them all (one round trip each) made a restarted rank on a loaded machine see a failure that ended its
+// generation seconds late. Here the old records are unreadable: a process that read them would fail or never
+// notice the new failure generation.
+TEST(Membership, ARestartedProcessStartsAfterTheGenerationsPublishedBeforeIt) {
+  auto host = comm::Rendezvous::host("127.0.0.1", 0, 2, milliseconds(10000), -1);
+  auto& store = *host->store();
+  const auto bytes = [](const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); };
+  for (int id = 1; id <= 40; ++id) store.set(elastic::generation_key(id), bytes("not a generation record"));
+  store.set(elastic::latest_generation_key(), bytes("40"));
+  LaunchEnv env;
+  env.rank = 1;
+  env.world_size = 2;
+  env.master_port = host->port();
+  elastic::MembershipOptions options;
+  options.comm.timeout_s = 10;
+  elastic::Membership m(env, options);
+  // The coordinator's next generation counts it: the first it looks at.
+  const auto record = [&](int64_t id, const std::string& reason) {
+    elastic::Generation g;
+    g.id = id;
+    g.replicas = {0};
+    g.ranks = {1};
+    g.incarnations[1] = m.incarnation();
+    g.reason = reason;
+    store.set(elastic::generation_key(id), bytes(elastic::encode_generation(g)));
+    store.set(elastic::latest_generation_key(), bytes(std::to_string(id)));
+  };
+  record(41, "join");
+  const auto start = Clock::now();
+  EXPECT_EQ(m.await_member_generation(0).id, 41);
+  EXPECT_LT(seconds_since(start), 2.0);
+  // A failure that ends it is seen at once.
+  record(42, "failure");
+  const auto published = Clock::now();
+  while (!m.abort_requested(41) && seconds_since(published) < 5) std::this_thread::sleep_for(milliseconds(5));
+  EXPECT_TRUE(m.abort_requested(41));
+  EXPECT_LT(seconds_since(published), 1.0);
 }

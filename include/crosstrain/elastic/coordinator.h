@@ -54,9 +54,11 @@ class Coordinator {
   void tick(Clock::time_point now);
   void read_registrations();
   void observe_heartbeats(Clock::time_point now);
-  void publish(const Generation& next, Clock::time_point now);
+  // `holders`: the generation whose members hold the live state (MembershipView::holders), or null.
+  void publish(const Generation& next, Clock::time_point now, const Generation* holders);
+  bool waits_to_join(int rank, const std::string& member, const Generation* holders, Clock::time_point now) const;
   void close_generation(const Generation& g, int64_t successor);
-  std::string describe_losses(const Generation& next, Clock::time_point now) const;
+  std::string describe_losses(const Generation& next, Clock::time_point now, const Generation* holders) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
   CoordinatorOptions options_;

@@ -91,6 +91,7 @@ class Membership {
 
  private:
   bool is_member(const Generation& g) const;
+  int64_t latest_published();  // the newest generation's id in the store (0: none yet)
   void heartbeat_loop();
   void watch_loop();
   bool reopen(std::shared_ptr<comm::Rendezvous>& connection);
@@ -103,6 +104,7 @@ class Membership {
   std::shared_ptr<comm::Rendezvous> rendezvous_;  // this rank's own store connection
   std::shared_ptr<comm::Rendezvous> beat_, watch_;
   std::atomic<int64_t> latest_{0};
+  int64_t first_candidate_ = 1;  // the first generation that can count this process
   std::atomic<int64_t> failure_generation_{0};
   std::atomic<bool> stop_{false};
   std::thread heartbeat_, watcher_;

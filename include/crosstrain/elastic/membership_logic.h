@@ -94,6 +94,9 @@ Generation decode_generation(const std::string& text);  // throws std::runtime_e
 // which of them are dead.
 struct MembershipView {
   const Generation* current = nullptr;
+  // The newest generation whose members hold the live state: one that started, or a failure generation (made of
+  // survivors) still forming. Null: the same as current. A join generation that has not started is not one.
+  const Generation* holders = nullptr;
   std::map<int, Registration> registered;  // by rank; the newest registration of each rank
   std::set<int> dead;                      // ranks whose registered incarnation is dead
   int world_size = 0;                      // ranks of the full job
@@ -104,6 +107,8 @@ struct MembershipView {
 // The next generation, or nullopt when nothing changes. A replica is a member when all its ranks are registered
 // and alive. The first generation waits for every replica (or, once `settle_elapsed`, for min_replicas); later
 // ones drop a replica with a dead rank or a member rank whose process was replaced, and add complete replicas.
+// A failure generation keeps only the holders' live replicas: a joiner (even one of a join that has not started
+// yet) comes back in a join generation once the survivors train again, so that they never wait for it to recover.
 std::optional<Generation> next_generation(const MembershipView& view, int min_replicas);
 
 // A step's outcome as written in the store under the step's decision key.

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <optional>
+#include <thread>
 
 #include "crosstrain/comm/init.h"
 #include "crosstrain/store/abandonable_store.h"
@@ -66,10 +67,53 @@ struct Reduction {
   std::function<void()> finish;
 };
 
+// Forms the group on a helper thread while this one watches `abandoned`: after the addresses are exchanged over
+// the store (whose waits the caller makes abandonable), Gloo connects to each peer over TCP and waits for a dead
+// one until its timeout, where nothing can reach it. Given up on, the helper finishes (or fails) by itself and
+// drops what it made.
+c10::intrusive_ptr<c10d::ProcessGroupGloo> form_unless_abandoned(c10::intrusive_ptr<c10d::Store> store, int rank,
+                                                                  int size,
+                                                                  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> options,
+                                                                  const std::function<bool()>& abandoned) {
+  struct Forming {
+    std::mutex mu;
+    std::condition_variable cv;
+    bool done = false, given_up = false;
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+    std::exception_ptr error;
+  };
+  auto forming = std::make_shared<Forming>();
+  std::thread([forming, store, rank, size, options] {
+    c10::intrusive_ptr<c10d::ProcessGroupGloo> group;
+    std::exception_ptr error;
+    try {
+      group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, options);
+    } catch (...) {
+      error = std::current_exception();
+    }
+    std::unique_lock<std::mutex> lock(forming->mu);
+    if (forming->given_up) return;  // `group` (if any) is dropped here, on this thread
+    forming->group = std::move(group);
+    forming->error = error;
+    forming->done = true;
+    forming->cv.notify_all();
+  }).detach();
+  std::unique_lock<std::mutex> lock(forming->mu);
+  while (!forming->cv.wait_for(lock, Millis(20), [&] { return forming->done; }))
+    if (abandoned()) {
+      forming->given_up = true;
+      CommContext c;
+      c.op = "init";
+      throw CommError(c, "the group was given up before it formed");
+    }
+  if (forming->error) std::rethrow_exception(forming->error);
+  return forming->group;
+}
+
 class GlooCommunicator : public Communicator {
  public:
   GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous, c10::intrusive_ptr<c10d::Store> store,
-                   std::string name, int rank, int size, Millis timeout)
+                   std::string name, int rank, int size, Millis timeout, std::function<bool()> abandoned = {})
       : Communicator("gloo", std::move(name), rank, size, timeout), rendezvous_(std::move(rendezvous)),
         store_(std::move(store)) {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
@@ -77,7 +121,8 @@ class GlooCommunicator : public Communicator {
     // One worker thread: on small machines more threads only add contention and wake-up latency.
     options->threads = 1;
     try {
-      pg_ = c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, options);
+      pg_ = abandoned ? form_unless_abandoned(store_, rank, size, options, abandoned)
+                      : c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, options);
     } catch (const CommError& e) {
       // The store's own error already names the address, the key and the cause: pass its cause on once.
       CommContext c = context("init");
@@ -422,10 +467,11 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Rendezvous>
                                                      std::function<bool()> abandoned) {
   c10::intrusive_ptr<c10d::Store> base = rendezvous->store();
   if (abandoned)
-    base = c10::make_intrusive<store::AbandonableStore>(base, std::move(abandoned),
+    base = c10::make_intrusive<store::AbandonableStore>(base, abandoned,
                                                         "group '" + name + "' was given up before it formed");
   auto store = c10::make_intrusive<c10d::PrefixStore>(name + "/", base);
-  return std::make_unique<GlooCommunicator>(std::move(rendezvous), store, name, rank, size, timeout);
+  return std::make_unique<GlooCommunicator>(std::move(rendezvous), store, name, rank, size, timeout,
+                                            std::move(abandoned));
 }
 
 }  // namespace crosstrain::comm

@@ -335,6 +335,45 @@ TEST(MembershipNextGeneration, FailureIsPublishedEvenBelowMinReplicas) {
   EXPECT_EQ(g->ranks, (std::vector<int>{1}));
 }
 
+// Replica 2 restarted and a join generation was published for it; before that join started, replica 1 died.
+// The failure generation is made of the survivors that hold the state; the joiner comes back in a later join, so
+// the survivors never wait for it (a slow or dying joiner in a failure generation stalled them for seconds).
+TEST(MembershipNextGeneration, AFailureLeavesOutAJoinerThatHoldsNoStateYet) {
+  auto regs = layout(3);
+  const Generation g1 = first_of(regs, 3);
+  regs[2] = reg(2, 2, 1, 1);
+  auto v = view_of(regs, 3, &g1);
+  v.dead = {};
+  const auto failure = next_generation(v, 1);  // the old rank 2 was replaced: a failure of 2 replicas
+  ASSERT_TRUE(failure);
+  const auto join = next_generation(view_of(regs, 3, &*failure), 1);
+  ASSERT_TRUE(join);
+  ASSERT_EQ(join->reason, "join");
+  ASSERT_EQ(join->replicas, (std::vector<int>{0, 1, 2}));
+  v = view_of(regs, 3, &*join);
+  v.holders = &*failure;  // the join has not started
+  v.dead = {1};
+  const auto g = next_generation(v, 1);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->reason, "failure");
+  EXPECT_EQ(g->replicas, (std::vector<int>{0}));
+  EXPECT_EQ(g->ranks, (std::vector<int>{0}));
+  EXPECT_EQ(g->survivors, (std::vector<int>{0}));
+  EXPECT_EQ(g->incarnations.count(2), 0u);
+  // Once the join started, the healed joiner holds the state too and stays.
+  v.holders = &*join;
+  const auto after_start = next_generation(v, 1);
+  ASSERT_TRUE(after_start);
+  EXPECT_EQ(after_start->replicas, (std::vector<int>{0, 2}));
+  // The next tick, with the failure generation current, admits the joiner in a join of its own.
+  auto next_tick = view_of(regs, 3, &*g);
+  next_tick.dead = {1};
+  const auto rejoin = next_generation(next_tick, 1);
+  ASSERT_TRUE(rejoin);
+  EXPECT_EQ(rejoin->reason, "join");
+  EXPECT_EQ(rejoin->replicas, (std::vector<int>{0, 2}));
+}
+
 TEST(MembershipNextGeneration, ReplacedIncarnationCountsAsLost) {
   auto regs = layout(4);
   const Generation g1 = first_of(regs, 4);

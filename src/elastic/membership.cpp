@@ -197,7 +197,7 @@ std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g)
   const int index = g.index_of(env_.rank);
   if (index < 0) throw Error("rank " + std::to_string(env_.rank) + " is not a member of generation " + std::to_string(g.id));
   // A member that dies while the group forms must not hold the others for the whole job timeout.
-  const comm::Millis timeout = std::min(options_.comm.timeout(), comm::Millis(10000));
+  const comm::Millis timeout = group_timeout();
   const int64_t id = g.id;
   // A failure that ends the generation while its group forms sends the others elsewhere: stop waiting for them.
   auto world = comm::make_gloo_communicator(rendezvous_, index, static_cast<int>(g.ranks.size()), timeout,

@@ -86,6 +86,8 @@ class Membership {
   // True once a failure generation newer than `current` is published.
   bool abort_requested(int64_t current) const { return failure_generation_.load() > current; }
   int64_t latest_generation() const { return latest_.load(); }
+  // The timeout of each generation's communicator: an operation a failure abandoned has ended after it.
+  comm::Millis group_timeout() const { return std::min(options_.comm.timeout(), comm::Millis(10000)); }
   // Training is over on this rank: its exit from now on is not a failure.
   void finish();
 

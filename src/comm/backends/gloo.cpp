@@ -115,13 +115,13 @@ class GlooCommunicator : public Communicator {
   GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous, c10::intrusive_ptr<c10d::Store> store,
                    std::string name, int rank, int size, Millis timeout, std::function<bool()> abandoned = {})
       : Communicator("gloo", std::move(name), rank, size, timeout), rendezvous_(std::move(rendezvous)),
-        store_(std::move(store)) {
+        store_(std::move(store)), abandoned_(std::move(abandoned)) {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(make_device());
     // One worker thread: on small machines more threads only add contention and wake-up latency.
     options->threads = 1;
     try {
-      pg_ = abandoned ? form_unless_abandoned(store_, rank, size, options, abandoned)
+      pg_ = abandoned_ ? form_unless_abandoned(store_, rank, size, options, abandoned_)
                       : c10::make_intrusive<c10d::ProcessGroupGloo>(store_, rank, size, options);
     } catch (const CommError& e) {
       // The store's own error already names the address, the key and the cause: pass its cause on once.
@@ -139,12 +139,18 @@ class GlooCommunicator : public Communicator {
   }
 
   ~GlooCommunicator() override {
-    // A failed group may still have Gloo threads blocked in an operation; destroying it would wait for
-    // them. The process is going down with an error anyway: leak it rather than hang.
-    if (broken_) (void)pg_.release();
+    // A failed group may still have Gloo threads blocked in an operation; destroying it would wait for them. Right
+    // after the failure (the process is going down with the error) it is leaked rather than waited for; once the
+    // group's timeout has passed (an elastic generation retired that long ago) every operation has ended and it
+    // is released like any other.
+    if (broken_ && std::chrono::steady_clock::now() - broken_at_ < timeout() + std::chrono::seconds(1))
+      (void)pg_.release();
   }
 
-  void mark_broken() { broken_ = true; }
+  void mark_broken() {
+    broken_ = true;
+    broken_at_ = std::chrono::steady_clock::now();
+  }
   CommContext context_for(const std::string& op, int peer) const { return context(op, peer); }
 
   WorkPtr broadcast(at::Tensor& tensor, int root) override {
@@ -301,8 +307,9 @@ class GlooCommunicator : public Communicator {
     auto it = std::find(ranks.begin(), ranks.end(), rank());
     if (it == ranks.end()) return nullptr;
     auto prefixed = c10::make_intrusive<c10d::PrefixStore>(sub + "/", store_);
+    // A subgroup of a group that can be given up can be too (its store waits already are: they go through ours).
     return std::make_unique<GlooCommunicator>(rendezvous_, prefixed, sub, static_cast<int>(it - ranks.begin()),
-                                              static_cast<int>(ranks.size()), timeout());
+                                              static_cast<int>(ranks.size()), timeout(), abandoned_);
   }
 
  private:
@@ -336,10 +343,10 @@ class GlooCommunicator : public Communicator {
     try {
       work = launch();
     } catch (const c10::Error& e) {
-      broken_ = true;
+      mark_broken();
       fail(op, first_line(e.what_without_backtrace()), peer);
     } catch (const std::exception& e) {
-      broken_ = true;
+      mark_broken();
       fail(op, first_line(e.what()), peer);
     }
     return std::make_shared<GlooWork>(this, op, peer, work, std::move(finish));
@@ -396,8 +403,10 @@ class GlooCommunicator : public Communicator {
 
   std::shared_ptr<Rendezvous> rendezvous_;
   c10::intrusive_ptr<c10d::Store> store_;
+  std::function<bool()> abandoned_;  // the formation of this group and of its subgroups is given up when true
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   bool broken_ = false;
+  std::chrono::steady_clock::time_point broken_at_{};
 };
 
 GlooWork::GlooWork(GlooCommunicator* comm, std::string op, int peer, c10::intrusive_ptr<c10d::Work> work,

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <deque>
 #include <set>
 
 #include "crosstrain/checkpoint/distributed.h"
@@ -17,6 +18,7 @@
 #include "crosstrain/core/threads.h"
 #include "crosstrain/elastic/membership.h"
 #include "crosstrain/models/parallelize.h"
+#include "crosstrain/obs/footprint.h"
 #include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/loop.h"
@@ -104,13 +106,24 @@ class ElasticLoop {
   const int64_t restarts_ = restart_count();  // read once, not on every step
   const bool first_incarnation_ = restarts_ == 0;
   elastic::Generation gen_;
-  // A generation's objects: Gloo cannot cancel an operation in flight, so a failed generation's communicator
-  // and the tensors its operations were given stay allocated until the process ends (leaked on purpose).
-  std::vector<std::unique_ptr<Config>> configs_;
-  std::vector<std::unique_ptr<comm::Communicator>> worlds_;
-  std::vector<std::unique_ptr<Run>> runs_;
+  // A generation's objects. Gloo cannot cancel an operation in flight: when a failure ends a generation, the
+  // operations it abandoned keep its communicator and buffers in use until the group's timeout ends them. So a
+  // generation's objects retire when it ends and are destroyed once that timeout has passed: over many failures
+  // at most a timeout's worth of generations is held (before, every one stayed until the process ended).
+  struct Objects {
+    std::unique_ptr<Config> config;
+    std::unique_ptr<comm::Communicator> world;
+    std::unique_ptr<Run> run;
+    Clock::time_point retired{};
+  };
+  void retire_generation();
+  void destroy_retired();
+  Objects current_;
+  std::deque<Objects> retired_;
   Run* run_ = nullptr;
   comm::Communicator* world_ = nullptr;
+  obs::ProcessFootprint footprint_at_start_;  // at the first generation (printed at the end beside the last)
+  bool footprint_taken_ = false;
   LiveState carried_;
   bool has_state_ = false;     // this generation's Run holds the live state (loaded, adopted or healed)
   bool started_ = false;       // this generation's start step is agreed
@@ -130,9 +143,36 @@ class ElasticLoop {
 };
 
 ElasticLoop::~ElasticLoop() {
-  for (auto& r : runs_) (void)r.release();
-  for (auto& w : worlds_) (void)w.release();
-  for (auto& cfg : configs_) (void)cfg.release();
+  // The process is ending: what may still be in use (the last generation, the retired ones not yet due) is left
+  // to the exit rather than waited for.
+  retire_generation();
+  for (Objects& o : retired_) {
+    (void)o.run.release();
+    (void)o.world.release();
+    (void)o.config.release();
+  }
+}
+
+void ElasticLoop::retire_generation() {
+  if (!current_.config && !current_.world && !current_.run) return;
+  current_.retired = Clock::now();
+  retired_.push_back(std::move(current_));
+  current_ = Objects{};
+  run_ = nullptr;
+  world_ = nullptr;
+}
+
+// Destroys the retired generations whose abandoned operations have certainly ended (the group's timeout and a
+// second more): the Run first (it refers to the communicator), then the communicator, then the config.
+void ElasticLoop::destroy_retired() {
+  const auto due = m_.group_timeout() + std::chrono::seconds(1);
+  while (!retired_.empty() && Clock::now() - retired_.front().retired >= due) {
+    Objects o = std::move(retired_.front());
+    retired_.pop_front();
+    o.run.reset();
+    o.world.reset();
+    o.config.reset();
+  }
 }
 
 void ElasticLoop::note(const std::string& line) const {
@@ -167,6 +207,11 @@ TrainResult ElasticLoop::run() {
   } else {
     finish();
   }
+  destroy_retired();
+  if (!o_.quiet && footprint_taken_)
+    note("process: " + obs::describe(obs::process_footprint()) + " after " + std::to_string(gen_.id) +
+         " generations, " + std::to_string(retired_.size()) + " of them retired and not yet released (at its first: " +
+         obs::describe(footprint_at_start_) + ")");
   return loop_.result();
 }
 
@@ -190,10 +235,9 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
     std::snprintf(when, sizeof when, " (in its %s set-up, after %.2f s): ", setup_phase_, seconds_since(setup_began_));
     note("generation " + std::to_string(gen_.id) + " ended before it started" + when + error.what());
   }  if (has_state_ && run_) carried_ = run_->live_state(next_step_);
-  // Its Run is kept (never destroyed: the abandoned operations hold its buffers), so its trace is written now.
+  // Its Run is kept until the abandoned operations have ended (retire_generation), so its trace is written now.
   if (run_) run_->flush_trace();
-  run_ = nullptr;
-  world_ = nullptr;
+  retire_generation();
   gen_ = m_.await_member_generation(std::max(gen_.id, successor - 1));
 }
 
@@ -202,9 +246,11 @@ bool ElasticLoop::run_generation() {
   const auto t_group = Clock::now();
   setup_began_ = t_group;
   setup_phase_ = "group";
-  configs_.push_back(std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_)));
-  worlds_.push_back(m_.build_world(gen_));
-  world_ = worlds_.back().get();
+  retire_generation();
+  destroy_retired();
+  current_.config = std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_));
+  current_.world = m_.build_world(gen_);
+  world_ = current_.world.get();
   const auto t_run = Clock::now();
   setup_phase_ = "run";
   if (world_->rank() != 0) loop_.close_outputs();  // a rank 0 of an earlier generation serves no stale figures
@@ -214,9 +260,13 @@ bool ElasticLoop::run_generation() {
   start.slots = slots_;
   start.peak = peak_;
   // Each generation has its own world size: its layout is resolved here, once per generation.
-  const parallel::ParallelDims dims = validate(*configs_.back(), world_->size());
-  runs_.push_back(std::make_unique<Run>(*configs_.back(), dims, *world_, o_, start));
-  run_ = runs_.back().get();
+  const parallel::ParallelDims dims = validate(*current_.config, world_->size());
+  current_.run = std::make_unique<Run>(*current_.config, dims, *world_, o_, start);
+  run_ = current_.run.get();
+  if (!footprint_taken_) {
+    footprint_at_start_ = obs::process_footprint();
+    footprint_taken_ = true;
+  }
   const auto t_state = Clock::now();
   setup_phase_ = "state";
   bootstrap_state();
@@ -302,6 +352,7 @@ bool ElasticLoop::train_steps() {
   };
   hooks.committed = [&](int64_t step) {
     next_step_ = step + 1;
+    destroy_retired();
     if (world_->rank() == 0 && step == first)
       note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
   };
@@ -325,6 +376,7 @@ void ElasticLoop::finish() {
   if (leader && !o_.quiet && votes_ > 0)
     note("membership: " + std::to_string(votes_) + " step votes, " +
          std::to_string(1000 * vote_s_ / static_cast<double>(votes_)) + " ms each on average");
+
 }
 
 }  // namespace

@@ -123,7 +123,7 @@ void Membership::watch_loop() {
         throw;
       }
       const Generation g = decode_generation(from_bytes(store.get(generation_key(next))));
-      if (g.failure()) failure_generation_ = g.id;
+      if (g.failure()) *failure_generation_ = g.id;
       latest_ = g.id;
     } catch (const CommError&) {
       if (!reopen(watch_)) return;
@@ -200,15 +200,18 @@ std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g)
   const comm::Millis timeout = group_timeout();
   const int64_t id = g.id;
   // A failure that ends the generation while its group forms sends the others elsewhere: stop waiting for them.
+  // The predicates hold the flag, not this object: helper threads that outlive a given-up wait may still ask.
+  const std::shared_ptr<std::atomic<int64_t>> failures = failure_generation_;
+  const auto abandoned = [failures, id] { return failures->load() > id; };
   auto world = comm::make_gloo_communicator(rendezvous_, index, static_cast<int>(g.ranks.size()), timeout,
-                                            "elastic/g" + std::to_string(g.id), [this, id] { return abort_requested(id); });
-  const EndedFn ended = [this, id] { return abort_requested(id) ? failure_generation_.load() : 0; };
+                                            "elastic/g" + std::to_string(g.id), abandoned);
+  const EndedFn ended = [failures, id] { return failures->load() > id ? failures->load() : 0; };
   // The wrappers below set themselves up with collectives over the Gloo group (they exchange segment names and
   // pids, and a digest of their settings): abortable too, or a failure meanwhile holds the rest for the timeout.
   world = make_abortable(std::move(world), ended);
   // Its small all-reduces run inline, inside the call, where the abortable wrapper below cannot reach them.
   if (options_.comm.shared_memory)
-    world = comm::with_shared_memory(std::move(world), 8 << 20, [this, id] { return abort_requested(id); });
+    world = comm::with_shared_memory(std::move(world), 8 << 20, abandoned);
   world = comm::with_algorithms(std::move(world), options_.comm);
   return make_abortable(std::move(world), ended);
 }

@@ -3,6 +3,7 @@
 #include <dirent.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 
 #include "crosstrain/obs/trace.h"

@@ -84,7 +84,7 @@ class Membership {
   // The fate of a step this rank did not vote for (it was interrupted): waits for the coordinator's abort.
   Decision await_decision(const Generation& g, int64_t step);
   // True once a failure generation newer than `current` is published.
-  bool abort_requested(int64_t current) const { return failure_generation_.load() > current; }
+  bool abort_requested(int64_t current) const { return failure_generation_->load() > current; }
   int64_t latest_generation() const { return latest_.load(); }
   // The timeout of each generation's communicator: an operation a failure abandoned has ended after it.
   comm::Millis group_timeout() const { return std::min(options_.comm.timeout(), comm::Millis(10000)); }
@@ -107,7 +107,8 @@ class Membership {
   std::shared_ptr<comm::Rendezvous> beat_, watch_;
   std::atomic<int64_t> latest_{0};
   int64_t first_candidate_ = 1;  // the first generation that can count this process
-  std::atomic<int64_t> failure_generation_{0};
+  // Shared with the predicates of the generations' communicators (helper threads may outlive this object).
+  const std::shared_ptr<std::atomic<int64_t>> failure_generation_ = std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<bool> stop_{false};
   std::thread heartbeat_, watcher_;
 };

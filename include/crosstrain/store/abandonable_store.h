@@ -15,7 +15,9 @@ namespace crosstrain::comm::store {
 
 class AbandonableStore : public c10d::Store {
  public:
-  // `abandoned` is polled between slices of a wait; `why` ends the CommError thrown when it says true.
+  // `abandoned` is polled between slices of a wait, on whichever thread waits (Gloo may form a group on a helper
+  // thread that outlives the caller's wait): it must be thread-safe and own what it reads. `why` ends the CommError
+  // thrown when it says true.
   AbandonableStore(c10::intrusive_ptr<c10d::Store> inner, std::function<bool()> abandoned, std::string why);
 
   void set(const std::string& key, const std::vector<uint8_t>& value) override { inner_->set(key, value); }

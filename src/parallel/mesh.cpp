@@ -18,6 +18,23 @@ Mesh::Mesh(comm::Communicator& world, MeshShape shape) : world_(world), shape_(s
       auto g = world.split(ranks);
       if (g) replica_ = std::move(g);
     }
+  const int width = shape_.shard_width();
+  if (width > 1 && width < shape_.dp) {
+    for (const auto& ranks : shape_.shard_groups())
+      if (auto g = world.split(ranks)) shard_ = std::move(g);
+    for (const auto& ranks : shape_.replicate_groups())
+      if (auto g = world.split(ranks)) replicate_ = std::move(g);
+  }
+}
+
+comm::Communicator* Mesh::shard_group() const {
+  const int width = shape_.shard_width();
+  return width == shape_.dp ? group(Axis::DP) : width == 1 ? nullptr : shard_.get();
+}
+
+comm::Communicator* Mesh::replicate_group() const {
+  const int width = shape_.shard_width();
+  return width == shape_.dp ? nullptr : width == 1 ? group(Axis::DP) : replicate_.get();
 }
 
 int Mesh::pipeline_peer(int pp_index) const {

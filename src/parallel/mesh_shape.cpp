@@ -21,6 +21,10 @@ void MeshShape::check(int world) const {
                      std::to_string(tp) + " = " + std::to_string(size()) + " does not match the " +
                      std::to_string(world) + " ranks of the job; set parallel.dp, parallel.pp and parallel.tp so " +
                      "that their product is " + std::to_string(world));
+  if (dp_shard < 0 || (dp_shard > 0 && dp % dp_shard != 0))
+    throw UsageError("parallel.dp_shard = " + std::to_string(dp_shard) + " must divide the " + std::to_string(dp) +
+                     " data-parallel ranks (each group of dp_shard ranks shards one copy of the state); 0 shards "
+                     "over all of them");
 }
 
 MeshCoords MeshShape::coords(int rank) const {
@@ -54,6 +58,30 @@ std::vector<std::vector<int>> MeshShape::all_groups(Axis axis) const {
 std::vector<std::vector<int>> MeshShape::replica_groups() const {
   std::vector<std::vector<int>> groups(dp);
   for (int r = 0; r < size(); ++r) groups[coords(r).dp].push_back(r);
+  return groups;
+}
+
+std::vector<std::vector<int>> MeshShape::shard_groups() const {
+  const int width = shard_width();
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < size(); ++r) {
+    const MeshCoords c = coords(r);
+    if (c.dp % width != 0) continue;
+    groups.emplace_back();
+    for (int i = 0; i < width; ++i) groups.back().push_back(rank_of({c.pp, c.dp + i, c.tp}));
+  }
+  return groups;
+}
+
+std::vector<std::vector<int>> MeshShape::replicate_groups() const {
+  const int width = shard_width();
+  std::vector<std::vector<int>> groups;
+  for (int r = 0; r < size(); ++r) {
+    const MeshCoords c = coords(r);
+    if (c.dp >= width) continue;
+    groups.emplace_back();
+    for (int copy = 0; copy < state_copies(); ++copy) groups.back().push_back(rank_of({c.pp, c.dp + copy * width, c.tp}));
+  }
   return groups;
 }
 

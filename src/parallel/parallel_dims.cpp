@@ -28,6 +28,9 @@ std::string ParallelDims::describe() const {
     d += ", schedule " + std::string(to_string(schedule)) + " x " + std::to_string(microbatches) + " micro-batches" +
          (chunks > 1 ? " x " + std::to_string(chunks) + " chunks" : "");
   if (zero > 0) d += ", ZeRO-" + std::to_string(zero);
+  if (zero > 0 && shape.state_copies() > 1)
+    d += " sharded over " + std::to_string(shape.shard_width()) + " ranks x " + std::to_string(shape.state_copies()) +
+         " copies (HSDP)";
   return d;
 }
 
@@ -82,6 +85,11 @@ ParallelDims ParallelDims::resolve(const ParallelConfig& c, int64_t train_micro_
   need(c.zero >= 0 && c.zero <= 3,
        "parallel.zero = " + std::to_string(c.zero) + ": use 0 (plain data parallel), 1, 2 or 3");
   d.zero = static_cast<int>(c.zero);
+  need(c.dp_shard == 0 || d.zero > 0,
+       "parallel.dp_shard = " + std::to_string(c.dp_shard) + " shards ZeRO's state over groups of data-parallel "
+       "ranks: set parallel.zero = 1, 2 or 3 with it, or leave dp_shard at 0");
+  d.shape.dp_shard = static_cast<int>(c.dp_shard);
+  d.shape.check(world);
   need(d.zero < 3 || d.shape.pp == 1,
        "parallel.zero = 3 gathers parameters layer by layer and needs parallel.pp = 1 (layout " + factors(d.shape) +
            "); use parallel.zero = 1 or 2 with pipelines");

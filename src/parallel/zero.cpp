@@ -45,8 +45,9 @@ int64_t nbytes(const at::Tensor& t) { return t.defined() ? t.numel() * static_ca
 
 }  // namespace
 
-ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Communicator* dp, ZeroConfig config)
-    : comm_(dp), config_(config) {
+ZeroOptimizer::ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Communicator* dp, ZeroConfig config,
+                             comm::Communicator* replicate)
+    : comm_(dp), replicate_(replicate && replicate->size() > 1 ? replicate : nullptr), config_(config) {
   if (config_.stage < 1 || config_.stage > 3)
     throw UsageError("parallel.zero = " + std::to_string(config_.stage) + ": ZeRO stages are 1, 2 and 3 (0 is plain data parallel)");
   ranks_ = comm_ ? comm_->size() : 1;
@@ -300,8 +301,13 @@ void ZeroOptimizer::absorb_reduction(Unit& u) {
     u.done = true;
     u.completed = Clock::now();
   }
+  average_over_copies(u.reduce_out);
   u.grad_shard.add_(u.reduce_out);
   u.reduce_in = u.reduce_out = at::Tensor();
+}
+
+void ZeroOptimizer::average_over_copies(at::Tensor& t) {
+  if (replicate_) replicate_->all_reduce(t, comm::ReduceOp::Avg)->wait();
 }
 
 void ZeroOptimizer::absorb_finished_reductions(const Unit& next) {
@@ -311,6 +317,18 @@ void ZeroOptimizer::absorb_finished_reductions(const Unit& next) {
   // at most two units' buffers exist at once.
   // (A finished work still needs its wait(): the back end completes an average there.)
   const Unit* newest = nullptr;
+  if (replicate_) {
+    // Absorbing runs a collective over the copies (HSDP), so which units are absorbed must not depend on timing:
+    // every one but the last launched (units launch in reverse order: the lowest index with a reduction).
+    for (auto& u : units_)
+      if (&u != &next && u.reduce_out.defined()) {
+        newest = &u;
+        break;
+      }
+    for (int i = unit_count() - 1; i >= 0; --i)
+      if (&units_[i] != &next && &units_[i] != newest) absorb_reduction(units_[i]);
+    return;
+  }
   for (auto& u : units_) {
     if (&u == &next || !u.reduce_out.defined()) continue;
     if (u.done || u.work->is_completed()) absorb_reduction(u);
@@ -345,8 +363,10 @@ void ZeroOptimizer::finish() {
       u.done = true;
       u.completed = Clock::now();
     }
+    if (sync_) average_over_copies(u.grad_shard);
   }
   if (ranks_ > 1 && sync_) comm_->all_reduce(side_, comm::ReduceOp::Avg)->wait();
+  if (sync_) average_over_copies(side_);
   std::vector<std::pair<Clock::time_point, Clock::time_point>> intervals;  // in launch order: the last unit first
   stats_.bytes = stats_.bytes_sent = 0;
   for (int i = unit_count() - 1; i >= 0; --i) {
@@ -356,6 +376,8 @@ void ZeroOptimizer::finish() {
     stats_.bytes += bytes;
     // Per rank: an all-reduce sends 2(N-1)/N of the buffer, a reduce-scatter (N-1)/N.
     if (ranks_ > 1) stats_.bytes_sent += (config_.stage == 1 ? 2 : 1) * (ranks_ - 1) * bytes / ranks_;
+    // HSDP: the all-reduce of the owned slice over the copies.
+    if (replicate_) stats_.bytes_sent += 2 * (replicate_->size() - 1) * (bytes / ranks_) / replicate_->size();
   }
   stats_.bytes_uncompressed = stats_.bytes_sent;
   stats_.buckets = unit_count();
@@ -450,6 +472,16 @@ ModelStateBytes ZeroOptimizer::memory() const {
   // What is gathered now counts too: a unit that is never released shows, not only the gathers' high-water mark.
   m.gathered_peak = config_.stage == 3 ? std::max(gathered_peak_, gathered_bytes()) : 0;
   return m;
+}
+
+std::vector<at::Tensor> ZeroOptimizer::state_tensors() {
+  std::vector<at::Tensor> out;
+  for (auto& u : units_) {
+    out.push_back(u.master);
+    out.push_back(u.exp_avg);
+    out.push_back(u.exp_avg_sq);
+  }
+  return out;
 }
 
 std::vector<ZeroOptimizer::OwnedSlice> ZeroOptimizer::owned_slices() {

@@ -275,8 +275,8 @@ class ReplicatedAdamW : public ModelOptimizer {
 class ShardedAdamW : public ModelOptimizer {
  public:
   ShardedAdamW(const std::vector<std::vector<NamedParameter>>& units, comm::Communicator* group,
-               const OptimizerConfig& c)
-      : group_(group && group->size() > 1 ? group : nullptr) {
+               const OptimizerConfig& c, comm::Communicator* copies)
+      : group_(group && group->size() > 1 ? group : nullptr), copies_(copies && copies->size() > 1 ? copies : nullptr) {
     std::vector<std::vector<parallel::ZeroParam>> zero_units;
     for (const auto& unit : units) {
       names_.emplace_back();
@@ -291,12 +291,13 @@ class ShardedAdamW : public ModelOptimizer {
     zc.stage = c.zero;
     zc.adam = c.adam;
     zc.dtype = c.dtype;
-    zero_ = std::make_unique<parallel::ZeroOptimizer>(std::move(zero_units), group_, zc);
+    zero_ = std::make_unique<parallel::ZeroOptimizer>(std::move(zero_units), group_, zc, copies_);
     for (const auto& [name, t] : params_) name_of_[t.unsafeGetTensorImpl()] = name;
   }
   std::string describe() const override {
     return "ZeRO-" + std::to_string(zero_->stage()) + " over " + std::to_string(group_ ? group_->size() : 1) +
-           " data-parallel ranks, " + std::to_string(zero_->unit_count()) + " units";
+           " data-parallel ranks" + (copies_ ? " x " + std::to_string(copies_->size()) + " copies (HSDP)" : "") +
+           ", " + std::to_string(zero_->unit_count()) + " units";
   }
   parallel::GradReducer& reducer() override { return *zero_; }
   parallel::UnitHooks* unit_hooks() override { return zero_->stage() == 3 ? zero_.get() : nullptr; }
@@ -330,6 +331,7 @@ class ShardedAdamW : public ModelOptimizer {
   std::vector<checkpoint::Piece> checkpoint_pieces(const StatePlacement& w, const std::vector<ExtraState>& extra) override {
     torch::NoGradGuard no_grad;
     std::vector<checkpoint::Piece> pieces;
+    if (copies_ && copies_->rank() != 0) return pieces;  // HSDP: the first copy writes the state
     size_t i = 0;
     for (auto& slice : zero_->owned_slices()) {
       const size_t index = i++;
@@ -374,14 +376,12 @@ class ShardedAdamW : public ModelOptimizer {
     zero_->master_weights_changed();
   }
   int64_t step_count() const override { return zero_->step_count(); }
-  std::vector<at::Tensor> live_state() override {
-    throw UsageError("elastic training keeps whole replicas, but ZeRO shards the optimizer state over them: set "
-                     "parallel.zero = 0 (or train without elastic)");
-  }
-  void set_step_count(int64_t) override { live_state(); }
+  std::vector<at::Tensor> live_state() override { return zero_->state_tensors(); }
+  void set_step_count(int64_t steps) override { zero_->set_step_count(steps); }
 
  private:
   comm::Communicator* group_;
+  comm::Communicator* copies_;  // HSDP
   std::vector<std::vector<std::string>> names_;  // per unit
   std::map<std::string, at::Tensor> params_;
   std::map<const c10::TensorImpl*, std::string> name_of_;
@@ -391,9 +391,10 @@ class ShardedAdamW : public ModelOptimizer {
 }  // namespace
 
 std::unique_ptr<ModelOptimizer> make_optimizer(const std::vector<std::vector<NamedParameter>>& units,
-                                               comm::Communicator* group, const OptimizerConfig& config) {
+                                               comm::Communicator* group, const OptimizerConfig& config,
+                                               comm::Communicator* copies) {
   if (config.zero == 0) return std::make_unique<ReplicatedAdamW>(units, group, config);
-  return std::make_unique<ShardedAdamW>(units, group, config);
+  return std::make_unique<ShardedAdamW>(units, group, config, copies);
 }
 
 }  // namespace crosstrain::train

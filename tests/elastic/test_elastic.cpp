@@ -200,6 +200,42 @@ TEST(ElasticCli, TensorParallelReplicaLeavesAndRejoinsAsAWhole) {
   expect_every_step_once(dir, 60);
 }
 
+// ZeRO under churn (HSDP): ZeRO-2 inside each replica of 2 data-parallel ranks, the state copied across the 2
+// replicas. Fault-free it trains like plain data parallel (each rank reads its own data slot); losing a rank takes
+// its replica out, the other copy goes on, and the restarted replica receives each shard from the rank of the live
+// copy that holds it: both copies agree bit for bit, shard by shard.
+TEST(ElasticCli, ZeroShardedInsideReplicasLosesNoStateWithAReplica) {
+  const std::vector<std::string> hsdp = {"--set", "parallel.zero=2", "--set", "parallel.dp_shard=2"};
+  const auto plain = fresh_dir("elastic-hsdp-plain"), same = fresh_dir("elastic-hsdp-same");
+  auto p = run_process(tiny_args(plain, 4, 6), {}, milliseconds(120000));
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  auto s = run_process(elastic_args(same, 4, 6, hsdp), {}, milliseconds(120000));
+  ASSERT_EQ(s.exit_code(), 0) << s.output;
+  const auto a = read_metrics(plain), b = read_metrics(same);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-5) << i;
+
+  const auto dir = fresh_dir("elastic-hsdp");
+  std::vector<std::string> extra = {"--max-restarts", "4", "--set", "debug.elastic_kill=3@4"};
+  extra.insert(extra.end(), hsdp.begin(), hsdp.end());
+  auto r = run_process(elastic_args(dir, 4, 60, paced(extra)), {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 1 replica (0), 2 ranks; rank 2 left with its replica 1; "
+                                 "rank 3 exited")) << r.output;
+  EXPECT_TRUE(contains(r.output, "ZeRO-2 over 2 data-parallel ranks x 2 copies (HSDP)")) << r.output;
+  const int join = generation_with(r.output, "join");
+  ASSERT_GT(join, 2) << r.output;
+  EXPECT_TRUE(contains(r.output, "healed from replica 0:")) << r.output;
+  const auto d = digests(r.output);
+  const auto& joined = d.at(join);
+  ASSERT_EQ(joined.size(), 4u) << r.output;
+  EXPECT_EQ(joined.at(0), joined.at(2));  // shard 0 of each copy
+  EXPECT_EQ(joined.at(1), joined.at(3));  // shard 1
+  EXPECT_NE(joined.at(0), joined.at(1));
+  EXPECT_NE(joined.at(0), d.at(1).at(0));  // what the survivors trained on, not the initial state
+  expect_every_step_once(dir, 60);
+}
+
 // (c) A stopped rank stays connected but its heartbeat stops: it is excluded within the failure timeout, ended by
 // the launcher, and the others finish; nothing waits for the long communication timeout.
 TEST(ElasticCli, StoppedRankIsDetectedExcludedAndNothingHangs) {
@@ -332,11 +368,12 @@ TEST(ElasticCli, AStrangerWithoutTheSecretIsRefusedWhileElasticTrainingGoesOn) {
 // What elastic training cannot do is refused before any rank starts, with the fix in the message.
 TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"parallel.zero=1", "set parallel.zero = 0"},
+      {"parallel.zero=1", "set parallel.dp_shard to a divisor of them (HSDP"},
       {"sync.mode=diloco", "elastic training runs with sync.mode = \"sync\""},
       {"comm.backend=mpi", "comm.backend = \"gloo\""},
       {"elastic.failure_timeout_ms=60", "elastic.failure_timeout_ms at least twice"},
       {"elastic.min_replicas=5", "elastic.min_replicas = 5 must be between 1 and the 4 replicas"},
+      {"parallel.dp_shard=2", "set parallel.zero = 1, 2 or 3 with it"},
   };
   for (const auto& [set, message] : cases) {
     const auto dir = fresh_dir("elastic-refused");

@@ -16,9 +16,10 @@ namespace fs = std::filesystem;
 namespace {
 
 struct Layout {
-  int dp = 1, pp = 1, tp = 1, zero = 0;
+  int dp = 1, pp = 1, tp = 1, zero = 0, dp_shard = 0;
   std::string text() const {
-    return "dp" + std::to_string(dp) + "_pp" + std::to_string(pp) + "_tp" + std::to_string(tp) + "_z" + std::to_string(zero);
+    return "dp" + std::to_string(dp) + "_pp" + std::to_string(pp) + "_tp" + std::to_string(tp) + "_z" + std::to_string(zero) +
+           (dp_shard > 0 ? "_shard" + std::to_string(dp_shard) : "");
   }
 };
 
@@ -36,6 +37,7 @@ train::Config config_for(const Layout& l, const std::string& dir) {
   c.parallel.pp = l.pp;
   c.parallel.tp = l.tp;
   c.parallel.zero = l.zero;
+  c.parallel.dp_shard = l.dp_shard;
   return c;
 }
 
@@ -75,14 +77,16 @@ TEST_P(Resharding, ResumedRunContinuesLikeTheUninterruptedOne) {
   EXPECT_EQ(reader.info()["layout"]["zero"].get<int>(), to.zero);
 }
 
-Layout L(int dp, int pp, int tp, int zero) { return Layout{dp, pp, tp, zero}; }
+Layout L(int dp, int pp, int tp, int zero, int dp_shard = 0) { return Layout{dp, pp, tp, zero, dp_shard}; }
 
 INSTANTIATE_TEST_SUITE_P(
     Matrix, Resharding,
     ::testing::Values(std::make_pair(L(2, 1, 1, 3), L(1, 1, 1, 0)), std::make_pair(L(1, 1, 1, 0), L(2, 1, 1, 3)),
                       std::make_pair(L(4, 1, 1, 1), L(2, 1, 2, 0)), std::make_pair(L(2, 1, 2, 0), L(4, 1, 1, 1)),
                       std::make_pair(L(1, 2, 2, 0), L(4, 1, 1, 2)), std::make_pair(L(4, 1, 1, 2), L(1, 2, 2, 0)),
-                      std::make_pair(L(2, 1, 2, 3), L(1, 2, 1, 1))),
+                      std::make_pair(L(2, 1, 2, 3), L(1, 2, 1, 1)),
+                      // HSDP: only the first copy writes; any layout reads it back, and HSDP reads any layout.
+                      std::make_pair(L(4, 1, 1, 2, 2), L(1, 1, 1, 0)), std::make_pair(L(2, 1, 2, 0), L(4, 1, 1, 3, 2))),
     [](const auto& info) { return info.param.first.text() + "_to_" + info.param.second.text(); });
 
 }  // namespace

@@ -32,7 +32,7 @@ struct TrainedRun {
 };
 
 TrainedRun train_with(int dp, int tp, int zero, bool sequence_parallel, const std::string& tag, int64_t micro_batches = 1,
-                      const std::string& precision = "fp32", int pp = 1) {
+                      const std::string& precision = "fp32", int pp = 1, int dp_shard = 0) {
   auto c = crosstrain::testing::tiny_config(tag);
   c.model.n_layer = 3;
   c.model.n_head = 2;
@@ -40,6 +40,7 @@ TrainedRun train_with(int dp, int tp, int zero, bool sequence_parallel, const st
   c.parallel.tp = tp;
   c.parallel.pp = pp;
   c.parallel.zero = zero;
+  c.parallel.dp_shard = dp_shard;
   c.parallel.sequence_parallel = sequence_parallel;
   c.train.micro_batches = micro_batches;
   c.train.precision = precision;
@@ -97,6 +98,25 @@ TEST_P(ZeroParity, MatchesPlainDataParallel) {
 INSTANTIATE_TEST_SUITE_P(Layouts, ZeroParity,
                          ::testing::Values(std::make_tuple(2, 1, false), std::make_tuple(4, 1, false),
                                            std::make_tuple(2, 2, false), std::make_tuple(2, 2, true)));
+
+// HSDP: ZeRO inside groups of 2 of the 4 data-parallel ranks, two copies of the state; the gradients of each
+// slice are averaged over the copies after the reduce-scatter. Same training as plain data parallel, and each rank
+// holds the state of a ZeRO over 2 ranks (not 4).
+TEST(Zero, HybridShardingMatchesPlainDataParallel) {
+  TrainedRun plain = train_with(4, 1, 0, false, "hsdp_plain");
+  const double psi = plain.last_metrics.at("param_bytes").get<double>() / 4;
+  for (int stage = 1; stage <= 3; ++stage) {
+    TrainedRun z = train_with(4, 1, stage, false, "hsdp_z" + std::to_string(stage), 1, "fp32", 1, 2);
+    expect_same_training(plain, z, "HSDP ZeRO-" + std::to_string(stage));
+    const double formula = stage == 1 ? 8 + 8.0 / 2 : stage == 2 ? 4 + 12.0 / 2 : 16.0 / 2;
+    EXPECT_NEAR(z.last_metrics.at("model_state_bytes").get<double>() / psi, formula, 0.1 * formula) << stage;
+  }
+  // With accumulation (stage 1 reduces once per step) and with tensor parallelism inside each copy.
+  expect_same_training(train_with(4, 1, 0, false, "hsdp_accum_plain", 2),
+                       train_with(4, 1, 1, false, "hsdp_accum_z1", 2, "fp32", 1, 2), "HSDP accumulating");
+  expect_same_training(train_with(2, 2, 0, false, "hsdp_tp_plain"),
+                       train_with(2, 2, 2, false, "hsdp_tp_z2", 1, "fp32", 1, 1), "HSDP dp_shard=1 x tp=2");
+}
 
 TEST(Zero, GradientAccumulationMatchesPlain) {
   TrainedRun plain = train_with(2, 1, 0, false, "zero_accum_plain", 2);

@@ -29,6 +29,13 @@ class Mesh {
   comm::Communicator* replica_group() const { return shape_.dp == 1 && shape_.size() > 1 ? &world_ : replica_.get(); }
   // World rank of the neighbour that differs from this rank only in its pipeline index.
   int pipeline_peer(int pp_index) const;
+  // HSDP (shape().dp_shard): the data-parallel ranks that shard one copy of the state with this rank, and the ranks
+  // that hold this rank's shard in the other copies. nullptr for a group of one rank. Without HSDP the shard group
+  // is the data-parallel group and there is no replicate group.
+  comm::Communicator* shard_group() const;
+  comm::Communicator* replicate_group() const;
+  int shard_index() const { return coords_.dp % shape_.shard_width(); }
+  int copy_index() const { return coords_.dp / shape_.shard_width(); }
 
  private:
   comm::Communicator& world_;
@@ -36,6 +43,7 @@ class Mesh {
   MeshCoords coords_;
   std::array<std::unique_ptr<comm::Communicator>, kAxes> groups_;
   std::unique_ptr<comm::Communicator> replica_;
+  std::unique_ptr<comm::Communicator> shard_, replicate_;  // HSDP with 1 < dp_shard < dp
 };
 
 }  // namespace crosstrain::parallel

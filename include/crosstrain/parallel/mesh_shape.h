@@ -20,6 +20,9 @@ struct MeshCoords {
 
 struct MeshShape {
   int pp = 1, dp = 1, tp = 1;
+  // ZeRO shards the model state over groups of this many neighbouring data-parallel ranks and keeps a copy per
+  // group (HSDP: data-parallel index = replicate index x dp_shard + shard index). 0: one group of all dp ranks.
+  int dp_shard = 0;
 
   int size() const { return pp * dp * tp; }
   int operator[](Axis a) const { return a == Axis::PP ? pp : a == Axis::DP ? dp : tp; }
@@ -33,6 +36,15 @@ struct MeshShape {
   std::vector<std::vector<int>> all_groups(Axis axis) const;
   // The ranks of each model replica (one data-parallel index: every pp x tp rank of it), ascending.
   std::vector<std::vector<int>> replica_groups() const;
+
+  // HSDP. The data-parallel ranks that share one copy of the sharded state (dp when dp_shard is 0).
+  int shard_width() const { return dp_shard > 0 ? dp_shard : dp; }
+  // Copies of the sharded state: dp / shard_width().
+  int state_copies() const { return dp / shard_width(); }
+  // Every group of shard_width() data-parallel ranks that shards one copy (same pp and tp), and every group of the
+  // ranks that hold the same shard in each copy; each in data-parallel order, groups by their first rank.
+  std::vector<std::vector<int>> shard_groups() const;
+  std::vector<std::vector<int>> replicate_groups() const;
 };
 
 }  // namespace crosstrain::parallel

@@ -24,6 +24,7 @@ struct ParallelConfig {
   std::string stage_layers;       // blocks per virtual stage, e.g. "3,3,2"; empty: balanced by cost
   double bucket_mb = 1.0;         // gradient all-reduce bucket size
   int64_t zero = 0;               // ZeRO stage over the dp axis: 0 plain, 1 optimizer state, 2 + gradients, 3 + parameters
+  int64_t dp_shard = 0;           // ZeRO shards over groups of this many dp ranks, one copy per group (HSDP); 0: all
 };
 
 // The [parallel] keys as a recipe names them, each with its field, in the order config.toml lists them: the config
@@ -42,6 +43,9 @@ void visit_keys(ParallelConfig& c, Key&& key) {
   key("bucket_mb", c.bucket_mb, "gradient all-reduce bucket size in MB");
   key("zero", c.zero,
       "ZeRO stage over the data-parallel ranks: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters");
+  key("dp_shard", c.dp_shard,
+      "ZeRO over groups of this many data-parallel ranks, a copy of the state per group (HSDP: a lost group loses "
+      "no state); 0: over all of them");
 }
 
 struct ParallelDims {

@@ -89,8 +89,11 @@ class UnitHooks {
 class ZeroOptimizer : public GradReducer, public UnitHooks {
  public:
   // `units`: this rank's parameters grouped into units, in forward order; the same shapes on every
-  // data-parallel rank. `dp` may be null or of size 1. Parameters are re-bound to views of the unit buffers.
-  ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Communicator* dp, ZeroConfig config);
+  // data-parallel rank. `dp`: the ranks the state is sharded over (null or of size 1: none). `replicate` (HSDP,
+  // may be null): the ranks that hold the same shard in the other copies of the state; each gradient slice is
+  // averaged over them after the reduce-scatter. Parameters are re-bound to views of the unit buffers.
+  ZeroOptimizer(std::vector<std::vector<ZeroParam>> units, comm::Communicator* dp, ZeroConfig config,
+                comm::Communicator* replicate = nullptr);
   ~ZeroOptimizer() override;
   ZeroOptimizer(const ZeroOptimizer&) = delete;
   ZeroOptimizer& operator=(const ZeroOptimizer&) = delete;
@@ -143,6 +146,9 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
     at::Tensor value, exp_avg, exp_avg_sq;  // 1-D views, same size
   };
   std::vector<OwnedSlice> owned_slices();
+  // Every owned tensor of the state, per unit: the fp32 master slice and its two moments (padding included).
+  // The same shapes on every copy's rank of the same shard: what elastic training hands to a joining copy.
+  std::vector<at::Tensor> state_tensors();
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -172,6 +178,7 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
   void rebind_parameters(Unit& u);
   // Stages 2-3: waits for a unit's reduce-scatter, adds it to the owned gradient slice and frees its buffers.
   void absorb_reduction(Unit& u);
+  void average_over_copies(at::Tensor& t);  // HSDP: the mean over the replicate group
   void absorb_finished_reductions(const Unit& next);
   void attach_hooks();
   bool on_gradient_ready(int unit);
@@ -186,6 +193,7 @@ class ZeroOptimizer : public GradReducer, public UnitHooks {
 
   std::vector<Unit> units_;
   comm::Communicator* comm_;
+  comm::Communicator* replicate_;  // null without HSDP
   int ranks_ = 1, rank_ = 0;
   ZeroConfig config_;
   bool sync_ = true;

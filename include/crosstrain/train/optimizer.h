@@ -94,15 +94,17 @@ class ModelOptimizer {
 
   // Elastic training: this rank's whole optimizer state as tensors it owns (parameters or fp32 masters, then each
   // one's moments), in an order that is the same on every replica of the same (pp, tp) coordinate. Writing into
-  // them (then set_step_count and sync_tensors_changed) replaces the state. ZeRO shards the moments over the
-  // replicas, so a lost replica takes its shard along: it throws UsageError there.
+  // them (then set_step_count and sync_tensors_changed) replaces the state. ZeRO: the owned slices (the same
+  // shapes on the rank of each copy that holds the same shard; a copy is whole only with HSDP).
   virtual std::vector<at::Tensor> live_state() = 0;
   virtual void set_step_count(int64_t steps) = 0;
 };
 
 // `units`: this rank's parameters grouped as ZeRO gathers them (embedding, blocks, head), in forward order.
-// `group`: the data-parallel group of the per-step gradient reduction (null: none, every rank steps alone).
+// `group`: the data-parallel group of the per-step gradient reduction (null: none, every rank steps alone); ZeRO
+// shards over it. `copies` (ZeRO with HSDP, else null): the ranks that hold this rank's shard in the other copies.
 std::unique_ptr<ModelOptimizer> make_optimizer(const std::vector<std::vector<NamedParameter>>& units,
-                                               comm::Communicator* group, const OptimizerConfig& config);
+                                               comm::Communicator* group, const OptimizerConfig& config,
+                                               comm::Communicator* copies = nullptr);
 
 }  // namespace crosstrain::train

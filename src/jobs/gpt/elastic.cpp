@@ -58,14 +58,18 @@ int64_t restart_count() {
   }
 }
 
+// Data-parallel ranks per replica: one, or with ZeRO the dp_shard ranks that shard one copy of the state (HSDP;
+// check_elastic_config refuses ZeRO without it).
+int ranks_per_replica(const Config& c) { return c.parallel.zero > 0 ? static_cast<int>(c.parallel.dp_shard) : 1; }
+
 int job_replicas(const Config& c, int world) {
-  return models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp();
+  return models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp() / ranks_per_replica(c);
 }
 
 // The config of a generation with `live` of the job's `slots` replicas: the per-replica batch stays.
 Config generation_config(const Config& c, int live, int slots) {
   Config g = c;
-  g.parallel.dp = live;
+  g.parallel.dp = live * ranks_per_replica(c);
   g.train.global_batch = c.train.global_batch / slots * live;
   return g;
 }
@@ -321,7 +325,7 @@ void ElasticLoop::bootstrap_state() {
     if (behind.count(run_->dp_index()) && h.bytes > 0) {
       char line[200];
       std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",
-                    static_cast<long long>(donor), static_cast<long long>(h.bytes), h.seconds,
+                    static_cast<long long>(donor / ranks_per_replica(c_)), static_cast<long long>(h.bytes), h.seconds,
                     h.bytes / std::max(h.seconds, 1e-9) / 1e6);
       note(line);
     }
@@ -389,9 +393,11 @@ void check_elastic_config(const Config& c, int world) {
     throw UsageError("elastic training rebuilds its groups without the lost ranks, which needs comm.backend = "
                      "\"gloo\" (MPI cannot shrink a communicator without the ULFM extension, which Debian's Open MPI "
                      "lacks); got \"" + c.comm.backend + "\"");
-  if (c.parallel.zero != 0)
-    throw UsageError("elastic training keeps whole replicas, but ZeRO shards the optimizer state over them: set "
-                     "parallel.zero = 0");
+  if (c.parallel.zero != 0 && c.parallel.dp_shard <= 0)
+    throw UsageError("elastic training needs whole copies of the state, but parallel.zero = " +
+                     std::to_string(c.parallel.zero) + " shards it over every data-parallel rank: set parallel.dp_shard "
+                     "to a divisor of them (HSDP: ZeRO inside groups of that many ranks, a copy per group, and a "
+                     "replica is one group), or parallel.zero = 0");
   if (c.elastic.heartbeat_ms < 10 || c.elastic.failure_timeout_ms < 2 * c.elastic.heartbeat_ms)
     throw UsageError("elastic.heartbeat_ms must be at least 10 and elastic.failure_timeout_ms at least twice it (got " +
                      std::to_string(c.elastic.heartbeat_ms) + " and " + std::to_string(c.elastic.failure_timeout_ms) + ")");
@@ -407,8 +413,8 @@ namespace {
 elastic::MembershipOptions membership_options(const Config& c, int rank, int world) {
   const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
   elastic::MembershipOptions o;
-  o.replica = dims.shape.coords(rank).dp;
-  o.replica_size = dims.pp() * dims.tp();
+  o.replica = dims.shape.coords(rank).dp / ranks_per_replica(c);
+  o.replica_size = dims.pp() * dims.tp() * ranks_per_replica(c);
   o.timing.heartbeat_ms = static_cast<int>(c.elastic.heartbeat_ms);
   o.timing.failure_timeout_ms = static_cast<int>(c.elastic.failure_timeout_ms);
   o.timing.min_replicas = static_cast<int>(c.elastic.min_replicas);
@@ -426,8 +432,8 @@ TrainResult train_elastic(const Config& config, const LaunchEnv& env, const Trai
   // in: timed inside a generation, a joiner's GEMM peak (1.3 s, several under load) held every member.
   GemmPeak peak;
   if (config.train.peak_flops_per_rank <= 0) {
-    const int replicas = job_replicas(config, env.world_size);
-    const int64_t micro_batch = config.train.global_batch / replicas / std::max<int64_t>(1, config.train.micro_batches);
+    const int dp = job_replicas(config, env.world_size) * ranks_per_replica(config);
+    const int64_t micro_batch = config.train.global_batch / dp / std::max<int64_t>(1, config.train.micro_batches);
     peak = measure_model_peak(config, micro_batch);
   }
   elastic::Membership membership(env, membership_options(config, env.rank, env.world_size));

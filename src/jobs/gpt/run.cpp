@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 
 #include "crosstrain/comm/algorithms/communicator.h"
 #include "crosstrain/comm/diagnostics/clock_sync.h"
@@ -154,6 +155,9 @@ parallel::ParallelDims validate(const Config& c, int world) {
   models::parse_recompute(c.train.recompute);  // throws naming the choices
   need(c.train.precision == "fp32" || c.train.precision == "bf16",
        "train.precision = '" + c.train.precision + "': use \"fp32\" or \"bf16\"");
+  need(dims.shape.dp_shard == 0 || (sync_traits(c.sync).mode == SyncMode::Sync && !c.sync.hierarchical),
+       "parallel.dp_shard (HSDP) runs with sync.mode = \"sync\" (not hierarchical) for now; set parallel.dp_shard = 0 "
+       "to shard over every data-parallel rank");
   need(dims.zero == 0 || c.comm.compression == "none",
        "comm.compression applies to plain data parallel; set parallel.zero = 0 or comm.compression = \"none\"");
   const bool uneven = check_cluster_batch_layout(c, dims);
@@ -205,7 +209,9 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   rank_batches_ = rank_batches(sync_->layout(), parse_cluster_batch(c.sync.cluster_batch), dims_.microbatches);
   // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
   // Elastic: the slot in the full job and its global batch, so a replica keeps its share when others leave.
-  const int slot = start.slot >= 0 ? start.slot : dp_index_, slots = start.slots > 0 ? start.slots : dims_.dp();
+  const int width = dims_.zero > 0 ? dims_.shape.shard_width() : 1;
+  const int slot = start.slot >= 0 ? start.slot * width + dp_index_ % width : dp_index_;
+  const int slots = start.slots > 0 ? start.slots * width : dims_.dp();
   sampler_ = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(splits_.train.size()),
                                                         c.model.block_size, c.train.global_batch / dims_.dp() * slots,
                                                         slot, slots, static_cast<int>(dims_.microbatches),
@@ -234,7 +240,10 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
     for (const auto& name : names)
       if (!frozen.count(name)) units.back().push_back({name, model_->shards().at(name)});
   }
-  optimizer_ = make_optimizer(units, sync_->gradient_group(), oc);
+  // HSDP: ZeRO shards over a group of the data-parallel ranks and averages each slice over the copies.
+  const bool hsdp = dims_.zero > 0 && dims_.shape.state_copies() > 1;
+  optimizer_ = hsdp ? make_optimizer(units, mesh_.shard_group(), oc, mesh_.replicate_group())
+                    : make_optimizer(units, sync_->gradient_group(), oc);
   if (parallel::UnitHooks* hooks = optimizer_->unit_hooks()) {
     std::vector<int> zero_index;
     int next = 0;
@@ -756,9 +765,15 @@ void Run::adopt(const LiveState& from) {
 HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
                          const std::function<void()>& midway) {
   HealStats stats;
-  comm::Communicator* dp = mesh_.group(Axis::DP);
-  const int me = dp_index_;
-  const bool receiving = std::find(receivers.begin(), receivers.end(), me) != receivers.end();
+  // A copy of the state is one data-parallel rank, or (HSDP) a group of them that shards it: each shard goes to
+  // the rank that holds the same shard in the receiving copies.
+  const int width = dims_.zero > 0 ? dims_.shape.shard_width() : 1;
+  comm::Communicator* dp = width > 1 ? mesh_.replicate_group() : mesh_.group(Axis::DP);
+  const int me = dp_index_ / width;
+  donor /= width;
+  std::set<int> copies;
+  for (int r : receivers) copies.insert(r / width);
+  const bool receiving = copies.count(me) > 0;
   if (!dp || (me != donor && !receiving)) return stats;
   torch::NoGradGuard no_grad;
   // One flat buffer per dtype: a transfer per tensor would pay the per-message latency hundreds of times.
@@ -768,7 +783,7 @@ HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& 
   auto transfer = [&](at::Tensor& t) {
     if (me == donor) {
       std::vector<comm::WorkPtr> sends;
-      for (int peer : receivers) sends.push_back(dp->send(t, peer, 0));
+      for (int peer : copies) sends.push_back(dp->send(t, peer, 0));
       comm::wait_all(sends);
     } else {
       dp->recv(t, donor, 0)->wait();

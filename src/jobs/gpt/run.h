@@ -42,7 +42,8 @@ struct RunStart {
   bool resume = false;            // load the newest checkpoint of run.dir
   bool refuse_old_run_dir = true; // a run.dir with checkpoints needs resume (elastic: resumes by itself)
   // Data order: this replica's slot among `slots` replicas (elastic: its slot in the full job, which keeps the
-  // sampler's order when replicas leave). -1: the mesh's own data-parallel index and size.
+  // sampler's order when replicas leave; with HSDP a slot is a copy of dp_shard data-parallel ranks). -1: the
+  // mesh's own data-parallel index and size.
   int slot = -1, slots = -1;
   GemmPeak peak;                  // measured once per process (elastic: before it joins); empty: measure now
 };
@@ -99,7 +100,8 @@ class Run : public Job {
   // Takes over `from` (a Run of the same rank layout): copies its tensors into this Run's.
   void adopt(const LiveState& from);
   // Replica `donor` sends its state and step to the `receivers` (data-parallel indices), point to point; the
-  // other replicas take no part. Stats are the donor's (sent) or the receiver's (received). `midway` runs on a
+  // other replicas take no part. With HSDP (parallel.dp_shard) a replica is a copy of the sharded state: every
+  // rank of the donor's copy sends its shard to the rank of each receiving copy that holds the same shard. Stats are the donor's (sent) or the receiver's (received). `midway` runs on a
   // receiver between the step and the state (a test's fault: a joiner that dies while it heals).
   HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
                       const std::function<void()>& midway = {});

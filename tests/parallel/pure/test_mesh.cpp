@@ -52,3 +52,48 @@ TEST(MeshShape, WrongProductPrintsEveryFactor) {
   }
   EXPECT_NO_THROW((MeshShape{1, 8, 1}.check(8)));
 }
+
+TEST(MeshShape, HybridShardingSplitsTheDataParallelAxisIntoShardAndReplicateGroups) {
+  MeshShape s{2, 4, 2, 2};  // pp=2, dp=4 as 2 copies x 2 shards, tp=2: 16 ranks
+  EXPECT_EQ(s.shard_width(), 2);
+  EXPECT_EQ(s.state_copies(), 2);
+  const auto shards = s.shard_groups(), copies = s.replicate_groups();
+  ASSERT_EQ(shards.size(), 8u);  // pp x tp x copies
+  ASSERT_EQ(copies.size(), 8u);  // pp x tp x shards
+  std::set<int> seen;
+  for (const auto& g : shards) {
+    ASSERT_EQ(g.size(), 2u);
+    for (int r : g) EXPECT_TRUE(seen.insert(r).second);
+    // Neighbouring data-parallel indices of one copy, the same pp and tp.
+    const auto a = s.coords(g[0]), b = s.coords(g[1]);
+    EXPECT_EQ(a.pp, b.pp);
+    EXPECT_EQ(a.tp, b.tp);
+    EXPECT_EQ(b.dp, a.dp + 1);
+    EXPECT_EQ(a.dp / 2, b.dp / 2);
+  }
+  EXPECT_EQ(seen.size(), 16u);
+  for (const auto& g : copies) {
+    ASSERT_EQ(g.size(), 2u);
+    const auto a = s.coords(g[0]), b = s.coords(g[1]);
+    EXPECT_EQ(a.dp % 2, b.dp % 2);  // the same shard of each copy
+    EXPECT_EQ(b.dp, a.dp + 2);
+  }
+  // rank 5 is pp 0, dp 2, tp 1: shard 0 of copy 1.
+  EXPECT_EQ(shards[3], (std::vector<int>{5, 7}));
+  EXPECT_EQ(copies[1], (std::vector<int>{1, 5}));
+  // dp_shard 0 (the default) is one copy over every data-parallel rank.
+  MeshShape plain{1, 4, 1};
+  EXPECT_EQ(plain.shard_groups(), (std::vector<std::vector<int>>{{0, 1, 2, 3}}));
+  EXPECT_EQ(plain.state_copies(), 1);
+}
+
+TEST(MeshShape, AShardWidthThatDoesNotDivideTheDataParallelRanksIsAClearError) {
+  try {
+    MeshShape{1, 6, 1, 4}.check(6);
+    FAIL();
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.dp_shard = 4 must divide the 6 data-parallel ranks"),
+              std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW((MeshShape{1, 6, 1, 3}.check(6)));
+}

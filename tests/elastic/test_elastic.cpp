@@ -236,6 +236,62 @@ TEST(ElasticCli, ZeroShardedInsideReplicasLosesNoStateWithAReplica) {
   expect_every_step_once(dir, 60);
 }
 
+namespace {
+
+// "...; outer state digest D" of each rank in generation `g`.
+std::map<int, std::string> outer_digests(const std::string& output, int g) {
+  std::map<int, std::string> out;
+  const std::regex line(R"(rank (\d+) generation (\d+) state digest [0-9a-f]+ at step \d+; outer state digest ([0-9a-f]+))");
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line); it != std::sregex_iterator(); ++it)
+    if (std::stoi((*it)[2]) == g) out[std::stoi((*it)[1])] = (*it)[3];
+  return out;
+}
+
+std::vector<std::string> diloco(std::vector<std::string> extra) {
+  for (const char* s : {"sync.mode=diloco", "sync.clusters=3", "sync.inner_steps=4", "train.global_batch=6"}) {
+    extra.push_back("--set");
+    extra.push_back(s);
+  }
+  return extra;
+}
+
+}  // namespace
+
+// DiLoCo under churn: 3 clusters of one replica, an outer step every 4 inner steps; a cluster is the unit that
+// leaves and joins. Killed mid inner phase (step 6), it leaves and the other two finish the inner phase and take
+// the outer step at step 8 between themselves, no process restarting. Restarted, it rejoins and receives the outer
+// parameters, the outer momentum and the inner state from a live cluster: its outer state equals its peers' bit for
+// bit.
+TEST(ElasticCli, DiLoCoGoesOnWithoutAKilledClusterAndTakesItBackWithTheSameOuterState) {
+  const auto dir = fresh_dir("elastic-diloco");
+  auto r = run_process(elastic_args(dir, 3, 12, diloco({"--set", "debug.elastic_kill=2@6"})), {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 2 replicas (0,1), 2 ranks; rank 2 exited")) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 2 of 3 replicas train from step 6")) << r.output;
+  EXPECT_FALSE(contains(r.output, "restarting it")) << r.output;
+  expect_every_step_once(dir, 12);
+  // The failure generation's run took the outer steps at 8 and 12 (its counter starts at step 6).
+  const auto rows = read_metrics(dir);
+  EXPECT_EQ(rows[7]["sync_exchanges"].get<int>(), 1) << rows[7].dump();
+  EXPECT_EQ(rows[11]["sync_exchanges"].get<int>(), 2) << rows[11].dump();
+
+  const auto again = fresh_dir("elastic-diloco-join");
+  auto j = run_process(elastic_args(again, 3, 60, paced(diloco({"--max-restarts", "2", "--set", "debug.elastic_kill=2@6"}))),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(j.exit_code(), 0) << j.output;
+  const int join = generation_with(j.output, "join");
+  ASSERT_GT(join, 2) << j.output;
+  EXPECT_TRUE(contains(j.output, "rank 2: healed from replica 0:")) << j.output;
+  const auto outer = outer_digests(j.output, join);
+  ASSERT_EQ(outer.size(), 3u) << j.output;
+  EXPECT_EQ(outer.at(2), outer.at(0));
+  EXPECT_EQ(outer.at(1), outer.at(0));
+  EXPECT_NE(outer.at(0), outer_digests(j.output, 1).at(0));  // the outer steps moved it since the start
+  const auto d = digests(j.output).at(join);
+  EXPECT_EQ(d.at(2), d.at(0));  // the inner state of the cluster it healed from
+  expect_every_step_once(again, 60);
+}
+
 // (c) A stopped rank stays connected but its heartbeat stops: it is excluded within the failure timeout, ended by
 // the launcher, and the others finish; nothing waits for the long communication timeout.
 TEST(ElasticCli, StoppedRankIsDetectedExcludedAndNothingHangs) {
@@ -369,7 +425,8 @@ TEST(ElasticCli, AStrangerWithoutTheSecretIsRefusedWhileElasticTrainingGoesOn) {
 TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"parallel.zero=1", "set parallel.dp_shard to a divisor of them (HSDP"},
-      {"sync.mode=diloco", "elastic training runs with sync.mode = \"sync\""},
+      {"sync.mode=gossip", "elastic training runs with sync.mode = \"sync\" (not hierarchical) or \"diloco\""},
+      {"sync.mode=diloco", "finds its clusters from sync.clusters"},
       {"comm.backend=mpi", "comm.backend = \"gloo\""},
       {"elastic.failure_timeout_ms=60", "elastic.failure_timeout_ms at least twice"},
       {"elastic.min_replicas=5", "elastic.min_replicas = 5 must be between 1 and the 4 replicas"},

@@ -44,7 +44,8 @@ struct SyncTraits {
   bool cluster_groups;
   // Workers push to and pull from a sharded parameter server; they report staleness (ssp, async).
   bool parameter_server;
-  // Elastic training (jobs/gpt/elastic.h) can rebuild its groups today.
+  // Elastic training (jobs/gpt/elastic.h) can rebuild its groups today: sync (not hierarchical), and diloco with
+  // a whole cluster as the unit that leaves and joins.
   bool elastic;
 };
 

@@ -58,18 +58,26 @@ int64_t restart_count() {
   }
 }
 
-// Data-parallel ranks per replica: one, or with ZeRO the dp_shard ranks that shard one copy of the state (HSDP;
-// check_elastic_config refuses ZeRO without it).
-int ranks_per_replica(const Config& c) { return c.parallel.zero > 0 ? static_cast<int>(c.parallel.dp_shard) : 1; }
+int job_dp(const Config& c, int world) { return models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp(); }
+
+// The unit that leaves and joins, in data-parallel ranks: one replica; with DiLoCo a whole cluster (its clusters
+// must stay balanced); with ZeRO the dp_shard ranks that shard one copy of the state (HSDP). check_elastic_config
+// refuses the layouts where none of these is whole.
+int ranks_per_replica(const Config& c, int dp) {
+  if (c.sync.mode == SyncMode::DiLoCo) return dp / static_cast<int>(std::max<int64_t>(1, c.sync.clusters));
+  return c.parallel.zero > 0 ? static_cast<int>(c.parallel.dp_shard) : 1;
+}
 
 int job_replicas(const Config& c, int world) {
-  return models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp() / ranks_per_replica(c);
+  const int dp = job_dp(c, world);
+  return dp / ranks_per_replica(c, dp);
 }
 
 // The config of a generation with `live` of the job's `slots` replicas: the per-replica batch stays.
-Config generation_config(const Config& c, int live, int slots) {
+Config generation_config(const Config& c, int live, int slots, int width) {
   Config g = c;
-  g.parallel.dp = live * ranks_per_replica(c);
+  g.parallel.dp = live * width;
+  if (c.sync.mode == SyncMode::DiLoCo) g.sync.clusters = live;
   g.train.global_batch = c.train.global_batch / slots * live;
   return g;
 }
@@ -84,7 +92,8 @@ TrainOptions without_stop_vote(TrainOptions o) {
 class ElasticLoop {
  public:
   ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o, GemmPeak peak)
-      : c_(c), m_(m), o_(o), peak_(std::move(peak)), slots_(job_replicas(c, m.world_size())), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
+      : c_(c), m_(m), o_(o), peak_(std::move(peak)), slots_(job_replicas(c, m.world_size())),
+        width_(ranks_per_replica(c, job_dp(c, m.world_size()))), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
         stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
         kill_in_heal_(parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal")),
         loop_options_(without_stop_vote(o)),
@@ -106,6 +115,7 @@ class ElasticLoop {
   const TrainOptions& o_;
   const GemmPeak peak_;  // this process's own, measured before it registered
   const int slots_;
+  const int width_;  // data-parallel ranks per replica
   const DebugFault kill_, stop_, kill_in_heal_;
   const int64_t restarts_ = restart_count();  // read once, not on every step
   const bool first_incarnation_ = restarts_ == 0;
@@ -252,7 +262,8 @@ bool ElasticLoop::run_generation() {
   setup_phase_ = "group";
   retire_generation();
   destroy_retired();
-  current_.config = std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_));
+  current_.config =
+      std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_, width_));
   current_.world = m_.build_world(gen_);
   world_ = current_.world.get();
   const auto t_run = Clock::now();
@@ -262,6 +273,7 @@ bool ElasticLoop::run_generation() {
   start.refuse_old_run_dir = false;
   start.slot = m_.replica();
   start.slots = slots_;
+  start.replica_width = width_;
   start.peak = peak_;
   // Each generation has its own world size: its layout is resolved here, once per generation.
   const parallel::ParallelDims dims = validate(*current_.config, world_->size());
@@ -325,15 +337,18 @@ void ElasticLoop::bootstrap_state() {
     if (behind.count(run_->dp_index()) && h.bytes > 0) {
       char line[200];
       std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",
-                    static_cast<long long>(donor / ranks_per_replica(c_)), static_cast<long long>(h.bytes), h.seconds,
+                    static_cast<long long>(donor / width_), static_cast<long long>(h.bytes), h.seconds,
                     h.bytes / std::max(h.seconds, 1e-9) / 1e6);
       note(line);
     }
   }
   has_state_ = true;
-  if (c_.debug.elastic_digest && !o_.quiet)
-    std::fprintf(stderr, "crosstrain elastic: rank %d generation %lld state digest %s at step %lld\n", m_.rank(),
-                 static_cast<long long>(gen_.id), run_->state_digest().c_str(), static_cast<long long>(next_step_));
+  if (c_.debug.elastic_digest && !o_.quiet) {
+    const std::string outer = run_->sync_state_digest();
+    std::fprintf(stderr, "crosstrain elastic: rank %d generation %lld state digest %s at step %lld%s%s\n", m_.rank(),
+                 static_cast<long long>(gen_.id), run_->state_digest().c_str(), static_cast<long long>(next_step_),
+                 outer.empty() ? "" : "; outer state digest ", outer.c_str());
+  }
 }
 
 // The generation's steps through the one loop: an injected fault before a step, the step's vote before its
@@ -353,6 +368,9 @@ bool ElasticLoop::train_steps() {
     ++votes_;
     decided_ = true;
     if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
+    // Committed: the update that follows is local (whatever communication comes after it, such as DiLoCo's outer
+    // exchange, may fail), so from here on the state is that after this step and a failure must not redo it.
+    next_step_ = step + 1;
   };
   hooks.committed = [&](int64_t step) {
     next_step_ = step + 1;
@@ -387,13 +405,20 @@ void ElasticLoop::finish() {
 
 void check_elastic_config(const Config& c, int world) {
   if (!sync_traits(c.sync).elastic)
-    throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) for now; sync.mode = \"" +
+    throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) or \"diloco\" for now; sync.mode = \"" +
                      std::string(to_string(c.sync.mode)) + "\" restarts from the newest checkpoint instead (--resume)");
   if (c.comm.backend != "gloo")
     throw UsageError("elastic training rebuilds its groups without the lost ranks, which needs comm.backend = "
                      "\"gloo\" (MPI cannot shrink a communicator without the ULFM extension, which Debian's Open MPI "
                      "lacks); got \"" + c.comm.backend + "\"");
-  if (c.parallel.zero != 0 && c.parallel.dp_shard <= 0)
+  const bool diloco = c.sync.mode == SyncMode::DiLoCo;
+  if (diloco && c.sync.clusters < 1)
+    throw UsageError("elastic DiLoCo takes a whole cluster out and back in, and finds its clusters from "
+                     "sync.clusters (consecutive blocks of data-parallel ranks) for now: set sync.clusters");
+  if (diloco && c.sync.fragments > 1 && c.sync.overlap_steps > 0)
+    throw UsageError("elastic streaming DiLoCo needs sync.overlap_steps = 0 for now: an exchange in flight across "
+                     "steps would be lost with the generation that started it");
+  if (!diloco && c.parallel.zero != 0 && c.parallel.dp_shard <= 0)
     throw UsageError("elastic training needs whole copies of the state, but parallel.zero = " +
                      std::to_string(c.parallel.zero) + " shards it over every data-parallel rank: set parallel.dp_shard "
                      "to a divisor of them (HSDP: ZeRO inside groups of that many ranks, a copy per group, and a "
@@ -401,6 +426,9 @@ void check_elastic_config(const Config& c, int world) {
   if (c.elastic.heartbeat_ms < 10 || c.elastic.failure_timeout_ms < 2 * c.elastic.heartbeat_ms)
     throw UsageError("elastic.heartbeat_ms must be at least 10 and elastic.failure_timeout_ms at least twice it (got " +
                      std::to_string(c.elastic.heartbeat_ms) + " and " + std::to_string(c.elastic.failure_timeout_ms) + ")");
+  if (diloco && job_dp(c, world) % c.sync.clusters != 0)
+    throw UsageError("sync.clusters = " + std::to_string(c.sync.clusters) + " must divide the " +
+                     std::to_string(job_dp(c, world)) + " data-parallel ranks");
   const int replicas = job_replicas(c, world);
   if (c.elastic.min_replicas < 1 || c.elastic.min_replicas > replicas)
     throw UsageError("elastic.min_replicas = " + std::to_string(c.elastic.min_replicas) + " must be between 1 and the " +
@@ -413,8 +441,9 @@ namespace {
 elastic::MembershipOptions membership_options(const Config& c, int rank, int world) {
   const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
   elastic::MembershipOptions o;
-  o.replica = dims.shape.coords(rank).dp / ranks_per_replica(c);
-  o.replica_size = dims.pp() * dims.tp() * ranks_per_replica(c);
+  const int width = ranks_per_replica(c, dims.dp());
+  o.replica = dims.shape.coords(rank).dp / width;
+  o.replica_size = dims.pp() * dims.tp() * width;
   o.timing.heartbeat_ms = static_cast<int>(c.elastic.heartbeat_ms);
   o.timing.failure_timeout_ms = static_cast<int>(c.elastic.failure_timeout_ms);
   o.timing.min_replicas = static_cast<int>(c.elastic.min_replicas);
@@ -432,7 +461,7 @@ TrainResult train_elastic(const Config& config, const LaunchEnv& env, const Trai
   // in: timed inside a generation, a joiner's GEMM peak (1.3 s, several under load) held every member.
   GemmPeak peak;
   if (config.train.peak_flops_per_rank <= 0) {
-    const int dp = job_replicas(config, env.world_size) * ranks_per_replica(config);
+    const int dp = job_dp(config, env.world_size);
     const int64_t micro_batch = config.train.global_batch / dp / std::max<int64_t>(1, config.train.micro_batches);
     peak = measure_model_peak(config, micro_batch);
   }

@@ -209,9 +209,9 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   rank_batches_ = rank_batches(sync_->layout(), parse_cluster_batch(c.sync.cluster_batch), dims_.microbatches);
   // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
   // Elastic: the slot in the full job and its global batch, so a replica keeps its share when others leave.
-  const int width = dims_.zero > 0 ? dims_.shape.shard_width() : 1;
-  const int slot = start.slot >= 0 ? start.slot * width + dp_index_ % width : dp_index_;
-  const int slots = start.slots > 0 ? start.slots * width : dims_.dp();
+  replica_width_ = std::max(1, start.replica_width);
+  const int slot = start.slot >= 0 ? start.slot * replica_width_ + dp_index_ % replica_width_ : dp_index_;
+  const int slots = start.slots > 0 ? start.slots * replica_width_ : dims_.dp();
   sampler_ = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(splits_.train.size()),
                                                         c.model.block_size, c.train.global_batch / dims_.dp() * slots,
                                                         slot, slots, static_cast<int>(dims_.microbatches),
@@ -743,9 +743,16 @@ void Run::fill_dump() {
 
 // ---- elastic training ----------------------------------------------------------------------------------
 
+std::vector<at::Tensor> Run::state_tensors() {
+  std::vector<at::Tensor> all = optimizer_->live_state();
+  for (const ExtraState& extra : sync_->state())
+    for (const at::Tensor& t : extra.tensors) all.push_back(t);
+  return all;
+}
+
 LiveState Run::live_state(int64_t next_step) {
   LiveState s;
-  s.tensors = optimizer_->live_state();
+  s.tensors = state_tensors();
   s.optimizer_steps = optimizer_->step_count();
   s.next_step = next_step;
   return s;
@@ -753,7 +760,7 @@ LiveState Run::live_state(int64_t next_step) {
 
 void Run::adopt(const LiveState& from) {
   torch::NoGradGuard no_grad;
-  std::vector<at::Tensor> mine = optimizer_->live_state();
+  std::vector<at::Tensor> mine = state_tensors();
   if (mine.size() != from.tensors.size())
     throw Error("elastic: the state to adopt has " + std::to_string(from.tensors.size()) + " tensors, this rank " +
                 std::to_string(mine.size()) + " (the layout changed between generations: a bug)");
@@ -767,23 +774,22 @@ HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& 
   HealStats stats;
   // A copy of the state is one data-parallel rank, or (HSDP) a group of them that shards it: each shard goes to
   // the rank that holds the same shard in the receiving copies.
-  const int width = dims_.zero > 0 ? dims_.shape.shard_width() : 1;
-  comm::Communicator* dp = width > 1 ? mesh_.replicate_group() : mesh_.group(Axis::DP);
-  const int me = dp_index_ / width;
-  donor /= width;
-  std::set<int> copies;
-  for (int r : receivers) copies.insert(r / width);
-  const bool receiving = copies.count(me) > 0;
+  const int width = replica_width_, me = dp_index_;
+  comm::Communicator* dp = mesh_.group(Axis::DP);
+  donor = donor / width * width + me % width;  // the donor replica's rank in the same position
+  std::set<int> peers;
+  for (int r : receivers) peers.insert(r / width * width + me % width);
+  const bool receiving = peers.count(me) > 0;
   if (!dp || (me != donor && !receiving)) return stats;
   torch::NoGradGuard no_grad;
   // One flat buffer per dtype: a transfer per tensor would pay the per-message latency hundreds of times.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
-  for (at::Tensor& t : optimizer_->live_state()) by_dtype[t.scalar_type()].push_back(t);
+  for (at::Tensor& t : state_tensors()) by_dtype[t.scalar_type()].push_back(t);
   at::Tensor scalars = at::tensor({next_step, optimizer_->step_count()}, at::kLong);
   auto transfer = [&](at::Tensor& t) {
     if (me == donor) {
       std::vector<comm::WorkPtr> sends;
-      for (int peer : copies) sends.push_back(dp->send(t, peer, 0));
+      for (int peer : peers) sends.push_back(dp->send(t, peer, 0));
       comm::wait_all(sends);
     } else {
       dp->recv(t, donor, 0)->wait();
@@ -826,21 +832,33 @@ HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& 
   return stats;
 }
 
-std::string Run::state_digest() {
+namespace {
+
+// FNV-1a over the bytes of `tensors`, then `steps`.
+std::string fnv1a_digest(const std::vector<at::Tensor>& tensors, int64_t steps) {
   uint64_t h = 1469598103934665603ULL;
   auto mix = [&](const void* data, size_t n) {
     const auto* p = static_cast<const unsigned char*>(data);
     for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ULL;
   };
-  for (const at::Tensor& t : optimizer_->live_state()) {
+  for (const at::Tensor& t : tensors) {
     at::Tensor c = t.contiguous();
     mix(c.data_ptr(), c.numel() * c.element_size());
   }
-  const int64_t steps = optimizer_->step_count();
   mix(&steps, sizeof steps);
   char out[17];
   std::snprintf(out, sizeof out, "%016llx", static_cast<unsigned long long>(h));
   return out;
+}
+
+}  // namespace
+
+std::string Run::state_digest() { return fnv1a_digest(state_tensors(), optimizer_->step_count()); }
+
+std::string Run::sync_state_digest() {
+  std::vector<at::Tensor> tensors;
+  for (const ExtraState& extra : sync_->state()) tensors.insert(tensors.end(), extra.tensors.begin(), extra.tensors.end());
+  return tensors.empty() ? "" : fnv1a_digest(tensors, 0);
 }
 
 }  // namespace crosstrain::train

@@ -42,9 +42,11 @@ struct RunStart {
   bool resume = false;            // load the newest checkpoint of run.dir
   bool refuse_old_run_dir = true; // a run.dir with checkpoints needs resume (elastic: resumes by itself)
   // Data order: this replica's slot among `slots` replicas (elastic: its slot in the full job, which keeps the
-  // sampler's order when replicas leave; with HSDP a slot is a copy of dp_shard data-parallel ranks). -1: the
-  // mesh's own data-parallel index and size.
+  // sampler's order when replicas leave). -1: the mesh's own data-parallel index and size.
   int slot = -1, slots = -1;
+  // Data-parallel ranks per replica (elastic: a copy of ZeRO's state under HSDP, or a DiLoCo cluster): rank i of a
+  // replica reads data slot `slot x replica_width + i` and heals from rank i of the donor replica.
+  int replica_width = 1;
   GemmPeak peak;                  // measured once per process (elastic: before it joins); empty: measure now
 };
 
@@ -100,14 +102,19 @@ class Run : public Job {
   // Takes over `from` (a Run of the same rank layout): copies its tensors into this Run's.
   void adopt(const LiveState& from);
   // Replica `donor` sends its state and step to the `receivers` (data-parallel indices), point to point; the
-  // other replicas take no part. With HSDP (parallel.dp_shard) a replica is a copy of the sharded state: every
-  // rank of the donor's copy sends its shard to the rank of each receiving copy that holds the same shard. Stats are the donor's (sent) or the receiver's (received). `midway` runs on a
+  // other replicas take no part. A replica of several data-parallel ranks (RunStart::replica_width) heals rank by
+  // rank: rank i of the donor sends to rank i of each receiving replica (ZeRO: the same shard). Stats are the donor's (sent) or the receiver's (received). `midway` runs on a
   // receiver between the step and the state (a test's fault: a joiner that dies while it heals).
   HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
                       const std::function<void()>& midway = {});
   // FNV-1a over the live state (tests check that healed replicas match bit for bit).
   std::string state_digest();
+  // The same over the sync strategy's state alone (DiLoCo: the outer parameters and momentum, which every cluster
+  // shares); "" when it keeps none.
+  std::string sync_state_digest();
   int dp_index() const { return dp_index_; }
+  // The live state: the optimizer's tensors, then the sync strategy's own (DiLoCo's outer momentum and parameters).
+  std::vector<at::Tensor> state_tensors();
 
  private:
   double forward_backward(bool training);
@@ -138,6 +145,7 @@ class Run : public Job {
   parallel::ParallelDims dims_;
   parallel::Mesh mesh_;
   int dp_index_, tp_index_;
+  int replica_width_ = 1;  // RunStart::replica_width
   data::Splits splits_;
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::vector<int64_t> rank_batches_;  // sequences per step of each replica (sync.cluster_batch); empty: equal

@@ -46,6 +46,7 @@ TEST(SyncMode, TraitsSayWhatEachModeImplies) {
   EXPECT_FALSE(traits("sync", /*hierarchical=*/true).elastic);
   EXPECT_TRUE(traits("diloco").cluster_groups);
   EXPECT_FALSE(traits("diloco").lockstep);
+  EXPECT_TRUE(traits("diloco").elastic);  // a whole cluster leaves and joins
   for (const char* ps : {"ssp", "async"}) {
     EXPECT_TRUE(traits(ps).parameter_server) << ps;
     EXPECT_FALSE(traits(ps).lockstep) << ps;

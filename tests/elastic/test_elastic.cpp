@@ -236,6 +236,27 @@ TEST(ElasticCli, ZeroShardedInsideReplicasLosesNoStateWithAReplica) {
   expect_every_step_once(dir, 60);
 }
 
+// Every GPT-family model trains elastically the same way: a Llama (RMSNorm, rotary positions, SwiGLU, grouped-query
+// attention) fine-tuned with LoRA adapters loses a rank, which rejoins with exactly the adapters and moments of its
+// peer; the frozen base weights are not sent (each process has them from the seed or model.init_from).
+TEST(ElasticCli, ALlamaLoRAFineTuneLosesARankAndTakesItBackBitForBit) {
+  const auto dir = fresh_dir("elastic-llama-lora");
+  auto r = run_process(elastic_args(dir, 2, 40, paced({"--max-restarts", "2", "--set", "debug.elastic_kill=1@4", "--set",
+                                                       "model.arch=llama", "--set", "model.n_kv_head=1", "--set",
+                                                       "model.ffn_hidden=64", "--set", "model.lora_rank=4"})),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "LoRA adapters")) << r.output;
+  const int join = generation_with(r.output, "join");
+  ASSERT_GT(join, 2) << r.output;
+  // 896 trained parameters (the adapters), each with two AdamW moments, in fp32.
+  EXPECT_TRUE(contains(r.output, "rank 1: healed from replica 0: 10752 bytes")) << r.output;
+  const auto d = digests(r.output);
+  EXPECT_EQ(d.at(join).at(1), d.at(join).at(0));
+  EXPECT_NE(d.at(join).at(0), d.at(1).at(0));
+  expect_every_step_once(dir, 40);
+}
+
 namespace {
 
 // "...; outer state digest D" of each rank in generation `g`.

@@ -4,12 +4,17 @@
 
 #include <iostream>
 
+#include "crosstrain/elastic/membership_logic.h"
+
 namespace crosstrain::apps {
 
 ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
-                                     std::shared_ptr<comm::Rendezvous> store)
-    : options_(options) {
-  if (!store) return;
+                                     std::shared_ptr<comm::Rendezvous> store, StoreAddress remote)
+    : options_(options), world_size_(world_size), remote_(std::move(remote)) {
+  if (!store) {
+    if (!remote_.host.empty()) link_ = std::thread([this] { link_loop(); });
+    return;
+  }
   elastic::CoordinatorOptions c;
   c.world_size = world_size;
   c.min_start_ranks = options.min_nnodes * ranks_per_node;
@@ -21,10 +26,68 @@ ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_siz
   coordinator_ = std::make_unique<elastic::Coordinator>(store->store(), std::move(c));
 }
 
-ElasticSupervisor::~ElasticSupervisor() = default;
+ElasticSupervisor::~ElasticSupervisor() {
+  stop_ = true;
+  if (link_.joinable()) link_.join();
+}
+
+void ElasticSupervisor::link_loop() {
+  std::shared_ptr<comm::Rendezvous> store;
+  bool warned = false;
+  while (!stop_) {
+    try {
+      // A short timeout: node 0 may not be up yet, and this thread must notice stop_ soon.
+      if (!store) store = comm::Rendezvous::connect(remote_.host, remote_.port, -1, world_size_,
+                                                    std::chrono::milliseconds(2000), remote_.job);
+      link_once(*store->store());
+    } catch (const std::exception& e) {
+      store.reset();
+      // The job goes on without it: exits are then detected by the heartbeats, exclusions end in the ranks' own
+      // timeouts. Said once; it keeps trying.
+      if (!warned)
+        std::cerr << "crosstrain run: cannot reach the job's store at " << remote_.host << ":" << remote_.port
+                  << " to report exits and hear of exclusions (" << e.what() << "); retrying\n" << std::flush;
+      warned = true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+void ElasticSupervisor::link_once(c10d::Store& store) {
+  std::vector<std::pair<int, int>> exits;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    exits = exits_to_report_;
+  }
+  for (const auto& [rank, pid] : exits) store.set(elastic::exited_key(rank), elastic::to_bytes(std::to_string(pid)));
+  if (!exits.empty()) {
+    store.add(elastic::exits_key(), 1);
+    std::lock_guard<std::mutex> lock(mu_);
+    exits_to_report_.erase(exits_to_report_.begin(), exits_to_report_.begin() + static_cast<std::ptrdiff_t>(exits.size()));
+  }
+  const int64_t exclusions = store.add(elastic::exclusions_key(), 0);
+  if (exclusions == exclusions_seen_) return;
+  exclusions_seen_ = exclusions;
+  for (int rank : remote_.ranks) {
+    if (!store.check({elastic::exclude_key(rank)})) continue;
+    const int pid = elastic::parse_pid(elastic::from_bytes(store.get(elastic::exclude_key(rank))));
+    if (pid <= 0 || excluded_pid_[rank] == pid) continue;
+    excluded_pid_[rank] = pid;
+    // end_excluded() ends it only if it is still this launcher's child with that pid.
+    std::lock_guard<std::mutex> lock(mu_);
+    excluded_.push_back({rank, pid});
+  }
+}
 
 bool ElasticSupervisor::on_failure(int rank, pid_t pid, const std::string& how) {
-  if (coordinator_) coordinator_->rank_exited(rank);
+  if (coordinator_) {
+    coordinator_->rank_exited(rank);
+  } else if (link_.joinable()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    exits_to_report_.push_back({rank, static_cast<int>(pid)});
+  }
   if (restarts_ >= options_.max_restarts) {
     std::cerr << "crosstrain run: rank " << rank << " (pid " << pid << ") failed with " << how
               << "; no restarts left (--max-restarts " << options_.max_restarts

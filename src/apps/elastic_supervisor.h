@@ -1,14 +1,20 @@
 // The launcher's part in elastic training: on node 0 it runs the membership coordinator beside the rendezvous
 // store; on every node it restarts failed ranks (--max-restarts, all ranks together) and ends the ranks that the
-// coordinator excluded alive (a hung rank, the rest of a failed replica) so that they restart too.
+// coordinator excluded alive (a hung rank, the rest of a failed replica) so that they restart too. Launchers of
+// other nodes hear of exclusions and report their ranks' exits through the store (a light connection polled on a
+// thread), so a rank that dies on any node is detected in milliseconds, not after the failure timeout.
 #pragma once
 
 #include <sys/types.h>
 
+#include <atomic>
+#include <chrono>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "crosstrain/comm/rendezvous.h"
@@ -22,11 +28,20 @@ struct ElasticLaunch {
   int min_nnodes = 0;    // --nnodes MIN:MAX: the job starts once MIN nodes' ranks are there; 0: every node
 };
 
+// Where a launcher without the store finds it.
+struct StoreAddress {
+  std::string host;
+  int port = 0;
+  comm::JobCredentials job;
+  std::vector<int> ranks;  // this node's ranks
+};
+
 class ElasticSupervisor {
  public:
-  // `store`: the rendezvous store this launcher hosts (node 0), or null. `ranks_per_node`: for --nnodes MIN:MAX.
+  // `store`: the rendezvous store this launcher hosts (node 0), or null: then it connects to `remote`.
+  // `ranks_per_node`: for --nnodes MIN:MAX.
   ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
-                    std::shared_ptr<comm::Rendezvous> store);
+                    std::shared_ptr<comm::Rendezvous> store, StoreAddress remote = {});
   ~ElasticSupervisor();
 
   // A rank failed (`how`: "signal 9 (Killed)"): the coordinator hears of it now; true when it should be
@@ -37,11 +52,22 @@ class ElasticSupervisor {
   int restarts() const { return restarts_; }
 
  private:
+  // Other nodes: the thread that reports exits and hears of exclusions through the store.
+  void link_loop();
+  void link_once(c10d::Store& store);
+
   ElasticLaunch options_;
+  int world_size_;
   std::unique_ptr<elastic::Coordinator> coordinator_;
   std::mutex mu_;
   std::vector<std::pair<int, int>> excluded_;
+  std::vector<std::pair<int, int>> exits_to_report_;  // (rank, pid), under mu_
   int restarts_ = 0;
+  StoreAddress remote_;
+  int64_t exclusions_seen_ = 0;
+  std::map<int, int> excluded_pid_;  // rank -> the newest pid the coordinator excluded (handled once)
+  std::atomic<bool> stop_{false};
+  std::thread link_;
 };
 
 }  // namespace crosstrain::apps

@@ -244,7 +244,11 @@ void end_excluded(std::vector<Rank>& ranks, ElasticSupervisor* elastic) {
   // Only the excluded process itself: the rank may run as a new process already.
   for (const auto& [rank, pid] : elastic->take_exclusions())
     for (auto& r : ranks)
-      if (r.rank == rank && r.pid == pid && r.running && kill(-r.pid, SIGKILL) != 0) kill(r.pid, SIGKILL);
+      if (r.rank == rank && r.pid == pid && r.running) {
+        std::cerr << "crosstrain run: ending rank " << rank << " (pid " << pid
+                  << "): the job went on without its replica" << std::endl;
+        if (kill(-r.pid, SIGKILL) != 0) kill(r.pid, SIGKILL);
+      }
 }
 
 int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSupervisor* elastic, int world, int port) {
@@ -432,7 +436,12 @@ int launch(const LaunchOptions& o) {
   with_job.rank_nice = errno == 0 ? own_nice : 0;
   std::unique_ptr<ElasticSupervisor> elastic;
   if (o.elastic.enabled) {
-    elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store);
+    StoreAddress remote;
+    if (!store) {
+      remote = {o.master_addr, port, job, {}};
+      for (int local = 0; local < o.nproc; ++local) remote.ranks.push_back(o.node_rank * o.nproc + local);
+    }
+    elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store, remote);
     // Every step's vote is two requests to the store this launcher serves: on a machine whose cores the ranks
     // fill, its threads would wait for a time slice. A higher priority needs privileges; without them it stays.
     if (store) raise_priority(with_job.rank_nice - 5);

@@ -79,9 +79,24 @@ void Coordinator::observe_heartbeats(Clock::time_point now) {
     }
     exited_.clear();
   }
+  for (const auto& reported : reported_exits()) exited.push_back(reported);
   for (const auto& [rank, r] : registered_)
     detector_.observe(rank, r.incarnation, store_->add(heartbeat_key(rank), 0), now);
   for (const auto& [rank, pid] : exited) detector_.exited(rank, pid);
+}
+
+std::vector<std::pair<int, int>> Coordinator::reported_exits() {
+  std::vector<std::pair<int, int>> out;
+  const int64_t exits = store_->add(exits_key(), 0);
+  if (exits == exits_seen_) return out;
+  exits_seen_ = exits;
+  for (const auto& [rank, r] : registered_) {
+    if (!store_->check({exited_key(rank)})) continue;
+    const int pid = parse_pid(from_bytes(store_->get(exited_key(rank))));
+    // Only the registered process: a record about an earlier one of the rank says nothing about this one.
+    if (pid > 0 && pid == pid_of_incarnation(r.incarnation)) out.push_back({rank, pid});
+  }
+  return out;
 }
 
 void Coordinator::tick(Clock::time_point now) {
@@ -168,6 +183,9 @@ void Coordinator::publish(const Generation& next, Clock::time_point now, const G
     if (it != registered_.end() && it->second.incarnation == current->incarnations.at(rank))
       detector_.exited(rank, pid_of_incarnation(it->second.incarnation));
   }
+  // For the launchers of other nodes (this one's hears through options_.exclude below).
+  for (const auto& [rank, pid] : excluded) store_->set(exclude_key(rank), to_bytes(std::to_string(pid)));
+  if (!excluded.empty()) store_->add(exclusions_key(), 1);
   store_->set(generation_key(next.id), to_bytes(encode_generation(next)));
   store_->set(latest_generation_key(), to_bytes(std::to_string(next.id)));
   published_ = next.id;

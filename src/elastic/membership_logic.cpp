@@ -301,5 +301,15 @@ std::string decision_key(int64_t generation, int64_t step) {
 std::string start_key(int64_t generation) { return "elastic/start/" + std::to_string(generation); }
 std::string done_key(int rank) { return "elastic/done/" + std::to_string(rank); }
 std::string finished_key() { return "elastic/finished"; }
+std::string exited_key(int rank) { return "elastic/exited/" + std::to_string(rank); }
+std::string exits_key() { return "elastic/exits"; }
+std::string exclude_key(int rank) { return "elastic/exclude/" + std::to_string(rank); }
+std::string exclusions_key() { return "elastic/exclusions"; }
+
+int parse_pid(const std::string& text) {
+  if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
+  const int pid = std::stoi(text);
+  return pid > 0 ? pid : -1;
+}
 
 }  // namespace crosstrain::elastic

@@ -381,6 +381,39 @@ bool wait_for_rows(Process& job, const std::string& dir, size_t rows, millisecon
 
 // --nnodes MIN:MAX: node 0 starts alone (2 of 4 replicas once the coordinator's settle time passed); node 1's
 // launcher comes later, its ranks join the running job at a step boundary with the live state of replica 0.
+// No launcher is special in what it does for its own ranks: node 1's launcher reports its rank's death through
+// the store (the failure names it "exited" at once instead of "silent for" the failure timeout), and ends the other
+// rank of that replica, which the coordinator excluded alive (before, it waited there and the replica never came
+// back). Both restart and rejoin with the live state.
+TEST(ElasticCli, AnotherNodesLauncherReportsExitsAndEndsItsExcludedRanks) {
+  const int steps = 60;
+  const auto dir = fresh_dir("elastic-node1");
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const auto command = rank_command(dir, steps, paced({"--set", "parallel.tp=2", "--set", "debug.elastic_kill=3@4"}));
+  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-node1"}};
+  Process node0(launcher({"--nnodes", "2", "--node-rank", "0", "--nproc", "2", "--master", master, "--max-restarts", "2"},
+                         command), env);
+  Process node1(launcher({"--nnodes", "2", "--node-rank", "1", "--nproc", "2", "--master", master, "--max-restarts", "2"},
+                         command), env);
+  auto r0 = node0.wait(milliseconds(180000));
+  auto r1 = node1.wait(milliseconds(60000));
+  const std::string both = r0.output + "\n--- node 1 ---\n" + r1.output;
+  ASSERT_EQ(r0.exit_code(), 0) << both;
+  EXPECT_EQ(r1.exit_code(), 0) << both;
+  EXPECT_TRUE(contains(r0.output, "(failure): 1 replica (0), 2 ranks; rank 2 left with its replica 1; rank 3 exited"))
+      << both;
+  EXPECT_TRUE(std::regex_search(r1.output, std::regex(R"(ending rank 2 \(pid \d+\): the job went on without its replica)")))
+      << both;
+  const int join = generation_with(r0.output, "join");
+  ASSERT_GT(join, 2) << both;
+  auto d = digests(r0.output);
+  for (const auto& [g, by_rank] : digests(r1.output)) d[g].insert(by_rank.begin(), by_rank.end());
+  ASSERT_EQ(d[join].size(), 4u) << both;
+  EXPECT_EQ(d.at(join).at(2), d.at(join).at(0));  // tensor-parallel rank 0 of each replica
+  EXPECT_EQ(d.at(join).at(3), d.at(join).at(1));
+  expect_every_step_once(dir, steps);
+}
+
 TEST(ElasticCli, ANodeJoinsARunningJob) {
   const int steps = 60;
   const auto dir = fresh_dir("elastic-nnodes");

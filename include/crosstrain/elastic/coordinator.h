@@ -44,7 +44,9 @@ class Coordinator {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
-  // The launcher reaped the process of `rank`: it is dead now (no need to wait for its heartbeat to stop).
+  // This launcher reaped the process of `rank`: it is dead now (no need to wait for its heartbeat to stop).
+  // Launchers of other nodes report through the store (exited_key); excluded processes are published there too
+  // (exclude_key) for the launcher that runs them, beside the `exclude` callback for this one.
   void rank_exited(int rank);
   // The newest generation published (0: none yet).
   int64_t generation() const { return published_.load(); }
@@ -54,6 +56,8 @@ class Coordinator {
   void tick(Clock::time_point now);
   void read_registrations();
   void observe_heartbeats(Clock::time_point now);
+  // Exits that launchers on other nodes reported through the store since the last look: (rank, pid).
+  std::vector<std::pair<int, int>> reported_exits();
   // `holders`: the generation whose members hold the live state (MembershipView::holders), or null.
   void publish(const Generation& next, Clock::time_point now, const Generation* holders);
   bool waits_to_join(int rank, const std::string& member, const Generation* holders, Clock::time_point now) const;
@@ -71,6 +75,7 @@ class Coordinator {
   Clock::time_point emptied_{};  // when a generation without replicas was published
   std::mutex exited_mu_;
   std::vector<int> exited_;
+  int64_t exits_seen_ = 0;  // the exits_key() counter at the last look
   std::atomic<int64_t> published_{0};
   bool finishing_ = false;
   std::atomic<bool> stop_{false};

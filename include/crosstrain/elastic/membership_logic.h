@@ -147,6 +147,16 @@ std::string start_key(int64_t generation);
 std::string done_key(int rank);
 // Set by the coordinator once a rank is done: processes still waiting to join learn that nothing is left to do.
 std::string finished_key();
+// Launchers on other nodes than the coordinator's: the pid of a rank's process that exited (written by its
+// launcher, then exits_key() is incremented), and the pid of a live process the coordinator excluded (written by
+// the coordinator, then exclusions_key() is incremented; its launcher ends it). The counters let each side poll one
+// key instead of one per rank.
+std::string exited_key(int rank);
+std::string exits_key();
+std::string exclude_key(int rank);
+std::string exclusions_key();
+// Pure: a pid as a launcher or the coordinator wrote it; -1 for anything that is not a positive decimal int.
+int parse_pid(const std::string& text);
 constexpr const char* kClosed = "closed";
 
 }  // namespace crosstrain::elastic

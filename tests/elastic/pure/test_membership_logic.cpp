@@ -538,3 +538,13 @@ TEST(ElasticLogTime, ReadsAsUtcWithMillisecondsAndBack) {
   for (const char* bad : {"1765012484123", "2026-12-06 09:14:44.123Z", "2026-12-06T09:14:44.123", "", "t=5"})
     EXPECT_THROW(parse_log_time(bad), std::runtime_error) << bad;
 }
+
+// What a launcher or the coordinator wrote into the store is read back as a pid only when it is one: anything
+// else (a hostile or truncated value) names no process, so nothing gets killed for it.
+TEST(MembershipKeys, APidFromTheStoreIsAPositiveDecimalOrNothing) {
+  EXPECT_EQ(parse_pid("4242"), 4242);
+  for (const char* bad : {"", "0", "-1", "12a", " 12", "1e3", "99999999999", "4242\n"})
+    EXPECT_EQ(parse_pid(bad), -1) << "'" << bad << "'";
+  EXPECT_NE(exited_key(3), exclude_key(3));
+  EXPECT_EQ(exited_key(3).rfind("elastic/", 0), 0u);
+}

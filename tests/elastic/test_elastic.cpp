@@ -313,6 +313,32 @@ TEST(ElasticCli, DiLoCoGoesOnWithoutAKilledClusterAndTakesItBackWithTheSameOuter
   expect_every_step_once(again, 60);
 }
 
+// DiLoCo with ZeRO-2 inside each of 2 clusters of 2 ranks: the cluster is a whole copy of the sharded state, so a
+// rejoining cluster receives each shard (with its inner moments and outer state) from the rank of the live cluster
+// that holds it.
+TEST(ElasticCli, DiLoCoWithZeroInsideClustersHealsShardByShard) {
+  const auto dir = fresh_dir("elastic-diloco-zero");
+  auto r = run_process(elastic_args(dir, 4, 40, paced({"--max-restarts", "2", "--set", "debug.elastic_kill=3@6", "--set",
+                                                       "sync.mode=diloco", "--set", "sync.clusters=2", "--set",
+                                                       "sync.inner_steps=4", "--set", "parallel.zero=2"})),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "(failure): 1 replica (0), 2 ranks; rank 2 left with its replica 1; rank 3 exited"))
+      << r.output;
+  const int join = generation_with(r.output, "join");
+  ASSERT_GT(join, 2) << r.output;
+  const auto d = digests(r.output).at(join);
+  const auto outer = outer_digests(r.output, join);
+  ASSERT_EQ(d.size(), 4u) << r.output;
+  ASSERT_EQ(outer.size(), 4u) << r.output;
+  for (int shard : {0, 1}) {
+    EXPECT_EQ(d.at(2 + shard), d.at(shard)) << "shard " << shard;
+    EXPECT_EQ(outer.at(2 + shard), outer.at(shard)) << "shard " << shard;
+  }
+  EXPECT_NE(d.at(0), d.at(1));
+  expect_every_step_once(dir, 40);
+}
+
 // (c) A stopped rank stays connected but its heartbeat stops: it is excluded within the failure timeout, ended by
 // the launcher, and the others finish; nothing waits for the long communication timeout.
 TEST(ElasticCli, StoppedRankIsDetectedExcludedAndNothingHangs) {

@@ -180,13 +180,18 @@ void ElasticLoop::retire_generation() {
 // second more): the Run first (it refers to the communicator), then the communicator, then the config.
 void ElasticLoop::destroy_retired() {
   const auto due = m_.group_timeout() + std::chrono::seconds(1);
+  bool released = false;
   while (!retired_.empty() && Clock::now() - retired_.front().retired >= due) {
     Objects o = std::move(retired_.front());
     retired_.pop_front();
     o.run.reset();
     o.world.reset();
     o.config.reset();
+    released = true;
   }
+  // The allocator keeps freed memory for reuse (keep_freed_memory_for_reuse): a generation's worth, once it is gone,
+  // goes back to the system, so the resident size stays where it was after any number of failures.
+  if (released) return_freed_memory();
 }
 
 void ElasticLoop::note(const std::string& line) const {

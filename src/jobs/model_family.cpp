@@ -44,6 +44,7 @@ ModelFamily dlrm() {
   f.arch = models::ModelArch::Dlrm;
   f.name = models::to_string(f.arch);
   f.summary = "recommendation model: sharded embedding tables and a dense MLP ([dlrm])";
+  f.elastic = true;  // as one replica: a failure goes back to the newest checkpoint (dlrm.mode = "sharded")
   f.state_bytes_per_parameter = 8;  // tables and their row-wise optimizer state
   f.resolve = resolve_dlrm;
   f.make_job = make_dlrm_job;

@@ -2,6 +2,7 @@
 // learns the synthetic task on 4 ranks (AUC well above chance), its checkpoint resumes on 2 ranks and exports
 // as safetensors, and bad settings are refused with a message that names the key.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 
@@ -43,6 +44,13 @@ std::pair<ProcessResult, int> interrupt_once(Process& job, const std::string& se
     return {stopped, -1};
   const int step = std::stoi(at[1]);
   return {stopped, step};
+}
+
+std::vector<nlohmann::json> metrics_rows(const std::string& dir) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(dir + "/metrics.jsonl");
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
 }
 
 double last_auc(const std::string& output) {
@@ -179,4 +187,40 @@ TEST(DlrmCli, RunsThroughTheCommonLoopTracesReportsAndStopsOnCtrlC) {
   ASSERT_EQ(resumed.exit_code(), 0) << resumed.output;
   EXPECT_TRUE(contains(resumed.output, "step 12/12")) << resumed.output;
   fs::remove_all(dir);
+}
+
+// DLRM under elastic training (issue 33, item 3): its tables are sharded over every rank, so the whole job is one
+// replica and no other holds a lost rank's shards: a SIGKILLed rank takes the job back to its newest checkpoint,
+// by itself, and training continues exactly as the run without the failure. The parameter-server mode is refused.
+TEST(DlrmCli, ALostRankUnderElasticTrainingGoesBackToTheCheckpointAndContinuesExactly) {
+  const std::string plain = fresh("elastic-plain"), elastic = fresh("elastic-kill");
+  auto args = [](const std::string& dir) {
+    auto a = train_args(dir, 2, 16);
+    a.insert(a.end(), {"--set", "train.checkpoint_every=5", "--set", "run.log_every=4"});
+    return a;
+  };
+  auto p = run_process(args(plain), {}, std::chrono::milliseconds(180000));
+  ASSERT_EQ(p.exit_code(), 0) << p.output;
+  auto e_args = args(elastic);
+  e_args.insert(e_args.end(), {"--max-restarts", "2", "--set", "debug.elastic_kill=1@8", "--set",
+                               "elastic.heartbeat_ms=50", "--set", "elastic.failure_timeout_ms=400"});
+  auto e = run_process(e_args, {}, std::chrono::milliseconds(180000));
+  ASSERT_EQ(e.exit_code(), 0) << e.output;
+  EXPECT_TRUE(contains(e.output, "(failure): 0 replicas (), 0 ranks; rank 0 left with its replica 0; rank 1 exited"))
+      << e.output;
+  EXPECT_TRUE(contains(e.output, "no live replica holds the state: resumed from the newest checkpoint")) << e.output;
+  EXPECT_TRUE(contains(e.output, "step_00000005 (step 5)")) << e.output;
+  const auto a = metrics_rows(plain), b = metrics_rows(elastic);
+  ASSERT_EQ(a.size(), 16u);
+  ASSERT_EQ(b.size(), 16u) << e.output;  // every step once: steps 6-7 were redone, their first rows replaced
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(b[i]["step"].get<int>(), static_cast<int>(i) + 1);
+    EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-6) << "step " << i + 1;
+  }
+
+  auto ps = train_args(fresh("elastic-ps"), 2, 4);
+  ps.insert(ps.end(), {"--max-restarts", "1", "--set", "dlrm.mode=ps", "--set", "sync.mode=ssp"});
+  auto refused = run_process(ps, {}, std::chrono::milliseconds(60000));
+  EXPECT_NE(refused.exit_code(), 0);
+  EXPECT_TRUE(contains(refused.output, "elastic DLRM runs with dlrm.mode = \"sharded\"")) << refused.output;
 }

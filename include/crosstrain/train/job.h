@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "crosstrain/core/error.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/sync_mode.h"
 
@@ -45,6 +46,11 @@ struct LiveState {
   int64_t optimizer_steps = 0;
   int64_t next_step = 1;
   bool valid() const { return !tensors.empty(); }
+};
+
+struct HealStats {
+  int64_t bytes = 0;   // state bytes sent to each receiver
+  double seconds = 0;  // the transfer, once both sides are there, to the last byte
 };
 
 class Job {
@@ -93,8 +99,31 @@ class Job {
   // Text generated from the final checkpoint (rank 0; train.sample_tokens); empty for families without text.
   virtual std::string sample() { return ""; }
 
-  // Elastic training: this rank's live state, to continue at `next_step` (references into the job).
+  // ---- elastic training (jobs/gpt/elastic.h) ----------------------------------------------------------
+  // This rank's live state, to continue at `next_step` (references into the job); invalid (no tensors) for a
+  // family whose state no other replica holds (DLRM's table shards: a failure goes back to the checkpoint).
   virtual LiveState live_state(int64_t next_step) = 0;
+  // This rank's data-parallel index in the generation: heals are addressed by it.
+  virtual int dp_index() const { return 0; }
+  // Loads the newest checkpoint of run.dir (no live replica holds the state); start_step() follows it.
+  virtual void load_latest_checkpoint() = 0;
+  // Takes over `from` (the state this rank carried from its last generation, same layout).
+  virtual void adopt(const LiveState& from) { no_live_state(); }
+  // Replica `donor` sends its state and step to the `receivers` (data-parallel indices); see Run::heal_from.
+  virtual HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
+                              const std::function<void()>& midway) {
+    no_live_state();
+    return {};
+  }
+  // FNV-1a digests of the live state and of the sync strategy's own ("" when it keeps none), for tests.
+  virtual std::string state_digest() { return ""; }
+  virtual std::string sync_state_digest() { return ""; }
+
+ private:
+  [[noreturn]] static void no_live_state() {
+    throw Error("elastic training: this model family keeps no live state to carry or send (a bug: its "
+                "live_state() is invalid, so nothing should ask)");
+  }
 };
 
 }  // namespace crosstrain::train

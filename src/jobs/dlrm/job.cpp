@@ -277,11 +277,6 @@ void DlrmJob::finish() {
   if (talk_) print_dlrm_summary(result_);
 }
 
-LiveState DlrmJob::live_state(int64_t) {
-  throw UsageError("elastic training is not available for model.arch = \"dlrm\" yet: resume from its checkpoints "
-                   "with --resume instead");
-}
-
 void DlrmJob::gather_tables() {
   for (size_t t = 0; t < tables_.size(); ++t)
     result_.tables.push_back(gather_table(world_, tables_[t], *embeddings_, static_cast<int>(t)));

@@ -24,6 +24,7 @@
 #include "crosstrain/train/loop.h"
 #include "crosstrain/train/sync_mode.h"
 #include "crosstrain/train/debug_fault.h"
+#include "../dlrm/job.h"  // the other family an elastic generation runs
 #include "run.h"
 
 namespace crosstrain::train {
@@ -58,12 +59,17 @@ int64_t restart_count() {
   }
 }
 
-int job_dp(const Config& c, int world) { return models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp(); }
+bool is_dlrm(const Config& c) { return c.model.arch == models::ModelArch::Dlrm; }
+
+int job_dp(const Config& c, int world) {
+  return is_dlrm(c) ? world : models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp();
+}
 
 // The unit that leaves and joins, in data-parallel ranks: one replica; with DiLoCo a whole cluster (its clusters
-// must stay balanced); with ZeRO the dp_shard ranks that shard one copy of the state (HSDP). check_elastic_config
-// refuses the layouts where none of these is whole.
+// must stay balanced); with ZeRO the dp_shard ranks that shard one copy of the state (HSDP); DLRM, whose tables
+// are sharded over every rank, the whole job. check_elastic_config refuses the layouts where none of these is whole.
 int ranks_per_replica(const Config& c, int dp) {
+  if (is_dlrm(c)) return dp;
   if (c.sync.mode == SyncMode::DiLoCo) return dp / static_cast<int>(std::max<int64_t>(1, c.sync.clusters));
   return c.parallel.zero > 0 ? static_cast<int>(c.parallel.dp_shard) : 1;
 }
@@ -88,6 +94,11 @@ TrainOptions without_stop_vote(TrainOptions o) {
   return o;
 }
 
+TrainOptions without_resume(TrainOptions o) {
+  o.resume = false;
+  return o;
+}
+
 // One process's part in an elastic job: a Run per generation; the state carried from one to the next.
 class ElasticLoop {
  public:
@@ -96,13 +107,14 @@ class ElasticLoop {
         width_(ranks_per_replica(c, job_dp(c, m.world_size()))), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
         stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
         kill_in_heal_(parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal")),
-        loop_options_(without_stop_vote(o)),
+        loop_options_(without_stop_vote(o)), dlrm_options_(without_resume(o)),
         loop_(c, loop_options_) {}
   ~ElasticLoop();
   TrainResult run();
 
  private:
   bool run_generation();
+  std::unique_ptr<Job> make_job(const Config& c, comm::Communicator& world, const RunStart& start) const;
   void bootstrap_state();
   bool train_steps();
   void recover(const CommError& error, int64_t successor);
@@ -115,6 +127,7 @@ class ElasticLoop {
   const TrainOptions& o_;
   const GemmPeak peak_;  // this process's own, measured before it registered
   const int slots_;
+  const TrainOptions dlrm_options_;  // a DLRM generation's: the loop decides when to load the checkpoint
   const int width_;  // data-parallel ranks per replica
   const DebugFault kill_, stop_, kill_in_heal_;
   const int64_t restarts_ = restart_count();  // read once, not on every step
@@ -127,14 +140,14 @@ class ElasticLoop {
   struct Objects {
     std::unique_ptr<Config> config;
     std::unique_ptr<comm::Communicator> world;
-    std::unique_ptr<Run> run;
+    std::unique_ptr<Job> run;
     Clock::time_point retired{};
   };
   void retire_generation();
   void destroy_retired();
   Objects current_;
   std::deque<Objects> retired_;
-  Run* run_ = nullptr;
+  Job* run_ = nullptr;
   comm::Communicator* world_ = nullptr;
   obs::ProcessFootprint footprint_at_start_;  // at the first generation (printed at the end beside the last)
   bool footprint_taken_ = false;
@@ -260,6 +273,13 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
   gen_ = m_.await_member_generation(std::max(gen_.id, successor - 1));
 }
 
+std::unique_ptr<Job> ElasticLoop::make_job(const Config& c, comm::Communicator& world, const RunStart& start) const {
+  // DLRM's tables are sharded over every rank: one replica, nothing to heal; the loop loads the checkpoint itself.
+  if (c.model.arch == models::ModelArch::Dlrm) return std::make_unique<DlrmJob>(c, world, dlrm_options_);
+  // Each generation has its own world size: its layout is resolved here, once per generation.
+  return std::make_unique<Run>(c, validate(c, world.size()), world, o_, start);
+}
+
 bool ElasticLoop::run_generation() {
   has_state_ = started_ = decided_ = false;
   const auto t_group = Clock::now();
@@ -280,9 +300,7 @@ bool ElasticLoop::run_generation() {
   start.slots = slots_;
   start.replica_width = width_;
   start.peak = peak_;
-  // Each generation has its own world size: its layout is resolved here, once per generation.
-  const parallel::ParallelDims dims = validate(*current_.config, world_->size());
-  current_.run = std::make_unique<Run>(*current_.config, dims, *world_, o_, start);
+  current_.run = make_job(*current_.config, *world_, start);
   run_ = current_.run.get();
   if (!footprint_taken_) {
     footprint_at_start_ = obs::process_footprint();
@@ -326,7 +344,7 @@ void ElasticLoop::bootstrap_state() {
   if (best < 0) {
     // No live state anywhere: the whole job (re)started.
     if (checkpoint::latest_checkpoint(c_.run.dir)) {
-      run_->resume();
+      run_->load_latest_checkpoint();
       if (world_->rank() == 0) note("no live replica holds the state: resumed from the newest checkpoint");
     }
     next_step_ = run_->start_step();
@@ -409,6 +427,9 @@ void ElasticLoop::finish() {
 }  // namespace
 
 void check_elastic_config(const Config& c, int world) {
+  if (is_dlrm(c) && c.dlrm.on_parameter_server())
+    throw UsageError("elastic DLRM runs with dlrm.mode = \"sharded\" (the tables sharded over every rank, a failure "
+                     "goes back to the newest checkpoint); the parameter server's workers do not leave and join yet");
   if (!sync_traits(c.sync).elastic)
     throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) or \"diloco\" for now; sync.mode = \"" +
                      std::string(to_string(c.sync.mode)) + "\" restarts from the newest checkpoint instead (--resume)");
@@ -444,11 +465,16 @@ namespace {
 
 // This rank's membership settings: its replica slot and replica size from the layout, the timing from [elastic].
 elastic::MembershipOptions membership_options(const Config& c, int rank, int world) {
-  const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
   elastic::MembershipOptions o;
-  const int width = ranks_per_replica(c, dims.dp());
-  o.replica = dims.shape.coords(rank).dp / width;
-  o.replica_size = dims.pp() * dims.tp() * width;
+  if (is_dlrm(c)) {
+    o.replica = 0;  // one replica: every rank
+    o.replica_size = world;
+  } else {
+    const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
+    const int width = ranks_per_replica(c, dims.dp());
+    o.replica = dims.shape.coords(rank).dp / width;
+    o.replica_size = dims.pp() * dims.tp() * width;
+  }
   o.timing.heartbeat_ms = static_cast<int>(c.elastic.heartbeat_ms);
   o.timing.failure_timeout_ms = static_cast<int>(c.elastic.failure_timeout_ms);
   o.timing.min_replicas = static_cast<int>(c.elastic.min_replicas);
@@ -465,7 +491,7 @@ TrainResult train_elastic(const Config& config, const LaunchEnv& env, const Trai
   // Everything a process can do alone comes before it registers, since registering asks the members to take it
   // in: timed inside a generation, a joiner's GEMM peak (1.3 s, several under load) held every member.
   GemmPeak peak;
-  if (config.train.peak_flops_per_rank <= 0) {
+  if (config.train.peak_flops_per_rank <= 0 && !is_dlrm(config)) {
     const int dp = job_dp(config, env.world_size);
     const int64_t micro_batch = config.train.global_batch / dp / std::max<int64_t>(1, config.train.micro_batches);
     peak = measure_model_peak(config, micro_batch);

@@ -50,11 +50,6 @@ struct RunStart {
   GemmPeak peak;                  // measured once per process (elastic: before it joins); empty: measure now
 };
 
-struct HealStats {
-  int64_t bytes = 0;   // state bytes sent to each receiver
-  double seconds = 0;  // the transfer, once both sides are there, to the last byte
-};
-
 // One rank's composed run of a GPT or Llama model: layout, model, sync strategy, optimizer, data and checkpoints,
 // built once. The training loop (train/loop.h) drives it as a Job.
 class Run : public Job {
@@ -100,19 +95,20 @@ class Run : public Job {
 
   // ---- elastic training -------------------------------------------------------------------------------
   // Takes over `from` (a Run of the same rank layout): copies its tensors into this Run's.
-  void adopt(const LiveState& from);
+  void adopt(const LiveState& from) override;
   // Replica `donor` sends its state and step to the `receivers` (data-parallel indices), point to point; the
   // other replicas take no part. A replica of several data-parallel ranks (RunStart::replica_width) heals rank by
   // rank: rank i of the donor sends to rank i of each receiving replica (ZeRO: the same shard). Stats are the donor's (sent) or the receiver's (received). `midway` runs on a
   // receiver between the step and the state (a test's fault: a joiner that dies while it heals).
   HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
-                      const std::function<void()>& midway = {});
+                      const std::function<void()>& midway = {}) override;
   // FNV-1a over the live state (tests check that healed replicas match bit for bit).
-  std::string state_digest();
+  std::string state_digest() override;
   // The same over the sync strategy's state alone (DiLoCo: the outer parameters and momentum, which every cluster
   // shares); "" when it keeps none.
-  std::string sync_state_digest();
-  int dp_index() const { return dp_index_; }
+  std::string sync_state_digest() override;
+  int dp_index() const override { return dp_index_; }
+  void load_latest_checkpoint() override { resume(); }
   // The live state: the optimizer's tensors, then the sync strategy's own (DiLoCo's outer momentum and parameters).
   std::vector<at::Tensor> state_tensors();
 

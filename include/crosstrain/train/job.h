@@ -106,7 +106,9 @@ class Job {
   // This rank's data-parallel index in the generation: heals are addressed by it.
   virtual int dp_index() const { return 0; }
   // Loads the newest checkpoint of run.dir (no live replica holds the state); start_step() follows it.
-  virtual void load_latest_checkpoint() = 0;
+  virtual void load_latest_checkpoint() {
+    throw Error("elastic training: this job cannot load a checkpoint by itself (a bug: its family is not elastic)");
+  }
   // Takes over `from` (the state this rank carried from its last generation, same layout).
   virtual void adopt(const LiveState& from) { no_live_state(); }
   // Replica `donor` sends its state and step to the `receivers` (data-parallel indices); see Run::heal_from.

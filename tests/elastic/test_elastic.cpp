@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <initializer_list>
 #include <filesystem>
 #include <map>
 #include <regex>
@@ -149,13 +150,18 @@ TEST(ElasticCli, AWaitOnPeersThatGaveUpEndsWithTheGeneration) {
 
 namespace {
 
-// Steps of at least 40 ms (the first rank of each generation sleeps): time for a restarted rank to come back.
-std::vector<std::string> paced(std::vector<std::string> extra) {
-  for (const char* s : {"sync.slow_rank=0", "sync.slow_ms=40"}) {
+// `extra` with "--set KEY=VALUE" for each of `sets`.
+std::vector<std::string> with_sets(std::vector<std::string> extra, std::initializer_list<const char*> sets) {
+  for (const char* s : sets) {
     extra.push_back("--set");
     extra.push_back(s);
   }
   return extra;
+}
+
+// Steps of at least 40 ms (the first rank of each generation sleeps): time for a restarted rank to come back.
+std::vector<std::string> paced(std::vector<std::string> extra) {
+  return with_sets(std::move(extra), {"sync.slow_rank=0", "sync.slow_ms=40"});
 }
 
 }  // namespace
@@ -269,11 +275,7 @@ std::map<int, std::string> outer_digests(const std::string& output, int g) {
 }
 
 std::vector<std::string> diloco(std::vector<std::string> extra) {
-  for (const char* s : {"sync.mode=diloco", "sync.clusters=3", "sync.inner_steps=4", "train.global_batch=6"}) {
-    extra.push_back("--set");
-    extra.push_back(s);
-  }
-  return extra;
+  return with_sets(std::move(extra), {"sync.mode=diloco", "sync.clusters=3", "sync.inner_steps=4", "train.global_batch=6"});
 }
 
 }  // namespace

@@ -22,6 +22,8 @@ def train_cmd(args, run_dir, elastic, extra=()):
     cmd = [args.bin, "train", args.recipe, "--nproc", str(args.nproc), "--set", f"run.dir={run_dir}",
            "--set", f"train.steps={args.steps}", "--set", "train.sample_tokens=0", "--set", f"train.eval_every={args.steps}",
            "--set", "train.checkpoint_every=50", "--set", "run.log_every=1000"]
+    for setting in args.set:  # the same in every run: plain, fault-free elastic and chaos
+        cmd += ["--set", setting]
     if elastic:
         cmd += ["--max-restarts", "1000", "--set", f"elastic.heartbeat_ms={args.heartbeat_ms}",
                 "--set", f"elastic.failure_timeout_ms={args.failure_timeout_ms}"]
@@ -154,9 +156,12 @@ def main():
     ap.add_argument("--stop-fraction", type=float, default=0.2)
     ap.add_argument("--seed", type=int, default=13)
     ap.add_argument("--rounds", type=int, default=int(os.environ.get("ROUNDS", 2)))
+    ap.add_argument("--set", action="append", default=os.environ.get("SET", "").split(),
+                    help="KEY=VALUE for every run, e.g. --set sync.mode=diloco --set sync.clusters=2 (env SET: "
+                         "space-separated)")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
-    print(f"# bench-chaos: {args.recipe}, {args.nproc} replicas, {args.steps} steps; heartbeat {args.heartbeat_ms} ms, "
+    print(f"# bench-chaos: {args.recipe} {' '.join(args.set)}, {args.nproc} replicas, {args.steps} steps; heartbeat {args.heartbeat_ms} ms, "
           f"failure timeout {args.failure_timeout_ms} ms; a fault every {args.min_gap_s}-{args.max_gap_s} s "
           f"({int(100 * args.stop_fraction)}% SIGSTOP, the rest SIGKILL)", flush=True)
     # The cost of membership: plain and fault-free elastic runs alternate, so the machine's noise hits both.

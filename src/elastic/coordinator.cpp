@@ -206,18 +206,15 @@ void Coordinator::publish(const Generation& next, Clock::time_point now, const G
   if (!excluded.empty() && options_.exclude) options_.exclude(excluded, "left generation " + std::to_string(next.id));
 }
 
-// Ends generation `g`: the first voting step its members have not all voted for is aborted (they redo what
-// they did since their last committed vote in `successor`); a generation no member started yet can no longer be
-// started.
+// Ends generation `g`: the first step its members have not all voted for is aborted (they redo it in
+// `successor`); a generation no member started yet can no longer be started.
 void Coordinator::close_generation(const Generation& g, int64_t successor) {
   closed_.insert(g.id);
   const std::string start = from_bytes(store_->compareSet(start_key(g.id), {}, to_bytes(kClosed)));
   if (start == kClosed) return;
   const int64_t members = static_cast<int64_t>(g.ranks.size());
-  // Only the steps at which the members vote (every one, or DiLoCo's outer steps) can have committed.
-  const int every = std::max(1, timing_.vote_every);
-  int64_t step = next_vote_step(std::stoll(start), every);
-  for (int64_t guard = 0; guard < (int64_t{1} << 30); ++guard, step += every) {
+  int64_t step = std::stoll(start);
+  for (int64_t guard = 0; guard < (int64_t{1} << 30); ++guard, ++step) {
     const int64_t before = store_->add(vote_key(g.id, step), kPoison) - kPoison;
     if (before >= members) continue;  // every member voted: that step committed
     store_->set(decision_key(g.id, step), to_bytes(encode_decision({false, successor})));

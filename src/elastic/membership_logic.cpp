@@ -83,8 +83,7 @@ std::string encode_registration(const Registration& r) {
               {"incarnation", r.incarnation},
               {"heartbeat_ms", r.timing.heartbeat_ms},
               {"failure_timeout_ms", r.timing.failure_timeout_ms},
-              {"min_replicas", r.timing.min_replicas},
-              {"vote_every", r.timing.vote_every}}
+              {"min_replicas", r.timing.min_replicas}}
       .dump();
 }
 
@@ -99,18 +98,12 @@ Registration decode_registration(const std::string& text) {
     r.timing.heartbeat_ms = j.value("heartbeat_ms", r.timing.heartbeat_ms);
     r.timing.failure_timeout_ms = j.value("failure_timeout_ms", r.timing.failure_timeout_ms);
     r.timing.min_replicas = j.value("min_replicas", r.timing.min_replicas);
-    r.timing.vote_every = j.value("vote_every", r.timing.vote_every);
   } catch (const json::exception& e) {
     throw std::runtime_error("malformed elastic registration record: " + std::string(e.what()));
   }
-  if (r.rank < 0 || r.replica < 0 || r.replica_size < 1 || r.timing.vote_every < 1)
+  if (r.rank < 0 || r.replica < 0 || r.replica_size < 1)
     throw std::runtime_error("elastic registration record has a negative rank or replica: " + text.substr(0, 80));
   return r;
-}
-
-int64_t next_vote_step(int64_t step, int every) {
-  const int64_t e = std::max(1, every);
-  return (step + e - 1) / e * e;
 }
 
 int Generation::index_of(int rank) const {

@@ -31,11 +31,7 @@ struct Timing {
   int failure_timeout_ms = 500;  // a rank whose counter has not moved for this long is declared dead
   int min_replicas = 1;          // the job (re)starts, and joins are admitted, once this many replicas are live;
                                  // a failure is published whatever is left (the survivors then wait for joins)
-  int vote_every = 1;            // members vote at the steps that are multiples of this (DiLoCo: its outer steps)
 };
-
-// Pure: the first step at or after `step` at which the members vote (a multiple of `every`, which is at least 1).
-int64_t next_vote_step(int64_t step, int every);
 
 // Declares a rank dead when its heartbeat counter stops moving, or at once when its process is known to have
 // exited. Pure: the caller passes the time and the counters it read.

@@ -61,14 +61,6 @@ int64_t restart_count() {
 
 bool is_dlrm(const Config& c) { return c.model.arch == models::ModelArch::Dlrm; }
 
-// Steps between the members' votes. DiLoCo's clusters meet only at the outer step (every sync.inner_steps): a vote
-// at each inner step would put a store round trip (a wide-area one for a remote cluster) into every step. Between
-// votes a failure still ends the generation at once (the watcher's flag aborts any collective in flight), and a
-// replica behind the others' step is healed from them; joins are admitted at the votes, so at outer steps.
-int vote_interval(const Config& c) {
-  return c.sync.mode == SyncMode::DiLoCo ? static_cast<int>(std::max<int64_t>(1, c.sync.inner_steps)) : 1;
-}
-
 int job_dp(const Config& c, int world) {
   return is_dlrm(c) ? world : models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp();
 }
@@ -107,12 +99,14 @@ TrainOptions without_resume(TrainOptions o) {
   return o;
 }
 
-// One process's part in an elastic job: a Run per generation; the state carried from one to the next.
+// One process's part in an elastic job: a Job per generation (a Run, or a DlrmJob); the state carried from one to
+// the next.
 class ElasticLoop {
  public:
   ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o, GemmPeak peak)
       : c_(c), m_(m), o_(o), peak_(std::move(peak)), slots_(job_replicas(c, m.world_size())),
-        width_(ranks_per_replica(c, job_dp(c, m.world_size()))), vote_every_(vote_interval(c)), kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
+        width_(ranks_per_replica(c, job_dp(c, m.world_size()))),
+        kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
         stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
         kill_in_heal_(parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal")),
         dlrm_options_(without_resume(o)), loop_options_(without_stop_vote(o)), loop_(c, loop_options_) {}
@@ -135,7 +129,6 @@ class ElasticLoop {
   const GemmPeak peak_;  // this process's own, measured before it registered
   const int slots_;
   const int width_;  // data-parallel ranks per replica
-  const int vote_every_;  // the members vote at the multiples of this step count (vote_interval)
   const DebugFault kill_, stop_, kill_in_heal_;
   const int64_t restarts_ = restart_count();  // read once, not on every step
   const bool first_incarnation_ = restarts_ == 0;
@@ -261,7 +254,7 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
   if (started_ && !decided_) {
     elastic::Decision d;
     try {
-      d = m_.await_decision(gen_, elastic::next_vote_step(next_step_, vote_every_));
+      d = m_.await_decision(gen_, next_step_);
     } catch (const CommError&) {
       throw error;  // no member failed: the original error stands
     }
@@ -391,10 +384,8 @@ bool ElasticLoop::train_steps() {
   hooks.before_step = [&](int64_t step) {
     fault_if_asked(step);
     decided_ = false;
-    d = elastic::Decision{};
   };
   hooks.before_commit = [&](int64_t step) {
-    if (step % vote_every_ != 0) return;  // DiLoCo: the clusters meet (and vote) at the outer steps only
     const auto vote_start = Clock::now();
     d = m_.vote(gen_, step, o_.stop_requested && o_.stop_requested());
     vote_s_ += seconds_since(vote_start);
@@ -488,7 +479,6 @@ elastic::MembershipOptions membership_options(const Config& c, int rank, int wor
   o.timing.heartbeat_ms = static_cast<int>(c.elastic.heartbeat_ms);
   o.timing.failure_timeout_ms = static_cast<int>(c.elastic.failure_timeout_ms);
   o.timing.min_replicas = static_cast<int>(c.elastic.min_replicas);
-  o.timing.vote_every = vote_interval(c);
   o.comm = c.comm;
   return o;
 }

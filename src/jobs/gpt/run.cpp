@@ -780,6 +780,11 @@ HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& 
   std::set<int> peers;
   for (int r : receivers) peers.insert(r / width * width + me % width);
   const bool receiving = peers.count(me) > 0;
+  // A replica is behind or ahead as a whole (its ranks commit every step together, after the vote): a receiver in
+  // the donor's own replica would mean its ranks disagree.
+  if (peers.count(donor))
+    throw Error("elastic: data-parallel rank " + std::to_string(donor) + " would heal itself: the ranks of replica " +
+                std::to_string(donor / width) + " hold different steps (a bug; please report it)");
   if (!dp || (me != donor && !receiving)) return stats;
   torch::NoGradGuard no_grad;
   // One flat buffer per dtype: a transfer per tensor would pay the per-message latency hundreds of times.

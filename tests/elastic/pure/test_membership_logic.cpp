@@ -548,18 +548,3 @@ TEST(MembershipKeys, APidFromTheStoreIsAPositiveDecimalOrNothing) {
   EXPECT_NE(exited_key(3), exclude_key(3));
   EXPECT_EQ(exited_key(3).rfind("elastic/", 0), 0u);
 }
-
-// DiLoCo's members vote at its outer steps: the coordinator aborts the first of those not everyone voted for.
-TEST(MembershipKeys, VotesFallOnTheMultiplesOfTheirInterval) {
-  EXPECT_EQ(next_vote_step(6, 4), 8);
-  EXPECT_EQ(next_vote_step(8, 4), 8);
-  EXPECT_EQ(next_vote_step(1, 4), 4);
-  EXPECT_EQ(next_vote_step(7, 1), 7);
-  EXPECT_EQ(next_vote_step(7, 0), 7);  // a bad interval counts as every step
-  Registration r;
-  r.rank = 1;
-  r.timing.vote_every = 4;
-  EXPECT_EQ(decode_registration(encode_registration(r)).timing.vote_every, 4);
-  EXPECT_THROW(decode_registration(R"({"rank":1,"replica":0,"replica_size":1,"incarnation":"h/1/2","vote_every":0})"),
-               std::runtime_error);
-}

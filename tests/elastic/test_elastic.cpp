@@ -509,6 +509,7 @@ TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
       {"parallel.zero=1", "set parallel.dp_shard to a divisor of them (HSDP"},
       {"sync.mode=gossip", "elastic training runs with sync.mode = \"sync\" (not hierarchical) or \"diloco\""},
       {"sync.mode=diloco", "finds its clusters from sync.clusters"},
+      {"sync.mode=diloco --set sync.clusters=2 --set sync.cluster_batch=4,4", "leave sync.cluster_batch empty"},
       {"comm.backend=mpi", "comm.backend = \"gloo\""},
       {"elastic.failure_timeout_ms=60", "elastic.failure_timeout_ms at least twice"},
       {"elastic.min_replicas=5", "elastic.min_replicas = 5 must be between 1 and the 4 replicas"},
@@ -516,7 +517,13 @@ TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
   };
   for (const auto& [set, message] : cases) {
     const auto dir = fresh_dir("elastic-refused");
-    auto r = run_process(elastic_args(dir, 4, 4, {"--max-restarts", "1", "--set", set}), {}, milliseconds(60000));
+    std::vector<std::string> extra = {"--max-restarts", "1"};
+    // A case may set several keys: "a=1 --set b=2".
+    for (size_t from = 0, at; from != std::string::npos; from = at == std::string::npos ? at : at + 7) {
+      at = set.find(" --set ", from);
+      extra.insert(extra.end(), {"--set", set.substr(from, at == std::string::npos ? at : at - from)});
+    }
+    auto r = run_process(elastic_args(dir, 4, 4, extra), {}, milliseconds(60000));
     EXPECT_NE(r.exit_code(), 0) << set;
     EXPECT_TRUE(contains(r.output, message)) << set << "\n" << r.output;
     EXPECT_FALSE(std::filesystem::exists(std::filesystem::path(dir) / "metrics.jsonl")) << set;

@@ -445,6 +445,11 @@ void check_elastic_config(const Config& c, int world) {
   if (diloco && c.sync.fragments > 1 && c.sync.overlap_steps > 0)
     throw UsageError("elastic streaming DiLoCo needs sync.overlap_steps = 0 for now: an exchange in flight across "
                      "steps would be lost with the generation that started it");
+  // A generation with fewer clusters than sync.cluster_batch names would be refused by its Run after a failure,
+  // and every restart would fail the same way: refused here, before anything trains.
+  if (diloco && !c.sync.cluster_batch.empty())
+    throw UsageError("elastic DiLoCo gives every live cluster the same share of the batch: leave sync.cluster_batch "
+                     "empty (it names a count per cluster, and the number of live clusters changes)");
   if (!diloco && c.parallel.zero != 0 && c.parallel.dp_shard <= 0)
     throw UsageError("elastic training needs whole copies of the state, but parallel.zero = " +
                      std::to_string(c.parallel.zero) + " shards it over every data-parallel rank: set parallel.dp_shard "

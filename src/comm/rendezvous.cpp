@@ -65,10 +65,10 @@ std::shared_ptr<Rendezvous> Rendezvous::host(const std::string& host, int port, 
   options.world_size = world_size;
   options.max_wait = timeout;  // no get or wait on the server outlasts the job's own timeout
   // One connection per rank, with room for probes: a large job must never be turned away.
-  options.max_connections = std::max<size_t>(options.max_connections, 4 * static_cast<size_t>(world_size) + 64);
-  // Elastic ranks hold two light connections each (heartbeat, generation watcher) beside their own, and the
-  // launcher of each other node one (exits and exclusions).
-  options.max_probes = std::max<size_t>(options.max_probes, 3 * static_cast<size_t>(world_size) + 8);
+  options.max_connections = std::max<size_t>(options.max_connections, 5 * static_cast<size_t>(world_size) + 64);
+  // Elastic ranks hold three light connections each (heartbeat, generation watcher, step voter) beside their own,
+  // and the launcher of each other node one (exits and exclusions).
+  options.max_probes = std::max<size_t>(options.max_probes, 4 * static_cast<size_t>(world_size) + 8);
   auto impl = std::make_unique<Impl>();
   try {
     impl->server = std::make_unique<store::StoreServer>(options);

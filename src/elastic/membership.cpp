@@ -60,8 +60,8 @@ Membership::Membership(const LaunchEnv& env, MembershipOptions options)
   // No generation published before this process registers can count it: its watcher and its search for a
   // generation start after them (a restarted process that read every old record caught up seconds late on a
   // loaded machine, and all that time did not see a failure that ended its generation).
-  latest_ = latest_published();
-  first_candidate_ = latest_.load() + 1;
+  *latest_ = latest_published();
+  first_candidate_ = latest_->load() + 1;
   // Beat before registering: the coordinator starts watching the heartbeat as soon as it reads the registration.
   beat_->store()->add(heartbeat_key(env_.rank), 1);
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
@@ -113,7 +113,7 @@ void Membership::heartbeat_loop() {
 // Waits for each next generation record in turn; a failure generation raises the abort flag at once.
 void Membership::watch_loop() {
   while (!stop_) {
-    const int64_t next = latest_.load() + 1;
+    const int64_t next = latest_->load() + 1;
     try {
       auto& store = *watch_->store();
       try {
@@ -124,7 +124,7 @@ void Membership::watch_loop() {
       }
       const Generation g = decode_generation(from_bytes(store.get(generation_key(next))));
       if (g.failure()) *failure_generation_ = g.id;
-      latest_ = g.id;
+      *latest_ = g.id;
     } catch (const CommError&) {
       if (!reopen(watch_)) return;
     } catch (const std::exception&) {
@@ -225,24 +225,17 @@ bool Membership::start(const Generation& g, int64_t step) {
   return true;
 }
 
-// Two store round trips per member and step: the add, then (all but the last voter) one get that waits on the
-// server for the decision. The last voter learns of a pending generation from the watcher, not from the store.
 Decision Membership::vote(const Generation& g, int64_t step, bool stop) {
-  auto& store = *rendezvous_->store();
-  // Before the vote: the last voter, who decides, sees every request made before any vote it counts.
-  if (stop) store.set(stop_key(), to_bytes("1"));
-  const int64_t count = store.add(vote_key(g.id, step), 1);
-  if (count == static_cast<int64_t>(g.ranks.size())) {
-    // The last vote: the step commits; a generation published meanwhile starts after it on every member.
-    Decision d;
-    d.commit = true;
-    d.stop = store.check({stop_key()});
-    const int64_t latest = latest_.load();
-    d.next_generation = latest > g.id ? latest : 0;
-    store.set(decision_key(g.id, step), to_bytes(encode_decision(d)));
-    return d;
+  return cast_vote(*rendezvous_->store(), g.id, static_cast<int64_t>(g.ranks.size()), step, stop, latest_->load());
+}
+
+void Membership::post_vote(const Generation& g, int64_t step, bool stop) {
+  if (!voter_) {
+    const LaunchEnv env = env_;
+    const comm::Millis timeout = options_.comm.timeout();
+    voter_ = std::make_unique<StepVoter>([env, timeout] { return connect_retrying(env, -1, timeout); }, latest_);
   }
-  return await_decision(g, step);
+  voter_->post(g.id, static_cast<int64_t>(g.ranks.size()), step, stop);
 }
 
 Decision Membership::await_decision(const Generation& g, int64_t step) {

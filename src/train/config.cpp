@@ -297,6 +297,9 @@ std::vector<Field> sync_elastic_fields(Config& c) {
                  "train on while at least this many replicas are live"),
       int_field("elastic", "max_restarts", c.elastic.max_restarts,
                  "the launcher restarts failed ranks this many times in all"),
+      string_field("elastic", "overlap_votes", c.elastic.overlap_votes,
+                 "auto, always or never: cast each step's vote while the next step computes (always: replicas of "
+                 "several ranks keep a copy of the state to go back to; auto: only where no copy is needed)"),
   };
 }
 
@@ -309,6 +312,8 @@ std::vector<Field> debug_fields(Config& c) {
                  "tests: the checkpoint's final rename fails"),
       string_field("debug", "elastic_kill", c.debug.elastic_kill,
                  "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGKILL in that step"),
+      string_field("debug", "elastic_kill_at_vote", c.debug.elastic_kill_at_vote,
+                 "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGKILL once its gradients are reduced, before its vote"),
       string_field("debug", "elastic_kill_heal", c.debug.elastic_kill_heal,
                  "tests: \"RANK@N\": restarted processes 1 to N of that rank die while they heal"),
       string_field("debug", "elastic_stop", c.debug.elastic_stop,
@@ -564,6 +569,7 @@ void check_ranges(const Config& c) {
   parse_debug_fault(c.debug.elastic_kill, "elastic_kill");
   parse_debug_fault(c.debug.elastic_stop, "elastic_stop");
   parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal");
+  parse_debug_fault(c.debug.elastic_kill_at_vote, "elastic_kill_at_vote");
   parse_debug_fault(c.debug.skip_collective, "skip_collective");
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");

@@ -69,6 +69,11 @@ bool TrainLoop::evaluation_due(const Job& job, int64_t step) const {
   return (every > 0 && (step % every == 0 || last)) || (last && job.evaluates_last_step());
 }
 
+bool TrainLoop::step_has_outputs(const Job& job, int64_t step) const {
+  const int64_t every = c_.train.checkpoint_every;
+  return step >= c_.train.steps || (every > 0 && step % every == 0) || evaluation_due(job, step);
+}
+
 void TrainLoop::say_saved(const std::string& dir, bool leader) const {
   if (!dir.empty() && leader && !options_.quiet && !options_.progress_bar) std::printf("saved checkpoint %s\n", dir.c_str());
 }

@@ -133,6 +133,57 @@ TEST(ElasticCli, KilledReplicaLeavesAndSurvivorsCommitTheNextStep) {
   for (const auto& [rank, digest] : d.at(2)) EXPECT_EQ(digest, d.at(2).begin()->second) << "rank " << rank;
 }
 
+// Overlapped votes (elastic.overlap_votes = "auto"): replicas of one rank cast each step's vote while they apply
+// its update and compute the next step. A rank killed once its gradients are reduced but before its vote leaves a
+// step the others applied: it aborts, yet stands (its gradients were fully reduced), and the survivors go on from
+// the step after it, agreeing bit for bit. Voting in line, the same fault makes them redo that step. (Step 6: the
+// ranks exchange step timings after step 5's update, obs.straggler_every, and a failure there loses that step's row.)
+TEST(ElasticCli, AStepAppliedBeforeItsVoteAbortedStandsForReplicasOfOneRank) {
+  const auto dir = fresh_dir("elastic-overlap");
+  auto r = run_process(elastic_args(dir, 4, 10, {"--set", "debug.elastic_kill_at_vote=2@6"}), {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 replicas (0,1,3), 3 ranks; rank 2 exited")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step 6 aborted in generation 1 after this rank applied it: it stands")) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 of 4 replicas train from step 7")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step votes (7 overlapped with the next step)")) << r.output;  // 1, 10 in line
+  expect_every_step_once(dir, 10);
+  const auto d = digests(r.output);
+  ASSERT_TRUE(d.count(2)) << r.output;
+  EXPECT_EQ(d.at(2).size(), 3u);
+  for (const auto& [rank, digest] : d.at(2)) EXPECT_EQ(digest, d.at(2).begin()->second) << "rank " << rank;
+
+  const auto in_line = fresh_dir("elastic-in-line");
+  auto n = run_process(elastic_args(in_line, 4, 10, {"--set", "debug.elastic_kill_at_vote=2@6", "--set",
+                                                     "elastic.overlap_votes=never"}),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(n.exit_code(), 0) << n.output;
+  EXPECT_TRUE(contains(n.output, "generation 2 (failure): 3 of 4 replicas train from step 6")) << n.output;
+  EXPECT_TRUE(contains(n.output, "step votes (0 overlapped")) << n.output;
+  expect_every_step_once(in_line, 10);
+}
+
+// With replicas of several ranks (here tensor parallel), an overlapped vote keeps a copy of the state from before
+// the update (elastic.overlap_votes = "always"): when the step aborts after some ranks applied it, they go back to
+// that copy, and the run goes on exactly as one whose ranks waited for the step's fate before updating.
+TEST(ElasticCli, AnAbortedStepIsUndoneOnEveryRankThatAppliedIt) {
+  const auto overlapped = fresh_dir("elastic-undo"), in_line = fresh_dir("elastic-undo-in-line");
+  const std::vector<std::string> fault = {"--set", "parallel.tp=2", "--set", "debug.elastic_kill_at_vote=3@5"};
+  auto r = run_process(elastic_args(overlapped, 4, 10, with(fault, {"--set", "elastic.overlap_votes=always"})), {},
+                       milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  auto n = run_process(elastic_args(in_line, 4, 10, with(fault, {"--set", "elastic.overlap_votes=never"})), {},
+                       milliseconds(120000));
+  ASSERT_EQ(n.exit_code(), 0) << n.output;
+  EXPECT_TRUE(contains(r.output, "step 5 aborted in generation 1: this rank had applied it and goes back")) << r.output;
+  for (const auto* out : {&r.output, &n.output})
+    EXPECT_TRUE(contains(*out, "generation 2 (failure): 1 of 2 replicas train from step 5")) << *out;
+  const auto a = read_metrics(overlapped), b = read_metrics(in_line);
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-6) << i;
+  EXPECT_EQ(digests(r.output).at(2), digests(n.output).at(2));
+}
+
 // Gloo alone (no shared memory): a survivor whose ring neighbours are alive but gave up on the all-reduce gets no
 // error from its sockets; only the failure generation ends its wait (abortable.h), well before the 10 s timeout.
 TEST(ElasticCli, AWaitOnPeersThatGaveUpEndsWithTheGeneration) {

@@ -1,9 +1,10 @@
 // A rank's side of elastic membership: it registers, beats its heartbeat, watches for new generations, votes on
-// each step, and builds the communicator of each generation it belongs to. The coordinator (coordinator.h)
+// each step (in line, or posted to a thread of its own: step_voter.h), and builds the communicator of each generation it belongs to. The coordinator (coordinator.h)
 // decides; membership_logic.h has the rules both follow.
 //
-// Three store connections: the rank's own (votes, generation records, Gloo's rendezvous) and two light ones
-// that never wait on each other: the heartbeat, and the watcher that learns of new generations at once. A
+// Four store connections: the rank's own (votes cast in line, generation records, Gloo's rendezvous) and three
+// light ones that never wait on each other: the heartbeat, the watcher that learns of new generations at once,
+// and the voter's. A
 // failure generation raises abort_requested(), which every wait of the generation's communicator
 // (abortable.h) checks, so no member stays blocked in a collective with a dead peer.
 #pragma once
@@ -21,6 +22,7 @@
 #include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/elastic/membership_logic.h"
+#include "crosstrain/elastic/step_voter.h"
 
 namespace c10d {
 class Store;
@@ -81,11 +83,16 @@ class Membership {
   // This rank's vote for `step` of `g` once its gradients are reduced; returns the step's fate (every member gets
   // the same one). `stop`: this rank was asked to stop (Ctrl-C): the step, once committed, is the job's last.
   Decision vote(const Generation& g, int64_t step, bool stop = false);
+  // The same vote, cast on the voter's own thread and connection (step_voter.h): the rank goes on with its
+  // update and the next step, and reads the fate with posted_decision() before it votes again.
+  void post_vote(const Generation& g, int64_t step, bool stop = false);
+  bool vote_posted() const { return voter_ && voter_->pending(); }
+  Decision posted_decision() { return voter_->result(); }
   // The fate of a step this rank did not vote for (it was interrupted): waits for the coordinator's abort.
   Decision await_decision(const Generation& g, int64_t step);
   // True once a failure generation newer than `current` is published.
   bool abort_requested(int64_t current) const { return failure_generation_->load() > current; }
-  int64_t latest_generation() const { return latest_.load(); }
+  int64_t latest_generation() const { return latest_->load(); }
   // The timeout of each generation's communicator: an operation a failure abandoned has ended after it.
   comm::Millis group_timeout() const { return std::min(options_.comm.timeout(), comm::Millis(10000)); }
   // Training is over on this rank: its exit from now on is not a failure.
@@ -105,12 +112,14 @@ class Membership {
   std::string incarnation_;
   std::shared_ptr<comm::Rendezvous> rendezvous_;  // this rank's own store connection
   std::shared_ptr<comm::Rendezvous> beat_, watch_;
-  std::atomic<int64_t> latest_{0};
+  // Shared with the voter's thread, which may outlive this object.
+  const std::shared_ptr<std::atomic<int64_t>> latest_ = std::make_shared<std::atomic<int64_t>>(0);
   int64_t first_candidate_ = 1;  // the first generation that can count this process
   // Shared with the predicates of the generations' communicators (helper threads may outlive this object).
   const std::shared_ptr<std::atomic<int64_t>> failure_generation_ = std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<bool> stop_{false};
   std::thread heartbeat_, watcher_;
+  std::unique_ptr<StepVoter> voter_;  // started by the first posted vote
 };
 
 }  // namespace crosstrain::elastic

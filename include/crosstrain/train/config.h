@@ -92,6 +92,12 @@ struct ElasticConfig {
   int64_t failure_timeout_ms = 500;  // a rank silent this long is dead (its replica leaves)
   int64_t min_replicas = 1;          // train on while at least this many replicas are live
   int64_t max_restarts = 0;          // the launcher restarts failed ranks this many times in all
+  // When each step's vote is cast (step_voter.h). "auto": while the rank applies its update and computes the next
+  // step where that costs nothing (replicas of one rank: a step some survivors applied is kept, and the others
+  // heal from them), in line elsewhere. "always": overlapped everywhere; a replica of several ranks (tensor,
+  // pipeline, HSDP, a DiLoCo cluster) keeps a copy of each rank's model and optimizer state from before the
+  // update, to go back to if the step aborts. "never": every rank waits for the step's fate before its update.
+  std::string overlap_votes = "auto";
 };
 
 struct DebugConfig {
@@ -100,6 +106,9 @@ struct DebugConfig {
   // debug.elastic_kill / elastic_stop = "RANK@STEP" (or "all@STEP"): the first process of that rank sends
   // itself SIGKILL / SIGSTOP in the middle of that step, before its gradients are reduced (tests, chaos runs).
   std::string elastic_kill, elastic_stop;
+  // debug.elastic_kill_at_vote = "RANK@STEP": the same SIGKILL once the rank's gradients of that step are reduced,
+  // just before its vote (the others reduced with its gradients and may have voted and applied the step).
+  std::string elastic_kill_at_vote;
   // debug.elastic_kill_heal = "RANK@N": restarted processes 1 to N of that rank send themselves SIGKILL while
   // they receive their state (a joiner that dies mid-heal, N times in a row).
   std::string elastic_kill_heal;

@@ -56,6 +56,9 @@ class TrainLoop {
 
   TrainResult& result() { return result_; }
   double elapsed_s() const;
+  // Whether the loop evaluates or saves a checkpoint after `step`, or ends there (elastic training waits for the
+  // fate of such a step before its update, so that nothing uncommitted is saved or reported as evaluated).
+  bool step_has_outputs(const Job& job, int64_t step) const;
 
  private:
   // The evaluate / checkpoint / metrics-row sequence after each trained step: the only place it is written.

@@ -88,6 +88,20 @@ Config generation_config(const Config& c, int live, int slots, int width) {
   return g;
 }
 
+// How each step's vote is cast (elastic.overlap_votes). In sync mode a replica of one rank that voted a step
+// holds its fully reduced gradients and applies them: the step stands even if it aborts, and survivors that did
+// not get there heal from it (see settle_posted_vote), so no copy is needed. Elsewhere a step may be applied on
+// some of a replica's ranks only (or, in DiLoCo, by some clusters only: the others would lose their inner steps to
+// a heal), so an overlapped vote keeps a copy to go back to, and "auto" votes in line.
+enum class Overlap { Never, WithoutACopy, KeepingACopy };
+
+Overlap vote_overlap(const Config& c, int world, int replicas) {
+  if (c.elastic.overlap_votes == "never") return Overlap::Never;
+  const bool stands = c.sync.mode == SyncMode::Sync && !is_dlrm(c) && world == replicas;
+  if (stands) return Overlap::WithoutACopy;
+  return c.elastic.overlap_votes == "always" ? Overlap::KeepingACopy : Overlap::Never;
+}
+
 // The loop's own stop vote is off: a request to stop rides on the membership's step vote instead.
 TrainOptions without_stop_vote(TrainOptions o) {
   o.stop_requested = nullptr;
@@ -108,8 +122,10 @@ class ElasticLoop {
         width_(ranks_per_replica(c, job_dp(c, m.world_size()))),
         kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
         stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
+        kill_at_vote_(parse_debug_fault(c.debug.elastic_kill_at_vote, "elastic_kill_at_vote")),
         kill_in_heal_(parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal")),
-        dlrm_options_(without_resume(o)), loop_options_(without_stop_vote(o)), loop_(c, loop_options_) {}
+        overlap_(vote_overlap(c, m.world_size(), slots_)), dlrm_options_(without_resume(o)),
+        loop_options_(without_stop_vote(o)), loop_(c, loop_options_) {}
   ~ElasticLoop();
   TrainResult run();
 
@@ -122,6 +138,9 @@ class ElasticLoop {
   void finish();
   void note(const std::string& line) const;
   void fault_if_asked(int64_t step) const;
+  void keep_state_before(int64_t step);
+  elastic::Decision settle_posted_vote();
+  void cast_vote(int64_t step, elastic::Decision& d);
 
   const Config& c_;
   elastic::Membership& m_;
@@ -129,7 +148,7 @@ class ElasticLoop {
   const GemmPeak peak_;  // this process's own, measured before it registered
   const int slots_;
   const int width_;  // data-parallel ranks per replica
-  const DebugFault kill_, stop_, kill_in_heal_;
+  const DebugFault kill_, stop_, kill_at_vote_, kill_in_heal_;
   const int64_t restarts_ = restart_count();  // read once, not on every step
   const bool first_incarnation_ = restarts_ == 0;
   elastic::Generation gen_;
@@ -158,6 +177,15 @@ class ElasticLoop {
   Clock::time_point setup_began_{};
   bool decided_ = false;       // the fate of the step in flight is known on this rank
   int64_t next_step_ = 1;
+  // elastic.overlap_votes: the step whose vote is cast but whose fate this rank has not read yet (0: none), and
+  // this rank's state from before that step's update, to carry instead of the live one if the step aborts.
+  int64_t posted_step_ = 0;
+  LiveState before_posted_;
+  bool roll_back_ = false;  // the posted step aborted: the next generation starts from before_posted_
+  int64_t kept_step_ = 0;   // the posted step aborted but stands on this rank (a replica of one rank applied it)
+  const Overlap overlap_;
+  int64_t overlapped_votes_ = 0;
+  int64_t first_step_ = 1;  // the generation's
   int64_t switch_to_ = 0;
   bool stopped_ = false;  // a committed step was voted the last (a rank was asked to stop)
   bool header_printed_ = false;
@@ -251,6 +279,20 @@ TrainResult ElasticLoop::run() {
 // After a failure: learns the fate of the step in flight (it never commits here: this rank did not vote), keeps
 // the committed state, and moves to the newest generation that counts this process.
 void ElasticLoop::recover(const CommError& error, int64_t successor) {
+  if (started_ && posted_step_ > 0) {
+    // The fate of the step voted last (its update may be applied already): kept if it committed, else undone or,
+    // for a replica of one rank, kept as well (settle_posted_vote says why).
+    elastic::Decision d;
+    try {
+      d = settle_posted_vote();
+    } catch (const CommError&) {
+      throw error;
+    }
+    if (!d.commit) {
+      successor = d.next_generation;
+      decided_ = true;  // nobody voted for the step after it: nothing else to learn
+    }
+  }
   if (started_ && !decided_) {
     elastic::Decision d;
     try {
@@ -261,13 +303,22 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
     if (d.commit) throw Error("elastic: step " + std::to_string(next_step_) + " committed without this rank's vote (a bug)");
     successor = d.next_generation;
   }
-  if (started_) {
-    note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id));
+  if (kept_step_ > 0) {
+    note("step " + std::to_string(kept_step_) + " aborted in generation " + std::to_string(gen_.id) +
+         " after this rank applied it: it stands (its gradients were fully reduced), the step in flight is redone");
+  } else if (started_) {
+    note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id) +
+         (roll_back_ ? ": this rank had applied it and goes back to its state from before the step" : ""));
   } else {
     char when[80];
     std::snprintf(when, sizeof when, " (in its %s set-up, after %.2f s): ", setup_phase_, seconds_since(setup_began_));
     note("generation " + std::to_string(gen_.id) + " ended before it started" + when + error.what());
-  }  if (has_state_ && run_) carried_ = run_->live_state(next_step_);
+  }
+  if (roll_back_) {
+    carried_ = before_posted_;
+  } else if (has_state_ && run_) {
+    carried_ = run_->live_state(next_step_);
+  }
   // Its Run is kept until the abandoned operations have ended (retire_generation), so its trace is written now.
   if (run_) run_->flush_trace();
   retire_generation();
@@ -282,7 +333,9 @@ std::unique_ptr<Job> ElasticLoop::make_job(const Config& c, comm::Communicator& 
 }
 
 bool ElasticLoop::run_generation() {
-  has_state_ = started_ = decided_ = false;
+  has_state_ = started_ = decided_ = roll_back_ = false;
+  posted_step_ = kept_step_ = 0;
+  before_posted_ = LiveState{};  // its tensors may be carried_ now, which keeps them
   const auto t_group = Clock::now();
   setup_began_ = t_group;
   setup_phase_ = "group";
@@ -379,6 +432,7 @@ void ElasticLoop::bootstrap_state() {
 // update, and a new generation named by a committed step ends this one.
 bool ElasticLoop::train_steps() {
   const int64_t first = next_step_;
+  first_step_ = first;
   elastic::Decision d;
   StepHooks hooks;
   hooks.before_step = [&](int64_t step) {
@@ -387,14 +441,9 @@ bool ElasticLoop::train_steps() {
   };
   hooks.before_commit = [&](int64_t step) {
     const auto vote_start = Clock::now();
-    d = m_.vote(gen_, step, o_.stop_requested && o_.stop_requested());
+    cast_vote(step, d);
     vote_s_ += seconds_since(vote_start);
     ++votes_;
-    decided_ = true;
-    if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
-    // Committed: the update that follows is local (whatever communication comes after it, such as DiLoCo's outer
-    // exchange, may fail), so from here on the state is that after this step and a failure must not redo it.
-    next_step_ = step + 1;
   };
   hooks.committed = [&](int64_t step) {
     next_step_ = step + 1;
@@ -415,13 +464,87 @@ bool ElasticLoop::train_steps() {
   return loop_.run(*run_, *world_, first, hooks) == LoopEnd::Finished || stopped_;
 }
 
+// A step's vote, once its gradients are reduced. In line: the rank waits for the step's fate before its update.
+// Overlapped (elastic.overlap_votes): it reads the fate of the step before, keeps its state, casts this step's
+// vote on the voter's thread and goes on with the update; the next step's vote (or a failure) reads the fate.
+// Every member makes the same choice: it depends on the step, the config and decisions every member reads alike.
+void ElasticLoop::cast_vote(int64_t step, elastic::Decision& d) {
+  if (first_incarnation_ && kill_at_vote_.hits(m_.rank(), step)) raise(SIGKILL);
+  bool news = false;  // the step before named a generation to switch to, or a stop: this one ends in line
+  if (posted_step_ > 0) {
+    const elastic::Decision before = settle_posted_vote();
+    if (!before.commit) {
+      decided_ = true;  // this step was not voted; it and the one before are redone
+      throw elastic::GenerationEnded(CommContext{}, before.next_generation);
+    }
+    news = before.stop || before.next_generation > gen_.id;
+  }
+  const bool stop = o_.stop_requested && o_.stop_requested();
+  decided_ = true;
+  // A generation's first step is voted in line too: its log line says it committed.
+  const bool in_line = news || step == first_step_ || loop_.step_has_outputs(*run_, step);
+  if (overlap_ != Overlap::Never && !in_line) {
+    if (overlap_ == Overlap::KeepingACopy) keep_state_before(step);
+    m_.post_vote(gen_, step, stop);
+    posted_step_ = step;
+    ++overlapped_votes_;
+    d = elastic::Decision{};
+    d.commit = true;  // as far as this rank knows: the loop goes on to the next step
+  } else {
+    d = m_.vote(gen_, step, stop);
+    if (!d.commit) throw elastic::GenerationEnded(CommContext{}, d.next_generation);
+  }
+  // Committed, or voted and applied: the update that follows is local (whatever communication comes after it,
+  // such as DiLoCo's outer exchange, may fail), so from here on the state is that after this step.
+  next_step_ = step + 1;
+}
+
+// Reads the fate of the step voted last.
+elastic::Decision ElasticLoop::settle_posted_vote() {
+  const int64_t step = posted_step_;
+  posted_step_ = 0;
+  const elastic::Decision d = m_.posted_decision();
+  // A replica of one rank that voted has the step's fully reduced gradients and applied them: the step stands
+  // (the generation that follows starts from the newest state, and survivors that did not get there heal from
+  // it). A replica of several ranks may have applied it on some of its ranks only: every rank goes back.
+  if (!d.commit && overlap_ == Overlap::KeepingACopy) {
+    roll_back_ = true;
+    next_step_ = step;
+  } else if (!d.commit) {
+    kept_step_ = step;
+  }
+  return d;
+}
+
+// A copy of this rank's live state before `step`'s update, into buffers kept from step to step.
+void ElasticLoop::keep_state_before(int64_t step) {
+  const LiveState live = run_->live_state(step);
+  std::vector<at::Tensor>& kept = before_posted_.tensors;
+  bool reuse = kept.size() == live.tensors.size();
+  for (size_t i = 0; reuse && i < kept.size(); ++i)
+    reuse = kept[i].sizes() == live.tensors[i].sizes() && kept[i].dtype() == live.tensors[i].dtype();
+  at::NoGradGuard no_grad;
+  if (reuse) {
+    for (size_t i = 0; i < kept.size(); ++i) kept[i].copy_(live.tensors[i]);
+  } else {
+    kept.clear();
+    for (const at::Tensor& t : live.tensors) kept.push_back(t.detach().clone());
+  }
+  before_posted_.optimizer_steps = live.optimizer_steps;
+  before_posted_.next_step = step;
+}
+
 void ElasticLoop::finish() {
   m_.finish();
   const bool leader = world_->rank() == 0;
   loop_.finish(*run_, leader);
-  if (leader && !o_.quiet && votes_ > 0)
-    note("membership: " + std::to_string(votes_) + " step votes, " +
-         std::to_string(1000 * vote_s_ / static_cast<double>(votes_)) + " ms each on average");
+  if (leader && !o_.quiet && votes_ > 0) {
+    char line[160];
+    std::snprintf(line, sizeof line, "membership: %lld step votes (%lld overlapped with the next step), %.3f ms each "
+                  "on the critical path on average", static_cast<long long>(votes_),
+                  static_cast<long long>(overlapped_votes_), 1000 * vote_s_ / static_cast<double>(votes_));
+    note(line);
+  }
 
 }
 
@@ -455,6 +578,8 @@ void check_elastic_config(const Config& c, int world) {
                      std::to_string(c.parallel.zero) + " shards it over every data-parallel rank: set parallel.dp_shard "
                      "to a divisor of them (HSDP: ZeRO inside groups of that many ranks, a copy per group, and a "
                      "replica is one group), or parallel.zero = 0");
+  if (c.elastic.overlap_votes != "auto" && c.elastic.overlap_votes != "always" && c.elastic.overlap_votes != "never")
+    throw UsageError("elastic.overlap_votes is \"auto\", \"always\" or \"never\" (got \"" + c.elastic.overlap_votes + "\")");
   if (c.elastic.heartbeat_ms < 10 || c.elastic.failure_timeout_ms < 2 * c.elastic.heartbeat_ms)
     throw UsageError("elastic.heartbeat_ms must be at least 10 and elastic.failure_timeout_ms at least twice it (got " +
                      std::to_string(c.elastic.heartbeat_ms) + " and " + std::to_string(c.elastic.failure_timeout_ms) + ")");

@@ -8,7 +8,9 @@
 namespace crosstrain::elastic {
 namespace {
 
-constexpr std::chrono::milliseconds kTick{5};
+// Between looks at the store's heartbeats and counters (each look costs about 2 x world + 4 store operations on
+// the launcher's cores, which the ranks share): a reaped rank wakes the coordinator at once instead.
+constexpr std::chrono::milliseconds kTick{20};
 
 
 
@@ -26,13 +28,20 @@ Coordinator::Coordinator(c10::intrusive_ptr<c10d::Store> store, CoordinatorOptio
 }
 
 Coordinator::~Coordinator() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(exited_mu_);
+    stop_ = true;
+  }
+  wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
 
 void Coordinator::rank_exited(int rank) {
-  std::lock_guard<std::mutex> lock(exited_mu_);
-  exited_.push_back(rank);
+  {
+    std::lock_guard<std::mutex> lock(exited_mu_);
+    exited_.push_back(rank);
+  }
+  wake_.notify_all();
 }
 
 void Coordinator::loop() {
@@ -44,7 +53,8 @@ void Coordinator::loop() {
       if (options_.log) options_.log(std::string("coordinator error: ") + e.what());
       std::this_thread::sleep_for(std::chrono::milliseconds(200));
     }
-    std::this_thread::sleep_for(kTick);
+    std::unique_lock<std::mutex> lock(exited_mu_);
+    wake_.wait_for(lock, kTick, [&] { return stop_.load() || !exited_.empty(); });
   }
 }
 
@@ -101,8 +111,12 @@ std::vector<std::pair<int, int>> Coordinator::reported_exits() {
 
 void Coordinator::tick(Clock::time_point now) {
   if (finishing_) return;
+  // Registrations and finished ranks move the roster counter: their records are read only then.
+  const int64_t roster = store_->add(roster_key(), 0);
+  const bool roster_moved = roster != roster_seen_;
+  roster_seen_ = roster;
   for (const auto& [rank, r] : registered_)
-    if (store_->check({done_key(rank)})) {
+    if (roster_moved && store_->check({done_key(rank)})) {
       finishing_ = true;  // training is over: ranks leaving now are not failures
       store_->set(finished_key(), to_bytes("1"));
       if (options_.log) options_.log("[" + log_time(unix_ms()) + "] training finished on rank " +
@@ -110,8 +124,10 @@ void Coordinator::tick(Clock::time_point now) {
       return;
     }
   observe_heartbeats(now);  // exits first: a restarted rank's new registration must not inherit them
-  read_registrations();
-  observe_heartbeats(now);
+  if (roster_moved) {
+    read_registrations();
+    observe_heartbeats(now);
+  }
   // Generations superseded by one their members already started take no more votes. (Before view.current points
   // into open_: the erase moves its elements.)
   while (open_.size() > 1 && store_->check({start_key(open_[1].id)})) open_.erase(open_.begin());

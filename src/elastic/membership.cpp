@@ -73,10 +73,15 @@ Membership::Membership(const LaunchEnv& env, MembershipOptions options)
   r.incarnation = incarnation_;
   r.timing = options_.timing;
   rendezvous_->store()->set(registration_key(env_.rank), to_bytes(encode_registration(r)));
+  rendezvous_->store()->add(roster_key(), 1);
 }
 
 Membership::~Membership() {
-  stop_ = true;
+  {
+    std::lock_guard<std::mutex> lock(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
   if (heartbeat_.joinable()) heartbeat_.join();
   if (watcher_.joinable()) watcher_.join();
 }
@@ -105,8 +110,9 @@ void Membership::heartbeat_loop() {
     } catch (const std::exception&) {
       return;
     }
-    for (auto slept = std::chrono::milliseconds(0); slept < period && !stop_; slept += std::chrono::milliseconds(10))
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    // One wake-up per beat (the ranks share their cores: polling for the end every 10 ms cost them 100 a second).
+    std::unique_lock<std::mutex> lock(stop_mu_);
+    stop_cv_.wait_for(lock, period, [&] { return stop_.load(); });
   }
 }
 
@@ -133,7 +139,10 @@ void Membership::watch_loop() {
   }
 }
 
-void Membership::finish() { rendezvous_->store()->set(done_key(env_.rank), to_bytes("1")); }
+void Membership::finish() {
+  rendezvous_->store()->set(done_key(env_.rank), to_bytes("1"));
+  rendezvous_->store()->add(roster_key(), 1);
+}
 
 std::string Membership::get(const std::string& key) { return from_bytes(rendezvous_->store()->get(key)); }
 
@@ -233,7 +242,11 @@ void Membership::post_vote(const Generation& g, int64_t step, bool stop) {
   if (!voter_) {
     const LaunchEnv env = env_;
     const comm::Millis timeout = options_.comm.timeout();
-    voter_ = std::make_unique<StepVoter>([env, timeout] { return connect_retrying(env, -1, timeout); }, latest_);
+    const auto connect = [env, timeout] {
+      std::shared_ptr<comm::Rendezvous> client = connect_retrying(env, -1, timeout);
+      return VoterConnection{client->store(), client};
+    };
+    voter_ = std::make_unique<StepVoter>(connect, latest_);
   }
   voter_->post(g.id, static_cast<int64_t>(g.ranks.size()), step, stop);
 }

@@ -290,6 +290,7 @@ std::string registration_key(int rank) { return "elastic/register/" + std::to_st
 std::string heartbeat_key(int rank) { return "elastic/heartbeat/" + std::to_string(rank); }
 std::string generation_key(int64_t id) { return "elastic/generation/" + std::to_string(id); }
 std::string stop_key() { return "elastic/stop"; }
+std::string roster_key() { return "elastic/roster"; }
 std::string latest_generation_key() { return "elastic/generation/latest"; }
 std::string vote_key(int64_t generation, int64_t step) {
   return "elastic/vote/" + std::to_string(generation) + "/" + std::to_string(step);

@@ -2,7 +2,6 @@
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
-#include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::elastic {
@@ -69,7 +68,7 @@ Decision StepVoter::result() {
 
 void StepVoter::serve(std::shared_ptr<Shared> shared, Connect connect,
                       std::shared_ptr<const std::atomic<int64_t>> latest) {
-  std::shared_ptr<comm::Rendezvous> connection;
+  VoterConnection connection;
   for (;;) {
     Request r;
     {
@@ -81,11 +80,11 @@ void StepVoter::serve(std::shared_ptr<Shared> shared, Connect connect,
     Decision d;
     std::exception_ptr error;
     try {
-      if (!connection) connection = connect();
-      d = cast_vote(*connection->store(), r.generation, r.members, r.step, r.stop, latest->load());
+      if (!connection.store) connection = connect();
+      d = cast_vote(*connection.store, r.generation, r.members, r.step, r.stop, latest->load());
     } catch (...) {
       error = std::current_exception();
-      connection.reset();  // a reply later than the timeout closed it: the next vote opens another
+      connection = VoterConnection{};  // a reply later than the timeout closed it: the next vote opens another
     }
     {
       std::lock_guard<std::mutex> lock(shared->mu);

@@ -81,6 +81,7 @@ class Job {
     r.incarnation = incarnation(rank, restart);
     r.timing = timing_;
     store_->set(registration_key(rank), bytes(encode_registration(r)));
+    store_->add(roster_key(), 1);
     std::lock_guard<std::mutex> lock(mu_);
     beating_.insert(rank);
   }
@@ -380,6 +381,7 @@ TEST(ElasticCoordinator, MalformedRegistrationIsIgnored) {
   Job job(2, 1, 500);
   job.start_rank(0);
   job.store().set(registration_key(1), Job::bytes("{not json"));
+  job.store().add(roster_key(), 1);
   EXPECT_FALSE(job.wait_generation(1, milliseconds(200)));
   job.start_rank(1);
   const auto g = job.wait_generation(1);

@@ -7,6 +7,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -74,7 +75,9 @@ class Coordinator {
   Clock::time_point first_registration_{};
   Clock::time_point emptied_{};  // when a generation without replicas was published
   std::mutex exited_mu_;
+  std::condition_variable wake_;  // a reaped rank (rank_exited) or the end: the next tick is now
   std::vector<int> exited_;
+  int64_t roster_seen_ = -1;  // the roster_key() counter at the last look
   int64_t exits_seen_ = 0;  // the exits_key() counter at the last look
   std::atomic<int64_t> published_{0};
   bool finishing_ = false;

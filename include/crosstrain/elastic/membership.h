@@ -12,6 +12,7 @@
 #include <ATen/core/ivalue.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -118,6 +119,8 @@ class Membership {
   // Shared with the predicates of the generations' communicators (helper threads may outlive this object).
   const std::shared_ptr<std::atomic<int64_t>> failure_generation_ = std::make_shared<std::atomic<int64_t>>(0);
   std::atomic<bool> stop_{false};
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;  // ends the heartbeat's sleep
   std::thread heartbeat_, watcher_;
   std::unique_ptr<StepVoter> voter_;  // started by the first posted vote
 };

@@ -133,6 +133,9 @@ int64_t parse_log_time(const std::string& text);
 
 // Store keys, all under the job's "elastic/" prefix.
 std::string registration_key(int rank);
+// A counter each rank increments after it writes its registration or its done_key(): the coordinator reads the
+// records only when it moved.
+std::string roster_key();
 std::string heartbeat_key(int rank);
 std::string generation_key(int64_t id);
 std::string latest_generation_key();

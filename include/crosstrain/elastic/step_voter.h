@@ -19,12 +19,10 @@
 
 #include "crosstrain/elastic/membership_logic.h"
 
+#include <c10/util/intrusive_ptr.h>
+
 namespace c10d {
 class Store;
-}
-
-namespace crosstrain::comm {
-class Rendezvous;
 }
 
 namespace crosstrain::elastic {
@@ -35,9 +33,15 @@ namespace crosstrain::elastic {
 Decision cast_vote(c10d::Store& store, int64_t generation, int64_t members, int64_t step, bool stop,
                    int64_t latest_generation);
 
+// A store connection of the voter's own: `owner` keeps it open (the rendezvous client it belongs to, if any).
+struct VoterConnection {
+  c10::intrusive_ptr<c10d::Store> store;
+  std::shared_ptr<void> owner;
+};
+
 class StepVoter {
  public:
-  using Connect = std::function<std::shared_ptr<comm::Rendezvous>()>;
+  using Connect = std::function<VoterConnection()>;
   // `connect` opens the voter's store connection (again after a late reply closed it); `latest` is the newest
   // generation the rank's watcher has seen.
   StepVoter(Connect connect, std::shared_ptr<const std::atomic<int64_t>> latest);

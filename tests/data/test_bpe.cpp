@@ -104,8 +104,8 @@ TEST(BpeTokenizer, LoadTokenizerFindsEachLayout) {
   const fs::path json = write_tokenizer_json("bpe_load", false);
   EXPECT_EQ(data::load_tokenizer(json.string())->encode(" abc"), ids({3, 7}));
   EXPECT_EQ(data::load_tokenizer(json.parent_path().string())->encode(" abc"), ids({3, 7}));
-  vocab_merges_tokenizer();
-  const fs::path dir = fs::path(::testing::TempDir()) / "LoadTokenizerFindsEachLayout_bpe_vocab_merges";
+  const fs::path dir = temp_dir("bpe_vocab_merges");
+  vocab_merges_tokenizer();  // writes vocab.json and merges.txt into that folder (emptied by each temp_dir call)
   EXPECT_EQ(data::load_tokenizer(dir.string())->type(), "byte-level-bpe");
   EXPECT_EQ(data::load_tokenizer((dir / "vocab.json").string())->encode("abc"), ids({7}));
 }

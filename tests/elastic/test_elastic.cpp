@@ -54,6 +54,14 @@ std::map<int, std::map<int, std::string>> digests(const std::string& output) {
   return out;
 }
 
+// `members` ranks printed their state digest when generation `g` started, all the same.
+void expect_members_agree(const std::string& output, int g, size_t members) {
+  const auto d = digests(output);
+  ASSERT_TRUE(d.count(g)) << output;
+  EXPECT_EQ(d.at(g).size(), members) << output;
+  for (const auto& [rank, digest] : d.at(g)) EXPECT_EQ(digest, d.at(g).begin()->second) << "rank " << rank;
+}
+
 // The first generation whose log line has `reason` ("failure", "join", "restart"), as "generation N (reason): ...".
 int generation_with(const std::string& output, const std::string& reason) {
   std::smatch m;
@@ -127,10 +135,7 @@ TEST(ElasticCli, KilledReplicaLeavesAndSurvivorsCommitTheNextStep) {
   ASSERT_TRUE(std::regex_search(r.output, committed, std::regex(R"(\[([0-9T:.Z-]+)\] rank \d+: generation 2: step 5 committed)")));
   EXPECT_LT(crosstrain::elastic::parse_log_time(committed[1]) - crosstrain::elastic::parse_log_time(failed[1]), 5000) << r.output;
   // The survivors agree bit for bit when the new generation starts.
-  const auto d = digests(r.output);
-  ASSERT_TRUE(d.count(2)) << r.output;
-  EXPECT_EQ(d.at(2).size(), 3u);
-  for (const auto& [rank, digest] : d.at(2)) EXPECT_EQ(digest, d.at(2).begin()->second) << "rank " << rank;
+  expect_members_agree(r.output, 2, 3);
 }
 
 // Overlapped votes (elastic.overlap_votes = "auto"): replicas of one rank cast each step's vote while they apply
@@ -147,10 +152,7 @@ TEST(ElasticCli, AStepAppliedBeforeItsVoteAbortedStandsForReplicasOfOneRank) {
   EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 of 4 replicas train from step 7")) << r.output;
   EXPECT_TRUE(contains(r.output, "step votes (7 overlapped with the next step)")) << r.output;  // 1, 10 in line
   expect_every_step_once(dir, 10);
-  const auto d = digests(r.output);
-  ASSERT_TRUE(d.count(2)) << r.output;
-  EXPECT_EQ(d.at(2).size(), 3u);
-  for (const auto& [rank, digest] : d.at(2)) EXPECT_EQ(digest, d.at(2).begin()->second) << "rank " << rank;
+  expect_members_agree(r.output, 2, 3);
 
   const auto in_line = fresh_dir("elastic-in-line");
   auto n = run_process(elastic_args(in_line, 4, 10, {"--set", "debug.elastic_kill_at_vote=2@6", "--set",

@@ -90,4 +90,6 @@ TEST(StepVoter, OneVoteAtATime) {
   EXPECT_THROW(a.result(), crosstrain::Error);  // nothing posted
   a.post(1, 2, 1, false);
   EXPECT_THROW(a.post(1, 2, 2, false), crosstrain::Error);
+  s.store()->set(decision_key(1, 1), to_bytes(encode_decision({true, 0})));  // the other member's vote decided it
+  EXPECT_TRUE(a.result().commit);
 }

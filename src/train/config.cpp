@@ -314,6 +314,8 @@ std::vector<Field> debug_fields(Config& c) {
                  "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGKILL in that step"),
       string_field("debug", "elastic_kill_at_vote", c.debug.elastic_kill_at_vote,
                  "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGKILL once its gradients are reduced, before its vote"),
+      string_field("debug", "elastic_kill_at_outputs", c.debug.elastic_kill_at_outputs,
+                 "tests: \"RANK@STEP\" (or all@STEP) sends itself SIGKILL after that step's update, before its outputs"),
       string_field("debug", "elastic_kill_heal", c.debug.elastic_kill_heal,
                  "tests: \"RANK@N\": restarted processes 1 to N of that rank die while they heal"),
       string_field("debug", "elastic_stop", c.debug.elastic_stop,
@@ -570,6 +572,7 @@ void check_ranges(const Config& c) {
   parse_debug_fault(c.debug.elastic_stop, "elastic_stop");
   parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal");
   parse_debug_fault(c.debug.elastic_kill_at_vote, "elastic_kill_at_vote");
+  parse_debug_fault(c.debug.elastic_kill_at_outputs, "elastic_kill_at_outputs");
   parse_debug_fault(c.debug.skip_collective, "skip_collective");
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");

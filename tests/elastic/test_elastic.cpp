@@ -164,6 +164,24 @@ TEST(ElasticCli, AStepAppliedBeforeItsVoteAbortedStandsForReplicasOfOneRank) {
   expect_every_step_once(in_line, 10);
 }
 
+// A failure during the last step's outputs (its evaluation and checkpoint are collectives with the member that
+// died): the survivors' generation starts past the last step and does those outputs again, so the run still ends
+// with its final evaluation, checkpoint and metrics row (before, they were lost: bench-chaos read val nan).
+TEST(ElasticCli, AFailureDuringTheLastStepsOutputsIsRedoneByTheSurvivors) {
+  const auto dir = fresh_dir("elastic-last-outputs");
+  auto r = run_process(elastic_args(dir, 4, 8, {"--set", "debug.elastic_kill_at_outputs=2@8"}), {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 1 ended during the outputs of the last step, 8 (committed)")) << r.output;
+  EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 of 4 replicas train from step 9")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step 8 committed in an earlier generation: its outputs again")) << r.output;
+  expect_every_step_once(dir, 8);
+  const auto rows = read_metrics(dir);
+  ASSERT_TRUE(rows.back().contains("val_loss")) << rows.back().dump();
+  EXPECT_GT(rows.back()["val_loss"].get<double>(), 0);
+  EXPECT_GT(rows.back()["loss"].get<double>(), 0);  // rank 0 trained step 8: its own record
+  EXPECT_TRUE(fs::exists(fs::path(dir) / "checkpoints" / step_dir_name(8))) << r.output;
+}
+
 // With replicas of several ranks (here tensor parallel), an overlapped vote keeps a copy of the state from before
 // the update (elastic.overlap_votes = "always"): when the step aborts after some ranks applied it, they go back to
 // that copy, and the run goes on exactly as one whose ranks waited for the step's fate before updating.

@@ -109,6 +109,9 @@ struct DebugConfig {
   // debug.elastic_kill_at_vote = "RANK@STEP": the same SIGKILL once the rank's gradients of that step are reduced,
   // just before its vote (the others reduced with its gradients and may have voted and applied the step).
   std::string elastic_kill_at_vote;
+  // debug.elastic_kill_at_outputs = "RANK@STEP": the same once the step's update is applied, before its
+  // evaluation, checkpoint and metrics row.
+  std::string elastic_kill_at_outputs;
   // debug.elastic_kill_heal = "RANK@N": restarted processes 1 to N of that rank send themselves SIGKILL while
   // they receive their state (a joiner that dies mid-heal, N times in a row).
   std::string elastic_kill_heal;

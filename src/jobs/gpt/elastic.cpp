@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -123,6 +124,7 @@ class ElasticLoop {
         kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
         stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
         kill_at_vote_(parse_debug_fault(c.debug.elastic_kill_at_vote, "elastic_kill_at_vote")),
+        kill_at_outputs_(parse_debug_fault(c.debug.elastic_kill_at_outputs, "elastic_kill_at_outputs")),
         kill_in_heal_(parse_debug_fault(c.debug.elastic_kill_heal, "elastic_kill_heal")),
         overlap_(vote_overlap(c, m.world_size(), slots_)), dlrm_options_(without_resume(o)),
         loop_options_(without_stop_vote(o)), loop_(c, loop_options_) {}
@@ -139,6 +141,7 @@ class ElasticLoop {
   void note(const std::string& line) const;
   void fault_if_asked(int64_t step);
   void keep_state_before(int64_t step);
+  void redo_last_outputs();
   elastic::Decision settle_posted_vote();
   void cast_vote(int64_t step, elastic::Decision& d);
 
@@ -148,7 +151,7 @@ class ElasticLoop {
   const GemmPeak peak_;  // this process's own, measured before it registered
   const int slots_;
   const int width_;  // data-parallel ranks per replica
-  const DebugFault kill_, stop_, kill_at_vote_, kill_in_heal_;
+  const DebugFault kill_, stop_, kill_at_vote_, kill_at_outputs_, kill_in_heal_;
   const int64_t restarts_ = restart_count();  // read once, not on every step
   const bool first_incarnation_ = restarts_ == 0;
   elastic::Generation gen_;
@@ -310,6 +313,9 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
   if (kept_step_ > 0) {
     note("step " + std::to_string(kept_step_) + " aborted in generation " + std::to_string(gen_.id) +
          " after this rank applied it: it stands (its gradients were fully reduced), the step in flight is redone");
+  } else if (started_ && next_step_ > c_.train.steps) {
+    note("generation " + std::to_string(gen_.id) + " ended during the outputs of the last step, " +
+         std::to_string(c_.train.steps) + " (committed)");
   } else if (started_) {
     note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id) +
          (roll_back_ ? ": this rank had applied it and goes back to its state from before the step" : ""));
@@ -379,7 +385,8 @@ bool ElasticLoop::run_generation() {
     header_printed_ = true;
     // A new rank 0 may find the metrics port still held by the last one's process: an elastic job goes on
     // without the endpoint rather than fail (and be restarted, and fail again) over a monitor.
-    loop_.open_outputs(next_step_, /*tolerate_busy_port=*/true);
+    // Rows from the generation's first step on are replaced (the last step's own, when it redoes its outputs).
+    loop_.open_outputs(std::min(next_step_, std::max<int64_t>(1, c_.train.steps)), /*tolerate_busy_port=*/true);
   }
   return train_steps();
 }
@@ -437,6 +444,7 @@ void ElasticLoop::bootstrap_state() {
 bool ElasticLoop::train_steps() {
   const int64_t first = next_step_;
   first_step_ = first;
+  if (first > c_.train.steps) redo_last_outputs();
   elastic::Decision d;
   StepHooks hooks;
   hooks.before_step = [&](int64_t step) {
@@ -450,6 +458,7 @@ bool ElasticLoop::train_steps() {
     ++votes_;
   };
   hooks.committed = [&](int64_t step) {
+    if (first_incarnation_ && kill_at_outputs_.hits(m_.rank(), step)) raise(SIGKILL);
     next_step_ = step + 1;
     destroy_retired();
     if (world_->rank() == 0 && step == first)
@@ -536,6 +545,24 @@ void ElasticLoop::keep_state_before(int64_t step) {
   }
   before_posted_.optimizer_steps = live.optimizer_steps;
   before_posted_.next_step = step;
+}
+
+// A generation that starts past the last step: that step committed, and a failure ended its generation before
+// the job finished, most likely during the step's evaluation or checkpoint (collectives with the member that
+// died). Its outputs are done again by this generation: the final evaluation, checkpoint (replacing one already
+// written) and metrics row (rank 0 reopened the file from that step).
+void ElasticLoop::redo_last_outputs() {
+  const int64_t last = c_.train.steps;
+  const auto& done = loop_.result().steps;
+  StepRecord rec;
+  if (!done.empty() && done.back().step == last) {
+    rec = done.back();
+  } else {
+    rec.step = last;  // this process did not train it (a joiner): the row has the step's outputs only
+    rec.loss = std::nan("");
+  }
+  if (world_->rank() == 0) note("step " + std::to_string(last) + " committed in an earlier generation: its outputs again");
+  loop_.redo_outputs(*run_, rec, world_->rank() == 0);
 }
 
 void ElasticLoop::finish() {

@@ -74,8 +74,15 @@ def run_chaos(args):
     faults = []  # (t_ms, rank, kind)
     rng = random.Random(args.seed)
     next_fault = time.time() + args.first_fault_s
+    training = False  # faults start once the first step committed: a rank killed while the job still starts up
+                      # is not a failure of training (it showed as a 15 s "detection" by the next failure generation)
     while p.poll() is None:
         time.sleep(0.05)
+        if not training:
+            log.flush()
+            training = COMMIT.search(open(log_path).read()) is not None
+            if not training:
+                continue
         if time.time() < next_fault:
             continue
         pids = rank_pids(p.pid)

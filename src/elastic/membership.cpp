@@ -246,7 +246,8 @@ void Membership::post_vote(const Generation& g, int64_t step, bool stop) {
       std::shared_ptr<comm::Rendezvous> client = connect_retrying(env, -1, timeout);
       return VoterConnection{client->store(), client};
     };
-    voter_ = std::make_unique<StepVoter>(connect, latest_);
+    // Its connection may take a timeout to open and its get another: beyond both, the thread is stuck.
+    voter_ = std::make_unique<StepVoter>(connect, latest_, 2 * timeout + comm::Millis(5000), env_.rank);
   }
   voter_->post(g.id, static_cast<int64_t>(g.ranks.size()), step, stop);
 }

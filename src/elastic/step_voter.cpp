@@ -26,8 +26,9 @@ Decision cast_vote(c10d::Store& store, int64_t generation, int64_t members, int6
   return decode_decision(from_bytes(store.get(decision_key(generation, step))));
 }
 
-StepVoter::StepVoter(Connect connect, std::shared_ptr<const std::atomic<int64_t>> latest)
-    : thread_([shared = shared_, connect = std::move(connect), latest = std::move(latest)] {
+StepVoter::StepVoter(Connect connect, std::shared_ptr<const std::atomic<int64_t>> latest,
+                     std::chrono::milliseconds answer_within, int rank)
+    : answer_within_(answer_within), rank_(rank), thread_([shared = shared_, connect = std::move(connect), latest = std::move(latest)] {
         serve(shared, connect, latest);
       }) {}
 
@@ -60,7 +61,21 @@ bool StepVoter::pending() const {
 Decision StepVoter::result() {
   std::unique_lock<std::mutex> lock(shared_->mu);
   if (!shared_->posted && !shared_->answered) throw Error("elastic: no step vote is pending (a bug)");
-  shared_->cv.wait(lock, [&] { return shared_->answered; });
+  if (!shared_->cv.wait_for(lock, answer_within_, [&] { return shared_->answered; })) {
+    // The thread is stuck in a call it cannot leave: this rank stops waiting; a late answer is dropped.
+    const Request r = shared_->request;
+    shared_->posted = false;
+    shared_->stale = true;
+    CommContext context;
+    context.rank = rank_;
+    context.op = "vote";
+    context.group = "elastic";
+    context.step = r.step;
+    throw CommError(context, "no answer from the store to the vote of generation " + std::to_string(r.generation) +
+                                 " within " + std::to_string(answer_within_.count()) +
+                                 " ms (is node 0's launcher, which holds the store, still running?)",
+                    true);
+  }
   shared_->answered = false;
   if (shared_->error) std::rethrow_exception(std::exchange(shared_->error, nullptr));
   return shared_->decision;
@@ -88,6 +103,10 @@ void StepVoter::serve(std::shared_ptr<Shared> shared, Connect connect,
     }
     {
       std::lock_guard<std::mutex> lock(shared->mu);
+      if (shared->stale) {  // the rank gave up on this one: it is not the answer to a later vote
+        shared->stale = false;
+        continue;
+      }
       shared->posted = false;
       shared->answered = true;
       shared->decision = d;

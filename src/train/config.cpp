@@ -560,6 +560,9 @@ void check_ranges(const Config& c) {
   need(c.obs.trace_buffer_events >= 1000, "obs.trace_buffer_events", c.obs.trace_buffer_events,
        "must be at least 1000");
   need(c.obs.flight_records >= 1, "obs.flight_records", c.obs.flight_records, "must be at least 1");
+  if (c.elastic.overlap_votes != "auto" && c.elastic.overlap_votes != "always" && c.elastic.overlap_votes != "never")
+    throw UsageError("elastic.overlap_votes = \"" + c.elastic.overlap_votes.substr(0, 40) +
+                     "\" is not a choice: use \"auto\", \"always\" or \"never\"");
   need(c.obs.straggler_every >= 0, "obs.straggler_every", c.obs.straggler_every, "must be 0 (off) or more");
   need(c.obs.straggler_margin > 0, "obs.straggler_margin", c.obs.straggler_margin,
        "must be positive: the fraction by which a straggler's busy time exceeds the median");

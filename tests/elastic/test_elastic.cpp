@@ -585,6 +585,7 @@ TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
       {"elastic.failure_timeout_ms=60", "elastic.failure_timeout_ms at least twice"},
       {"elastic.min_replicas=5", "elastic.min_replicas = 5 must be between 1 and the 4 replicas"},
       {"parallel.dp_shard=2", "set parallel.zero = 1, 2 or 3 with it"},
+      {"elastic.overlap_votes=sometimes", "use \"auto\", \"always\" or \"never\""},
   };
   for (const auto& [set, message] : cases) {
     const auto dir = fresh_dir("elastic-refused");

@@ -21,6 +21,8 @@ using std::chrono::milliseconds;
 
 namespace {
 
+constexpr milliseconds kAnswer{10000};
+
 struct Stores {
   std::shared_ptr<StoreTable> table = std::make_shared<StoreTable>();
   std::shared_ptr<std::atomic<int64_t>> latest = std::make_shared<std::atomic<int64_t>>(1);
@@ -38,7 +40,7 @@ struct Stores {
 
 TEST(StepVoter, TheLastOfAStepsVotersCommitsItForEveryone) {
   Stores s;
-  StepVoter a(s.connect(), s.latest), b(s.connect(), s.latest);
+  StepVoter a(s.connect(), s.latest, kAnswer, 0), b(s.connect(), s.latest, kAnswer, 1);
   a.post(/*generation=*/1, /*members=*/2, /*step=*/7, /*stop=*/false);
   EXPECT_TRUE(a.pending());
   std::this_thread::sleep_for(milliseconds(50));
@@ -62,7 +64,7 @@ TEST(StepVoter, TheLastOfAStepsVotersCommitsItForEveryone) {
 
 TEST(StepVoter, AVoteTheCoordinatorClosedReadsItsAbort) {
   Stores s;
-  StepVoter a(s.connect(), s.latest);
+  StepVoter a(s.connect(), s.latest, kAnswer, 0);
   a.post(4, 3, 12, false);
   // A member died before its vote: the coordinator poisons the count and writes the abort.
   s.store()->add(vote_key(4, 12), kPoison);
@@ -74,7 +76,7 @@ TEST(StepVoter, AVoteTheCoordinatorClosedReadsItsAbort) {
 
 TEST(StepVoter, AStoreThatNeverAnswersIsAnErrorAndTheNextVoteReconnects) {
   Stores s;
-  StepVoter a(s.connect(), s.latest);
+  StepVoter a(s.connect(), s.latest, kAnswer, 0);
   a.post(1, 2, 1, false);  // nobody else votes: the store's get times out (2 s)
   EXPECT_THROW(a.result(), std::exception);
   EXPECT_FALSE(a.pending());
@@ -86,10 +88,39 @@ TEST(StepVoter, AStoreThatNeverAnswersIsAnErrorAndTheNextVoteReconnects) {
 
 TEST(StepVoter, OneVoteAtATime) {
   Stores s;
-  StepVoter a(s.connect(), s.latest);
+  StepVoter a(s.connect(), s.latest, kAnswer, 0);
   EXPECT_THROW(a.result(), crosstrain::Error);  // nothing posted
   a.post(1, 2, 1, false);
   EXPECT_THROW(a.post(1, 2, 2, false), crosstrain::Error);
   s.store()->set(decision_key(1, 1), to_bytes(encode_decision({true, 0})));  // the other member's vote decided it
   EXPECT_TRUE(a.result().commit);
+}
+
+// A voter thread stuck in a call that never returns (here: its connection never opens) does not hold the rank:
+// result() gives up after answer_within, naming the rank, the operation and the step; a later vote still works
+// once the thread is free, and the stuck vote's late answer is not taken for it.
+TEST(StepVoter, AStuckVoterThreadIsGivenUpOnNamingRankAndStep) {
+  Stores s;
+  std::atomic<int> calls{0};
+  StepVoter::Connect slow = [&s, &calls] {
+    if (calls++ == 0) std::this_thread::sleep_for(milliseconds(1500));
+    return VoterConnection{s.store(), nullptr};
+  };
+  StepVoter a(slow, s.latest, milliseconds(300), 5);
+  a.post(2, 1, 9, false);
+  try {
+    a.result();
+    FAIL() << "no error";
+  } catch (const crosstrain::CommError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 5"), std::string::npos) << what;
+    EXPECT_NE(what.find("vote"), std::string::npos) << what;
+    EXPECT_NE(what.find("step 9"), std::string::npos) << what;
+  }
+  EXPECT_FALSE(a.pending());
+  std::this_thread::sleep_for(milliseconds(1500));  // the thread finishes the stuck vote (its answer is dropped)
+  a.post(2, 1, 10, false);  // one member: this vote commits at once, once the thread is back
+  const Decision d = a.result();
+  EXPECT_TRUE(d.commit);
+  EXPECT_EQ(decode_decision(from_bytes(s.store()->get(decision_key(2, 10)))).commit, true);
 }

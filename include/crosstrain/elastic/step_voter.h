@@ -9,6 +9,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -43,8 +44,10 @@ class StepVoter {
  public:
   using Connect = std::function<VoterConnection()>;
   // `connect` opens the voter's store connection (again after a late reply closed it); `latest` is the newest
-  // generation the rank's watcher has seen.
-  StepVoter(Connect connect, std::shared_ptr<const std::atomic<int64_t>> latest);
+  // generation the rank's watcher has seen. `answer_within`: how long result() waits for the thread (its store
+  // calls have timeouts of their own: this only bounds a thread that is stuck), `rank` names this rank in errors.
+  StepVoter(Connect connect, std::shared_ptr<const std::atomic<int64_t>> latest, std::chrono::milliseconds answer_within,
+            int rank);
   // A vote still waiting for its decision (a failure the rank is leaving by) is left to finish on its own.
   ~StepVoter();
   StepVoter(const StepVoter&) = delete;
@@ -54,7 +57,8 @@ class StepVoter {
   void post(int64_t generation, int64_t members, int64_t step, bool stop);
   bool pending() const;
   // The posted vote's decision, once the store gave it; rethrows the store's error (a CommError when it could
-  // not be reached). Clears the pending vote either way.
+  // not be reached), and throws a CommError naming the rank and step when the thread gave no answer in time.
+  // Clears the pending vote either way (a vote given up on is never answered: the generation ends with it).
   Decision result();
 
  private:
@@ -66,6 +70,7 @@ class StepVoter {
     std::mutex mu;
     std::condition_variable cv;
     bool posted = false, answered = false, quit = false;
+    bool stale = false;  // the vote in the thread's hands was given up on by result()
     Request request;
     Decision decision;
     std::exception_ptr error;
@@ -73,6 +78,8 @@ class StepVoter {
   static void serve(std::shared_ptr<Shared> shared, Connect connect, std::shared_ptr<const std::atomic<int64_t>> latest);
 
   std::shared_ptr<Shared> shared_ = std::make_shared<Shared>();
+  const std::chrono::milliseconds answer_within_;
+  const int rank_;
   std::thread thread_;
 };
 

@@ -470,7 +470,9 @@ bool ElasticLoop::train_steps() {
       loop_.result().stopped_after = step;
       return false;
     }
-    if (d.next_generation <= gen_.id) return true;
+    // A join named at the last step is not switched to: the run is over (a generation past the last step would
+    // only do that step's outputs again), and the joiners learn that the job finished.
+    if (d.next_generation <= gen_.id || step >= c_.train.steps) return true;
     switch_to_ = d.next_generation;
     return false;
   };
@@ -554,12 +556,27 @@ void ElasticLoop::keep_state_before(int64_t step) {
 void ElasticLoop::redo_last_outputs() {
   const int64_t last = c_.train.steps;
   const auto& done = loop_.result().steps;
+  // The step's record (loss, times) from the first member that kept one: rank 0 may not have (a failure inside
+  // its step after the vote), and the row should not read null.
+  const bool mine = !done.empty() && done.back().step == last;
+  const StepRecord own = mine ? done.back() : StepRecord{};
+  const std::vector<double> fields = {mine ? 1.0 : 0.0, own.loss, own.lr, own.grad_norm, own.step_time_s,
+                                      own.tokens_per_s, own.comm_time_s, own.exposed_comm_time_s,
+                                      static_cast<double>(own.local_batch)};
+  const int64_t n = static_cast<int64_t>(fields.size());
+  at::Tensor all = at::empty({world_->size() * n}, at::kDouble);
+  at::Tensor local = at::tensor(fields, at::kDouble);
+  world_->all_gather(local, all)->wait();
   StepRecord rec;
-  if (!done.empty() && done.back().step == last) {
-    rec = done.back();
-  } else {
-    rec.step = last;  // this process did not train it (a joiner): the row has the step's outputs only
-    rec.loss = std::nan("");
+  rec.step = last;
+  rec.loss = std::nan("");  // no member kept it (each failed inside the step after its vote): the row reads null
+  auto a = all.accessor<double, 1>();
+  for (int r = 0; r < world_->size(); ++r) {
+    if (a[r * n] == 0) continue;
+    rec.loss = a[r * n + 1], rec.lr = a[r * n + 2], rec.grad_norm = a[r * n + 3], rec.step_time_s = a[r * n + 4];
+    rec.tokens_per_s = a[r * n + 5], rec.comm_time_s = a[r * n + 6], rec.exposed_comm_time_s = a[r * n + 7];
+    rec.local_batch = static_cast<int64_t>(a[r * n + 8]);
+    break;
   }
   if (world_->rank() == 0) note("step " + std::to_string(last) + " committed in an earlier generation: its outputs again");
   loop_.redo_outputs(*run_, rec, world_->rank() == 0);
@@ -609,8 +626,6 @@ void check_elastic_config(const Config& c, int world) {
                      std::to_string(c.parallel.zero) + " shards it over every data-parallel rank: set parallel.dp_shard "
                      "to a divisor of them (HSDP: ZeRO inside groups of that many ranks, a copy per group, and a "
                      "replica is one group), or parallel.zero = 0");
-  if (c.elastic.overlap_votes != "auto" && c.elastic.overlap_votes != "always" && c.elastic.overlap_votes != "never")
-    throw UsageError("elastic.overlap_votes is \"auto\", \"always\" or \"never\" (got \"" + c.elastic.overlap_votes + "\")");
   if (c.elastic.heartbeat_ms < 10 || c.elastic.failure_timeout_ms < 2 * c.elastic.heartbeat_ms)
     throw UsageError("elastic.heartbeat_ms must be at least 10 and elastic.failure_timeout_ms at least twice it (got " +
                      std::to_string(c.elastic.heartbeat_ms) + " and " + std::to_string(c.elastic.failure_timeout_ms) + ")");

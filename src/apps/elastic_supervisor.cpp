@@ -8,6 +8,14 @@
 
 namespace crosstrain::apps {
 
+namespace {
+
+// The whole line in one write: the coordinator's thread prints beside the launcher's, and a line written in pieces
+// comes out cut by the other's.
+void say(const std::string& line) { std::cerr << line + "\n" << std::flush; }
+
+}  // namespace
+
 ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
                                      std::shared_ptr<comm::Rendezvous> store, StoreAddress remote)
     : options_(options), world_size_(world_size), remote_(std::move(remote)) {
@@ -22,7 +30,7 @@ ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_siz
     std::lock_guard<std::mutex> lock(mu_);
     excluded_.insert(excluded_.end(), processes.begin(), processes.end());
   };
-  c.log = [](const std::string& line) { std::cerr << "crosstrain elastic: " + line + "\n" << std::flush; };
+  c.log = [](const std::string& line) { say("crosstrain elastic: " + line); };
   coordinator_ = std::make_unique<elastic::Coordinator>(store->store(), std::move(c));
 }
 
@@ -45,8 +53,8 @@ void ElasticSupervisor::link_loop() {
       // The job goes on without it: exits are then detected by the heartbeats, exclusions end in the ranks' own
       // timeouts. Said once; it keeps trying.
       if (!warned)
-        std::cerr << "crosstrain run: cannot reach the job's store at " << remote_.host << ":" << remote_.port
-                  << " to report exits and hear of exclusions (" << e.what() << "); retrying\n" << std::flush;
+        say("crosstrain run: cannot reach the job's store at " + remote_.host + ":" + std::to_string(remote_.port) +
+            " to report exits and hear of exclusions (" + e.what() + "); retrying");
       warned = true;
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       continue;
@@ -89,14 +97,13 @@ bool ElasticSupervisor::on_failure(int rank, pid_t pid, const std::string& how) 
     exits_to_report_.push_back({rank, static_cast<int>(pid)});
   }
   if (restarts_ >= options_.max_restarts) {
-    std::cerr << "crosstrain run: rank " << rank << " (pid " << pid << ") failed with " << how
-              << "; no restarts left (--max-restarts " << options_.max_restarts
-              << "), the job goes on without it\n" << std::flush;
+    say("crosstrain run: rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") failed with " + how +
+        "; no restarts left (--max-restarts " + std::to_string(options_.max_restarts) + "), the job goes on without it");
     return false;
   }
   ++restarts_;
-  std::cerr << "crosstrain run: rank " << rank << " (pid " << pid << ") failed with " << how << "; restarting it ("
-            << restarts_ << " of " << options_.max_restarts << " restarts)\n" << std::flush;
+  say("crosstrain run: rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") failed with " + how +
+      "; restarting it (" + std::to_string(restarts_) + " of " + std::to_string(options_.max_restarts) + " restarts)");
   return true;
 }
 

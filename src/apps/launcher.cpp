@@ -245,8 +245,8 @@ void end_excluded(std::vector<Rank>& ranks, ElasticSupervisor* elastic) {
   for (const auto& [rank, pid] : elastic->take_exclusions())
     for (auto& r : ranks)
       if (r.rank == rank && r.pid == pid && r.running) {
-        std::cerr << "crosstrain run: ending rank " << rank << " (pid " << pid
-                  << "): the job went on without its replica" << std::endl;
+        print_lines({"crosstrain run: ending rank " + std::to_string(rank) + " (pid " + std::to_string(pid) +
+                     "): the job went on without its replica"});
         if (kill(-r.pid, SIGKILL) != 0) kill(r.pid, SIGKILL);
       }
 }
@@ -285,12 +285,12 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
       while (read(g_signal_pipe[0], &sig, 1) == 1) {
         if (interrupted && !killed) {
           // A second Ctrl-C: the person does not want to wait for the ranks to finish their step.
-          std::cerr << "crosstrain run: got " << strsignal(sig) << " again, killing every rank" << std::endl;
+          print_lines({std::string("crosstrain run: got ") + strsignal(sig) + " again, killing every rank"});
           signal_all(ranks, SIGKILL);
           killed = true;
           continue;
         }
-        std::cerr << "crosstrain run: got " << strsignal(sig) << ", forwarding it to every rank" << std::endl;
+        print_lines({std::string("crosstrain run: got ") + strsignal(sig) + ", forwarding it to every rank"});
         signal_all(ranks, sig);
         interrupted = true;
         if (!stopping) {
@@ -319,10 +319,10 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
         result = exit_code_of(status);
         if (result == 0) result = 1;
         int others = static_cast<int>(std::count_if(ranks.begin(), ranks.end(), [](const Rank& x) { return x.running; }));
-        std::cerr << "crosstrain run: rank " << r.rank << " (pid " << r.pid << ") failed with "
-                  << describe_status(status);
-        if (others > 0) std::cerr << "; stopping the other " << others << (others == 1 ? " rank" : " ranks");
-        std::cerr << std::endl;
+        std::string line = "crosstrain run: rank " + std::to_string(r.rank) + " (pid " + std::to_string(r.pid) +
+                           ") failed with " + describe_status(status);
+        if (others > 0) line += "; stopping the other " + std::to_string(others) + (others == 1 ? " rank" : " ranks");
+        print_lines({line});
         signal_all(ranks, o.peer_failure_signal);
         kill_at = Clock::now() + o.stop_grace;
       }
@@ -330,10 +330,10 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
     end_excluded(ranks, elastic);
     if (stopping && !killed && Clock::now() >= kill_at) {
       if (interrupted && std::any_of(ranks.begin(), ranks.end(), [](const Rank& x) { return x.running; }))
-        std::cerr << "crosstrain run: the ranks did not stop within "
-                  << std::chrono::duration_cast<std::chrono::seconds>(std::max(o.stop_grace, o.signal_grace)).count()
-                  << " s of the signal; killing them (what they were saving is lost, earlier checkpoints stay)"
-                  << std::endl;
+        print_lines({"crosstrain run: the ranks did not stop within " +
+                     std::to_string(std::chrono::duration_cast<std::chrono::seconds>(
+                                        std::max(o.stop_grace, o.signal_grace)).count()) +
+                     " s of the signal; killing them (what they were saving is lost, earlier checkpoints stay)"});
       signal_all(ranks, SIGKILL);
       killed = true;
     }

@@ -103,7 +103,7 @@ LoopEnd TrainLoop::run(Job& job, comm::Communicator& world, int64_t first, const
   const bool leader = world.rank() == 0;
   // Ctrl-C stops training at a step every rank agrees on (stop_vote.h says which).
   StopVote stop_vote(world, options_.stop_requested, job.stop_check());
-  HeardStop heard_stop(world, options_.stop_requested, job, c_.train.steps);
+  HeardStop heard_stop(world, options_.stop_requested, job, [&](int64_t s) { return step_has_outputs(job, s); });
   std::function<void()> before_commit;
   int64_t step = first;
   if (hooks.before_commit) before_commit = [&] { hooks.before_commit(step); };

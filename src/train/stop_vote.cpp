@@ -32,23 +32,23 @@ void StopVote::finish() {
   exchange_.reset();
 }
 
-HeardStop::HeardStop(comm::Communicator& world, std::function<bool()> requested, Job& job, int64_t last_step)
+HeardStop::HeardStop(comm::Communicator& world, std::function<bool()> requested, Job& job,
+                     std::function<bool(int64_t)> meets)
     : world_(world), requested_(job.stop_check().every == 0 ? std::move(requested) : nullptr), job_(job),
-      last_step_(last_step) {}
+      meets_(std::move(meets)) {}
 
 bool HeardStop::stops_before(int64_t step) {
   if (!requested_) return false;
-  if (!exchanged_) {
+  if (stop_after_ < 0) {
     if (!asked_ && requested_()) {
       job_.ask_to_stop();
       asked_ = true;
     }
     const bool heard = job_.stop_heard();
-    if (!heard && step < last_step_) return false;
-    // [heard, last step done]: every rank sends it once, on hearing or before the last step.
+    if (!heard && !meets_(step)) return false;
+    // [heard, last step done]: each rank sends it on hearing, or before a step where the ranks meet.
     at::Tensor mine = at::tensor({heard ? int64_t{1} : int64_t{0}, step - 1}, at::kLong);
     world_.all_reduce(mine, comm::ReduceOp::Max)->wait();
-    exchanged_ = true;
     if (mine[0].item<int64_t>() != 0) stop_after_ = mine[1].item<int64_t>();
   }
   return stop_after_ >= 0 && step > stop_after_;

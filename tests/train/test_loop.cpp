@@ -1,5 +1,6 @@
 // The one training loop (train/loop.h) over a scripted job: when it evaluates, saves and writes rows, how the
 // stop vote ends every rank at the same step, and how a driver's hooks end a run early.
+#include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -41,6 +42,10 @@ class ScriptedJob : public train::Job {
   bool evaluates_last_step() const override { return evaluates_last_; }
   train::Evaluation evaluate() override {
     calls.push_back("eval " + std::to_string(step_));
+    if (evaluates_with) {  // as a real evaluation does: the ranks meet in it
+      at::Tensor loss = at::full({1}, 1.0f);
+      evaluates_with->all_reduce(loss, comm::ReduceOp::Sum)->wait();
+    }
     train::Evaluation e;
     e.loss = 0.5;
     return e;
@@ -64,6 +69,7 @@ class ScriptedJob : public train::Job {
 
   std::vector<std::string> calls;
   int64_t hears_from = -1;  // stop_check().every = 0: the step from which a push's reply carries a stop
+  comm::Communicator* evaluates_with = nullptr;  // evaluate() is collective over it
 
  private:
   bool evaluates_last_;
@@ -213,6 +219,56 @@ TEST(TrainLoop, RanksWithoutAVoteStopAfterTheFurthestStepAnyOfThemDidWhenTheyHea
   EXPECT_EQ(std::count(calls[1].begin(), calls[1].end(), "asked 3"), 1);  // told the servers once
   EXPECT_EQ(std::count(calls[0].begin(), calls[0].end(), "train 6"), 1);
   EXPECT_EQ(std::count(calls[0].begin(), calls[0].end(), "train 7"), 0);
+}
+
+// async with a collective evaluation every 10 steps: rank 0 hears before step 8, rank 1 not until step 12. Rank 1
+// must not go into the evaluation after step 10 while rank 0 waits in the exchange (each would wait for the other
+// until the group timeout): it joins the exchange before step 10 instead, and both stop after step 9.
+TEST(TrainLoop, ARankThatHasNotHeardJoinsTheStopBeforeAStepWhereTheRanksMeet) {
+  const train::Config c = config("stop-heard-eval", 1000, 10);
+  std::vector<int64_t> stopped(2, -2);
+  std::vector<std::vector<std::string>> calls(2);
+  comm::FakeWorld::run(
+      2,
+      [&](comm::Communicator& world) {
+        train::TrainOptions o;
+        o.quiet = true;
+        ScriptedJob job(false, {0, 0});
+        job.evaluates_with = &world;
+        job.hears_from = world.rank() == 0 ? 8 : 12;
+        o.stop_requested = [&] { return world.rank() == 0; };
+        train::TrainLoop loop(c, o);
+        EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Stopped);
+        stopped[world.rank()] = loop.result().stopped_after;
+        calls[world.rank()] = job.calls;
+      },
+      comm::Millis(5000));
+  EXPECT_EQ(stopped, (std::vector<int64_t>{9, 9}));
+  for (const auto& mine : calls) {
+    EXPECT_EQ(std::count(mine.begin(), mine.end(), "train 9"), 1);
+    EXPECT_EQ(std::count(mine.begin(), mine.end(), "eval 10"), 0);
+  }
+}
+
+// Without a request the ranks meet at each evaluation and go on: nobody stops early, every evaluation runs.
+TEST(TrainLoop, RanksThatMeetWithoutARequestGoOn) {
+  const train::Config c = config("stop-heard-none-eval", 30, 10);
+  std::vector<std::vector<std::string>> calls(2);
+  comm::FakeWorld::run(
+      2,
+      [&](comm::Communicator& world) {
+        train::TrainOptions o;
+        o.quiet = true;
+        ScriptedJob job(false, {0, 0});
+        job.evaluates_with = &world;
+        o.stop_requested = [] { return false; };
+        train::TrainLoop loop(c, o);
+        EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Finished);
+        calls[world.rank()] = job.calls;
+      },
+      comm::Millis(5000));
+  for (const auto& mine : calls)
+    for (const std::string e : {"eval 10", "eval 20", "eval 30"}) EXPECT_EQ(std::count(mine.begin(), mine.end(), e), 1) << e;
 }
 
 // A rank that comes to the last step without having heard joins the exchange there: everyone stops after the

@@ -49,23 +49,30 @@ class StopVote {
 // server with its pushes (Job::ask_to_stop), and every rank hears of it in a push's reply (Job::stop_heard),
 // within sync.period of its own steps. On hearing, a rank says in one all-reduce which step it did last, and every
 // rank trains on to the furthest of them and stops after it: the same step everywhere, and nobody waits except
-// for that one exchange. A rank that comes to the run's last step without having heard joins the exchange there,
-// saying so (a run whose ranks all get there without a request just goes on: async meets at its end anyway).
+// for that one exchange.
+//
+// The ranks also meet at steps whose outputs are collective (an evaluation, a checkpoint, the last step): a rank
+// that comes to one without having heard joins the exchange there, saying so, before the step. Otherwise the
+// exchange of a rank that heard would meet the other's evaluation, and each would wait for the other. A rank that
+// heard is then at most at that step (it stops after the furthest step said), and an exchange in which nobody
+// heard lets everyone go on: the ranks always make the same exchanges in the same order.
 class HeardStop {
  public:
-  HeardStop(comm::Communicator& world, std::function<bool()> requested, Job& job, int64_t last_step);
+  // `meets(step)`: every rank runs something collective after `step` (TrainLoop::step_has_outputs).
+  HeardStop(comm::Communicator& world, std::function<bool()> requested, Job& job,
+            std::function<bool(int64_t)> meets);
 
-  // Before `step`: true when the run stops after step - 1 (collective once, when this rank first hears, or before
-  // the last step). That exchange waits, within the group timeout, for every rank to hear or reach the last step:
-  // no longer than async's final barrier waits for the slowest rank anyway.
+  // Before `step`: true when the run stops after step - 1. Collective when this rank first hears, and before each
+  // step that meets until a stop is agreed. That exchange waits, within the group timeout, for every rank to hear
+  // or reach the step: no longer than the meeting itself waits for the slowest rank anyway.
   bool stops_before(int64_t step);
 
  private:
   comm::Communicator& world_;
   std::function<bool()> requested_;
   Job& job_;
-  const int64_t last_step_;
-  bool asked_ = false, exchanged_ = false;
+  std::function<bool(int64_t)> meets_;
+  bool asked_ = false;
   int64_t stop_after_ = -1;  // -1: no stop (yet)
 };
 

@@ -17,21 +17,27 @@ void say(const std::string& line) { std::cerr << line + "\n" << std::flush; }
 }  // namespace
 
 ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
-                                     std::shared_ptr<comm::Rendezvous> store, StoreAddress remote)
-    : options_(options), world_size_(world_size), remote_(std::move(remote)) {
+                                     std::shared_ptr<comm::Rendezvous> store, StoreAddress remote, Standby standby)
+    : options_(options), world_size_(world_size), ranks_per_node_(ranks_per_node), remote_(std::move(remote)),
+      standby_(std::move(standby)) {
   if (!store) {
     if (!remote_.host.empty()) link_ = std::thread([this] { link_loop(); });
     return;
   }
+  coordinator_ = std::make_unique<elastic::Coordinator>(store->store(), coordinator_options(false));
+}
+
+elastic::CoordinatorOptions ElasticSupervisor::coordinator_options(bool takeover) {
   elastic::CoordinatorOptions c;
-  c.world_size = world_size;
-  c.min_start_ranks = options.min_nnodes * ranks_per_node;
+  c.world_size = world_size_;
+  c.min_start_ranks = options_.min_nnodes * ranks_per_node_;
+  c.takeover = takeover;
   c.exclude = [this](const std::vector<std::pair<int, int>>& processes, const std::string&) {
     std::lock_guard<std::mutex> lock(mu_);
     excluded_.insert(excluded_.end(), processes.begin(), processes.end());
   };
   c.log = [](const std::string& line) { say("crosstrain elastic: " + line); };
-  coordinator_ = std::make_unique<elastic::Coordinator>(store->store(), std::move(c));
+  return c;
 }
 
 ElasticSupervisor::~ElasticSupervisor() {
@@ -42,14 +48,26 @@ ElasticSupervisor::~ElasticSupervisor() {
 void ElasticSupervisor::link_loop() {
   std::shared_ptr<comm::Rendezvous> store;
   bool warned = false;
+  elastic::Clock::time_point unreachable_since{};
   while (!stop_) {
     try {
       // A short timeout: node 0 may not be up yet, and this thread must notice stop_ soon.
       if (!store) store = comm::Rendezvous::connect(remote_.host, remote_.port, -1, world_size_,
                                                     std::chrono::milliseconds(2000), remote_.job);
       link_once(*store->store());
+      unreachable_since = {};
     } catch (const std::exception& e) {
       store.reset();
+      const auto now = elastic::Clock::now();
+      if (unreachable_since == elastic::Clock::time_point{}) unreachable_since = now;
+      // Once reached, a store unreachable for kTakeoverAfter is lost: the standby's turn.
+      if (standby_.port > 0 && reached_ && now - unreachable_since >= kTakeoverAfter) {
+        take_standby();
+        if (coordinator_running()) return;  // this node's coordinator now: exits go to it directly
+        unreachable_since = {};
+        warned = false;
+        continue;
+      }
       // The job goes on without it: exits are then detected by the heartbeats, exclusions end in the ranks' own
       // timeouts. Said once; it keeps trying.
       if (!warned)
@@ -59,8 +77,38 @@ void ElasticSupervisor::link_loop() {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       continue;
     }
+    reached_ = true;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+}
+
+bool ElasticSupervisor::coordinator_running() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return coordinator_ != nullptr;
+}
+
+// Node 1 starts the standby's coordinator (the exits not yet reported go to it); the others report to the
+// standby's store from now on. Once: the standby is the last store.
+void ElasticSupervisor::take_standby() {
+  const std::string lost = remote_.host + ":" + std::to_string(remote_.port);
+  const std::string standby = standby_.host + ":" + std::to_string(standby_.port);
+  if (standby_.store) {
+    say("crosstrain run: [" + elastic::log_time(elastic::unix_ms()) + "] node 0's store at " + lost +
+        " is gone; the standby coordinator at " + standby +
+        " takes over (it starts once a majority of the last generation's ranks come over)");
+    std::lock_guard<std::mutex> lock(mu_);
+    coordinator_ = std::make_unique<elastic::Coordinator>(standby_.store->store(), coordinator_options(true));
+    for (const auto& [rank, pid] : exits_to_report_) coordinator_->rank_exited(rank);
+    exits_to_report_.clear();
+    return;
+  }
+  say("crosstrain run: [" + elastic::log_time(elastic::unix_ms()) + "] node 0's store at " + lost +
+      " is gone; reporting to the standby at " + standby);
+  remote_.host = standby_.host;
+  remote_.port = standby_.port;
+  standby_.port = 0;
+  exclusions_seen_ = 0;
+  reached_ = false;
 }
 
 void ElasticSupervisor::link_once(c10d::Store& store) {
@@ -90,11 +138,10 @@ void ElasticSupervisor::link_once(c10d::Store& store) {
 }
 
 bool ElasticSupervisor::on_failure(int rank, pid_t pid, const std::string& how) {
-  if (coordinator_) {
-    coordinator_->rank_exited(rank);
-  } else if (link_.joinable()) {
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    exits_to_report_.push_back({rank, static_cast<int>(pid)});
+    if (coordinator_) coordinator_->rank_exited(rank);
+    else if (link_.joinable()) exits_to_report_.push_back({rank, static_cast<int>(pid)});
   }
   if (restarts_ >= options_.max_restarts) {
     say("crosstrain run: rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") failed with " + how +

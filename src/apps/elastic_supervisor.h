@@ -28,6 +28,13 @@ struct ElasticLaunch {
   int min_nnodes = 0;    // --nnodes MIN:MAX: the job starts once MIN nodes' ranks are there; 0: every node
 };
 
+// The standby (crosstrain run --standby): where it listens, and on node 1 the store itself.
+struct Standby {
+  std::string host;
+  int port = 0;
+  std::shared_ptr<comm::Rendezvous> store;  // node 1 only
+};
+
 // Where a launcher without the store finds it.
 struct StoreAddress {
   std::string host;
@@ -40,8 +47,10 @@ class ElasticSupervisor {
  public:
   // `store`: the rendezvous store this launcher hosts (node 0), or null: then it connects to `remote`.
   // `ranks_per_node`: for --nnodes MIN:MAX.
+  // `standby`: node 1 hosts its store and starts a coordinator there once node 0's store has been unreachable for
+  // kTakeoverAfter; the other nodes then report to it.
   ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
-                    std::shared_ptr<comm::Rendezvous> store, StoreAddress remote = {});
+                    std::shared_ptr<comm::Rendezvous> store, StoreAddress remote = {}, Standby standby = {});
   ~ElasticSupervisor();
 
   // A rank failed (`how`: "signal 9 (Killed)"): the coordinator hears of it now; true when it should be
@@ -55,18 +64,27 @@ class ElasticSupervisor {
   // Other nodes: the thread that reports exits and hears of exclusions through the store.
   void link_loop();
   void link_once(c10d::Store& store);
+  // The primary is lost: node 1 starts its coordinator on the standby store; other nodes report there.
+  void take_standby();
+  bool coordinator_running();
+  elastic::CoordinatorOptions coordinator_options(bool takeover);
+  // How long node 0's store stays unreachable before the standby's turn: longer than a loaded machine's pause.
+  static constexpr std::chrono::milliseconds kTakeoverAfter{2000};
 
   ElasticLaunch options_;
   int world_size_;
-  std::unique_ptr<elastic::Coordinator> coordinator_;
+  int ranks_per_node_;
+  std::unique_ptr<elastic::Coordinator> coordinator_;  // set on node 0, or on node 1 by the link thread (under mu_)
   std::mutex mu_;
   std::vector<std::pair<int, int>> excluded_;
   std::vector<std::pair<int, int>> exits_to_report_;  // (rank, pid), under mu_
   int restarts_ = 0;
   StoreAddress remote_;
+  Standby standby_;
   int64_t exclusions_seen_ = 0;
   std::map<int, int> excluded_pid_;  // rank -> the newest pid the coordinator excluded (handled once)
   std::atomic<bool> stop_{false};
+  bool reached_ = false;  // the link thread reached the store it reports to (a store never reached is not lost)
   std::thread link_;
 };
 

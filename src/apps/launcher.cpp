@@ -194,6 +194,7 @@ void start_rank(Rank& r, int local, int world, int port, const LaunchOptions& o)
   env["GROUP_RANK"] = std::to_string(o.node_rank);
   env["MASTER_ADDR"] = o.master_addr;
   env["MASTER_PORT"] = std::to_string(port);
+  if (o.standby_port > 0) env["CROSSTRAIN_STANDBY"] = o.standby_addr + ":" + std::to_string(o.standby_port);
   env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   if (!getenv("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = "1";
   r.pid = spawn(o.command, env, out[1], err[1], o.rank_nice);
@@ -361,10 +362,10 @@ comm::JobCredentials job_credentials(const LaunchOptions& o) {
 
 }  // namespace
 
-void parse_master(const std::string& text, std::string& host, int& port) {
+void parse_master(const std::string& text, std::string& host, int& port, const std::string& option) {
   auto colon = text.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == text.size())
-    throw UsageError("--master '" + text + "' must be HOST:PORT, for example 10.0.0.1:29500");
+    throw UsageError(option + " '" + text + "' must be HOST:PORT, for example 10.0.0.1:29500");
   host = text.substr(0, colon);
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
   std::string port_text = text.substr(colon + 1);
@@ -375,7 +376,7 @@ void parse_master(const std::string& text, std::string& host, int& port) {
   } catch (const std::exception&) {
   }
   if (used != port_text.size() || value < 0 || value > 65535)
-    throw UsageError("--master '" + text + "': '" + port_text + "' is not a TCP port (0..65535)");
+    throw UsageError(option + " '" + text + "': '" + port_text + "' is not a TCP port (0..65535)");
   port = value;
 }
 
@@ -387,6 +388,9 @@ int launch(const LaunchOptions& o) {
   if (o.command.empty()) throw UsageError("no command to run; usage: crosstrain run --nproc N -- CMD ARGS...");
   if (o.nnodes > 1 && o.master_port == 0)
     throw UsageError("with several nodes every launcher needs the same --master HOST:PORT (port 0 is not allowed)");
+  if (!o.standby_addr.empty() && (!o.elastic.enabled || o.nnodes < 2 || o.standby_port == 0))
+    throw UsageError("--standby is for elastic jobs on several nodes (--max-restarts or --nnodes MIN:MAX, --nnodes "
+                     "2 or more; node 1 hosts it) and needs a port other than 0; every launcher takes the same one");
 
   if (o.nproc > kMaxWorld / o.nnodes)
     throw UsageError("--nproc " + std::to_string(o.nproc) + " x --nnodes " + std::to_string(o.nnodes) +
@@ -441,7 +445,17 @@ int launch(const LaunchOptions& o) {
       remote = {o.master_addr, port, job, {}};
       for (int local = 0; local < o.nproc; ++local) remote.ranks.push_back(o.node_rank * o.nproc + local);
     }
-    elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store, remote);
+    Standby standby{o.standby_addr, o.standby_port, nullptr};
+    if (o.standby_port > 0 && o.node_rank == 1) {
+      try {
+        standby.store = comm::Rendezvous::host(o.standby_addr, o.standby_port, world, o.timeout, -1, job);
+      } catch (const CommError& e) {
+        restore_signals();
+        throw UsageError("crosstrain run: the standby store (--standby): " + e.cause());
+      }
+    }
+    if (o.node_rank == 0) standby = Standby{};  // node 0's loss is what the standby is for
+    elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store, remote, standby);
     // Every step's vote is two requests to the store this launcher serves: on a machine whose cores the ranks
     // fill, its threads would wait for a time slice. A higher priority needs privileges; without them it stays.
     if (store) raise_priority(with_job.rank_nice - 5);

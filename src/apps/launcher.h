@@ -31,14 +31,18 @@ struct LaunchOptions {
   std::string secret;                  // the job secret ("": CROSSTRAIN_SECRET, if set); passed in the environment
   std::string job_id;                  // "": CROSSTRAIN_JOB_ID / TORCHELASTIC_RUN_ID, else made up (one node)
   ElasticLaunch elastic;               // restart failed ranks, run the membership coordinator (node 0)
+  // --standby HOST:PORT (elastic, several nodes): node 1's launcher hosts a second store there, and its
+  // coordinator takes over when node 0 is lost; every rank learns the address (CROSSTRAIN_STANDBY).
+  std::string standby_addr;
+  int standby_port = 0;
   int rank_nice = 0;                   // set by launch(): the priority ranks run at (the launcher's own at start)
   bool prefix_output = true;           // "[rank N] " before each line
   bool prefix_rank0_stdout = true;     // off when rank 0 prints a report (bench, train)
   RankNeeds rank_needs;                // checked against the machine before anything starts
 };
 
-// Parses "HOST:PORT" (IPv6 as "[::1]:PORT"); throws UsageError.
-void parse_master(const std::string& text, std::string& host, int& port);
+// Parses "HOST:PORT" (IPv6 as "[::1]:PORT") given to `option` (--master, --standby); throws UsageError.
+void parse_master(const std::string& text, std::string& host, int& port, const std::string& option = "--master");
 
 // Hosts the rendezvous store on node 0, runs the ranks with prefixed output, forwards SIGINT/SIGTERM,
 // and stops every rank when one fails. Returns the exit code for the launcher: 0, or the failed rank's.

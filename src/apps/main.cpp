@@ -58,6 +58,7 @@ struct RunCli {
   CLI::App* cmd = nullptr;
   apps::LaunchOptions launch;
   std::string master;
+  std::string standby;
   std::string nnodes = "1";
   double timeout_s = 30;
   int cluster = -1;
@@ -95,6 +96,9 @@ void add_run_command(CLI::App& app, RunCli& run) {
       ->check(CLI::NonNegativeNumber);
   run.cmd->add_option("--node-rank", run.launch.node_rank, "this node's index (0 hosts the rendezvous store)");
   run.cmd->add_option("--master", run.master, "HOST:PORT of the rendezvous store on node 0 (default: a free local port)");
+  run.cmd->add_option("--standby", run.standby,
+                      "elastic, several nodes: HOST:PORT where node 1 keeps a standby store; its coordinator takes "
+                      "over when node 0 is lost (the same on every launcher)");
   run.cmd->add_option("--timeout", run.timeout_s, "seconds to wait for the rendezvous");
   run.cmd->add_option("--cluster", run.cluster, "this node's cluster (exported as CROSSTRAIN_CLUSTER: sync.mode)")
       ->check(CLI::NonNegativeNumber);
@@ -103,6 +107,8 @@ void add_run_command(CLI::App& app, RunCli& run) {
 
 int run_launcher(RunCli& run) {
   if (!run.master.empty()) apps::parse_master(run.master, run.launch.master_addr, run.launch.master_port);
+  if (!run.standby.empty())
+    apps::parse_master(run.standby, run.launch.standby_addr, run.launch.standby_port, "--standby");
   parse_nnodes(run.nnodes, run.launch);
   if (run.launch.elastic.max_restarts > 0) run.launch.elastic.enabled = true;
   run.launch.timeout = std::chrono::milliseconds(static_cast<int64_t>(run.timeout_s * 1000));

@@ -54,6 +54,22 @@ void validate(const LaunchEnv& e, const char* rank_var, const char* size_var) {
     throw UsageError("MASTER_PORT=" + std::to_string(e.master_port) + " is not a TCP port (1..65535)");
 }
 
+// "HOST:PORT", as crosstrain run writes it for its ranks.
+void read_standby(const std::string& text, LaunchEnv& e) {
+  const auto colon = text.rfind(':');
+  const std::string port = colon == std::string::npos ? "" : text.substr(colon + 1);
+  int value = 0;
+  size_t used = 0;
+  try {
+    value = std::stoi(port, &used);
+  } catch (const std::exception&) {
+  }
+  if (colon == 0 || colon == std::string::npos || used != port.size() || value < 1 || value > 65535)
+    throw UsageError("CROSSTRAIN_STANDBY='" + text.substr(0, 80) + "' must be HOST:PORT (crosstrain run --standby sets it)");
+  e.standby_addr = text.substr(0, colon);
+  e.standby_port = value;
+}
+
 }  // namespace
 
 const char* to_string(LaunchSource source) {
@@ -145,6 +161,7 @@ LaunchEnv detect_launch_env(const EnvMap& env) {
   e.master_port = parse_int(env, "MASTER_PORT", 29500);
   e.job_id = detect_job_id(env);
   e.secret = get(env, "CROSSTRAIN_SECRET", "");
+  if (const std::string* standby = find(env, "CROSSTRAIN_STANDBY")) read_standby(*standby, e);
 
   if (find(env, "RANK") && find(env, "WORLD_SIZE")) {
     e.source = LaunchSource::Torchrun;

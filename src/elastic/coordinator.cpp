@@ -138,8 +138,18 @@ void Coordinator::tick(Clock::time_point now) {
   view.registered = registered_;
   view.world_size = options_.world_size;
   view.min_start_ranks = options_.min_start_ranks;
-  // The settle time counts from the first registration, or from the moment the last replica was lost.
-  view.settle_elapsed = !registered_.empty() && now - std::max(first_registration_, emptied_) >= options_.settle;
+  if (options_.takeover && open_.empty()) {
+    const Takeover t = takeover_quorum(registered_);
+    view.first_id = t.first_id;
+    view.min_start_ranks = std::max(view.min_start_ranks, t.min_ranks);
+  }
+  // The settle time counts from the first registration, or from the moment the last replica was lost. A standby's
+  // waits two failure timeouts: the ranks that came over found the store gone within about that of each other, and
+  // a later one joins the running generation.
+  const auto settle = options_.takeover && open_.empty()
+                          ? std::min<std::chrono::milliseconds>(options_.settle, 2 * std::chrono::milliseconds(timing_.failure_timeout_ms))
+                          : options_.settle;
+  view.settle_elapsed = !registered_.empty() && now - std::max(first_registration_, emptied_) >= settle;
   for (const auto& [rank, r] : registered_)
     if (detector_.dead(rank, r.incarnation, now)) view.dead.insert(rank);
   auto next = next_generation(view, std::max(1, timing_.min_replicas));
@@ -148,6 +158,11 @@ void Coordinator::tick(Clock::time_point now) {
   // generations. Failures never wait.
   const bool join_pending = !open_.empty() && open_.back().reason == "join" && !store_->check({start_key(open_.back().id)});
   if (next->reason == "join" && join_pending) return;
+  if (options_.takeover && open_.empty()) {
+    next->reason = "takeover";
+    // Before the generation itself: a rank that finds the generation finds where the standby's ids begin.
+    store_->set(first_generation_key(), to_bytes(std::to_string(next->id)));
+  }
   publish(*next, now, view.holders);
 }
 

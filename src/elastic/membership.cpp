@@ -53,10 +53,7 @@ CommContext membership_context(int rank, const std::string& op, int64_t step = -
 Membership::Membership(const LaunchEnv& env, MembershipOptions options)
     : env_(env), options_(std::move(options)),
       incarnation_(incarnation_of(host_name(), static_cast<int>(getpid()), unix_ms())) {
-  const comm::Millis timeout = options_.comm.timeout();
-  rendezvous_ = connect_retrying(env_, env_.rank, timeout);
-  beat_ = connect_retrying(env_, -1, timeout);
-  watch_ = connect_retrying(env_, -1, timeout);
+  connect_all();
   // No generation published before this process registers can count it: its watcher and its search for a
   // generation start after them (a restarted process that read every old record caught up seconds late on a
   // loaded machine, and all that time did not see a failure that ended its generation).
@@ -66,17 +63,30 @@ Membership::Membership(const LaunchEnv& env, MembershipOptions options)
   beat_->store()->add(heartbeat_key(env_.rank), 1);
   heartbeat_ = std::thread([this] { heartbeat_loop(); });
   watcher_ = std::thread([this] { watch_loop(); });
+  register_rank(0, 0);
+}
+
+void Membership::connect_all() {
+  const comm::Millis timeout = options_.comm.timeout();
+  rendezvous_ = connect_retrying(env_, env_.rank, timeout);
+  beat_ = connect_retrying(env_, -1, timeout);
+  watch_ = connect_retrying(env_, -1, timeout);
+}
+
+void Membership::register_rank(int64_t last_generation, int last_members) {
   Registration r;
   r.rank = env_.rank;
   r.replica = options_.replica;
   r.replica_size = options_.replica_size;
   r.incarnation = incarnation_;
   r.timing = options_.timing;
+  r.last_generation = last_generation;
+  r.last_members = last_members;
   rendezvous_->store()->set(registration_key(env_.rank), to_bytes(encode_registration(r)));
   rendezvous_->store()->add(roster_key(), 1);
 }
 
-Membership::~Membership() {
+void Membership::stop_threads() {
   {
     std::lock_guard<std::mutex> lock(stop_mu_);
     stop_ = true;
@@ -86,17 +96,80 @@ Membership::~Membership() {
   if (watcher_.joinable()) watcher_.join();
 }
 
+Membership::~Membership() { stop_threads(); }
+
+bool Membership::primary_lost() {
+  if (env_.standby_port <= 0 || failed_over_) return false;
+  // Two tries of a second each: a store that is only slow (a loaded machine) answers one of them.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    try {
+      (void)comm::Rendezvous::connect(env_.master_addr, env_.master_port, -1, env_.world_size, comm::Millis(1000),
+                                      comm::JobCredentials{env_.job_id, env_.secret});
+      return false;
+    } catch (const std::exception&) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  }
+  return true;
+}
+
+void Membership::fail_over(int64_t trained_in, int trained_in_members) {
+  const int64_t known = std::max(trained_in, latest_->load());
+  // Every wait of the abandoned generations' communicators ends (their predicates read this flag).
+  *failure_generation_ = std::max(failure_generation_->load(), known + 1);
+  stop_threads();  // their connections lead to the lost store: they have ended or end within a reconnect's timeout
+  voter_.reset();  // a vote it was casting there is never answered; a new voter connects to the standby
+  failed_over_ = true;
+  env_.master_addr = env_.standby_addr;
+  env_.master_port = env_.standby_port;
+  stop_ = false;
+  connect_all();
+  beat_->store()->add(heartbeat_key(env_.rank), 1);
+  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  register_rank(known, trained_in_members);
+  const comm::Millis timeout = options_.comm.timeout();
+  try {
+    rendezvous_->store()->wait({first_generation_key()}, timeout);
+  } catch (const CommError& e) {
+    if (!e.timed_out()) throw;
+    throw CommError(membership_context(env_.rank, "fail over"),
+                    "the standby at " + store_address() + " started no generation within " +
+                        std::to_string(timeout.count() / 1000) +
+                        " s: it takes over only with a majority of the last generation's members (is node 0 still "
+                        "up and only this rank cut off from it?)",
+                    true);
+  }
+  const std::string text = get(first_generation_key());
+  int64_t first = 0;
+  try {
+    size_t used = 0;
+    first = std::stoll(text, &used);
+    if (used != text.size()) first = 0;
+  } catch (const std::exception&) {
+  }
+  if (first <= known)
+    throw CommError(membership_context(env_.rank, "fail over"),
+                    "the standby's first generation reads '" + text.substr(0, 40) + "', not a generation after " +
+                        std::to_string(known));
+  first_candidate_ = first;
+  *latest_ = first - 1;
+  watcher_ = std::thread([this] { watch_loop(); });
+}
+
 // A reply later than the client waits for (a loaded machine) closes that connection, so that the late reply
 // cannot answer the next request: the background threads open another one and carry on. False once the store
 // cannot be reached: the job is over, and the main thread finds out on its next store call.
+// In tries of a second, so that a rank leaving a lost store (fail_over) does not wait long for its threads.
 bool Membership::reopen(std::shared_ptr<comm::Rendezvous>& connection) {
-  if (stop_) return false;
-  try {
-    connection = connect_retrying(env_, -1, std::min(options_.comm.timeout(), comm::Millis(5000)));
-    return true;
-  } catch (const std::exception&) {
-    return false;
+  const auto give_up = std::chrono::steady_clock::now() + std::min(options_.comm.timeout(), comm::Millis(5000));
+  while (!stop_ && std::chrono::steady_clock::now() < give_up) {
+    try {
+      connection = connect_retrying(env_, -1, comm::Millis(1000));
+      return true;
+    } catch (const std::exception&) {
+    }
   }
+  return false;
 }
 
 void Membership::heartbeat_loop() {

@@ -83,7 +83,9 @@ std::string encode_registration(const Registration& r) {
               {"incarnation", r.incarnation},
               {"heartbeat_ms", r.timing.heartbeat_ms},
               {"failure_timeout_ms", r.timing.failure_timeout_ms},
-              {"min_replicas", r.timing.min_replicas}}
+              {"min_replicas", r.timing.min_replicas},
+              {"last_generation", r.last_generation},
+              {"last_members", r.last_members}}
       .dump();
 }
 
@@ -98,10 +100,12 @@ Registration decode_registration(const std::string& text) {
     r.timing.heartbeat_ms = j.value("heartbeat_ms", r.timing.heartbeat_ms);
     r.timing.failure_timeout_ms = j.value("failure_timeout_ms", r.timing.failure_timeout_ms);
     r.timing.min_replicas = j.value("min_replicas", r.timing.min_replicas);
+    r.last_generation = j.value("last_generation", int64_t{0});
+    r.last_members = j.value("last_members", 0);
   } catch (const json::exception& e) {
     throw std::runtime_error("malformed elastic registration record: " + std::string(e.what()));
   }
-  if (r.rank < 0 || r.replica < 0 || r.replica_size < 1)
+  if (r.rank < 0 || r.replica < 0 || r.replica_size < 1 || r.last_generation < 0 || r.last_members < 0)
     throw std::runtime_error("elastic registration record has a negative rank or replica: " + text.substr(0, 80));
   return r;
 }
@@ -196,7 +200,7 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
   const bool first = v.current == nullptr || v.current->id == 0 || v.current->replicas.empty();
   const bool restart = first && v.current != nullptr && v.current->id > 0;
   Generation next;
-  next.id = v.current == nullptr ? 1 : v.current->id + 1;
+  next.id = v.current == nullptr ? v.first_id : v.current->id + 1;
   bool lost = false, joined = false;
   for (const auto& [replica, ranks] : replicas) {
     const bool was = v.current != nullptr && v.current->has_replica(replica);
@@ -230,6 +234,21 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
   next.reason = lost ? "failure" : "join";
   if (lost && v.holders != nullptr) keep_only_holders(next, *v.holders);
   return next;
+}
+
+Takeover takeover_quorum(const std::map<int, Registration>& registered) {
+  Takeover t;
+  int64_t newest = 0, trained_in = 0;
+  int members = 0;
+  for (const auto& [rank, r] : registered) {
+    newest = std::max(newest, r.last_generation);
+    // The members of the newest generation someone trained in (a rank that knew of a newer, unstarted one still
+    // trained in this one).
+    if (r.last_members > 0 && r.last_generation >= trained_in) trained_in = r.last_generation, members = r.last_members;
+  }
+  t.first_id = newest + 1;
+  t.min_ranks = members / 2 + 1;
+  return t;
 }
 
 std::string encode_decision(const Decision& d) {
@@ -292,6 +311,7 @@ std::string generation_key(int64_t id) { return "elastic/generation/" + std::to_
 std::string stop_key() { return "elastic/stop"; }
 std::string roster_key() { return "elastic/roster"; }
 std::string latest_generation_key() { return "elastic/generation/latest"; }
+std::string first_generation_key() { return "elastic/generation/first"; }
 std::string vote_key(int64_t generation, int64_t step) {
   return "elastic/vote/" + std::to_string(generation) + "/" + std::to_string(step);
 }

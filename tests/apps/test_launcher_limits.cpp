@@ -93,6 +93,23 @@ class PidsCgroup {
   std::filesystem::path dir_;
 };
 
+// --standby is refused where it cannot work (one node, or not elastic), before anything starts.
+TEST(LauncherLimits, AStandbyNeedsAnElasticJobOnSeveralNodes) {
+  const std::string marker = unique_seconds();
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{kBin, "run", "--nproc", "1", "--standby", "127.0.0.1:29999", "--", "sleep", marker},
+        std::vector<std::string>{kBin, "run", "--nnodes", "2", "--master", "127.0.0.1:29998", "--standby",
+                                 "127.0.0.1:29999", "--", "sleep", marker}}) {
+    const ProcessResult res = run_process(args, {}, milliseconds(30000));
+    EXPECT_EQ(res.exit_code(), 2) << res.output;
+    EXPECT_TRUE(contains(res.output, "--standby is for elastic jobs on several nodes")) << res.output;
+  }
+  const ProcessResult bad = run_process({kBin, "run", "--standby", "nohost", "--", "sleep", marker}, {}, milliseconds(30000));
+  EXPECT_EQ(bad.exit_code(), 2) << bad.output;
+  EXPECT_TRUE(contains(bad.output, "--standby 'nohost' must be HOST:PORT")) << bad.output;
+  EXPECT_TRUE(sleepers(marker).empty());
+}
+
 TEST(LauncherLimits, PidsLimitIsCheckedBeforeAnythingStarts) {
   PidsCgroup cgroup(16);
   if (!cgroup.ok()) GTEST_SKIP() << "no writable pids cgroup here (needs root)";

@@ -11,6 +11,7 @@
 #include <csignal>
 #include <initializer_list>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <regex>
 #include <set>
@@ -510,6 +511,63 @@ TEST(ElasticCli, AnotherNodesLauncherReportsExitsAndEndsItsExcludedRanks) {
   ASSERT_EQ(d[join].size(), 4u) << both;
   EXPECT_EQ(d.at(join).at(2), d.at(join).at(0));  // tensor-parallel rank 0 of each replica
   EXPECT_EQ(d.at(join).at(3), d.at(join).at(1));
+  expect_every_step_once(dir, steps);
+}
+
+namespace {
+
+// SIGKILLs a launcher and the ranks it started (each in a process group of its own): a whole node gone at once.
+void kill_node(const Process& launcher) {
+  std::ifstream children("/proc/" + std::to_string(launcher.pid()) + "/task/" + std::to_string(launcher.pid()) + "/children");
+  std::vector<int> ranks;
+  for (int pid; children >> pid;) ranks.push_back(pid);
+  kill(launcher.pid(), SIGKILL);
+  for (int pid : ranks) kill(pid, SIGKILL);
+}
+
+}  // namespace
+
+// No node is special (issue 33, item 4): with --standby, node 1 keeps a second store. Node 0 (its launcher, which
+// holds the store and the coordinator, and its rank) is SIGKILLed mid-run. Nodes 1 and 2 find the store gone, node
+// 1's standby coordinator takes over once both their ranks came over (a majority of the 3 members), and the job
+// trains to its end from the state the survivors held: the two are bit-identical there and no committed step is
+// lost or done twice.
+TEST(ElasticCli, TheNodeThatStartedTheJobIsKilledAndTrainingContinues) {
+  const int steps = 80;
+  const auto dir = fresh_dir("elastic-standby");
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const std::string standby = "127.0.0.1:" + std::to_string(free_port());
+  const auto command = rank_command(dir, steps, paced({"--set", "train.global_batch=12"}));  // 3 replicas of 4
+  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-standby"}};
+  auto node = [&](int n) {
+    return launcher({"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", master,
+                     "--standby", standby, "--max-restarts", "1"},
+                    command);
+  };
+  Process node0(node(0), env), node1(node(1), env), node2(node(2), env);
+  ASSERT_TRUE(wait_for_rows(node0, dir, 5, milliseconds(90000))) << node0.wait(milliseconds(1)).output;
+  kill_node(node0);
+  auto r1 = node1.wait(milliseconds(120000));
+  auto r2 = node2.wait(milliseconds(30000));
+  const std::string r0 = node0.wait(milliseconds(1000)).output;
+  const std::string all = r0 + "\n--- node 1 ---\n" + r1.output + "\n--- node 2 ---\n" + r2.output;
+  ASSERT_EQ(r1.exit_code(), 0) << all;
+  EXPECT_EQ(r2.exit_code(), 0) << all;
+  EXPECT_TRUE(contains(r1.output, "the standby coordinator at " + standby + " takes over")) << all;
+  EXPECT_TRUE(contains(r2.output, "reporting to the standby at " + standby)) << all;
+  for (const auto* out : {&r1.output, &r2.output})
+    EXPECT_TRUE(std::regex_search(*out, std::regex("rank \\d: lost the job's store at " + master +
+                                                   " .*going over to the standby at " + standby)))
+        << all;
+  const int takeover = generation_with(r1.output, "takeover");
+  ASSERT_GT(takeover, 1) << all;
+  EXPECT_TRUE(contains(r1.output, "generation " + std::to_string(takeover) + " (takeover): 2 replicas (1,2), 2 ranks"))
+      << all;
+  auto d = digests(r1.output);
+  for (const auto& [g, by_rank] : digests(r2.output)) d[g].insert(by_rank.begin(), by_rank.end());
+  ASSERT_EQ(d[takeover].size(), 2u) << all;
+  EXPECT_EQ(d.at(takeover).at(1), d.at(takeover).at(2));
+  EXPECT_NE(d.at(takeover).at(1), d.at(1).at(1)) << "the survivors went on from the trained state, not the start";
   expect_every_step_once(dir, steps);
 }
 

@@ -28,6 +28,10 @@ struct LaunchEnv {
   std::string job_id;
   // CROSSTRAIN_SECRET: what every peer of the job must prove it knows (store_auth.h). Never logged.
   std::string secret;
+  // CROSSTRAIN_STANDBY=HOST:PORT (crosstrain run --standby): the store an elastic job goes on with when node 0's
+  // is lost; empty when there is none.
+  std::string standby_addr;
+  int standby_port = 0;
 };
 
 const char* to_string(LaunchSource source);

@@ -1,7 +1,8 @@
 // The membership coordinator of an elastic job: runs beside the rendezvous store (in the launcher of node 0),
 // watches every rank's heartbeat counter and registration, and publishes each new generation (membership_logic.h
-// has the rules). It never trains and holds no model state, so it survives any rank's failure; a failure of the
-// launcher of node 0 ends the job (as with torchrun's c10d rendezvous host).
+// has the rules). It never trains and holds no model state, so it survives any rank's failure. With a standby
+// (crosstrain run --standby), a second one starts beside the standby store once node 0 is lost (`takeover`): it
+// knows nothing of the old one's generations, and starts from the registrations of the ranks that came over.
 #pragma once
 
 #include <ATen/core/ivalue.h>
@@ -36,6 +37,9 @@ struct CoordinatorOptions {
   std::function<void(const std::vector<std::pair<int, int>>& processes, const std::string& why)> exclude;
   // One line per event ("generation 3 (failure): ..."), prefixed by the caller.
   std::function<void(const std::string& line)> log;
+  // A standby's coordinator, started after the primary was lost: its first generation ("takeover") is numbered
+  // above every generation the registrants knew and waits for a majority of the last members (takeover_quorum).
+  bool takeover = false;
 };
 
 class Coordinator {

@@ -99,12 +99,28 @@ class Membership {
   // Training is over on this rank: its exit from now on is not a failure.
   void finish();
 
+  // The job's store cannot be reached (tried for about a second), and a standby was named (CROSSTRAIN_STANDBY):
+  // the caller may fail_over(). False while the store answers: an error was something else.
+  bool primary_lost();
+  // Moves this rank to the standby store: its generation is abandoned (the waits of its communicator end), the
+  // rank registers there saying the newest generation it knew and how many members `trained_in` had, and waits
+  // (up to the job's timeout) for the standby's coordinator to start numbering generations. Then
+  // await_member_generation() finds the standby's. Throws CommError when the standby does not take over in time
+  // (it takes over only with a majority of the last members: a rank cut off alone waits here and then fails).
+  void fail_over(int64_t trained_in, int trained_in_members);
+  bool failed_over() const { return failed_over_; }
+  std::string store_address() const { return env_.master_addr + ":" + std::to_string(env_.master_port); }
+  std::string standby_address() const { return env_.standby_addr + ":" + std::to_string(env_.standby_port); }
+
  private:
   bool is_member(const Generation& g) const;
   int64_t latest_published();  // the newest generation's id in the store (0: none yet)
   void heartbeat_loop();
   void watch_loop();
   bool reopen(std::shared_ptr<comm::Rendezvous>& connection);
+  void connect_all();
+  void register_rank(int64_t last_generation, int last_members);
+  void stop_threads();
   std::string get(const std::string& key);
   std::string wait_get(const std::string& key, std::chrono::milliseconds timeout);
 
@@ -123,6 +139,7 @@ class Membership {
   std::condition_variable stop_cv_;  // ends the heartbeat's sleep
   std::thread heartbeat_, watcher_;
   std::unique_ptr<StepVoter> voter_;  // started by the first posted vote
+  bool failed_over_ = false;  // on the standby's store now (env_ names it)
 };
 
 }  // namespace crosstrain::elastic

@@ -68,6 +68,10 @@ struct Registration {
   int replica_size = 1;  // ranks per replica (pp x tp)
   std::string incarnation;  // unique per process start: "HOST/PID/START_MS" (incarnation_of)
   Timing timing;
+  // A rank that comes to the standby store after losing the primary (membership.h, fail_over): the newest
+  // generation it knew of and the members of the one it trained in (0: a process that never trained).
+  int64_t last_generation = 0;
+  int last_members = 0;
 };
 std::string incarnation_of(const std::string& host, int pid, int64_t start_ms);
 int pid_of_incarnation(const std::string& incarnation);  // -1 when it names none
@@ -102,6 +106,7 @@ struct MembershipView {
   int world_size = 0;                      // ranks of the full job
   bool settle_elapsed = false;             // the first generation may start with fewer replicas than the job has
   int min_start_ranks = 0;                 // ... but with at least this many ranks (--nnodes MIN:MAX: MIN nodes')
+  int64_t first_id = 1;                    // the id of a first generation (a standby's: above every old one)
 };
 
 // The next generation, or nullopt when nothing changes. A replica is a member when all its ranks are registered
@@ -110,6 +115,17 @@ struct MembershipView {
 // A failure generation keeps only the holders' live replicas: a joiner (even one of a join that has not started
 // yet) comes back in a join generation once the survivors train again, so that they never wait for it to recover.
 std::optional<Generation> next_generation(const MembershipView& view, int min_replicas);
+
+// What a standby coordinator needs before its first generation, from the registrations of the ranks that lost the
+// primary: ids above every generation any of them knew (so no rank mistakes an old record for a new one), and a
+// majority of the members of the newest generation that trained. A side cut off from the primary by a broken link
+// is a minority at most, and cannot go on as a second job beside the one that still has its store (with two
+// halves exactly, the primary's side keeps the job).
+struct Takeover {
+  int64_t first_id = 1;
+  int min_ranks = 1;
+};
+Takeover takeover_quorum(const std::map<int, Registration>& registered);
 
 // A step's outcome as written in the store under the step's decision key.
 struct Decision {
@@ -139,6 +155,9 @@ std::string roster_key();
 std::string heartbeat_key(int rank);
 std::string generation_key(int64_t id);
 std::string latest_generation_key();
+// Written by a standby coordinator before its first generation: that generation's id (decimal). Ranks that come
+// over from the primary wait for it, then for generations from that id on.
+std::string first_generation_key();
 std::string stop_key();  // set by a rank that was asked to stop, before its next vote  // the id of the newest generation (decimal)
 std::string vote_key(int64_t generation, int64_t step);
 std::string decision_key(int64_t generation, int64_t step);

@@ -137,6 +137,8 @@ class ElasticLoop {
   void bootstrap_state();
   bool train_steps();
   void recover(const CommError& error, int64_t successor);
+  void recover_or_fail_over(const CommError& error, int64_t successor);
+  void fail_over(const CommError& error);
   void finish();
   void note(const std::string& line) const;
   void fault_if_asked(int64_t step);
@@ -183,6 +185,7 @@ class ElasticLoop {
   // elastic.overlap_votes: the step whose vote is cast but whose fate this rank has not read yet (0: none), and
   // this rank's state from before that step's update, to carry instead of the live one if the step aborts.
   int64_t posted_step_ = 0;
+  int64_t unread_step_ = 0;  // a posted step whose fate the store did not give (it failed while asked)
   LiveState before_posted_;
   bool roll_back_ = false;  // the posted step aborted: the next generation starts from before_posted_
   int64_t kept_step_ = 0;   // the posted step aborted but stands on this rank (a replica of one rank applied it)
@@ -264,9 +267,9 @@ TrainResult ElasticLoop::run() {
       // That one, unless a failure closed it meanwhile (then the failure's generation, as for everyone else).
       gen_ = m_.await_member_generation(switch_to_ - 1);
     } catch (const elastic::GenerationEnded& e) {
-      recover(e, e.successor());
+      recover_or_fail_over(e, e.successor());
     } catch (const CommError& e) {
-      recover(e, 0);
+      recover_or_fail_over(e, 0);
     }
   }
   if (stopped_) {
@@ -335,6 +338,44 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
   gen_ = m_.await_member_generation(std::max(gen_.id, successor - 1));
 }
 
+// recover(), unless the job's store is gone: then the standby's (crosstrain run --standby), if there is one.
+void ElasticLoop::recover_or_fail_over(const CommError& error, int64_t successor) {
+  try {
+    recover(error, successor);
+  } catch (const CommError& e) {
+    if (!m_.primary_lost()) throw;
+    fail_over(e);
+  }
+}
+
+// Node 0, with the job's store and coordinator, is gone. What this rank knows stands: a step it read as committed
+// is kept, and one whose fate it never read is treated as aborted (a member that read its commit carries the newer
+// state, which the next generation's newest-wins bootstrap gives to everyone). The standby's coordinator starts a
+// generation of the ranks that came over, numbered above every old one.
+void ElasticLoop::fail_over(const CommError& error) {
+  if (posted_step_ > 0 || unread_step_ > 0) {
+    const int64_t step = std::max(posted_step_, unread_step_);
+    posted_step_ = unread_step_ = 0;
+    if (overlap_ == Overlap::KeepingACopy) {
+      roll_back_ = true;
+      next_step_ = step;
+    } else {
+      kept_step_ = step;
+    }
+  }
+  if (run_) {
+    if (roll_back_) carried_ = before_posted_;
+    else if (has_state_) carried_ = run_->live_state(next_step_);
+    run_->flush_trace();
+  }
+  retire_generation();
+  note("lost the job's store at " + m_.store_address() + " (" + error.what() + "); going over to the standby at " +
+       m_.standby_address() + " with the state before step " +
+       std::to_string(carried_.valid() ? carried_.next_step : next_step_));
+  m_.fail_over(gen_.id, static_cast<int>(gen_.ranks.size()));
+  gen_ = m_.await_member_generation(gen_.id);
+}
+
 std::unique_ptr<Job> ElasticLoop::make_job(const Config& c, comm::Communicator& world, const RunStart& start) const {
   // DLRM's tables are sharded over every rank: one replica, nothing to heal; the loop loads the checkpoint itself.
   if (c.model.arch == models::ModelArch::Dlrm) return std::make_unique<DlrmJob>(c, world, dlrm_options_);
@@ -344,7 +385,7 @@ std::unique_ptr<Job> ElasticLoop::make_job(const Config& c, comm::Communicator& 
 
 bool ElasticLoop::run_generation() {
   has_state_ = started_ = decided_ = roll_back_ = false;
-  posted_step_ = kept_step_ = 0;
+  posted_step_ = kept_step_ = unread_step_ = 0;
   before_posted_ = LiveState{};  // its tensors may be carried_ now, which keeps them
   const auto t_group = Clock::now();
   setup_began_ = t_group;
@@ -518,7 +559,9 @@ void ElasticLoop::cast_vote(int64_t step, elastic::Decision& d) {
 elastic::Decision ElasticLoop::settle_posted_vote() {
   const int64_t step = posted_step_;
   posted_step_ = 0;
+  unread_step_ = step;  // until the store answers: fail_over decides what the step is worth if it never does
   const elastic::Decision d = m_.posted_decision();
+  unread_step_ = 0;
   // A replica of one rank that voted has the step's fully reduced gradients and applied them: the step stands
   // (the generation that follows starts from the newest state, and survivors that did not get there heal from
   // it). A replica of several ranks may have applied it on some of its ranks only: every rank goes back.

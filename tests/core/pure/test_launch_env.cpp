@@ -26,6 +26,21 @@ TEST(LaunchEnv, TorchrunVariables) {
   EXPECT_TRUE(e.store_hosted_by_launcher);
 }
 
+// crosstrain run --standby: every rank learns where the job goes on when node 0's store is lost.
+TEST(LaunchEnv, TheStandbyStoreComesAsHostAndPort) {
+  const EnvMap base{{"RANK", "0"}, {"WORLD_SIZE", "2"}};
+  EXPECT_EQ(detect_launch_env(base).standby_port, 0);
+  EnvMap env = base;
+  env["CROSSTRAIN_STANDBY"] = "10.0.0.2:29501";
+  const LaunchEnv e = detect_launch_env(env);
+  EXPECT_EQ(e.standby_addr, "10.0.0.2");
+  EXPECT_EQ(e.standby_port, 29501);
+  for (const std::string bad : {"10.0.0.2", ":29501", "h:0", "h:70000", "h:12ab", "h:"}) {
+    env["CROSSTRAIN_STANDBY"] = bad;
+    EXPECT_THROW(detect_launch_env(env), UsageError) << bad;
+  }
+}
+
 TEST(LaunchEnv, OpenMpiVariables) {
   LaunchEnv e = detect_launch_env({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "3"},
                                    {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}, {"OMPI_COMM_WORLD_LOCAL_SIZE", "3"}});

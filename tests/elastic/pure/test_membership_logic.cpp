@@ -159,7 +159,11 @@ TEST(MembershipRecords, RegistrationRoundTrips) {
   r.timing.heartbeat_ms = 33;
   r.timing.failure_timeout_ms = 444;
   r.timing.min_replicas = 3;
+  r.last_generation = 41;
+  r.last_members = 6;
   const Registration back = decode_registration(encode_registration(r));
+  EXPECT_EQ(back.last_generation, 41);
+  EXPECT_EQ(back.last_members, 6);
   EXPECT_EQ(back.rank, 5);
   EXPECT_EQ(back.replica, 2);
   EXPECT_EQ(back.replica_size, 4);
@@ -178,7 +182,9 @@ TEST(MembershipRecords, MalformedRegistrationRejected) {
         R"({"rank":-1,"replica":0,"replica_size":1,"incarnation":"h/1/2"})",
         R"({"rank":0,"replica":-2,"replica_size":1,"incarnation":"h/1/2"})",
         R"({"rank":0,"replica":0,"replica_size":0,"incarnation":"h/1/2"})",
-        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","heartbeat_ms":"fast"})"})
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","heartbeat_ms":"fast"})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_generation":-3})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_members":-1})"})
     EXPECT_THROW(decode_registration(text), std::runtime_error) << text;
 }
 
@@ -525,6 +531,37 @@ TEST(MembershipNextGeneration, FirstGenerationWaitsForTheMinimumRanksAfterSettli
   auto g = next_generation(v, 1);
   ASSERT_TRUE(g.has_value());
   EXPECT_EQ(g->ranks, (std::vector<int>{0, 1}));
+}
+
+// A standby's first generation: numbered above every generation any registrant knew, and only with a majority of
+// the members of the newest generation one of them trained in.
+TEST(MembershipTakeover, NumbersAboveEveryKnownGenerationAndNeedsAMajorityOfTheLastMembers) {
+  auto regs = layout(6);
+  for (auto& [rank, r] : regs) r.last_generation = 7, r.last_members = 5;
+  regs[2].last_generation = 9;  // knew of a join published but not started: it trained in 7 with the others
+  regs[2].last_members = 5;
+  regs[4].last_generation = 0;  // a fresh process: knows nothing
+  regs[4].last_members = 0;
+  Takeover t = takeover_quorum(regs);
+  EXPECT_EQ(t.first_id, 10);
+  EXPECT_EQ(t.min_ranks, 3);  // 5 members: 3 make a majority
+  regs[2].last_members = 4;   // the newest generation someone trained in decides
+  EXPECT_EQ(takeover_quorum(regs).min_ranks, 3);
+  for (auto& [rank, r] : regs) r.last_members = 4;
+  EXPECT_EQ(takeover_quorum(regs).min_ranks, 3) << "2 of 4 is a tie: the primary's side keeps the job";
+  EXPECT_EQ(takeover_quorum({}).first_id, 1);
+
+  // The standby's first generation starts with the quorum after the settle time, under its own first id.
+  auto v = view_of({{1, reg(1, 1, 1)}, {2, reg(2, 2, 1)}}, 6);
+  v.first_id = 10;
+  v.min_start_ranks = 3;
+  v.settle_elapsed = true;
+  EXPECT_FALSE(next_generation(v, 1)) << "2 ranks of a quorum of 3";
+  v.registered[5] = reg(5, 5, 1);
+  const auto g = next_generation(v, 1);
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->id, 10);
+  EXPECT_EQ(g->ranks, (std::vector<int>{1, 2, 5}));
 }
 
 TEST(ElasticLogTime, ReadsAsUtcWithMillisecondsAndBack) {

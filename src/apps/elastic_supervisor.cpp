@@ -97,6 +97,7 @@ void ElasticSupervisor::take_standby() {
         " is gone; the standby coordinator at " + standby +
         " takes over (it starts once a majority of the last generation's ranks come over)");
     std::lock_guard<std::mutex> lock(mu_);
+    standby_took_over_ = true;
     coordinator_ = std::make_unique<elastic::Coordinator>(standby_.store->store(), coordinator_options(true));
     for (const auto& [rank, pid] : exits_to_report_) coordinator_->rank_exited(rank);
     exits_to_report_.clear();
@@ -104,6 +105,8 @@ void ElasticSupervisor::take_standby() {
   }
   say("crosstrain run: [" + elastic::log_time(elastic::unix_ms()) + "] node 0's store at " + lost +
       " is gone; reporting to the standby at " + standby);
+  std::lock_guard<std::mutex> lock(mu_);
+  standby_took_over_ = true;
   remote_.host = standby_.host;
   remote_.port = standby_.port;
   standby_.port = 0;
@@ -152,6 +155,12 @@ bool ElasticSupervisor::on_failure(int rank, pid_t pid, const std::string& how) 
   say("crosstrain run: rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") failed with " + how +
       "; restarting it (" + std::to_string(restarts_) + " of " + std::to_string(options_.max_restarts) + " restarts)");
   return true;
+}
+
+std::optional<std::pair<std::string, int>> ElasticSupervisor::store_for_restarts() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!standby_took_over_) return std::nullopt;
+  return std::make_pair(standby_.host, standby_.store ? standby_.port : remote_.port);
 }
 
 std::vector<std::pair<int, int>> ElasticSupervisor::take_exclusions() {

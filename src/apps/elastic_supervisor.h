@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -58,6 +59,8 @@ class ElasticSupervisor {
   bool on_failure(int rank, pid_t pid, const std::string& how);
   // Processes (rank, pid) the coordinator excluded since the last call (to be ended with SIGKILL).
   std::vector<std::pair<int, int>> take_exclusions();
+  // Where a restarted rank finds the job's store once the standby took over (host, port); nullopt before.
+  std::optional<std::pair<std::string, int>> store_for_restarts();
   int restarts() const { return restarts_; }
 
  private:
@@ -84,7 +87,8 @@ class ElasticSupervisor {
   int64_t exclusions_seen_ = 0;
   std::map<int, int> excluded_pid_;  // rank -> the newest pid the coordinator excluded (handled once)
   std::atomic<bool> stop_{false};
-  bool reached_ = false;  // the link thread reached the store it reports to (a store never reached is not lost)
+  bool reached_ = false;
+  bool standby_took_over_ = false;  // under mu_  // the link thread reached the store it reports to (a store never reached is not lost)
   std::thread link_;
 };
 

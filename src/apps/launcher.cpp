@@ -231,6 +231,15 @@ void restart_rank(Rank& r, int world, int port, const LaunchOptions& o, LineFold
   start_rank(r, r.local, world, port, o);
 }
 
+// A rank restarted after the standby took over (--standby) finds the job there: node 0's store is gone.
+void restart_rank(Rank& r, int world, int port, const LaunchOptions& o, LineFolder& folder, ElasticSupervisor& elastic) {
+  const auto store = elastic.store_for_restarts();
+  if (!store) return restart_rank(r, world, port, o, folder);
+  LaunchOptions moved = o;
+  moved.master_addr = store->first;
+  restart_rank(r, world, store->second, moved, folder);
+}
+
 // Linux keeps a priority per thread: every thread of the launcher (the store's acceptor, whose connection threads
 // inherit it, and the coordinator) gets `nice`. Quietly nothing without the privilege to raise it.
 void raise_priority(int nice) {
@@ -311,7 +320,7 @@ int supervise(std::vector<Rank>& ranks, const LaunchOptions& o, ElasticSuperviso
       if (!failed(status)) ++succeeded;
       if (failed(status) && !stopping && elastic) {
         // Elastic: the others train on; the rank restarts while the budget lasts.
-        if (elastic->on_failure(r.rank, r.pid, describe_status(status))) restart_rank(r, world, port, o, folder);
+        if (elastic->on_failure(r.rank, r.pid, describe_status(status))) restart_rank(r, world, port, o, folder, *elastic);
         else if (result == 0) result = exit_code_of(status);
         continue;
       }

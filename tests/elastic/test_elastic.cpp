@@ -531,13 +531,15 @@ void kill_node(const Process& launcher) {
 // holds the store and the coordinator, and its rank) is SIGKILLed mid-run. Nodes 1 and 2 find the store gone, node
 // 1's standby coordinator takes over once both their ranks came over (a majority of the 3 members), and the job
 // trains to its end from the state the survivors held: the two are bit-identical there and no committed step is
-// lost or done twice.
+// lost or done twice. Later rank 2 is killed: node 2's launcher restarts it against the standby's store (node 0's
+// is gone), and it rejoins with the live state.
 TEST(ElasticCli, TheNodeThatStartedTheJobIsKilledAndTrainingContinues) {
   const int steps = 80;
   const auto dir = fresh_dir("elastic-standby");
   const std::string master = "127.0.0.1:" + std::to_string(free_port());
   const std::string standby = "127.0.0.1:" + std::to_string(free_port());
-  const auto command = rank_command(dir, steps, paced({"--set", "train.global_batch=12"}));  // 3 replicas of 4
+  const auto command =
+      rank_command(dir, steps, paced({"--set", "train.global_batch=12", "--set", "debug.elastic_kill=2@50"}));
   const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-standby"}};
   auto node = [&](int n) {
     return launcher({"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", master,
@@ -568,6 +570,15 @@ TEST(ElasticCli, TheNodeThatStartedTheJobIsKilledAndTrainingContinues) {
   ASSERT_EQ(d[takeover].size(), 2u) << all;
   EXPECT_EQ(d.at(takeover).at(1), d.at(takeover).at(2));
   EXPECT_NE(d.at(takeover).at(1), d.at(1).at(1)) << "the survivors went on from the trained state, not the start";
+  // Rank 2's restart, through the standby.
+  EXPECT_TRUE(contains(r2.output, "restarting it (1 of 1 restarts)")) << all;
+  std::smatch rejoin;
+  ASSERT_TRUE(std::regex_search(r1.output, rejoin, std::regex(R"(\] generation (\d+) \(join\): 2 replicas \(1,2\), 2 ranks)")))
+      << all;
+  const int join = std::stoi(rejoin[1]);
+  EXPECT_GT(join, takeover + 1) << all;  // after the failure that took rank 2 out
+  ASSERT_EQ(d[join].size(), 2u) << all;
+  EXPECT_EQ(d.at(join).at(1), d.at(join).at(2));
   expect_every_step_once(dir, steps);
 }
 

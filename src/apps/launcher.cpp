@@ -369,6 +369,28 @@ comm::JobCredentials job_credentials(const LaunchOptions& o) {
   return job;
 }
 
+// The launcher's elastic part: node 0's coordinator beside `store`, or the link to node 0's store elsewhere; node
+// 1 also hosts the standby store (--standby). Throws UsageError when the standby's port cannot be had.
+std::unique_ptr<ElasticSupervisor> elastic_supervisor(const LaunchOptions& o, int world, int port,
+                                                      std::shared_ptr<comm::Rendezvous> store,
+                                                      const comm::JobCredentials& job) {
+  StoreAddress remote;
+  if (!store) {
+    remote = {o.master_addr, port, job, {}};
+    for (int local = 0; local < o.nproc; ++local) remote.ranks.push_back(o.node_rank * o.nproc + local);
+  }
+  Standby standby{o.standby_addr, o.standby_port, nullptr};
+  if (o.standby_port > 0 && o.node_rank == 1) {
+    try {
+      standby.store = comm::Rendezvous::host(o.standby_addr, o.standby_port, world, o.timeout, -1, job);
+    } catch (const CommError& e) {
+      throw UsageError("crosstrain run: the standby store (--standby): " + e.cause());
+    }
+  }
+  if (o.node_rank == 0) standby = Standby{};  // node 0's loss is what the standby is for
+  return std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, std::move(store), remote, standby);
+}
+
 }  // namespace
 
 void parse_master(const std::string& text, std::string& host, int& port, const std::string& option) {
@@ -449,22 +471,12 @@ int launch(const LaunchOptions& o) {
   with_job.rank_nice = errno == 0 ? own_nice : 0;
   std::unique_ptr<ElasticSupervisor> elastic;
   if (o.elastic.enabled) {
-    StoreAddress remote;
-    if (!store) {
-      remote = {o.master_addr, port, job, {}};
-      for (int local = 0; local < o.nproc; ++local) remote.ranks.push_back(o.node_rank * o.nproc + local);
+    try {
+      elastic = elastic_supervisor(o, world, port, store, job);
+    } catch (const std::exception&) {
+      restore_signals();
+      throw;
     }
-    Standby standby{o.standby_addr, o.standby_port, nullptr};
-    if (o.standby_port > 0 && o.node_rank == 1) {
-      try {
-        standby.store = comm::Rendezvous::host(o.standby_addr, o.standby_port, world, o.timeout, -1, job);
-      } catch (const CommError& e) {
-        restore_signals();
-        throw UsageError("crosstrain run: the standby store (--standby): " + e.cause());
-      }
-    }
-    if (o.node_rank == 0) standby = Standby{};  // node 0's loss is what the standby is for
-    elastic = std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, store, remote, standby);
     // Every step's vote is two requests to the store this launcher serves: on a machine whose cores the ranks
     // fill, its threads would wait for a time slice. A higher priority needs privileges; without them it stays.
     if (store) raise_priority(with_job.rank_nice - 5);

@@ -50,6 +50,83 @@ CommContext membership_context(int rank, const std::string& op, int64_t step = -
 
 }  // namespace
 
+// What the heartbeat and the watcher share with their Membership. They own it together: fail_over leaves threads
+// that are stuck on the lost store behind (a dead host answers nothing until the connection's timeout), and they
+// end on their own later without touching the Membership, which has moved on.
+struct Membership::Background {
+  LaunchEnv env;  // the store they talk to
+  Timing timing;
+  comm::Millis reopen_within{5000};
+  std::shared_ptr<std::atomic<int64_t>> latest, failures;
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::condition_variable cv;  // ends the heartbeat's sleep
+};
+
+namespace {
+
+// A reply later than the client waits for (a loaded machine) closes that connection, so that the late reply
+// cannot answer the next request: the background threads open another one and carry on. False once the store
+// cannot be reached: the job is over (or the store lost), and the main thread finds out on its next store call.
+// In tries of a second, so that a stop is noticed soon.
+template <class Shared>
+bool reopen(Shared& b, std::shared_ptr<comm::Rendezvous>& connection) {
+  const auto give_up = std::chrono::steady_clock::now() + b.reopen_within;
+  while (!b.stop && std::chrono::steady_clock::now() < give_up) {
+    try {
+      connection = connect_retrying(b.env, -1, comm::Millis(1000));
+      return true;
+    } catch (const std::exception&) {
+    }
+  }
+  return false;
+}
+
+template <class Shared>
+void heartbeat_loop(std::shared_ptr<Shared> b, std::shared_ptr<comm::Rendezvous> beat) {
+  const auto period = std::chrono::milliseconds(b->timing.heartbeat_ms);
+  while (!b->stop) {
+    try {
+      beat->store()->add(heartbeat_key(b->env.rank), 1);
+    } catch (const CommError&) {
+      if (!reopen(*b, beat)) return;
+      continue;
+    } catch (const std::exception&) {
+      return;
+    }
+    // One wake-up per beat (the ranks share their cores: polling for the end every 10 ms cost them 100 a second).
+    std::unique_lock<std::mutex> lock(b->mu);
+    b->cv.wait_for(lock, period, [&] { return b->stop.load(); });
+  }
+}
+
+// Waits for each next generation record in turn; a failure generation raises the abort flag at once.
+template <class Shared>
+void watch_loop(std::shared_ptr<Shared> b, std::shared_ptr<comm::Rendezvous> watch) {
+  while (!b->stop) {
+    const int64_t next = b->latest->load() + 1;
+    try {
+      auto& store = *watch->store();
+      try {
+        store.wait({generation_key(next)}, std::chrono::milliseconds(250));
+      } catch (const CommError& e) {
+        if (e.timed_out()) continue;  // no new generation yet (or a late reply: the next call finds it closed)
+        throw;
+      }
+      const Generation g = decode_generation(from_bytes(store.get(generation_key(next))));
+      if (b->stop) return;  // left behind by fail_over: the record is an old store's
+      if (g.failure()) *b->failures = g.id;
+      *b->latest = g.id;
+    } catch (const CommError&) {
+      if (!reopen(*b, watch)) return;
+    } catch (const std::exception&) {
+      return;  // a record this process cannot read
+    }
+  }
+}
+
+}  // namespace
+
 Membership::Membership(const LaunchEnv& env, MembershipOptions options)
     : env_(env), options_(std::move(options)),
       incarnation_(incarnation_of(host_name(), static_cast<int>(getpid()), unix_ms())) {
@@ -61,8 +138,9 @@ Membership::Membership(const LaunchEnv& env, MembershipOptions options)
   first_candidate_ = latest_->load() + 1;
   // Beat before registering: the coordinator starts watching the heartbeat as soon as it reads the registration.
   beat_->store()->add(heartbeat_key(env_.rank), 1);
-  heartbeat_ = std::thread([this] { heartbeat_loop(); });
-  watcher_ = std::thread([this] { watch_loop(); });
+  background_ = background();
+  start_heartbeat();
+  start_watcher();
   register_rank(0, 0);
 }
 
@@ -86,17 +164,22 @@ void Membership::register_rank(int64_t last_generation, int last_members) {
   rendezvous_->store()->add(roster_key(), 1);
 }
 
-void Membership::stop_threads() {
+// Stops the heartbeat and the watcher; `wait`: until they ended (else they end by themselves, see Background).
+void Membership::stop_threads(bool wait) {
+  if (!background_) return;
   {
-    std::lock_guard<std::mutex> lock(stop_mu_);
-    stop_ = true;
+    std::lock_guard<std::mutex> lock(background_->mu);
+    background_->stop = true;
   }
-  stop_cv_.notify_all();
-  if (heartbeat_.joinable()) heartbeat_.join();
-  if (watcher_.joinable()) watcher_.join();
+  background_->cv.notify_all();
+  for (std::thread* t : {&heartbeat_, &watcher_}) {
+    if (!t->joinable()) continue;
+    if (wait) t->join();
+    else t->detach();
+  }
 }
 
-Membership::~Membership() { stop_threads(); }
+Membership::~Membership() { stop_threads(true); }
 
 bool Membership::primary_lost() {
   if (env_.standby_port <= 0 || failed_over_) return false;
@@ -117,15 +200,15 @@ void Membership::fail_over(int64_t trained_in, int trained_in_members) {
   const int64_t known = std::max(trained_in, latest_->load());
   // Every wait of the abandoned generations' communicators ends (their predicates read this flag).
   *failure_generation_ = std::max(failure_generation_->load(), known + 1);
-  stop_threads();  // their connections lead to the lost store: they have ended or end within a reconnect's timeout
-  voter_.reset();  // a vote it was casting there is never answered; a new voter connects to the standby
+  stop_threads(false);  // their connections lead to the lost store: left to end by themselves
+  voter_.reset();       // a vote it was casting there is never answered; a new voter connects to the standby
   failed_over_ = true;
   env_.master_addr = env_.standby_addr;
   env_.master_port = env_.standby_port;
-  stop_ = false;
   connect_all();
   beat_->store()->add(heartbeat_key(env_.rank), 1);
-  heartbeat_ = std::thread([this] { heartbeat_loop(); });
+  background_ = background();
+  start_heartbeat();
   register_rank(known, trained_in_members);
   const comm::Millis timeout = options_.comm.timeout();
   try {
@@ -153,64 +236,24 @@ void Membership::fail_over(int64_t trained_in, int trained_in_members) {
                         std::to_string(known));
   first_candidate_ = first;
   *latest_ = first - 1;
-  watcher_ = std::thread([this] { watch_loop(); });
+  start_watcher();
 }
 
-// A reply later than the client waits for (a loaded machine) closes that connection, so that the late reply
-// cannot answer the next request: the background threads open another one and carry on. False once the store
-// cannot be reached: the job is over, and the main thread finds out on its next store call.
-// In tries of a second, so that a rank leaving a lost store (fail_over) does not wait long for its threads.
-bool Membership::reopen(std::shared_ptr<comm::Rendezvous>& connection) {
-  const auto give_up = std::chrono::steady_clock::now() + std::min(options_.comm.timeout(), comm::Millis(5000));
-  while (!stop_ && std::chrono::steady_clock::now() < give_up) {
-    try {
-      connection = connect_retrying(env_, -1, comm::Millis(1000));
-      return true;
-    } catch (const std::exception&) {
-    }
-  }
-  return false;
+std::shared_ptr<Membership::Background> Membership::background() const {
+  auto b = std::make_shared<Background>();
+  b->env = env_;
+  b->timing = options_.timing;
+  b->reopen_within = std::min(options_.comm.timeout(), comm::Millis(5000));
+  b->latest = latest_;
+  b->failures = failure_generation_;
+  return b;
 }
 
-void Membership::heartbeat_loop() {
-  const auto period = std::chrono::milliseconds(options_.timing.heartbeat_ms);
-  while (!stop_) {
-    try {
-      beat_->store()->add(heartbeat_key(env_.rank), 1);
-    } catch (const CommError&) {
-      if (!reopen(beat_)) return;
-      continue;
-    } catch (const std::exception&) {
-      return;
-    }
-    // One wake-up per beat (the ranks share their cores: polling for the end every 10 ms cost them 100 a second).
-    std::unique_lock<std::mutex> lock(stop_mu_);
-    stop_cv_.wait_for(lock, period, [&] { return stop_.load(); });
-  }
+void Membership::start_heartbeat() {
+  heartbeat_ = std::thread(heartbeat_loop<Background>, background_, beat_);
 }
 
-// Waits for each next generation record in turn; a failure generation raises the abort flag at once.
-void Membership::watch_loop() {
-  while (!stop_) {
-    const int64_t next = latest_->load() + 1;
-    try {
-      auto& store = *watch_->store();
-      try {
-        store.wait({generation_key(next)}, std::chrono::milliseconds(250));
-      } catch (const CommError& e) {
-        if (e.timed_out()) continue;  // no new generation yet (or a late reply: the next call finds it closed)
-        throw;
-      }
-      const Generation g = decode_generation(from_bytes(store.get(generation_key(next))));
-      if (g.failure()) *failure_generation_ = g.id;
-      *latest_ = g.id;
-    } catch (const CommError&) {
-      if (!reopen(watch_)) return;
-    } catch (const std::exception&) {
-      return;  // a record this process cannot read
-    }
-  }
-}
+void Membership::start_watcher() { watcher_ = std::thread(watch_loop<Background>, background_, watch_); }
 
 void Membership::finish() {
   rendezvous_->store()->set(done_key(env_.rank), to_bytes("1"));

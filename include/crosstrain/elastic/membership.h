@@ -115,12 +115,13 @@ class Membership {
  private:
   bool is_member(const Generation& g) const;
   int64_t latest_published();  // the newest generation's id in the store (0: none yet)
-  void heartbeat_loop();
-  void watch_loop();
-  bool reopen(std::shared_ptr<comm::Rendezvous>& connection);
+  struct Background;
+  std::shared_ptr<Background> background() const;
+  void start_heartbeat();
+  void start_watcher();
   void connect_all();
   void register_rank(int64_t last_generation, int last_members);
-  void stop_threads();
+  void stop_threads(bool wait);
   std::string get(const std::string& key);
   std::string wait_get(const std::string& key, std::chrono::milliseconds timeout);
 
@@ -134,9 +135,7 @@ class Membership {
   int64_t first_candidate_ = 1;  // the first generation that can count this process
   // Shared with the predicates of the generations' communicators (helper threads may outlive this object).
   const std::shared_ptr<std::atomic<int64_t>> failure_generation_ = std::make_shared<std::atomic<int64_t>>(0);
-  std::atomic<bool> stop_{false};
-  std::mutex stop_mu_;
-  std::condition_variable stop_cv_;  // ends the heartbeat's sleep
+  std::shared_ptr<Background> background_;  // the heartbeat's and the watcher's (they may outlive this object)
   std::thread heartbeat_, watcher_;
   std::unique_ptr<StepVoter> voter_;  // started by the first posted vote
   bool failed_over_ = false;  // on the standby's store now (env_ names it)

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps deps-core build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys bench-scheduler install clean
+.PHONY: all deps deps-core build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-chaos-wan bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys bench-scheduler install clean
 
 all: build
 
@@ -84,6 +84,11 @@ bench-wan: build
 # Elastic training under faults: gpt-tiny on 4 replicas while ranks are killed and stopped (several minutes).
 bench-chaos: build
 	@python3 bench/chaos.py --bin $(BUILD)/crosstrain
+
+# The same across the emulated wide-area testbed (root): DiLoCo over 3 clusters x 2 hosts while ranks, hosts, a
+# cluster and links fail (two runs of about 10 minutes each).
+bench-chaos-wan: build
+	@python3 bench/chaos_wan.py --bin $(BUILD)/crosstrain --build $(BUILD)
 
 # Cost of always-on traces: gpt-tiny on 2 ranks with obs.trace on and off in alternating rounds; trace size.
 bench-trace: build

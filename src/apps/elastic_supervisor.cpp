@@ -60,10 +60,9 @@ void ElasticSupervisor::link_loop() {
       store.reset();
       const auto now = elastic::Clock::now();
       if (unreachable_since == elastic::Clock::time_point{}) unreachable_since = now;
-      // Once reached, a store unreachable for kTakeoverAfter is lost: the standby's turn.
-      if (standby_.port > 0 && reached_ && now - unreachable_since >= kTakeoverAfter) {
-        take_standby();
-        if (coordinator_running()) return;  // this node's coordinator now: exits go to it directly
+      // Once reached, a store unreachable for kTakeoverAfter may be lost: the standby's turn. (Or this node is cut
+      // off from it: node 1's coordinator then never gets its quorum, and the others keep trying node 0.)
+      if (standby_.port > 0 && reached_ && now - unreachable_since >= kTakeoverAfter && try_standby()) {
         unreachable_since = {};
         warned = false;
         continue;
@@ -82,29 +81,36 @@ void ElasticSupervisor::link_loop() {
   }
 }
 
-bool ElasticSupervisor::coordinator_running() {
-  std::lock_guard<std::mutex> lock(mu_);
-  return coordinator_ != nullptr;
+bool ElasticSupervisor::standby_started() {
+  try {
+    if (standby_.store) return standby_.store->store()->check({elastic::first_generation_key()});
+    auto standby = comm::Rendezvous::connect(standby_.host, standby_.port, -1, world_size_,
+                                             std::chrono::milliseconds(2000), remote_.job);
+    return standby->store()->check({elastic::first_generation_key()});
+  } catch (const std::exception&) {
+    return false;  // unreachable as well: this node is cut off
+  }
 }
 
-// Node 1 starts the standby's coordinator (the exits not yet reported go to it); the others report to the
-// standby's store from now on. Once: the standby is the last store.
-void ElasticSupervisor::take_standby() {
+// Node 1 starts the standby's coordinator once (it publishes only with a majority of the last members, so a node 1
+// merely cut off from node 0 starts nothing) and goes on reporting to node 0 should it answer again. The others
+// move to the standby's store only once its coordinator started a generation: a cut link moves nobody.
+bool ElasticSupervisor::try_standby() {
   const std::string lost = remote_.host + ":" + std::to_string(remote_.port);
   const std::string standby = standby_.host + ":" + std::to_string(standby_.port);
   if (standby_.store) {
-    say("crosstrain run: [" + elastic::log_time(elastic::unix_ms()) + "] node 0's store at " + lost +
-        " is gone; the standby coordinator at " + standby +
-        " takes over (it starts once a majority of the last generation's ranks come over)");
     std::lock_guard<std::mutex> lock(mu_);
-    standby_took_over_ = true;
+    if (coordinator_) return false;
+    say("crosstrain run: [" + elastic::log_time(elastic::unix_ms()) + "] node 0's store at " + lost +
+        " does not answer; the standby coordinator at " + standby +
+        " takes over once a majority of the last generation's ranks come over");
     coordinator_ = std::make_unique<elastic::Coordinator>(standby_.store->store(), coordinator_options(true));
     for (const auto& [rank, pid] : exits_to_report_) coordinator_->rank_exited(rank);
-    exits_to_report_.clear();
-    return;
+    return false;  // node 0 may answer again: keep trying it
   }
+  if (!standby_started()) return false;
   say("crosstrain run: [" + elastic::log_time(elastic::unix_ms()) + "] node 0's store at " + lost +
-      " is gone; reporting to the standby at " + standby);
+      " is gone and the standby took over; reporting to the standby at " + standby);
   std::lock_guard<std::mutex> lock(mu_);
   standby_took_over_ = true;
   remote_.host = standby_.host;
@@ -112,6 +118,7 @@ void ElasticSupervisor::take_standby() {
   standby_.port = 0;
   exclusions_seen_ = 0;
   reached_ = false;
+  return true;
 }
 
 void ElasticSupervisor::link_once(c10d::Store& store) {
@@ -143,8 +150,8 @@ void ElasticSupervisor::link_once(c10d::Store& store) {
 bool ElasticSupervisor::on_failure(int rank, pid_t pid, const std::string& how) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (coordinator_) coordinator_->rank_exited(rank);
-    else if (link_.joinable()) exits_to_report_.push_back({rank, static_cast<int>(pid)});
+    if (coordinator_) coordinator_->rank_exited(rank);  // node 0's, or node 1's standby once it runs
+    if (link_.joinable()) exits_to_report_.push_back({rank, static_cast<int>(pid)});  // to node 0's store
   }
   if (restarts_ >= options_.max_restarts) {
     say("crosstrain run: rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") failed with " + how +
@@ -158,9 +165,14 @@ bool ElasticSupervisor::on_failure(int rank, pid_t pid, const std::string& how) 
 }
 
 std::optional<std::pair<std::string, int>> ElasticSupervisor::store_for_restarts() {
+  if (standby_.store) {  // node 1: once its coordinator started a generation
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!coordinator_ || !standby_started()) return std::nullopt;
+    return std::make_pair(standby_.host, standby_.port);
+  }
   std::lock_guard<std::mutex> lock(mu_);
   if (!standby_took_over_) return std::nullopt;
-  return std::make_pair(standby_.host, standby_.store ? standby_.port : remote_.port);
+  return std::make_pair(remote_.host, remote_.port);
 }
 
 std::vector<std::pair<int, int>> ElasticSupervisor::take_exclusions() {

@@ -68,8 +68,8 @@ class ElasticSupervisor {
   void link_loop();
   void link_once(c10d::Store& store);
   // The primary is lost: node 1 starts its coordinator on the standby store; other nodes report there.
-  void take_standby();
-  bool coordinator_running();
+  bool try_standby();
+  bool standby_started();  // the standby's coordinator published its first generation
   elastic::CoordinatorOptions coordinator_options(bool takeover);
   // How long node 0's store stays unreachable before the standby's turn: longer than a loaded machine's pause.
   static constexpr std::chrono::milliseconds kTakeoverAfter{2000};
@@ -77,7 +77,8 @@ class ElasticSupervisor {
   ElasticLaunch options_;
   int world_size_;
   int ranks_per_node_;
-  std::unique_ptr<elastic::Coordinator> coordinator_;  // set on node 0, or on node 1 by the link thread (under mu_)
+  // Node 0's, or node 1's standby once node 0 stopped answering (set by the link thread, under mu_).
+  std::unique_ptr<elastic::Coordinator> coordinator_;
   std::mutex mu_;
   std::vector<std::pair<int, int>> excluded_;
   std::vector<std::pair<int, int>> exits_to_report_;  // (rank, pid), under mu_
@@ -88,7 +89,7 @@ class ElasticSupervisor {
   std::map<int, int> excluded_pid_;  // rank -> the newest pid the coordinator excluded (handled once)
   std::atomic<bool> stop_{false};
   bool reached_ = false;
-  bool standby_took_over_ = false;  // under mu_  // the link thread reached the store it reports to (a store never reached is not lost)
+  bool standby_took_over_ = false;  // other nodes: they report to the standby now (under mu_)  // the link thread reached the store it reports to (a store never reached is not lost)
   std::thread link_;
 };
 

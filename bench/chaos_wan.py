@@ -62,7 +62,10 @@ class Job:
                 f"train.eval_every={a.eval_every}", "train.eval_batches=4", "train.sample_tokens=0",
                 "train.checkpoint_every=100", "run.log_every=1000", "comm.timeout_s=30", "sync.mode=diloco",
                 f"sync.clusters={a.clusters}", f"sync.inner_steps={a.inner_steps}", "parallel.tp=2",
-                "elastic.enabled=true"] + a.set
+                "elastic.enabled=true", "train.peak_flops_per_rank=1e9",
+                # Six ranks, the relay and the shapers share 2 cores here: a 500 ms failure timeout would declare
+                # ranks that only waited for a core dead. Two seconds, as across a real wide-area link.
+                f"elastic.failure_timeout_ms={a.failure_timeout_ms}", f"elastic.heartbeat_ms={a.failure_timeout_ms // 5}"] + a.set
         train = [a.bin, "train", a.recipe] + [w for s in sets for w in ("--set", s)]
         master, standby = "10.77.0.1:29500", "10.77.0.2:29501"
         return ([self.tb.tb, "exec", self.tb.name, str(node), "--", "env", "OMP_NUM_THREADS=1",
@@ -220,6 +223,7 @@ def main():
     ap.add_argument("--steps", type=int, default=int(os.environ.get("STEPS", 1500)))
     ap.add_argument("--inner-steps", type=int, default=10)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--failure-timeout-ms", type=int, default=2000)
     ap.add_argument("--first-fault-s", type=float, default=10)
     ap.add_argument("--min-gap-s", type=float, default=15)
     ap.add_argument("--max-gap-s", type=float, default=45)

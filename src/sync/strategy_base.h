@@ -39,6 +39,8 @@ template <class F>
 auto with_context(const std::string& what, int world_rank, int64_t step, F&& f) {
   try {
     return f();
+  } catch (const CommError&) {
+    throw;  // it names rank, operation, peer and step already; elastic training recovers from it by its type
   } catch (const Error& e) {
     throw Error("sync: " + what + " failed on world rank " + std::to_string(world_rank) + " at step " +
                 std::to_string(step) + ": " + e.what());

@@ -23,6 +23,8 @@ import argparse, datetime, json, os, random, re, signal, statistics, subprocess,
 
 STAMP = r"\[(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z)\]"
 GEN = re.compile(r"crosstrain elastic: " + STAMP + r" generation (\d+) \((\w+)\): \d+ replicas? \(([0-9,]*)\)")
+START = re.compile(r"crosstrain elastic: " + STAMP + r" generation 1 \(start\)")
+FINISHED = re.compile(r"crosstrain elastic: " + STAMP + r" training finished on rank")
 RSS = re.compile(r"rank (\d+): process: rss (\d+) MB.*\(at its first: rss (\d+) MB")
 
 
@@ -128,6 +130,7 @@ def run(args, tb, tag, chaos):
     faults, pending = [], []  # faults: (t_end, replica, kind); pending: (due, action, arg)
     rng = random.Random(args.seed)
     next_fault = None
+    issued = 0
     deadline = t0 + args.timeout_s
     while job.procs[0].poll() is None and time.time() < deadline:
         time.sleep(0.1)
@@ -171,6 +174,7 @@ def run(args, tb, tag, chaos):
         elif kind == "cut":
             tb.link("cut", cluster)
             pending.append((now + args.cut_s, "heal", cluster))
+        issued += 1
         print(f"#   {now - t0:7.1f} s: {kind} {'cluster ' + str(cluster) if kind in ('cluster', 'cut') else 'node ' + str(node)}",
               flush=True)
         next_fault = now + rng.uniform(args.min_gap_s, args.max_gap_s)
@@ -188,8 +192,13 @@ def run(args, tb, tag, chaos):
         sys.exit(f"bench-chaos-wan: the {tag} run did not finish (node 0: {job.procs[0].returncode}); see "
                  f"{args.dir}/{tag}-node*.log")
     m = metrics(run_dir)
-    m["wall_s"] = wall
-    return m, faults, job.text()
+    text = job.text()
+    # Training time: from the first generation to the end of training, as the coordinator logged them (not the
+    # launchers' start-up and exit, which neither run is about).
+    start, end = START.search(text), FINISHED.search(text)
+    m["wall_s"] = epoch_s(end.group(1)) - epoch_s(start.group(1)) if start and end else wall
+    m["faults_issued"] = issued
+    return m, faults, text
 
 
 def rejoins(faults, text):
@@ -261,7 +270,7 @@ def main():
     print(f"# chaos: {chaos['wall_s']:.0f} s, {chaos['tokens'] / chaos['wall_s']:.0f} tokens/s, val {chaos['val_loss']:.4f}; "
           f"the clean run's val at the same tokens {same_tokens:.4f}; {len(faults)} faults, "
           f"{len(back) - len(came_back)} replicas not back by the end")
-    print(f"goodput={goodput:.3f} faults={len(faults)} lost_tokens_pct={lost:.1f} rejoin_p99_s={p99:.1f} "
+    print(f"goodput={goodput:.3f} faults={chaos['faults_issued']} lost_tokens_pct={lost:.1f} rejoin_p99_s={p99:.1f} "
           f"loss_vs_clean={100 * (chaos['val_loss'] / same_tokens - 1):+.2f}% rss_growth_mb={growth}")
 
 

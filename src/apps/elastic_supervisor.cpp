@@ -133,6 +133,9 @@ void ElasticSupervisor::link_once(c10d::Store& store) {
     std::lock_guard<std::mutex> lock(mu_);
     exits_to_report_.erase(exits_to_report_.begin(), exits_to_report_.begin() + static_cast<std::ptrdiff_t>(exits.size()));
   }
+  // Now and then (a store call for this launcher alone): has training finished? A rank that fails after that is
+  // not restarted (node 0's store goes away with its launcher, and a restarted rank could only wait for it).
+  if (++looks_ % 25 == 0 && store.check({elastic::finished_key()})) finished_ = true;
   const int64_t exclusions = store.add(elastic::exclusions_key(), 0);
   if (exclusions == exclusions_seen_) return;
   exclusions_seen_ = exclusions;
@@ -152,6 +155,11 @@ bool ElasticSupervisor::on_failure(int rank, pid_t pid, const std::string& how) 
     std::lock_guard<std::mutex> lock(mu_);
     if (coordinator_) coordinator_->rank_exited(rank);  // node 0's, or node 1's standby once it runs
     if (link_.joinable()) exits_to_report_.push_back({rank, static_cast<int>(pid)});  // to node 0's store
+  }
+  if (finished_) {
+    say("crosstrain run: rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") failed with " + how +
+        " after the job finished training; not restarting it");
+    return false;
   }
   if (restarts_ >= options_.max_restarts) {
     say("crosstrain run: rank " + std::to_string(rank) + " (pid " + std::to_string(pid) + ") failed with " + how +

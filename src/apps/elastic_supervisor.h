@@ -89,6 +89,8 @@ class ElasticSupervisor {
   std::map<int, int> excluded_pid_;  // rank -> the newest pid the coordinator excluded (handled once)
   std::atomic<bool> stop_{false};
   bool reached_ = false;
+  int64_t looks_ = 0;                  // link_once calls (the finished key is read every 25th)
+  std::atomic<bool> finished_{false};  // the store said training finished: no more restarts
   bool standby_took_over_ = false;  // other nodes: they report to the standby now (under mu_)  // the link thread reached the store it reports to (a store never reached is not lost)
   std::thread link_;
 };

@@ -15,6 +15,7 @@
 #include "crosstrain/train/test_hooks.h"
 #include "crosstrain/jobs/trainer.h"
 #include "train_fixture.h"
+#include "../../src/sync/strategy_base.h"
 
 using namespace crosstrain;
 
@@ -604,4 +605,26 @@ TEST(ParameterServerStop, AStopAskedOnOneWorkerReachesTheOtherInItsNextReply) {
   });
   EXPECT_EQ(heard[0], (std::vector<bool>{false, true}));
   EXPECT_EQ(heard[1], (std::vector<bool>{false, true}));
+}
+
+// A sync strategy names its exchange in errors ("sync: diloco outer step failed on world rank 2 at step 7"), but a
+// CommError keeps its type: elastic training recovers from it (a GenerationEnded inside DiLoCo's outer exchange),
+// and it names rank, operation, peer and step already. Before, it became a plain Error and the rank died.
+TEST(SyncErrors, ACommErrorFromAnExchangeKeepsItsTypeAndOtherErrorsGetTheExchangesName) {
+  using train::sync_detail::with_context;
+  CommContext where;
+  where.rank = 2;
+  where.op = "allreduce";
+  EXPECT_THROW(with_context("diloco outer step", 2, 7, [&]() -> int { throw CommError(where, "a member failed"); }),
+               CommError);
+  try {
+    with_context("diloco outer step", 2, 7, []() -> int { throw Error("a bad buffer"); });
+    FAIL() << "no error";
+  } catch (const CommError&) {
+    FAIL() << "a plain error became a CommError";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("sync: diloco outer step failed on world rank 2 at step 7: a bad buffer"),
+              std::string::npos)
+        << e.what();
+  }
 }

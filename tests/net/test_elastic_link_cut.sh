@@ -63,7 +63,7 @@ failure=$(sed -n 's/.*\] generation \([0-9]*\) (failure): 2 replicas (0,1), 2 ra
 join=$(sed -n 's/.*\] generation \([0-9]*\) (join): 3 replicas (0,1,2), 3 ranks.*/\1/p' "$coord" | awk -v f="$failure" '$1 > f' | head -1)
 [[ -n $join ]] || fail "cluster 2 was not readmitted after generation $failure"
 echo "ok: generation $failure went on without cluster 2, generation $join took it back"
-grep -hE "generation ($failure|$join) \((failure|join)\)|restarting it|ending rank|healed from" "$tmp"/logs/*.log | cut -c1-200 || true
+grep -hE "generation ($failure|$join) \((failure|join)\)|restarting it|ending rank|healed from|aborted|ended before|lost the job" "$tmp"/logs/*.log | cut -c1-200 || true
 digests=$(cat "$tmp"/logs/c*-h0.log | sed -n "s/.*rank \([0-9]\) generation $join state digest [0-9a-f]* at step [0-9]*; outer state digest \([0-9a-f]*\).*/\1 \2/p" | sort -u)
 [[ $(wc -l <<< "$digests") == 3 ]] || fail "expected the outer digests of 3 ranks at generation $join, got: $digests"
 [[ $(awk '{print $2}' <<< "$digests" | sort -u | wc -l) == 1 ]] || fail "the outer states differ at generation $join: $digests"

@@ -137,6 +137,7 @@ class ElasticLoop {
   void bootstrap_state();
   bool train_steps();
   void recover(const CommError& error, int64_t successor);
+  std::string how_it_ended(const CommError& error) const;
   void recover_or_fail_over(const CommError& error, int64_t successor);
   void fail_over(const CommError& error);
   void finish();
@@ -181,6 +182,7 @@ class ElasticLoop {
   const char* setup_phase_ = "group";  // where its set-up is (a log line says where a failure ended it)
   Clock::time_point setup_began_{};
   bool decided_ = false;       // the fate of the step in flight is known on this rank
+  Clock::time_point step_began_{};  // of the step in flight (its abort line says how far into it the rank was)
   int64_t next_step_ = 1;
   // elastic.overlap_votes: the step whose vote is cast but whose fate this rank has not read yet (0: none), and
   // this rank's state from before that step's update, to carry instead of the live one if the step aborts.
@@ -286,6 +288,16 @@ TrainResult ElasticLoop::run() {
   return loop_.result();
 }
 
+// What ended the step in flight and when, for its abort line: a wait that a failure generation cut short ends at
+// once, one that it could not reach ends at its own timeout (the line says which, and how long the step took).
+std::string ElasticLoop::how_it_ended(const CommError& error) const {
+  char when[64];
+  std::snprintf(when, sizeof when, "; %.2f s into the step: ", seconds_since(step_began_));
+  std::string what = error.what();
+  if (what.size() > 240) what = what.substr(0, 240) + "...";
+  return when + what;
+}
+
 // After a failure: learns the fate of the step in flight (it never commits here: this rank did not vote), keeps
 // the committed state, and moves to the newest generation that counts this process.
 void ElasticLoop::recover(const CommError& error, int64_t successor) {
@@ -321,7 +333,8 @@ void ElasticLoop::recover(const CommError& error, int64_t successor) {
          std::to_string(c_.train.steps) + " (committed)");
   } else if (started_) {
     note("step " + std::to_string(next_step_) + " aborted in generation " + std::to_string(gen_.id) +
-         (roll_back_ ? ": this rank had applied it and goes back to its state from before the step" : ""));
+         (roll_back_ ? ": this rank had applied it and goes back to its state from before the step" : "") +
+         how_it_ended(error));
   } else {
     char when[80];
     std::snprintf(when, sizeof when, " (in its %s set-up, after %.2f s): ", setup_phase_, seconds_since(setup_began_));
@@ -491,6 +504,7 @@ bool ElasticLoop::train_steps() {
   hooks.before_step = [&](int64_t step) {
     fault_if_asked(step);
     decided_ = false;
+    step_began_ = Clock::now();
   };
   hooks.before_commit = [&](int64_t step) {
     const auto vote_start = Clock::now();

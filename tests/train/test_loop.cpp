@@ -221,13 +221,16 @@ TEST(TrainLoop, RanksWithoutAVoteStopAfterTheFurthestStepAnyOfThemDidWhenTheyHea
   EXPECT_EQ(std::count(calls[0].begin(), calls[0].end(), "train 7"), 0);
 }
 
-// async with a collective evaluation every 10 steps: rank 0 hears before step 8, rank 1 not until step 12. Rank 1
-// must not go into the evaluation after step 10 while rank 0 waits in the exchange (each would wait for the other
-// until the group timeout): it joins the exchange before step 10 instead, and both stop after step 9.
-TEST(TrainLoop, ARankThatHasNotHeardJoinsTheStopBeforeAStepWhereTheRanksMeet) {
-  const train::Config c = config("stop-heard-eval", 1000, 10);
-  std::vector<int64_t> stopped(2, -2);
-  std::vector<std::vector<std::string>> calls(2);
+// Two async ranks (no vote) whose evaluations are collective: rank 0 is asked to stop when `asked`; rank R's
+// pushes carry the stop from step hears_from[R]. Returns each rank's stopped_after and calls.
+struct AsyncRun {
+  std::vector<int64_t> stopped = std::vector<int64_t>(2, -2);
+  std::vector<std::vector<std::string>> calls = std::vector<std::vector<std::string>>(2);
+  std::vector<train::LoopEnd> ends = std::vector<train::LoopEnd>(2, train::LoopEnd::Finished);
+};
+
+AsyncRun run_async_with_evaluations(const train::Config& c, bool asked, std::vector<int64_t> hears_from) {
+  AsyncRun out;
   comm::FakeWorld::run(
       2,
       [&](comm::Communicator& world) {
@@ -235,16 +238,25 @@ TEST(TrainLoop, ARankThatHasNotHeardJoinsTheStopBeforeAStepWhereTheRanksMeet) {
         o.quiet = true;
         ScriptedJob job(false, {0, 0});
         job.evaluates_with = &world;
-        job.hears_from = world.rank() == 0 ? 8 : 12;
-        o.stop_requested = [&] { return world.rank() == 0; };
+        job.hears_from = hears_from[world.rank()];
+        o.stop_requested = [&] { return asked && world.rank() == 0; };
         train::TrainLoop loop(c, o);
-        EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Stopped);
-        stopped[world.rank()] = loop.result().stopped_after;
-        calls[world.rank()] = job.calls;
+        out.ends[world.rank()] = loop.run(job, world, 1);
+        out.stopped[world.rank()] = loop.result().stopped_after;
+        out.calls[world.rank()] = job.calls;
       },
       comm::Millis(5000));
-  EXPECT_EQ(stopped, (std::vector<int64_t>{9, 9}));
-  for (const auto& mine : calls) {
+  return out;
+}
+
+// async with a collective evaluation every 10 steps: rank 0 hears before step 8, rank 1 not until step 12. Rank 1
+// must not go into the evaluation after step 10 while rank 0 waits in the exchange (each would wait for the other
+// until the group timeout): it joins the exchange before step 10 instead, and both stop after step 9.
+TEST(TrainLoop, ARankThatHasNotHeardJoinsTheStopBeforeAStepWhereTheRanksMeet) {
+  const AsyncRun r = run_async_with_evaluations(config("stop-heard-eval", 1000, 10), true, {8, 12});
+  EXPECT_EQ(r.ends, (std::vector<train::LoopEnd>{train::LoopEnd::Stopped, train::LoopEnd::Stopped}));
+  EXPECT_EQ(r.stopped, (std::vector<int64_t>{9, 9}));
+  for (const auto& mine : r.calls) {
     EXPECT_EQ(std::count(mine.begin(), mine.end(), "train 9"), 1);
     EXPECT_EQ(std::count(mine.begin(), mine.end(), "eval 10"), 0);
   }
@@ -252,22 +264,9 @@ TEST(TrainLoop, ARankThatHasNotHeardJoinsTheStopBeforeAStepWhereTheRanksMeet) {
 
 // Without a request the ranks meet at each evaluation and go on: nobody stops early, every evaluation runs.
 TEST(TrainLoop, RanksThatMeetWithoutARequestGoOn) {
-  const train::Config c = config("stop-heard-none-eval", 30, 10);
-  std::vector<std::vector<std::string>> calls(2);
-  comm::FakeWorld::run(
-      2,
-      [&](comm::Communicator& world) {
-        train::TrainOptions o;
-        o.quiet = true;
-        ScriptedJob job(false, {0, 0});
-        job.evaluates_with = &world;
-        o.stop_requested = [] { return false; };
-        train::TrainLoop loop(c, o);
-        EXPECT_EQ(loop.run(job, world, 1), train::LoopEnd::Finished);
-        calls[world.rank()] = job.calls;
-      },
-      comm::Millis(5000));
-  for (const auto& mine : calls)
+  const AsyncRun r = run_async_with_evaluations(config("stop-heard-none-eval", 30, 10), false, {-1, -1});
+  EXPECT_EQ(r.ends, (std::vector<train::LoopEnd>{train::LoopEnd::Finished, train::LoopEnd::Finished}));
+  for (const auto& mine : r.calls)
     for (const std::string e : {"eval 10", "eval 20", "eval 30"}) EXPECT_EQ(std::count(mine.begin(), mine.end(), e), 1) << e;
 }
 

@@ -386,6 +386,8 @@ std::unique_ptr<ElasticSupervisor> elastic_supervisor(const LaunchOptions& o, in
     } catch (const CommError& e) {
       throw UsageError("crosstrain run: the standby store (--standby): " + e.cause());
     }
+    if (job.secret.empty() && standby.store->listens_beyond_loopback())
+      print_lines({comm::store::open_store_warning("crosstrain run", standby.store->listen_address())});
   }
   if (o.node_rank == 0) standby = Standby{};  // node 0's loss is what the standby is for
   return std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, std::move(store), remote, standby);

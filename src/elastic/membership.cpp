@@ -116,7 +116,10 @@ void watch_loop(std::shared_ptr<Shared> b, std::shared_ptr<comm::Rendezvous> wat
       const Generation g = decode_generation(from_bytes(store.get(generation_key(next))));
       if (b->stop) return;  // left behind by fail_over: the record is an old store's
       if (g.failure()) *b->failures = g.id;
-      *b->latest = g.id;
+      // Only from the id it waited after: a watcher left behind that read an old store's record after fail_over
+      // moved `latest` to the standby's numbering must not move it back.
+      int64_t expected = next - 1;
+      b->latest->compare_exchange_strong(expected, g.id);
     } catch (const CommError&) {
       if (!reopen(*b, watch)) return;
     } catch (const std::exception&) {

@@ -105,7 +105,9 @@ Registration decode_registration(const std::string& text) {
   } catch (const json::exception& e) {
     throw std::runtime_error("malformed elastic registration record: " + std::string(e.what()));
   }
-  if (r.rank < 0 || r.replica < 0 || r.replica_size < 1 || r.last_generation < 0 || r.last_members < 0)
+  // Bounded: a standby numbers its generations above the largest last_generation it reads.
+  if (r.rank < 0 || r.replica < 0 || r.replica_size < 1 || r.last_generation < 0 || r.last_generation >= kPoison ||
+      r.last_members < 0 || r.last_members > (1 << 20))
     throw std::runtime_error("elastic registration record has a negative rank or replica: " + text.substr(0, 80));
   return r;
 }

@@ -4,7 +4,9 @@
 # of cluster 2 is cut for 12 s mid-run. The coordinator (on cluster 0) stops hearing cluster 2's heartbeat and the
 # other two clusters go on without it in a failure generation; once the link is back, cluster 2's rank (ended and
 # restarted by its launcher, or recovered by itself) rejoins in a join generation with the outer state of the
-# others bit for bit, and the run ends on all three hosts with every step once in metrics.jsonl.
+# others bit for bit, and the run ends on all three hosts with every step once in metrics.jsonl. The launchers run
+# with --standby on node 1 (cluster 1): a cut that hides node 0 from cluster 2 must not move cluster 2 to a standby
+# that never takes over (node 1 still reaches node 0), or its rank would never come back.
 #   test_elastic_link_cut.sh --testbed scripts/testbed --relay build/crosstrain-delay-relay --crosstrain build/crosstrain --recipe recipes/gpt-tiny.toml
 set -euo pipefail
 
@@ -27,7 +29,7 @@ done
 [[ -x $TB && -x $RELAY && -x $BIN && -f $RECIPE ]] || { echo "need --testbed, --relay, --crosstrain and --recipe" >&2; exit 2; }
 
 NAME=ctcut$$
-STEPS=${STEPS:-300}
+STEPS=${STEPS:-400}
 tmp=$(mktemp -d)
 trap '"$TB" down "$NAME" > /dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT
@@ -42,7 +44,7 @@ sets="$sets --set sync.inner_steps=5 --set sync.slow_rank=0 --set sync.slow_ms=4
   --relay "$RELAY" --timeout 300 --log-dir "$tmp/logs" -- \
   env OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1 sh -c '
     exec "$0" run --nnodes "$CT_NNODES" --node-rank "$CT_NODE_RANK" --nproc 1 --master "$CT_MASTER_ADDR:29500" \
-      --timeout 60 --max-restarts 3 -- "$0" train "$1" '"$sets" "$BIN" "$RECIPE" > "$tmp/run.out" 2>&1 &
+      --standby 10.77.1.1:29501 --timeout 60 --max-restarts 3 -- "$0" train "$1" '"$sets" "$BIN" "$RECIPE" > "$tmp/run.out" 2>&1 &
 run=$!
 
 rows() { [[ -f $tmp/run/metrics.jsonl ]] && wc -l < "$tmp/run/metrics.jsonl" || echo 0; }
@@ -73,4 +75,5 @@ import json, sys
 steps = [json.loads(line)["step"] for line in open(sys.argv[1])]
 sys.exit(0 if steps == list(range(1, int(sys.argv[2]) + 1)) else 1)
 PY
-echo "ok: every step once; passed in $SECONDS s"
+grep -q "reporting to the standby" "$tmp"/logs/*.log && fail "a launcher moved to the standby, which never took over"
+echo "ok: every step once, nobody moved to the standby; passed in $SECONDS s"

@@ -184,7 +184,9 @@ TEST(MembershipRecords, MalformedRegistrationRejected) {
         R"({"rank":0,"replica":0,"replica_size":0,"incarnation":"h/1/2"})",
         R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","heartbeat_ms":"fast"})",
         R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_generation":-3})",
-        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_members":-1})"})
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_members":-1})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_generation":1099511627776})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_members":2000000})"})
     EXPECT_THROW(decode_registration(text), std::runtime_error) << text;
 }
 

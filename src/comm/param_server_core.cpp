@@ -7,6 +7,9 @@
 #include "crosstrain/core/error.h"
 
 namespace crosstrain::comm {
+namespace {
+constexpr const char* kWaitingForRequest = "waiting for its next request (a live worker sends one every sync period): ";
+}  // namespace
 
 ParamServerCore::ParamServerCore(Communicator& group, Millis timeout, std::string name, int request_tag,
                                  int64_t header_words, int64_t initial_clock)
@@ -46,9 +49,10 @@ void ParamServerCore::serve_worker(int worker, const Serve& serve) {
       at::Tensor request = at::empty({header_words_}, at::kLong);
       try {
         group_.recv(request, worker, request_tag_)->wait(2 * timeout_);
+      } catch (const CommError& e) {
+        throw CommError(e.context(), std::string(kWaitingForRequest) + e.cause(), e.timed_out());
       } catch (const std::exception& e) {
-        throw Error(std::string("waiting for its next request (a live worker sends one every sync period): ") +
-                    e.what());
+        throw Error(std::string(kWaitingForRequest) + e.what());
       }
       if (request.data_ptr<int64_t>()[0] == kBye || stop_) return;
       serve(worker, request);
@@ -61,8 +65,14 @@ void ParamServerCore::serve_worker(int worker, const Serve& serve) {
 void ParamServerCore::record_failure(int worker, const std::exception& e) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (failure_) return;
-  failure_ = std::make_exception_ptr(Error(name_ + " of rank " + std::to_string(rank_) + ", serving worker " +
-                                           std::to_string(worker) + ": " + e.what()));
+  // A communication failure keeps its type: elastic training recovers from one (a failure generation ends every
+  // server thread's wait with one).
+  const std::string who = name_ + " of rank " + std::to_string(rank_) + ", serving worker " + std::to_string(worker) + ": ";
+  if (const auto* comm = dynamic_cast<const CommError*>(&e)) {
+    failure_ = std::make_exception_ptr(CommError(comm->context(), who + comm->cause(), comm->timed_out()));
+    return;
+  }
+  failure_ = std::make_exception_ptr(Error(who + e.what()));
 }
 
 ParamServerCore::Clocks ParamServerCore::record_push_locked(int worker, int64_t clock) {
@@ -105,6 +115,8 @@ void ParamServerCore::finish() {
   for (auto& [server, work] : sends) {
     try {
       work->wait(timeout_);
+    } catch (const CommError& e) {
+      throw CommError(e.context(), name_ + ": goodbye to server " + std::to_string(server) + ": " + e.cause(), e.timed_out());
     } catch (const std::exception& e) {
       throw Error("[rank " + std::to_string(rank_) + "] " + name_ + ": goodbye to server " + std::to_string(server) +
                   ": " + e.what());

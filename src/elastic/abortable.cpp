@@ -17,9 +17,11 @@ using comm::ReduceOp;
 using comm::WorkPtr;
 
 // Waits for works that cannot be woken to look at `ended` (Gloo's point to point reports completion only from
-// inside its own wait): one thread per communicator takes such a wait off the caller, which watches `ended` as
-// for any other work. A wait given up on stays with that thread until the back end's timeout or the peer's
-// closed connection ends it, and keeps the operation's buffers alive until then.
+// inside its own wait): threads of the communicator take such waits off their callers, which watch `ended` as for
+// any other work. One thread per wait in progress: callers that wait at the same time (a parameter server's
+// threads, one per worker, and its own worker) must not queue behind each other's waits, which end only when
+// their peers send. A wait given up on stays with its thread until the back end's timeout or the peer's closed
+// connection ends it, and keeps the operation's buffers alive until then.
 class Waiter {
  public:
   ~Waiter() {
@@ -27,9 +29,8 @@ class Waiter {
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->stop = true;
     }
+    // Each thread ends by itself once idle (one still inside a wait given up on finishes it within the timeout).
     state_->wake.notify_all();
-    // It may still be inside a wait given up on: it finishes that (within the timeout) and ends by itself.
-    if (thread_.joinable()) thread_.detach();
   }
 
   // True once `work` is done (its error rethrown), false as soon as stop() says so.
@@ -40,9 +41,11 @@ class Waiter {
     {
       std::lock_guard<std::mutex> lock(state_->mu);
       state_->queue.push_back(job);
-      if (!thread_.joinable()) thread_ = std::thread([state = state_] { run(*state); });
+      if (static_cast<int>(state_->queue.size()) > state_->idle) {
+        std::thread([state = state_] { run(*state); }).detach();
+      }
     }
-    state_->wake.notify_all();
+    state_->wake.notify_one();
     std::unique_lock<std::mutex> lock(state_->mu);
     while (!state_->done.wait_for(lock, Millis(20), [&] { return job->finished; }))
       if (stop()) return false;
@@ -61,6 +64,7 @@ class Waiter {
     std::mutex mu;
     std::condition_variable wake, done;
     std::deque<std::shared_ptr<Job>> queue;
+    int idle = 0;  // threads waiting for a job
     bool stop = false;
   };
 
@@ -69,7 +73,9 @@ class Waiter {
       std::shared_ptr<Job> job;
       {
         std::unique_lock<std::mutex> lock(s.mu);
+        ++s.idle;
         s.wake.wait(lock, [&] { return s.stop || !s.queue.empty(); });
+        --s.idle;
         if (s.queue.empty()) return;
         job = std::move(s.queue.front());
         s.queue.pop_front();
@@ -90,7 +96,6 @@ class Waiter {
   }
 
   std::shared_ptr<State> state_ = std::make_shared<State>();
-  std::thread thread_;
 };
 
 class AbortableWork : public comm::Work {

@@ -30,10 +30,45 @@ class ServerSync : public StrategyBase {
   ServerSync(SyncSetup s, ClusterGroups g, std::unique_ptr<comm::Communicator> ps_group)
       : StrategyBase(std::move(s), std::move(g)), group_(std::move(ps_group)),
         bounded_(sync_traits(s_.config).mode == SyncMode::Ssp) {}
-  // The servers start from the parameters this run starts with; every worker's clock is the last step done.
+  // The servers start from the parameters this run starts with; every worker's clock is the last step done. They
+  // are built at the first step: elastic training puts the generation's state in place after start() (rebase).
   void start(int64_t first_step) override {
     pulled_ = flatten(s_.parameters).clone();
-    if (group_) server_ = std::make_unique<ParameterServer>(*group_, pulled_, s_.timeout, first_step - 1);
+    seed_ = pulled_.clone();  // pulled_ changes under elastic training before the servers are built
+    first_clock_ = first_step - 1;
+  }
+  // What this worker last pulled: its next push sends its progress since then, so a generation carries it.
+  std::vector<at::Tensor> live_tensors() override {
+    std::vector<at::Tensor> views;
+    int64_t offset = 0;
+    for (const at::Tensor& t : s_.parameters) {
+      views.push_back(pulled_.narrow(0, offset, t.numel()).view(t.sizes()));
+      offset += t.numel();
+    }
+    return views;
+  }
+  // A new generation of workers: the server's shards (one of them lost with its rank) start again from the
+  // survivors' last pulls, averaged (each a copy of every shard, at most sync.period steps old), and every
+  // worker's clock from the generation's first step. A survivor keeps its parameters and its last pull, so the
+  // progress it has not pushed yet goes with its next push; a joiner starts from the servers' parameters, as a
+  // new worker pulls before it trains (its copy of the donor's would push the donor's progress twice).
+  void rebase(int64_t first_step, bool received) override {
+    first_clock_ = first_step - 1;
+    if (!s_.dp) return;
+    at::NoGradGuard no_grad;
+    at::Tensor sum = at::zeros({pulled_.numel() + 1}, at::kFloat);
+    if (!received) {
+      sum.narrow(0, 0, pulled_.numel()).copy_(pulled_);
+      sum[pulled_.numel()].fill_(1.0);
+    }
+    blocking("parameter server re-sharding", first_step, [&] { s_.dp->all_reduce(sum, comm::ReduceOp::Sum)->wait(s_.timeout); });
+    const float holders = sum[pulled_.numel()].item<float>();
+    if (holders < 1) throw Error("sync: no worker of the new generation holds a pull of the parameter server (a bug)");
+    seed_ = sum.narrow(0, 0, pulled_.numel()) / holders;
+    if (received) {
+      pulled_.copy_(seed_);
+      set_tensors(seed_);
+    }
   }
   ~ServerSync() override {
     if (server_) {
@@ -53,12 +88,17 @@ class ServerSync : public StrategyBase {
   comm::Communicator* gradient_group() const override { return nullptr; }
   void ask_to_stop() override {
     if (server_) server_->ask_to_stop();
+    else if (group_) stop_asked_early_ = true;  // before the first step: told once the servers are built
     else stop_heard_ = true;  // one worker: nobody else to tell
   }
   bool stop_heard() const override { return stop_heard_; }
 
   void before_step(int64_t step) override {
     StrategyBase::before_step(step);
+    if (group_ && !server_) {
+      server_ = std::make_unique<ParameterServer>(*group_, seed_, s_.timeout, first_clock_);
+      if (stop_asked_early_) server_->ask_to_stop();
+    }
     if (!server_ || !bounded()) return;
     // Step `step` may start when this rank (clock step - 1) is at most `staleness` ahead of the slowest.
     const auto start = Clock::now();
@@ -115,10 +155,13 @@ class ServerSync : public StrategyBase {
 
   std::unique_ptr<comm::Communicator> group_;
   const bool bounded_;  // ssp (else async)
-  std::unique_ptr<ParameterServer> server_;
+  std::unique_ptr<ParameterServer> server_;  // built at the first step (start() and rebase() say from what)
   at::Tensor pulled_;
+  at::Tensor seed_;          // the servers' first parameters (flat; each server keeps its shard)
+  int64_t first_clock_ = 0;  // every worker's clock when the servers start
   int64_t pushes_ = 0, staleness_sum_ = 0;
   bool stop_heard_ = false;
+  bool stop_asked_early_ = false;
 };
 
 }  // namespace

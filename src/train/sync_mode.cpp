@@ -43,7 +43,7 @@ SyncTraits sync_traits(const SyncConfig& config) {
   t.cluster_groups = t.mode == SyncMode::DiLoCo || (t.mode == SyncMode::Sync && config.hierarchical);
   t.parameter_server = t.mode == SyncMode::Ssp || t.mode == SyncMode::Async;
   // DiLoCo: a replica is a whole cluster (sync.clusters blocks), so the clusters stay balanced as they come and go.
-  t.elastic = (t.mode == SyncMode::Sync && !config.hierarchical) || t.mode == SyncMode::DiLoCo;
+  t.elastic = !(t.mode == SyncMode::Sync && config.hierarchical);
   return t;
 }
 

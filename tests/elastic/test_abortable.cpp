@@ -72,6 +72,30 @@ TEST(Abortable, AReceiveFromAPeerThatNeverSendsEndsWithTheGeneration) {
   failure.get();
 }
 
+// Threads that wait on the same communicator at once do not queue behind each other: a parameter server's
+// threads each wait for their own worker's next request while the rank's own worker waits for its replies. Here
+// one thread waits for a message that rank 1 sends only once a second thread's message has arrived; with one
+// waiter thread per communicator the second wait sat behind the first until the group's timeout.
+TEST(Abortable, WaitsOfSeveralThreadsDoNotQueueBehindEachOther) {
+  TwoRanks g;
+  at::Tensor first = at::zeros({4}), second = at::zeros({4});
+  auto waits_first = std::async(std::launch::async, [&] { g.rank0->recv(first, 1, 1)->wait(); });
+  std::this_thread::sleep_for(milliseconds(100));  // the first wait is in progress
+  const auto start = Clock::now();
+  auto waits_second = std::async(std::launch::async, [&] { g.rank0->recv(second, 1, 2)->wait(); });
+  at::Tensor two = at::full({4}, 2.0f), one = at::full({4}, 1.0f);
+  g.rank1->send(two, 0, 2)->wait();
+  const bool second_done = waits_second.wait_for(std::chrono::seconds(3)) == std::future_status::ready;
+  const double second_s = seconds_since(start);
+  g.rank1->send(one, 0, 1)->wait();  // now the first one too (also ends a stuck second wait)
+  waits_first.get();
+  waits_second.get();
+  EXPECT_TRUE(second_done) << "the second wait took " << second_s << " s";
+  EXPECT_LT(second_s, 2.0);
+  EXPECT_TRUE(second.equal(two));
+  EXPECT_TRUE(first.equal(one));
+}
+
 // A restarted process reads no generation record published before it registered: none of them can count it.
 // Reading them all (one round trip each) made a restarted rank on a loaded machine see a failure that ended its
 // generation seconds late. Here the old records are unreadable: a process that read them would fail or never

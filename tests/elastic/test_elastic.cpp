@@ -413,6 +413,37 @@ TEST(ElasticCli, DiLoCoWithZeroInsideClustersHealsShardByShard) {
   expect_every_step_once(dir, 40);
 }
 
+// The modes whose replicas step alone: a worker killed mid-run leaves, the others go on, and it rejoins. gossip
+// pairs the live ranks (with two left, every round is the same pair); the joiner is a copy of the replica it
+// healed from. ssp and async re-shard their parameter server over the live workers, starting from the survivors'
+// last pulls (ServerRebase.* checks the arithmetic): what was learned stays (the loss goes on from where it was,
+// not from the start), and ssp's clocks start at the generation's first step (else every worker waits for the
+// steps before it and the generation times out).
+TEST(ElasticCli, GossipSspAndAsyncWorkersLeaveAndRejoin) {
+  for (const std::string mode : {"gossip", "ssp", "async"}) {
+    const auto dir = fresh_dir("elastic-" + mode);
+    auto r = run_process(elastic_args(dir, 3, 40, paced({"--max-restarts", "2", "--set", "debug.elastic_kill=2@6", "--set",
+                                                         "sync.mode=" + mode, "--set", "sync.period=2", "--set",
+                                                         "sync.staleness=1", "--set", "train.global_batch=6"})),
+                         {}, milliseconds(120000));
+    ASSERT_EQ(r.exit_code(), 0) << mode << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "generation 2 (failure): 2 replicas (0,1), 2 ranks; rank 2 exited")) << mode << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "generation 2 (failure): 2 of 3 replicas train from step 6")) << mode << "\n" << r.output;
+    const int join = generation_with(r.output, "join");
+    ASSERT_GT(join, 2) << mode << "\n" << r.output;
+    EXPECT_TRUE(contains(r.output, "rank 2: healed from replica 0:")) << mode << "\n" << r.output;
+    expect_every_step_once(dir, 40);
+    const auto d = digests(r.output).at(join);
+    ASSERT_EQ(d.size(), 3u) << mode << "\n" << r.output;
+    if (mode == "gossip") EXPECT_EQ(d.at(2), d.at(0)) << "the joiner is a copy of its donor";
+    else EXPECT_NE(d.at(2), d.at(0)) << "the joiner starts from the servers' parameters, not its donor's";
+    const auto rows = read_metrics(dir);
+    const double before = rows[4]["loss"].get<double>();  // step 5, the last before the failure
+    for (int step : {7, 8, 9, 14, 15, 16})
+      EXPECT_LT(rows[step - 1]["loss"].get<double>(), before + 0.05) << mode << " step " << step;
+  }
+}
+
 // (c) A stopped rank stays connected but its heartbeat stops: it is excluded within the failure timeout, ended by
 // the launcher, and the others finish; nothing waits for the long communication timeout.
 TEST(ElasticCli, StoppedRankIsDetectedExcludedAndNothingHangs) {
@@ -647,7 +678,7 @@ TEST(ElasticCli, AStrangerWithoutTheSecretIsRefusedWhileElasticTrainingGoesOn) {
 TEST(ElasticCli, LayoutsItCannotKeepAreRefusedWithTheFix) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"parallel.zero=1", "set parallel.dp_shard to a divisor of them (HSDP"},
-      {"sync.mode=gossip", "elastic training runs with sync.mode = \"sync\" (not hierarchical) or \"diloco\""},
+      {"sync.hierarchical=true --set sync.clusters=2", "elastic training does not run hierarchical sync"},
       {"sync.mode=diloco", "finds its clusters from sync.clusters"},
       {"sync.mode=diloco --set sync.clusters=2 --set sync.cluster_batch=4,4", "leave sync.cluster_batch empty"},
       {"comm.backend=mpi", "comm.backend = \"gloo\""},

@@ -472,6 +472,51 @@ INSTANTIATE_TEST_SUITE_P(Groups, GossipBehaviour,
 
 // `crosstrain train --nproc 2` with sync.mode = async and rank 1 slowed: rank 0 (which writes the metrics) is not
 // paced by rank 1 until the final barrier, it takes in rank 1's (stale) updates, and the loss still falls.
+// Elastic training re-shards the parameter server over a new generation's workers (SyncStrategy::rebase): the
+// servers start from the survivors' last pulls, averaged (one of the old shards went with its rank; every pull
+// holds a copy of every shard); a survivor keeps its parameters and pull, so the progress it has not pushed yet
+// arrives with its next push; a joiner starts from the servers' parameters; every clock starts at the
+// generation's first step (ssp with staleness 0 would wait for clock 10 from workers still at 0 otherwise).
+TEST(ServerRebase, ANewGenerationsServersStartFromTheSurvivorsPullsAndAJoinerFromThem) {
+  const int n = 3, joiner = 2;
+  std::vector<std::vector<float>> final_params(n), after_rebase(n);
+  comm::FakeWorld::run(n, [&](comm::Communicator& c) {
+    train::SyncSetup s;
+    s.config.mode = train::SyncMode::Ssp;
+    s.config.clusters = 1;
+    s.config.period = 1;
+    s.config.staleness = 0;
+    s.dp = &c;
+    s.dp_index = s.world_rank = c.rank();
+    s.dp_size = n;
+    s.parameters = {at::zeros({5})};
+    s.steps = 12;
+    s.timeout = milliseconds(3000);
+    std::vector<at::Tensor> params = s.parameters;
+    auto strategy = train::make_sync_strategy(s);
+    // What each carried from the last generation: rank 0 pulled 1 and trained on to 1.5, rank 1 pulled 3 and
+    // made no progress; the joiner holds a copy of some donor's state.
+    const std::vector<float> pulled = {1.0f, 3.0f, 100.0f}, now = {1.5f, 3.0f, 7.0f};
+    std::vector<at::Tensor> views = strategy->live_tensors();
+    ASSERT_EQ(views.size(), 1u);
+    views[0].fill_(pulled[c.rank()]);
+    params[0].fill_(now[c.rank()]);
+    strategy->rebase(11, c.rank() == joiner);
+    after_rebase[c.rank()] = flat_values(params);
+    for (int64_t step = 11; step <= 12; ++step) {
+      strategy->before_step(step);
+      strategy->after_step(step, step == 12);
+    }
+    final_params[c.rank()] = flat_values(params);
+  });
+  EXPECT_EQ(after_rebase[0], std::vector<float>(5, 1.5f));  // survivors keep their own
+  EXPECT_EQ(after_rebase[1], std::vector<float>(5, 3.0f));
+  EXPECT_EQ(after_rebase[joiner], std::vector<float>(5, 2.0f));  // the mean of the survivors' pulls
+  // The servers: 2, plus rank 0's unpushed 0.5 over three workers; everyone ends with them.
+  for (int r = 0; r < n; ++r)
+    for (float v : final_params[r]) EXPECT_NEAR(v, 2.0f + 0.5f / 3, 1e-6) << "rank " << r;
+}
+
 TEST(SyncBehaviourCli, AsyncWithASlowRankStillLearnsAndTheFastRankRunsAhead) {
   using namespace crosstrain::testing;
   // Rank 0 needs ~5 ms a step, rank 1 ~45: rank 0 runs its steps in a fraction of rank 1's time, long enough for

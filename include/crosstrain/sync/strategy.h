@@ -79,6 +79,12 @@ class SyncStrategy {
   virtual std::vector<ExtraState> state() { return {}; }
   // Before the first step of this run (`first_step` > 1 after a resume), with the attached tensors loaded.
   virtual void start(int64_t first_step) {}
+  // Elastic training: what a generation carries to the next beyond state() and the optimizer's (not checkpointed;
+  // views that adopting or healing the live state writes into).
+  virtual std::vector<at::Tensor> live_tensors() { return {}; }
+  // Elastic training, on every rank once a generation's live state is in place (after start(), before the first
+  // step; collective): `received` when this rank's state was sent by another replica (a joiner).
+  virtual void rebase(int64_t first_step, bool received) {}
   // Before the step's compute (ssp waits here for the slowest rank; the experiment's slowdown sleeps here).
   virtual void before_step(int64_t step) {}
   // After the gradients of `step` are in place and before clipping: returns the loss to report.

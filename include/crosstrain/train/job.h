@@ -117,6 +117,11 @@ class Job {
     no_live_state();
     return {};
   }
+  // Every rank, once the generation's state is in place (adopted, healed or loaded) and before its first step,
+  // `first_step`: the sync strategy rebuilds what spans the replicas from it (the parameter server of ssp and
+  // async re-shards over the live workers). `received`: this rank's state came from another replica (a joiner).
+  // Collective over the generation.
+  virtual void state_in_place(int64_t first_step, bool received) {}
   // FNV-1a digests of the live state and of the sync strategy's own ("" when it keeps none), for tests.
   virtual std::string state_digest() { return ""; }
   virtual std::string sync_state_digest() { return ""; }

@@ -44,8 +44,9 @@ struct SyncTraits {
   bool cluster_groups;
   // Workers push to and pull from a sharded parameter server; they report staleness (ssp, async).
   bool parameter_server;
-  // Elastic training (jobs/gpt/elastic.h) can rebuild its groups today: sync (not hierarchical), and diloco with
-  // a whole cluster as the unit that leaves and joins.
+  // Elastic training (jobs/gpt/elastic.h) can rebuild its groups: sync (not hierarchical: its clusters must stay
+  // balanced), diloco with a whole cluster as the unit that leaves and joins, and the modes whose replicas step
+  // alone (ssp and async re-shard their parameter server over the live workers; gossip pairs the live ranks).
   bool elastic;
 };
 

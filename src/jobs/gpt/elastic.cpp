@@ -476,6 +476,7 @@ void ElasticLoop::bootstrap_state() {
       if (restarts_ >= 1 && restarts_ <= n) raise(SIGKILL);
     };
     const HealStats h = run_->heal_from(static_cast<int>(donor), receivers, next_step_, die_if_asked);
+    run_->state_in_place(next_step_, behind.count(run_->dp_index()) > 0);
     if (behind.count(run_->dp_index()) && h.bytes > 0) {
       char line[200];
       std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",
@@ -660,8 +661,9 @@ void check_elastic_config(const Config& c, int world) {
     throw UsageError("elastic DLRM runs with dlrm.mode = \"sharded\" (the tables sharded over every rank, a failure "
                      "goes back to the newest checkpoint); the parameter server's workers do not leave and join yet");
   if (!sync_traits(c.sync).elastic)
-    throw UsageError("elastic training runs with sync.mode = \"sync\" (not hierarchical) or \"diloco\" for now; sync.mode = \"" +
-                     std::string(to_string(c.sync.mode)) + "\" restarts from the newest checkpoint instead (--resume)");
+    throw UsageError("elastic training does not run hierarchical sync (sync.hierarchical = true: its clusters must "
+                     "stay balanced as replicas come and go): use sync.mode = \"diloco\" with sync.clusters, whose "
+                     "unit of churn is a whole cluster, or plain sync");
   if (c.comm.backend != "gloo")
     throw UsageError("elastic training rebuilds its groups without the lost ranks, which needs comm.backend = "
                      "\"gloo\" (MPI cannot shrink a communicator without the ULFM extension, which Debian's Open MPI "

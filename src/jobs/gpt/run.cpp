@@ -747,6 +747,7 @@ std::vector<at::Tensor> Run::state_tensors() {
   std::vector<at::Tensor> all = optimizer_->live_state();
   for (const ExtraState& extra : sync_->state())
     for (const at::Tensor& t : extra.tensors) all.push_back(t);
+  for (const at::Tensor& t : sync_->live_tensors()) all.push_back(t);
   return all;
 }
 

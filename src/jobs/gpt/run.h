@@ -108,7 +108,12 @@ class Run : public Job {
   // shares); "" when it keeps none.
   std::string sync_state_digest() override;
   int dp_index() const override { return dp_index_; }
-  void load_latest_checkpoint() override { resume(); }
+  // The sync strategy starts again from the loaded state (ssp and async: the servers and the last pull).
+  void load_latest_checkpoint() override {
+    resume();
+    sync_->start(start_step_);
+  }
+  void state_in_place(int64_t first_step, bool received) override { sync_->rebase(first_step, received); }
   // The live state: the optimizer's tensors, then the sync strategy's own (DiLoCo's outer momentum and parameters).
   std::vector<at::Tensor> state_tensors();
 

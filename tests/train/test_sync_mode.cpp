@@ -50,9 +50,10 @@ TEST(SyncMode, TraitsSayWhatEachModeImplies) {
   for (const char* ps : {"ssp", "async"}) {
     EXPECT_TRUE(traits(ps).parameter_server) << ps;
     EXPECT_FALSE(traits(ps).lockstep) << ps;
+    EXPECT_TRUE(traits(ps).elastic) << ps;  // the server re-shards over the live workers
   }
   EXPECT_FALSE(traits("gossip").parameter_server);
-  EXPECT_FALSE(traits("gossip").elastic);
+  EXPECT_TRUE(traits("gossip").elastic);  // it pairs the live ranks
 }
 
 // When each mode hears a Ctrl-C: posted every `every` steps and read `lag` steps later (train/stop_vote.h).

@@ -13,7 +13,9 @@ Mesh::Mesh(comm::Communicator& world, MeshShape shape) : world_(world), shape_(s
       if (g) groups_[static_cast<int>(axis)] = std::move(g);
     }
   }
-  if (shape_.dp > 1 && shape_.pp * shape_.tp > 1)
+  // Without pipeline stages a replica's ranks are its tensor-parallel group: no group of its own to form (each
+  // formation costs round trips to the store, across a wide-area link in elastic generations).
+  if (shape_.dp > 1 && shape_.pp > 1)
     for (const auto& ranks : shape_.replica_groups()) {
       auto g = world.split(ranks);
       if (g) replica_ = std::move(g);

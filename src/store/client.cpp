@@ -206,6 +206,23 @@ int64_t StoreClient::getNumKeys() { return parse_int(call("key count", Message{C
 
 void StoreClient::wait(const std::vector<std::string>& keys) { wait(keys, timeout_); }
 
+std::vector<std::vector<uint8_t>> StoreClient::get_many(const std::vector<std::string>& keys, Millis wait) {
+  const Millis t = effective(wait);
+  const std::string what = "get of " + describe_keys(keys);
+  Message request{Code::GetMany, {std::to_string(t.count())}};
+  request.fields.insert(request.fields.end(), keys.begin(), keys.end());
+  const Message reply = call(what, request, t + kReplyMargin);
+  if (reply.code == Code::TimedOut)
+    fail(what, "not all set within " + std::to_string(t.count()) + " ms (has every rank started?)", true);
+  if (reply.fields.size() != keys.size())
+    fail(what, "the store answered " + std::to_string(reply.fields.size()) + " values for " +
+                   std::to_string(keys.size()) + " keys");
+  std::vector<std::vector<uint8_t>> values;
+  values.reserve(keys.size());
+  for (const std::string& v : reply.fields) values.push_back(bytes(v));
+  return values;
+}
+
 void StoreClient::wait(const std::vector<std::string>& keys, const Millis& timeout) {
   const Millis t = effective(timeout);
   const std::string what = "wait for " + describe_keys(keys);

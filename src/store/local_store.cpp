@@ -62,4 +62,16 @@ void LocalStore::wait(const std::vector<std::string>& keys, const std::chrono::m
          true);
 }
 
+std::vector<std::vector<uint8_t>> LocalStore::get_many(const std::vector<std::string>& keys, std::chrono::milliseconds wait) {
+  const auto t = wait == kNoTimeout ? timeout_ : wait;
+  const auto values = table_->wait_get_all(keys, StoreTable::Clock::now() + t);
+  if (!values)
+    fail("get of " + describe_keys(keys), "not all set within " + std::to_string(t.count()) + " ms (has every rank started?)",
+         true);
+  std::vector<std::vector<uint8_t>> out;
+  out.reserve(values->size());
+  for (const std::string& v : *values) out.push_back(bytes(v));
+  return out;
+}
+
 }  // namespace crosstrain::comm::store

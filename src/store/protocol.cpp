@@ -106,7 +106,8 @@ std::string request_error(const Message& r) {
     case Code::Delete: ok = arity(1); break;
     case Code::Check: ok = !r.fields.empty(); last_key = r.fields.size(); break;
     case Code::NumKeys: ok = arity(0); last_key = 0; break;
-    case Code::Wait: ok = r.fields.size() >= 2; first_key = 1; last_key = r.fields.size(); break;
+    case Code::Wait:
+    case Code::GetMany: ok = r.fields.size() >= 2; first_key = 1; last_key = r.fields.size(); break;
     default: return "unknown request code " + std::to_string(static_cast<int>(r.code));
   }
   if (!ok) return "wrong number of fields (" + std::to_string(r.fields.size()) + ") for request code " +

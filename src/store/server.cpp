@@ -372,6 +372,24 @@ std::optional<Message> StoreServer::handle(Connection& c, const Message& r) {
       case Code::Delete: return ok({table_->erase(f[0]) ? "1" : "0"});
       case Code::Check: return ok({table_->contains_all(f) ? "1" : "0"});
       case Code::NumKeys: return ok({std::to_string(table_->size())});
+      case Code::GetMany: {
+        std::vector<std::string> keys(f.begin() + 1, f.end());
+        std::optional<std::vector<std::string>> values;
+        auto present = wait_while_connected(c, parse_int(f[0]), [&](Clock::time_point until) {
+          values = table_->wait_get_all(keys, until);
+          return values.has_value();
+        });
+        if (!present) return std::nullopt;
+        if (!*present) return Message{Code::TimedOut, {}};
+        size_t bytes = 0;
+        for (const std::string& v : *values) bytes += v.size() + 4;
+        // The reply must fit the frame a client reads: the values of many large keys are read one by one.
+        if (bytes > kMaxValueBytes)
+          return Message{Code::Invalid, {"the values of these " + std::to_string(keys.size()) + " keys hold " +
+                                         std::to_string(bytes) + " bytes, more than one reply carries (" +
+                                         std::to_string(kMaxValueBytes) + "): read them with get"}};
+        return ok(std::move(*values));
+      }
       case Code::Wait: {
         std::vector<std::string> keys(f.begin() + 1, f.end());
         auto present = wait_while_connected(c, parse_int(f[0]), [&](Clock::time_point until) {

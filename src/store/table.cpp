@@ -94,6 +94,17 @@ std::optional<std::string> StoreTable::wait_get(const std::string& key, Clock::t
   return it->second;
 }
 
+std::optional<std::vector<std::string>> StoreTable::wait_get_all(const std::vector<std::string>& keys,
+                                                                 Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_until(lock, deadline, [&] { return closed_ || all_present(keys); });
+  if (closed_ || !all_present(keys)) return std::nullopt;
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (const std::string& key : keys) values.push_back(data_.at(key));
+  return values;
+}
+
 void StoreTable::close() {
   std::lock_guard<std::mutex> lock(mu_);
   closed_ = true;

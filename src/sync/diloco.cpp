@@ -45,7 +45,7 @@ class DiLoCo : public StrategyBase {
   // Fragments of the attached tensors, each with its outer momentum (kept as views per tensor for checkpoints).
   void attached() override {
     // Sharded tensors (ZeRO): each rank exchanges its own slices with its counterparts; nothing to gather.
-    average_ = std::make_unique<CrossClusterAverage>(sharded_ ? nullptr : g_.local.get(), g_.cross.get(),
+    average_ = std::make_unique<CrossClusterAverage>(sharded_ ? nullptr : g_.local.get(), g_.cross,
                                                      s_.config.compression, s_.timeout);
     // Fragments: consecutive parameters (in name order: layers stay together) of about equal size.
     const int64_t F = std::max<int64_t>(1, s_.config.fragments);

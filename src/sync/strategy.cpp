@@ -60,11 +60,15 @@ ClusterGroups build_groups(const SyncSetup& s, bool split) {
     auto sub = s.dp->split(ranks);
     if (sub && ranks.size() > 1) g.local = std::move(sub);
   }
-  if (g.layout.balanced) {
+  const bool overlapped = s.config.fragments > 1 && s.config.overlap_steps > 0;
+  if (g.layout.balanced && g.layout.cross.size() == 1 && !overlapped) {
+    g.cross = s.dp;  // one rank per cluster: every data-parallel rank
+  } else if (g.layout.balanced) {
     for (const auto& ranks : g.layout.cross) {
       auto sub = s.dp->split(ranks);
-      if (sub && ranks.size() > 1) g.cross = std::move(sub);
+      if (sub && ranks.size() > 1) g.own_cross = std::move(sub);
     }
+    g.cross = g.own_cross.get();
   }
   return g;
 }

@@ -51,7 +51,12 @@ auto with_context(const std::string& what, int world_rank, int64_t step, F&& f) 
 struct ClusterGroups {
   ClusterLayout layout;
   int cluster = 0, local_index = 0;
-  std::unique_ptr<comm::Communicator> local, cross;  // null when of size 1
+  std::unique_ptr<comm::Communicator> local;  // null when of size 1
+  // Null when of size 1. With one data-parallel rank per cluster the cross group is the data-parallel group
+  // itself (no group of its own to form, which costs round trips across the wide-area link), unless its exchange
+  // overlaps the steps on a thread of its own (streaming DiLoCo), where it needs a group nothing else uses.
+  comm::Communicator* cross = nullptr;
+  std::unique_ptr<comm::Communicator> own_cross;
 };
 
 // Averages a flat buffer over all replicas when every rank of a cluster holds the same buffer: each rank of a

@@ -35,7 +35,7 @@ void unflatten_grads(const at::Tensor& flat, std::vector<at::Tensor>& params) {
 class SyncEveryStep : public StrategyBase {
  public:
   SyncEveryStep(SyncSetup s, ClusterGroups g)
-      : StrategyBase(std::move(s), std::move(g)), average_(g_.local.get(), g_.cross.get(), "none", s_.timeout) {}
+      : StrategyBase(std::move(s), std::move(g)), average_(g_.local.get(), g_.cross, "none", s_.timeout) {}
   std::string describe() const override {
     return s_.config.hierarchical ? "sync (hierarchical: inside " + std::to_string(g_.layout.clusters) +
                                         " clusters, then across)"

@@ -9,11 +9,15 @@
 #include <netdb.h>
 #include <system_error>
 
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+
+#include "crosstrain/comm/backends/group_formation_store.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/store/abandonable_store.h"
 #include "crosstrain/store/address.h"
 #include "crosstrain/store/client.h"
+#include "crosstrain/store/local_store.h"
 #include "crosstrain/store/auth.h"
 #include "crosstrain/store/server.h"
 #include "crosstrain/core/error.h"
@@ -119,6 +123,110 @@ TEST(StoreClient, OversizedValuesAreRejectedAndTheConnectionStaysUsable) {
   EXPECT_THROW(c->set(std::string(kMaxKeyBytes + 1, 'k'), bytes("v")), CommError);
   c->set("k", bytes("still fine"));
   EXPECT_EQ(c->get("k"), bytes("still fine"));
+}
+
+// GetMany: every key's value in one request, once all are set; a timeout when one never is; a reply too large to
+// carry is refused and the connection stays usable.
+TEST(StoreClient, GetManyReadsEveryKeyOnceAllAreSet) {
+  StoreServer server(quick_server(2));
+  auto a = client(server, 0, 2);
+  auto b = client(server, 1, 2);
+  a->set("x/0", bytes("zero"));
+  auto reader = std::async(std::launch::async, [&] { return b->get_many({"x/2", "x/0"}, milliseconds(5000)); });
+  std::this_thread::sleep_for(milliseconds(150));
+  a->set("x/2", bytes("two"));
+  const auto values = reader.get();
+  ASSERT_EQ(values.size(), 2u);
+  EXPECT_EQ(values[0], bytes("two"));
+  EXPECT_EQ(values[1], bytes("zero"));
+  const auto start = Clock::now();
+  try {
+    b->get_many({"x/0", "never"}, milliseconds(300));
+    FAIL() << "get_many with a missing key returned";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(e.timed_out()) << e.what();
+    EXPECT_TRUE(contains(e.what(), "'never'")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 2.0);
+  const std::vector<uint8_t> big(kMaxValueBytes / 2 + 1, 'v');
+  a->set("big/0", big);
+  a->set("big/1", big);
+  try {
+    a->get_many({"big/0", "big/1"}, milliseconds(1000));
+    FAIL() << "a reply over the limit was sent";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(contains(e.what(), "read them with get")) << e.what();
+  }
+  EXPECT_EQ(a->get("x/2"), bytes("two"));  // still usable
+}
+
+namespace {
+
+// A store that counts how it is asked.
+class CountingStore : public LocalStore {
+ public:
+  using LocalStore::LocalStore;
+  std::vector<uint8_t> get(const std::string& key) override {
+    ++gets;
+    return LocalStore::get(key);
+  }
+  void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override {
+    ++waits;
+    LocalStore::wait(keys, timeout);
+  }
+  std::vector<std::vector<uint8_t>> get_many(const std::vector<std::string>& keys, milliseconds wait) override {
+    ++many;
+    return LocalStore::get_many(keys, wait);
+  }
+  std::atomic<int> gets{0}, waits{0}, many{0};
+};
+
+}  // namespace
+
+// A Gloo group of four forms over GroupFormationStore: each member reads the other members' addresses in one
+// request, and the host names of the members below it in another (each a round trip across a wide-area link),
+// instead of a wait and a read per member, and the group works.
+TEST(GroupFormationStore, AGlooGroupReadsEveryMembersAddressInOneRequest) {
+  const int n = 4;
+  auto table = std::make_shared<StoreTable>();
+  std::vector<c10::intrusive_ptr<CountingStore>> bases;
+  for (int r = 0; r < n; ++r) bases.push_back(c10::make_intrusive<CountingStore>(table, "here", r, milliseconds(10000)));
+  std::vector<std::future<double>> ranks;
+  for (int r = 0; r < n; ++r)
+    ranks.push_back(std::async(std::launch::async, [&, r] {
+      auto store = c10::make_intrusive<comm::GroupFormationStore>(bases[r], "job/g1/", r, n, nullptr, "g1");
+      auto options = c10d::ProcessGroupGloo::Options::create(milliseconds(10000));
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+      c10d::ProcessGroupGloo group(store, r, n, options);
+      std::vector<at::Tensor> t = {at::full({3}, static_cast<double>(r + 1))};
+      group.allreduce(t)->wait();
+      EXPECT_EQ(store->batched_reads(), r == 0 ? 1 : 2) << "rank " << r;
+      return t[0][0].item<double>();
+    }));
+  for (auto& f : ranks) EXPECT_EQ(f.get(), 1.0 + 2 + 3 + 4);
+  for (int r = 0; r < n; ++r) {
+    EXPECT_EQ(bases[r]->many.load(), r == 0 ? 1 : 2) << "rank " << r;
+    EXPECT_EQ(bases[r]->gets.load() + bases[r]->waits.load(), 0) << "rank " << r << ": one read per member";
+  }
+  EXPECT_TRUE(table->contains_all({"job/g1/0/0", "job/g1/0/3"}));  // the keys live under the group's prefix
+}
+
+// A member that never comes: a formation given up ends within a slice, naming the group; other keys pass through.
+TEST(GroupFormationStore, AFormationGivenUpEndsAtOnceAndOtherKeysPassThrough) {
+  auto table = std::make_shared<StoreTable>();
+  auto base = c10::make_intrusive<CountingStore>(table, "here", 0, milliseconds(10000));
+  const auto start = Clock::now();
+  comm::GroupFormationStore store(base, "job/g2/", 0, 2, [start] { return seconds_since(start) > 0.3; }, "g2");
+  store.set("not/a/member", bytes("v"));
+  EXPECT_EQ(store.get("not/a/member"), bytes("v"));
+  EXPECT_EQ(base->many.load(), 0);
+  try {
+    store.wait({"0/1"});
+    FAIL() << "the wait for a member that never came returned";
+  } catch (const CommError& e) {
+    EXPECT_TRUE(contains(e.what(), "group 'g2' was given up before it formed")) << e.what();
+  }
+  EXPECT_LT(seconds_since(start), 1.5);  // 10 s without the predicate
 }
 
 TEST(StoreServer, ListensOnlyOnTheAddressGiven) {

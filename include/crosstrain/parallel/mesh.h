@@ -26,7 +26,10 @@ class Mesh {
   // The ranks of this rank's model replica (its pp x tp ranks): the losses and gradient norm of one replica are
   // summed here, so replicas that run apart (asynchronous sync modes) never wait for each other. The world when
   // there is one replica; nullptr when a replica is one rank.
-  comm::Communicator* replica_group() const { return shape_.dp == 1 && shape_.size() > 1 ? &world_ : replica_.get(); }
+  comm::Communicator* replica_group() const {
+    if (shape_.dp == 1) return shape_.size() > 1 ? &world_ : nullptr;
+    return shape_.pp == 1 ? group(Axis::TP) : replica_.get();
+  }
   // World rank of the neighbour that differs from this rank only in its pipeline index.
   int pipeline_peer(int pp_index) const;
   // HSDP (shape().dp_shard): the data-parallel ranks that shard one copy of the state with this rank, and the ranks

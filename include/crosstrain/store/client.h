@@ -16,13 +16,14 @@
 #include <string>
 
 #include "crosstrain/store/protocol.h"
+#include "crosstrain/store/reads_many_keys.h"
 
 namespace crosstrain::comm::store {
 
 struct Patience;  // store_socket.h
 enum class Io;
 
-class StoreClient : public c10d::Store {
+class StoreClient : public c10d::Store, public ReadsManyKeys {
  public:
   // Throws CommError when the store cannot be reached in time or refuses this rank (another job on the port,
   // a different world size, a rank already present, a wrong or missing job secret), or when `secret` is set and
@@ -40,6 +41,7 @@ class StoreClient : public c10d::Store {
   int64_t getNumKeys() override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  std::vector<std::vector<uint8_t>> get_many(const std::vector<std::string>& keys, std::chrono::milliseconds wait) override;
 
   const std::string& address() const { return address_; }
 

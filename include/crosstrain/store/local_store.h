@@ -7,11 +7,12 @@
 #include <memory>
 #include <string>
 
+#include "crosstrain/store/reads_many_keys.h"
 #include "crosstrain/store/table.h"
 
 namespace crosstrain::comm::store {
 
-class LocalStore : public c10d::Store {
+class LocalStore : public c10d::Store, public ReadsManyKeys {
  public:
   // `address` and `rank` only go into error messages.
   LocalStore(std::shared_ptr<StoreTable> table, std::string address, int rank, std::chrono::milliseconds timeout);
@@ -26,6 +27,7 @@ class LocalStore : public c10d::Store {
   int64_t getNumKeys() override;
   void wait(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override;
+  std::vector<std::vector<uint8_t>> get_many(const std::vector<std::string>& keys, std::chrono::milliseconds wait) override;
 
  private:
   [[noreturn]] void fail(const std::string& what, const std::string& cause, bool timed_out = false) const;

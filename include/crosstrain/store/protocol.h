@@ -47,6 +47,7 @@ enum class Code : uint8_t {
   NumKeys = 8,     // Ok(count, decimal)
   Wait = 9,        // wait_ms, keys...: Ok or TimedOut
   Proof = 10,      // handshake: HMAC proof of the job secret (empty: this client has none)
+  GetMany = 11,    // wait_ms, keys...: waits up to wait_ms for every key; Ok(their values, in order) or TimedOut
   // Replies (server -> client).
   Ok = 100,
   TimedOut = 101,

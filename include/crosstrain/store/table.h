@@ -39,6 +39,9 @@ class StoreTable {
   bool wait(const std::vector<std::string>& keys, Clock::time_point deadline);
   // Like get, but waits for the key first; nullopt when it did not appear in time.
   std::optional<std::string> wait_get(const std::string& key, Clock::time_point deadline);
+  // Waits until every key exists, then returns their values in order (read together); nullopt when some key did
+  // not appear in time.
+  std::optional<std::vector<std::string>> wait_get_all(const std::vector<std::string>& keys, Clock::time_point deadline);
   // Wakes every waiter for good: the server is shutting down.
   void close();
 

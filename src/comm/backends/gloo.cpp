@@ -4,7 +4,6 @@
 // bytes (broadcast, gathers, scatter, all-to-all, send/recv) or reduced in a wider type and copied back
 // (bfloat16 via float, int16 via int32, bool as uint8 with max/min for or/and, complex as pairs of reals).
 #include <ATen/ATen.h>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <algorithm>
@@ -14,7 +13,7 @@
 #include <thread>
 
 #include "crosstrain/comm/init.h"
-#include "crosstrain/store/abandonable_store.h"
+#include "crosstrain/comm/backends/group_formation_store.h"
 
 namespace crosstrain::comm {
 namespace {
@@ -112,10 +111,13 @@ c10::intrusive_ptr<c10d::ProcessGroupGloo> form_unless_abandoned(c10::intrusive_
 
 class GlooCommunicator : public Communicator {
  public:
-  GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous, c10::intrusive_ptr<c10d::Store> store,
+  // The group forms over `base` (the job's store) under `prefix`, where its subgroups' keys go too.
+  GlooCommunicator(std::shared_ptr<Rendezvous> rendezvous, c10::intrusive_ptr<c10d::Store> base, std::string prefix,
                    std::string name, int rank, int size, Millis timeout, std::function<bool()> abandoned = {})
       : Communicator("gloo", std::move(name), rank, size, timeout), rendezvous_(std::move(rendezvous)),
-        store_(std::move(store)), abandoned_(std::move(abandoned)) {
+        base_(std::move(base)), prefix_(std::move(prefix)),
+        store_(c10::make_intrusive<GroupFormationStore>(base_, prefix_, rank, size, abandoned, this->name())),
+        abandoned_(std::move(abandoned)) {
     auto options = c10d::ProcessGroupGloo::Options::create(timeout);
     options->devices.push_back(make_device());
     // One worker thread: on small machines more threads only add contention and wake-up latency.
@@ -306,10 +308,10 @@ class GlooCommunicator : public Communicator {
     std::string sub = next_split_name();
     auto it = std::find(ranks.begin(), ranks.end(), rank());
     if (it == ranks.end()) return nullptr;
-    auto prefixed = c10::make_intrusive<c10d::PrefixStore>(sub + "/", store_);
-    // A subgroup of a group that can be given up can be too (its store waits already are: they go through ours).
-    return std::make_unique<GlooCommunicator>(rendezvous_, prefixed, sub, static_cast<int>(it - ranks.begin()),
-                                              static_cast<int>(ranks.size()), timeout(), abandoned_);
+    // A subgroup of a group that can be given up can be too.
+    return std::make_unique<GlooCommunicator>(rendezvous_, base_, prefix_ + sub + "/", sub,
+                                              static_cast<int>(it - ranks.begin()), static_cast<int>(ranks.size()),
+                                              timeout(), abandoned_);
   }
 
  private:
@@ -402,7 +404,9 @@ class GlooCommunicator : public Communicator {
   }
 
   std::shared_ptr<Rendezvous> rendezvous_;
-  c10::intrusive_ptr<c10d::Store> store_;
+  c10::intrusive_ptr<c10d::Store> base_;
+  std::string prefix_;
+  c10::intrusive_ptr<c10d::Store> store_;  // the group's, over base_
   std::function<bool()> abandoned_;  // the formation of this group and of its subgroups is given up when true
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg_;
   bool broken_ = false;
@@ -475,12 +479,8 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Rendezvous>
                                                      Millis timeout, const std::string& name,
                                                      std::function<bool()> abandoned) {
   c10::intrusive_ptr<c10d::Store> base = rendezvous->store();
-  if (abandoned)
-    base = c10::make_intrusive<store::AbandonableStore>(base, abandoned,
-                                                        "group '" + name + "' was given up before it formed");
-  auto store = c10::make_intrusive<c10d::PrefixStore>(name + "/", base);
-  return std::make_unique<GlooCommunicator>(std::move(rendezvous), store, name, rank, size, timeout,
-                                            std::move(abandoned));
+  return std::make_unique<GlooCommunicator>(std::move(rendezvous), std::move(base), name + "/", name, rank, size,
+                                            timeout, std::move(abandoned));
 }
 
 }  // namespace crosstrain::comm

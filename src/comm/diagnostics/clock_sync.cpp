@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <limits>
+#include <vector>
 
 #include "crosstrain/comm/diagnostics/flight_recorder.h"
 
@@ -12,13 +13,25 @@ ClockOffset estimate_clock_offset(Communicator& world, int rounds) {
   constexpr int kTag = 7341;  // apart from the tags of training traffic
   at::Tensor ping = at::zeros({1}, at::kLong), pong = at::zeros({1}, at::kLong);
   if (world.rank() == 0) {
-    // Serve each rank in turn: receive its ping, answer with this clock's reading.
-    for (int peer = 1; peer < world.size(); ++peer)
-      for (int i = 0; i < rounds; ++i) {
-        world.recv(ping, peer, kTag)->wait();
-        pong.fill_(monotonic_us());
-        world.send(pong, peer, kTag)->wait();
+    // Every rank pings at once, round after round, and each ping is answered with this clock's reading as soon as
+    // it is read: serving the ranks one after the other cost rounds x ranks round trips, seconds across a
+    // wide-area link (an elastic generation set up its trace this way each time).
+    const int peers = world.size() - 1;
+    for (int i = 0; i < rounds; ++i) {
+      std::vector<at::Tensor> pings, pongs;
+      std::vector<WorkPtr> recvs, sends;
+      for (int peer = 1; peer <= peers; ++peer) {
+        pings.push_back(at::zeros({1}, at::kLong));
+        pongs.push_back(at::zeros({1}, at::kLong));
+        recvs.push_back(world.recv(pings.back(), peer, kTag));
       }
+      for (int p = 0; p < peers; ++p) {
+        recvs[p]->wait();
+        pongs[p].fill_(monotonic_us());
+        sends.push_back(world.send(pongs[p], p + 1, kTag));
+      }
+      wait_all(sends);
+    }
     return {};
   }
   ClockOffset best;

@@ -37,6 +37,7 @@
 #include "crosstrain/train/recording.h"
 
 namespace crosstrain::train {
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 using parallel::Axis;
@@ -273,8 +274,9 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
     gemm_peak_ = measure_model_peak(c, sampler_->local_micro_batch());
     peak_flops_ = gemm_peak_.best_flops;
   }
-  // Every rank measured its own; the mean makes MFU one number.
-  peak_flops_ = all_reduce(&world_, peak_flops_, comm::ReduceOp::Avg);
+  // Every rank measured its own; the mean makes MFU one number. A configured peak is the same everywhere: no
+  // collective (an elastic generation's set-up pays each one across the wide-area link).
+  if (c.train.peak_flops_per_rank <= 0) peak_flops_ = all_reduce(&world_, peak_flops_, comm::ReduceOp::Avg);
   if (c.run.work_log) {
     // A replica's tokens count once: on its first stage's tensor-parallel rank 0.
     const bool counts = tp_index_ == 0 && mesh_.index(Axis::PP) == 0;

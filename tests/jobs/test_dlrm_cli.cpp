@@ -191,7 +191,8 @@ TEST(DlrmCli, RunsThroughTheCommonLoopTracesReportsAndStopsOnCtrlC) {
 
 // DLRM under elastic training (issue 33, item 3): its tables are sharded over every rank, so the whole job is one
 // replica and no other holds a lost rank's shards: a SIGKILLed rank takes the job back to its newest checkpoint,
-// by itself, and training continues exactly as the run without the failure. The parameter-server mode is refused.
+// by itself, and training continues exactly as the run without the failure. The parameter-server mode goes back
+// to the checkpoint the same way (its servers start again from the loaded rows and dense parameters).
 TEST(DlrmCli, ALostRankUnderElasticTrainingGoesBackToTheCheckpointAndContinuesExactly) {
   const std::string plain = fresh("elastic-plain"), elastic = fresh("elastic-kill");
   auto args = [](const std::string& dir) {
@@ -218,9 +219,15 @@ TEST(DlrmCli, ALostRankUnderElasticTrainingGoesBackToTheCheckpointAndContinuesEx
     EXPECT_NEAR(a[i]["loss"].get<double>(), b[i]["loss"].get<double>(), 1e-6) << "step " << i + 1;
   }
 
-  auto ps = train_args(fresh("elastic-ps"), 2, 4);
-  ps.insert(ps.end(), {"--max-restarts", "1", "--set", "dlrm.mode=ps", "--set", "sync.mode=ssp"});
-  auto refused = run_process(ps, {}, std::chrono::milliseconds(60000));
-  EXPECT_NE(refused.exit_code(), 0);
-  EXPECT_TRUE(contains(refused.output, "elastic DLRM runs with dlrm.mode = \"sharded\"")) << refused.output;
+  const std::string ps_dir = fresh("elastic-ps");
+  auto ps = args(ps_dir);
+  ps.insert(ps.end(), {"--max-restarts", "2", "--set", "debug.elastic_kill=1@8", "--set", "elastic.heartbeat_ms=50",
+                       "--set", "elastic.failure_timeout_ms=400", "--set", "dlrm.mode=ps", "--set", "sync.mode=ssp"});
+  auto s = run_process(ps, {}, std::chrono::milliseconds(180000));
+  ASSERT_EQ(s.exit_code(), 0) << s.output;
+  EXPECT_TRUE(contains(s.output, "no live replica holds the state: resumed from the newest checkpoint")) << s.output;
+  EXPECT_TRUE(contains(s.output, "step_00000005 (step 5)")) << s.output;
+  const auto c = metrics_rows(ps_dir);
+  ASSERT_EQ(c.size(), 16u) << s.output;
+  for (size_t i = 0; i < c.size(); ++i) EXPECT_EQ(c[i]["step"].get<int>(), static_cast<int>(i) + 1);
 }

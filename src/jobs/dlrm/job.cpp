@@ -232,6 +232,15 @@ std::string DlrmJob::save(int64_t step, bool last) {
   return checkpoints_.commit();
 }
 
+void DlrmJob::load_latest_checkpoint() {
+  start_step_ = resume();
+  if (!ps_) return;
+  // As in the constructor: every server holds its loaded rows before anyone asks, and the dense part's servers
+  // start from the loaded parameters at the checkpoint's step.
+  if (size_ > 1) world_.barrier()->wait();
+  ps_->start(start_step_);
+}
+
 int64_t DlrmJob::resume() {
   const auto latest = checkpoint::latest_checkpoint(c_.run.dir);
   if (!latest) throw UsageError("--resume: no checkpoint in '" + c_.run.dir + "/checkpoints'");

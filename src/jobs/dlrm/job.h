@@ -42,11 +42,11 @@ class DlrmJob : public Job {
   void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
   void flush_trace() override;
   void finish() override;
-  // Elastic: the tables are sharded over every rank, so the whole job is one replica and no other holds its state;
-  // a failure takes the job back to its newest checkpoint.
+  // Elastic: the tables are sharded over every rank (or held by every rank's server, dlrm.mode = "ps"), so the
+  // whole job is one replica and no other holds its state; a failure takes the job back to its newest checkpoint.
   LiveState live_state(int64_t) override { return {}; }
   int dp_index() const override { return rank_; }
-  void load_latest_checkpoint() override { start_step_ = resume(); }
+  void load_latest_checkpoint() override;
 
   // The run so far: steps, the last evaluation, where the tables are (DlrmTrainer's result).
   DlrmResult& result() { return result_; }

@@ -657,9 +657,6 @@ void ElasticLoop::finish() {
 }  // namespace
 
 void check_elastic_config(const Config& c, int world) {
-  if (is_dlrm(c) && c.dlrm.on_parameter_server())
-    throw UsageError("elastic DLRM runs with dlrm.mode = \"sharded\" (the tables sharded over every rank, a failure "
-                     "goes back to the newest checkpoint); the parameter server's workers do not leave and join yet");
   if (!sync_traits(c.sync).elastic)
     throw UsageError("elastic training does not run hierarchical sync (sync.hierarchical = true: its clusters must "
                      "stay balanced as replicas come and go): use sync.mode = \"diloco\" with sync.clusters, whose "

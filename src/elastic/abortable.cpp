@@ -20,8 +20,8 @@ using comm::WorkPtr;
 // inside its own wait): threads of the communicator take such waits off their callers, which watch `ended` as for
 // any other work. One thread per wait in progress: callers that wait at the same time (a parameter server's
 // threads, one per worker, and its own worker) must not queue behind each other's waits, which end only when
-// their peers send. A wait given up on stays with its thread until the back end's timeout or the peer's closed
-// connection ends it, and keeps the operation's buffers alive until then.
+// their peers send. Threads idle for kIdle end. A wait given up on stays with its thread until the back end's
+// timeout or the peer's closed connection ends it, and keeps the operation's buffers alive until then.
 class Waiter {
  public:
   ~Waiter() {
@@ -60,6 +60,7 @@ class Waiter {
     bool finished = false;
     std::exception_ptr error;
   };
+  static constexpr std::chrono::seconds kIdle{2};
   struct State {
     std::mutex mu;
     std::condition_variable wake, done;
@@ -74,7 +75,8 @@ class Waiter {
       {
         std::unique_lock<std::mutex> lock(s.mu);
         ++s.idle;
-        s.wake.wait(lock, [&] { return s.stop || !s.queue.empty(); });
+        // A thread left idle for a while ends: the pool is as large as the waits that overlapped, not for good.
+        s.wake.wait_for(lock, kIdle, [&] { return s.stop || !s.queue.empty(); });
         --s.idle;
         if (s.queue.empty()) return;
         job = std::move(s.queue.front());

@@ -94,11 +94,13 @@ class ServerSync : public StrategyBase {
   bool stop_heard() const override { return stop_heard_; }
 
   void before_step(int64_t step) override {
-    StrategyBase::before_step(step);
+    // Before anything else of the step (the experiment's slowdown sleeps in the base): the other workers' pushes
+    // wait for this rank's server to take them.
     if (group_ && !server_) {
       server_ = std::make_unique<ParameterServer>(*group_, seed_, s_.timeout, first_clock_);
       if (stop_asked_early_) server_->ask_to_stop();
     }
+    StrategyBase::before_step(step);
     if (!server_ || !bounded()) return;
     // Step `step` may start when this rank (clock step - 1) is at most `staleness` ahead of the slowest.
     const auto start = Clock::now();

@@ -247,7 +247,17 @@ void Coordinator::close_generation(const Generation& g, int64_t successor) {
   int64_t step = std::stoll(start);
   for (int64_t guard = 0; guard < (int64_t{1} << 30); ++guard, ++step) {
     const int64_t before = store_->add(vote_key(g.id, step), kPoison) - kPoison;
-    if (before >= members) continue;  // every member voted: that step committed
+    if (before >= members) {
+      // Every member voted: that step committed. Its last voter writes the decision right after its vote, unless
+      // it died in between: then nobody would, and the members waited for it until the store's timeout (and
+      // failed). Written here if absent, with the successor to move to; the first of the two writes stands.
+      Decision d;
+      d.commit = true;
+      d.stop = store_->check({stop_key()});
+      d.next_generation = successor;
+      (void)store_->compareSet(decision_key(g.id, step), {}, to_bytes(encode_decision(d)));
+      continue;
+    }
     store_->set(decision_key(g.id, step), to_bytes(encode_decision({false, successor})));
     return;
   }

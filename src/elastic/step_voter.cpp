@@ -19,8 +19,9 @@ Decision cast_vote(c10d::Store& store, int64_t generation, int64_t members, int6
     d.commit = true;
     d.stop = store.check({stop_key()});
     d.next_generation = latest_generation > generation ? latest_generation : 0;
-    store.set(decision_key(generation, step), to_bytes(encode_decision(d)));
-    return d;
+    // The coordinator writes it too when it closes the generation (this voter may die before its write): the
+    // first write stands, so every member reads the same decision.
+    return decode_decision(from_bytes(store.compareSet(decision_key(generation, step), {}, to_bytes(encode_decision(d)))));
   }
   // The last voter writes it at once; the coordinator writes an abort within the failure timeout of a death.
   return decode_decision(from_bytes(store.get(decision_key(generation, step))));

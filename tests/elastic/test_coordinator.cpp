@@ -269,6 +269,26 @@ TEST(ElasticCoordinator, StepVotesDecideAtTheFirstIncompleteStep) {
   EXPECT_FALSE(job.table().get(start_key(2)));
 }
 
+// The last voter of step 5 was killed between its vote and writing the decision (the chaos benchmark caught it:
+// a survivor that had voted waited for that decision until the store's 30 s timeout, then failed). Closing the
+// generation, the coordinator writes the committed step's decision, with the successor, and aborts step 6.
+TEST(ElasticCoordinator, AStepEveryoneVotedGetsItsDecisionWhenItsLastVoterDiedBeforeWritingIt) {
+  Job job(2, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  auto& store = job.store();
+  ASSERT_EQ(store.compareSet(start_key(1), {}, Job::bytes("5")), Job::bytes("5"));
+  for (int i = 0; i < 2; ++i) store.add(vote_key(1, 5), 1);  // both voted; no decision written
+  job.stop_beating(1);
+  ASSERT_TRUE(job.wait_generation(2, milliseconds(1000))) << job.log();
+  const auto committed = job.wait_key(decision_key(1, 5), milliseconds(1000));
+  ASSERT_TRUE(committed) << "nobody decided the step every member voted for\n" << job.log();
+  EXPECT_EQ(*committed, "commit 2");
+  const auto aborted = job.wait_key(decision_key(1, 6), milliseconds(1000));
+  ASSERT_TRUE(aborted) << job.log();
+  EXPECT_EQ(*aborted, "abort 2");
+}
+
 TEST(ElasticCoordinator, StepVotesAbortTheStartStepWhenNobodyVoted) {
   Job job(2, 1, 150);
   job.start_all();

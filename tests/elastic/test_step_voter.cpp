@@ -74,6 +74,23 @@ TEST(StepVoter, AVoteTheCoordinatorClosedReadsItsAbort) {
   EXPECT_EQ(d.next_generation, 5);
 }
 
+// The last voter and the coordinator closing the generation may both write a committed step's decision (the
+// coordinator does when the last voter might have died between its vote and its write): the first write stands,
+// and the last voter returns that one, so every member reads the same.
+TEST(StepVoter, TheLastVoterReturnsTheDecisionTheCoordinatorWroteFirst) {
+  Stores s;
+  s.store()->add(vote_key(2, 9), 1);  // the other member voted
+  Decision written;
+  written.commit = true;
+  written.next_generation = 6;  // the coordinator closed generation 2 for 6 after the count was full
+  s.store()->set(decision_key(2, 9), to_bytes(encode_decision(written)));
+  StepVoter last(s.connect(), s.latest, kAnswer, 1);
+  last.post(2, 2, 9, false);
+  const Decision d = last.result();
+  EXPECT_TRUE(d.commit);
+  EXPECT_EQ(d.next_generation, 6);
+}
+
 TEST(StepVoter, AStoreThatNeverAnswersIsAnErrorAndTheNextVoteReconnects) {
   Stores s;
   StepVoter a(s.connect(), s.latest, kAnswer, 0);

@@ -17,6 +17,7 @@
 
 #include "crosstrain/checkpoint/safetensors.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/names.h"
 
 namespace crosstrain::checkpoint {
 namespace fs = std::filesystem;
@@ -132,13 +133,6 @@ void prune(const fs::path& root, int keep_last) {
   }
   std::sort(complete.begin(), complete.end());
   for (size_t i = 0; i + keep_last < complete.size(); ++i) fs::remove_all(complete[i]);
-}
-
-// 'a path' for a command the user will paste into a shell: spaces, $ and quotes stay literal.
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
 }
 
 }  // namespace

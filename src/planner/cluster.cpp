@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/names.h"
 
 namespace crosstrain::planner {
 namespace {
@@ -273,6 +274,10 @@ ClusterFile parse_cluster(const std::string& text, const std::string& origin) {
   }
   if (out.clusters.empty()) r.fail("top level", "lists no [[clusters]] (nor [[hosts]])");
   for (const auto& c : out.clusters) {
+    // A cluster's name goes into paths, scripts and the scheduler's state: it must be a name (core/names.h).
+    if (!is_valid_name(c.name))
+      r.fail("cluster '" + c.name.substr(0, 64) + "'", "the name must be 1 to 64 letters, digits, '.', '_' or '-', "
+             "starting with a letter or a digit");
     // A CPU core stands in when a (topology) file names no device: conservative, meant to be calibrated.
     if (c.device == "cpu" && !out.devices.count("cpu")) out.devices.emplace("cpu", default_cpu());
     if (!out.devices.count(c.device))

@@ -93,6 +93,9 @@ void ModelShape::validate() const {
   need(kv_heads >= 0 && heads % kv_heads_or_heads() == 0,
        "heads (" + std::to_string(heads) + ") must be a multiple of kv_heads (" + std::to_string(kv_heads) + ")");
   need(ffn >= 0, "ffn must be >= 0 (0: 4 x hidden)");
+  // Far above any model trained today, and low enough that the planner's counts cannot overflow.
+  need(layers <= 100000 && hidden <= (1 << 20) && ffn <= (1 << 22) && vocab <= (1 << 24) && seq <= (1 << 24),
+       "layers (at most 100000), hidden (2^20), ffn (2^22), vocab and seq (2^24) are beyond what can be planned");
 }
 
 std::string ModelShape::describe() const {

@@ -19,6 +19,8 @@ namespace {
 
 using nlohmann::json;
 
+constexpr size_t kMaxBodyBytes = 1 << 20;
+
 json placement_json(const PlacementRecord& p) {
   json shares = json::array();
   for (const auto& s : p.shares) shares.push_back({{"cluster", s.cluster}, {"ranks", s.ranks}, {"layout", s.layout}});
@@ -105,6 +107,8 @@ SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, cons
   server_->set_keep_alive_max_count(1);
   server_->set_read_timeout(5, 0);
   server_->set_write_timeout(5, 0);
+  // A job spec or a cluster registration is a few kilobytes: a body of any size was read into memory.
+  server_->set_payload_max_length(kMaxBodyBytes);
   routes();
   run_routes();
   resource_routes();

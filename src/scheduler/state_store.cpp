@@ -5,9 +5,12 @@
 #include <nlohmann/json.hpp>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/names.h"
 
 namespace crosstrain::scheduler {
 namespace {
+
+constexpr int kMaxJobRanks = 1 << 24;  // far beyond any cluster: a job wanting more is malformed, not merely too big
 
 // "CTSC": marks the file as a crosstrain scheduler state (PRAGMA application_id).
 constexpr int kApplicationId = 0x43545343;
@@ -143,6 +146,14 @@ JobSpec job_spec_from_json(const std::string& text) {
       read(m, "seq", s.model.seq, "model."), read(m, "tied_embeddings", s.model.tied_embeddings, "model.");
     }
   }
+  // Checked before anything uses them: a name goes into paths and scripts; a shape with heads = 0 divided by zero
+  // in the placement and took the daemon down.
+  if (!s.name.empty()) check_name("job spec: name", s.name);
+  if (s.ranks < 1 || s.ranks > kMaxJobRanks)
+    throw UsageError("job spec: ranks = " + std::to_string(s.ranks) + " must be between 1 and " + std::to_string(kMaxJobRanks));
+  if (s.global_batch < 0 || s.steps < 0 || s.checkpoint_every < 0)
+    throw UsageError("job spec: global_batch, steps and checkpoint_every must be 0 or more");
+  s.model.validate();
   if (j.contains("qos")) {
     const nlohmann::json& q = j.at("qos");
     read(q, "deadline_s", s.qos.deadline_s, "qos."), read(q, "budget", s.qos.budget, "qos.");

@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/names.h"
 #include "crosstrain/planner/layout.h"
 
 namespace crosstrain::scheduler {
@@ -177,13 +178,16 @@ std::string share_script(const JobRecord& job, const PlacementRecord& placement,
   int offset = 0;
   for (size_t i = 0; i < share; ++i) offset += placement.shares[i].ranks;
   std::ostringstream script;
+  // Names were checked when they came in (a cluster's at its registration); quoted here all the same, as every
+  // value a script is built from.
   script << "#!/bin/bash\n"
-         << "export CROSSTRAIN_JOB_ID=" << job.id << " CROSSTRAIN_CLUSTER_NAME=" << placement.shares[share].cluster
+         << "export CROSSTRAIN_JOB_ID=" << job.id << " CROSSTRAIN_CLUSTER_NAME=" << shell_quote(placement.shares[share].cluster)
          << " CROSSTRAIN_SHARE=" << share << " CROSSTRAIN_SHARES=" << placement.shares.size()
          << " CROSSTRAIN_RANK_OFFSET=" << offset << " CROSSTRAIN_WORLD_SIZE=" << placement.ranks()
-         << " CROSSTRAIN_WORK_LOG_NAME=" << work_log_name(placement, share) << "\n"
+         << " CROSSTRAIN_WORK_LOG_NAME=" << shell_quote(work_log_name(placement, share)) << "\n"
          << "(\n" << command << "\n)\n"  // a subshell: even a command that calls exit leaves its status here
-         << "echo $? > " << stem << ".exit.tmp && mv " << stem << ".exit.tmp " << stem << ".exit\n";
+         << "echo $? > " << shell_quote(stem + ".exit.tmp") << " && mv " << shell_quote(stem + ".exit.tmp") << " "
+         << shell_quote(stem + ".exit") << "\n";
   return script.str();
 }
 

@@ -211,5 +211,43 @@ TEST(SchedulerServiceRun, TheDashboardShowsTheSelectedJobsLiveMetricsInABrowser)
   }
 }
 
+// What an attacker who reaches the API sent before (issue 34): a job whose model has heads = 0 (the placement
+// divided by it and the daemon died of SIGFPE), a cluster whose name holds shell syntax (it went unquoted into the
+// share script), a job name with a path in it, a body of 2 MiB. Each is refused with the reason, nothing is
+// recorded, and the daemon answers on.
+TEST(SchedulerServiceInput, HostileRequestsAreRefusedAndTheDaemonStaysUp) {
+  Rig rig;
+  auto post = [&](const std::string& path, const std::string& body, const std::string& type) {
+    httplib::Client client("127.0.0.1", rig.service->port());
+    client.set_connection_timeout(5);
+    client.set_read_timeout(10);
+    return client.Post(path, body, type);
+  };
+  const json no_heads = {{"name", "fpe"}, {"ranks", 2}, {"model", {{"layers", 2}, {"hidden", 64}, {"heads", 0}}}};
+  auto r = post("/api/jobs", no_heads.dump(), "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_TRUE(contains(r->body, "heads")) << r->body;
+
+  r = post("/api/jobs", json{{"name", "../../etc/x;id"}, {"ranks", 2}}.dump(), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_TRUE(contains(r->body, "is not a valid name")) << r->body;
+
+  const std::string evil = "name = \"evil\"\n[[clusters]]\nname = \"x$(touch /tmp/ct-pwned)\"\nhosts = 1\n";
+  r = post("/api/clusters", evil, "application/toml");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 400) << r->body;
+  EXPECT_TRUE(contains(r->body, "the name must be")) << r->body;
+
+  r = post("/api/jobs", std::string(2 << 20, ' ') + "{}", "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->status, 413) << r->body.substr(0, 200);
+
+  EXPECT_EQ(rig.get_json("/api/health", 200).is_object(), true);
+  EXPECT_EQ(rig.get_json("/api/jobs", 200).size(), 3u);  // the rig's own jobs, none of the refused ones
+  EXPECT_EQ(rig.get_json("/api/clusters", 200)["clusters"].size(), 2u);
+}
+
 }  // namespace
 }  // namespace crosstrain::scheduler

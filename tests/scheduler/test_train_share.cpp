@@ -121,6 +121,16 @@ TEST(TrainShare, WithALedgerEachShareClaimsItsClustersWork) {
 // The scheduler and `crosstrain plan` turn a layout into overrides through one bridge (Layout::train_overrides):
 // for every sync across clusters, what the scheduler sets of the shape and the sync is what plan prints, except
 // plan's sync.mode = "sync", which the scheduler leaves to the recipe.
+// Every value a share's script is built from is one quoted shell word (names are checked when they come in; a
+// cluster name went into the script unquoted before, and ran as a command).
+TEST(TrainShare, TheScriptQuotesTheClusterAndItsFiles) {
+  PlacementRecord p = two_shares();
+  p.shares[1].cluster = "west$(touch /tmp/x)'";
+  const std::string script = share_script(recipe_job(), p, 1, "true", "/w/job 7/share1");
+  EXPECT_NE(script.find(R"(CROSSTRAIN_CLUSTER_NAME='west$(touch /tmp/x)'\''')"), std::string::npos) << script;
+  EXPECT_NE(script.find("mv '/w/job 7/share1.exit.tmp' '/w/job 7/share1.exit'"), std::string::npos) << script;
+}
+
 TEST(TrainShare, OverridesOfALayoutAgreeWithThePlans) {
   for (planner::LayoutSync sync : planner::kLayoutSyncs) {
     planner::Layout l = planner::parse_layout("dp=4 tp=2 pp=2 zero=1 1f1b m=4 mb=1 bf16");

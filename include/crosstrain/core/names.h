@@ -1,0 +1,18 @@
+// Names that others give crosstrain (clusters, jobs, users) end up in paths, generated scripts, SQL rows and log
+// lines: one grammar for all of them, checked where they come in. And one way to put any text into a shell
+// script as a single word.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace crosstrain {
+
+// 1 to 64 characters of [A-Za-z0-9._-], the first a letter or a digit.
+bool is_valid_name(std::string_view name);
+// Throws UsageError naming `what` and the rule, with the offending text cut and made printable.
+void check_name(const std::string& what, std::string_view name);
+// The text as one single-quoted shell word: spaces, $, quotes and ; stay literal.
+std::string shell_quote(std::string_view text);
+
+}  // namespace crosstrain

@@ -2,7 +2,10 @@
 
 #include <ATen/ATen.h>
 
+#include <algorithm>
+#include <exception>
 #include <limits>
+#include <thread>
 #include <vector>
 
 #include "crosstrain/comm/diagnostics/flight_recorder.h"
@@ -13,25 +16,31 @@ ClockOffset estimate_clock_offset(Communicator& world, int rounds) {
   constexpr int kTag = 7341;  // apart from the tags of training traffic
   at::Tensor ping = at::zeros({1}, at::kLong), pong = at::zeros({1}, at::kLong);
   if (world.rank() == 0) {
-    // Every rank pings at once, round after round, and each ping is answered with this clock's reading as soon as
-    // it is read: serving the ranks one after the other cost rounds x ranks round trips, seconds across a
-    // wide-area link (an elastic generation set up its trace this way each time).
-    const int peers = world.size() - 1;
-    for (int i = 0; i < rounds; ++i) {
-      std::vector<at::Tensor> pings, pongs;
-      std::vector<WorkPtr> recvs, sends;
-      for (int peer = 1; peer <= peers; ++peer) {
-        pings.push_back(at::zeros({1}, at::kLong));
-        pongs.push_back(at::zeros({1}, at::kLong));
-        recvs.push_back(world.recv(pings.back(), peer, kTag));
-      }
-      for (int p = 0; p < peers; ++p) {
-        recvs[p]->wait();
-        pongs[p].fill_(monotonic_us());
-        sends.push_back(world.send(pongs[p], p + 1, kTag));
-      }
-      wait_all(sends);
-    }
+    // Each rank is served on a thread of its own (at most kServers at once), which answers each ping with this
+    // clock's reading as soon as it arrives. Serving the ranks one after the other cost rounds x ranks round trips,
+    // seconds across a wide-area link (an elastic generation sets up its trace each time); one thread answering
+    // pings in a fixed order stamped some late, which a loaded machine turned into offsets off by milliseconds.
+    constexpr int kServers = 64;
+    const int peers = world.size() - 1, servers = std::min(peers, kServers);
+    std::vector<std::exception_ptr> errors(servers);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < servers; ++t)
+      threads.emplace_back([&, t] {
+        try {
+          at::Tensor in = at::zeros({1}, at::kLong), out = at::zeros({1}, at::kLong);
+          for (int peer = 1 + t; peer <= peers; peer += servers)
+            for (int i = 0; i < rounds; ++i) {
+              world.recv(in, peer, kTag)->wait();
+              out.fill_(monotonic_us());
+              world.send(out, peer, kTag)->wait();
+            }
+        } catch (...) {
+          errors[t] = std::current_exception();
+        }
+      });
+    for (auto& thread : threads) thread.join();
+    for (const auto& e : errors)
+      if (e) std::rethrow_exception(e);
     return {};
   }
   ClockOffset best;

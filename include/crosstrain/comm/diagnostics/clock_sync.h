@@ -13,7 +13,7 @@ struct ClockOffset {
   int64_t rtt_us = 0;     // the round trip of the sample used (the offset's error is at most half of it)
 };
 
-// Collective over `world` (point to point with rank 0, every rank at once). Rank 0 gets {0, 0}.
+// Collective over `world` (point to point with rank 0, which serves every rank at once). Rank 0 gets {0, 0}.
 ClockOffset estimate_clock_offset(Communicator& world, int rounds = 8);
 
 }  // namespace crosstrain::comm

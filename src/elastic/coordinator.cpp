@@ -247,20 +247,23 @@ void Coordinator::close_generation(const Generation& g, int64_t successor) {
   int64_t step = std::stoll(start);
   for (int64_t guard = 0; guard < (int64_t{1} << 30); ++guard, ++step) {
     const int64_t before = store_->add(vote_key(g.id, step), kPoison) - kPoison;
-    if (before >= members) {
-      // Every member voted: that step committed. Its last voter writes the decision right after its vote, unless
-      // it died in between: then nobody would, and the members waited for it until the store's timeout (and
-      // failed). Written here if absent, with the successor to move to; the first of the two writes stands.
-      Decision d;
-      d.commit = true;
-      d.stop = store_->check({stop_key()});
-      d.next_generation = successor;
-      (void)store_->compareSet(decision_key(g.id, step), {}, to_bytes(encode_decision(d)));
-      continue;
-    }
+    if (before >= members) continue;  // every member voted: that step committed
+    if (step > std::stoll(start)) decide_committed(g.id, step - 1, successor);
     store_->set(decision_key(g.id, step), to_bytes(encode_decision({false, successor})));
     return;
   }
+}
+
+// The last committed step of a generation being closed. Its last voter writes the decision right after its vote,
+// unless it died in between: then nobody would, and the members that voted waited for it until the store's timeout
+// (and failed). Written here if absent, with the successor to move to; both writes are compare-and-set, so the
+// first stands. Only this step can lack one: a member reads each decision before it votes on the next step.
+void Coordinator::decide_committed(int64_t generation, int64_t step, int64_t successor) {
+  Decision d;
+  d.commit = true;
+  d.stop = store_->check({stop_key()});
+  d.next_generation = successor;
+  (void)store_->compareSet(decision_key(generation, step), {}, to_bytes(encode_decision(d)));
 }
 
 }  // namespace crosstrain::elastic

@@ -200,3 +200,23 @@ TEST(GPTInit, GPT2SchemeFromTheSeedAlone) {
   EXPECT_NE(models::parameter_seed(7, "wte.weight"), models::parameter_seed(8, "wte.weight"));
   EXPECT_NE(models::parameter_seed(7, "h.0.mlp.c_fc.weight"), models::parameter_seed(7, "h.1.mlp.c_fc.weight"));
 }
+
+// A replica's group (its losses and gradient norm are summed there) is its tensor-parallel group when there are no
+// pipeline stages: no group of its own to form, which an elastic generation pays for across a wide-area link. It
+// still sums over exactly the replica's ranks.
+TEST(MeshGroups, AReplicaWithoutPipelineStagesIsItsTensorParallelGroup) {
+  comm::FakeWorld::run(4, [](comm::Communicator& world) {
+    parallel::Mesh mesh(world, parallel::MeshShape{1, 2, 2});
+    EXPECT_EQ(mesh.replica_group(), mesh.group(parallel::Axis::TP));
+    at::Tensor t = at::full({1}, static_cast<double>(world.rank()));
+    mesh.replica_group()->all_reduce(t, comm::ReduceOp::Sum)->wait();
+    const int first = world.rank() / 2 * 2;  // ranks {0,1} and {2,3}
+    EXPECT_EQ(t.item<double>(), first + first + 1);
+  });
+  comm::FakeWorld::run(4, [](comm::Communicator& world) {
+    parallel::Mesh mesh(world, parallel::MeshShape{2, 2, 1});
+    ASSERT_NE(mesh.replica_group(), nullptr);
+    EXPECT_NE(mesh.replica_group(), mesh.group(parallel::Axis::PP));  // with stages, a group of its own
+    EXPECT_EQ(mesh.replica_group()->size(), 2);
+  });
+}

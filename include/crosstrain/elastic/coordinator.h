@@ -67,6 +67,7 @@ class Coordinator {
   void publish(const Generation& next, Clock::time_point now, const Generation* holders);
   bool waits_to_join(int rank, const std::string& member, const Generation* holders, Clock::time_point now) const;
   void close_generation(const Generation& g, int64_t successor);
+  void decide_committed(int64_t generation, int64_t step, int64_t successor);
   std::string describe_losses(const Generation& next, Clock::time_point now, const Generation* holders) const;
 
   c10::intrusive_ptr<c10d::Store> store_;

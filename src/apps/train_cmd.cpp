@@ -15,6 +15,7 @@
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/jobs/model_family.h"
+#include "crosstrain/sync/strategy.h"
 #include "crosstrain/train/sync_mode.h"
 #include "crosstrain/interop/hf/checkpoint.h"
 #include "crosstrain/train/resume_check.h"
@@ -168,7 +169,7 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic, grace);
   }
   if (config.elastic.enabled) return train_elastic_rank(config, env, relaunch_args);
-  auto world = comm::init_world(env, config.comm);
+  auto world = comm::init_world(env, config.comm, train::cluster_of_this_node(config.sync.topology));
   train::Trainer trainer(std::move(run), *world);
   train::TrainOptions options;
   options.resume = cmd.resume;

@@ -18,6 +18,8 @@ void validate(const CommConfig& config) {
   }
   if (!config.topology.empty()) load_topology(config.topology);  // names the file and the key that is wrong
   if (config.compression != "none") make_codec(config.compression);  // names the spec and the valid forms
+  if (config.encrypt != "auto" && config.encrypt != "wan" && config.encrypt != "all" && config.encrypt != "off")
+    throw UsageError("comm.encrypt = \"" + config.encrypt + "\" is not one of auto, wan, all, off");
 }
 
 }  // namespace crosstrain::comm

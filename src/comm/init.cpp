@@ -5,10 +5,11 @@
 #include "crosstrain/comm/algorithms/communicator.h"
 #include "crosstrain/comm/backends/mpi.h"
 #include "crosstrain/comm/backends/shm.h"
+#include "crosstrain/comm/secure/encryption.h"
 
 namespace crosstrain::comm {
 
-std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config) {
+std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config, int cluster) {
   validate(config);
   const Millis timeout = config.timeout();
   if (config.backend == "mpi") {
@@ -31,6 +32,8 @@ std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig&
     rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, env.world_size, timeout, job);
   }
   auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, timeout, "world");
+  world = with_encryption(std::move(world), {resolve_encrypt_mode(config.encrypt, !env.secret.empty()), env.secret,
+                                             cluster});
   if (config.shared_memory) world = with_shared_memory(std::move(world));
   return with_algorithms(std::move(world), config);
 }

@@ -10,6 +10,7 @@
 #include "crosstrain/comm/algorithms/communicator.h"
 #include "crosstrain/comm/init.h"
 #include "crosstrain/comm/backends/shm.h"
+#include "crosstrain/comm/secure/encryption.h"
 #include "crosstrain/store/auth.h"
 #include "crosstrain/elastic/abortable.h"
 
@@ -337,6 +338,9 @@ std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g)
   // The wrappers below set themselves up with collectives over the Gloo group (they exchange segment names and
   // pids, and a digest of their settings): abortable too, or a failure meanwhile holds the rest for the timeout.
   world = make_abortable(std::move(world), ended);
+  world = comm::with_encryption(
+      std::move(world), {comm::resolve_encrypt_mode(options_.comm.encrypt, !env_.secret.empty()), env_.secret,
+                         options_.cluster});
   // Its small all-reduces run inline, inside the call, where the abortable wrapper below cannot reach them.
   if (options_.comm.shared_memory)
     world = comm::with_shared_memory(std::move(world), 8 << 20, abandoned);

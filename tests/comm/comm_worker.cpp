@@ -15,6 +15,7 @@
 
 #include "conformance.h"
 #include "crosstrain/comm/init.h"
+#include "crosstrain/comm/secure/encryption.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/threads.h"
 
@@ -28,6 +29,7 @@ int main(int argc, char** argv) {
     comm::CommConfig config;
     if (const char* t = std::getenv("CT_TIMEOUT_MS")) config.timeout_s = std::atoi(t) / 1000.0;
     if (const char* b = std::getenv("CT_BACKEND")) config.backend = b;
+    if (const char* e = std::getenv("CT_ENCRYPT")) config.encrypt = e;
     auto world = comm::init_world(env, config);
     comm::Communicator& c = *world;
     if (mode == "conformance") {
@@ -35,7 +37,8 @@ int main(int argc, char** argv) {
       auto failures = testing::run_conformance(c, options);
       for (const auto& f : failures) std::cerr << "FAIL " << f << "\n";
       if (!failures.empty()) return 1;
-      if (c.rank() == 0) std::printf("conformance passed on %d ranks\n", c.size());
+      if (c.rank() == 0)
+        std::printf("conformance passed on %d ranks%s\n", c.size(), comm::is_encrypted(c) ? " (sealed)" : "");
       return 0;
     }
     if (mode == "env") {

@@ -1,6 +1,6 @@
 # Ranks as threads over the in-process back end.
 add_executable(comm_fake_tests comm/test_fake_comm.cpp comm/test_compressed_allreduce.cpp comm/test_algorithm_comm.cpp
-               comm/test_param_server_core.cpp)
+               comm/test_param_server_core.cpp comm/test_sealed_comm.cpp)
 target_link_libraries(comm_fake_tests PRIVATE ct_test_support GTest::gtest_main)
 gtest_discover_tests(comm_fake_tests PROPERTIES LABELS comm TIMEOUT 300 DISCOVERY_TIMEOUT 60)
 # Pure logic without communication: gradient codecs, the cost model.
@@ -32,6 +32,13 @@ foreach(n 2 3 4)
            COMMAND $<TARGET_FILE:crosstrain_app> run --nproc ${n} -- $<TARGET_FILE:comm_worker> conformance)
   set_tests_properties(gloo_conformance_np${n} PROPERTIES LABELS comm TIMEOUT 600)
 endforeach()
+
+# The same suite through sealed messages (comm.encrypt = "all") over Gloo.
+add_test(NAME gloo_sealed_conformance_np3
+         COMMAND $<TARGET_FILE:crosstrain_app> run --nproc 3 -- $<TARGET_FILE:comm_worker> conformance)
+set_tests_properties(gloo_sealed_conformance_np3 PROPERTIES LABELS comm TIMEOUT 600
+                     ENVIRONMENT "CT_ENCRYPT=all;CROSSTRAIN_SECRET=conformance-secret-0123456789abcdef"
+                     PASS_REGULAR_EXPRESSION "conformance passed on 3 ranks \\(sealed\\)")
 
 # Collective algorithms of our own (ring, tree, halving-doubling, hierarchical), ranks as threads.
 add_executable(comm_algo_tests comm/test_algorithms.cpp comm/algorithm_checks.cpp)

@@ -22,6 +22,9 @@ struct CommConfig {
   // hd, hierarchical, auto.
   std::string algo = "builtin";
   std::string topology;              // for algo = auto: a topology TOML whose links the cost model uses
+  // Seal the data plane (comm/secure/encryption.h): wan (groups that cross clusters), all, off, or auto (wan when
+  // the job has a secret, else off).
+  std::string encrypt = "auto";
 
   // Seconds are what a person writes in a config; waits take milliseconds. Rounded, not truncated: 0.3 s is
   // 300 ms even where 0.3 * 1000 falls just below 300.
@@ -41,6 +44,9 @@ void visit_keys(CommConfig& c, Key&& key) {
   key("compression", c.compression, "data-parallel gradients: none, bf16, fp16, int8, int4, topk:F or powersgd:R");
   key("algo", c.algo, "collective algorithm: builtin (the back end's), ring, tree, hd, hierarchical or auto");
   key("topology", c.topology, "algo = auto: a topology TOML whose links the cost model uses");
+  key("encrypt", c.encrypt,
+      "authenticate and encrypt messages: wan (groups that cross clusters), all, off; auto: wan when the job has a "
+      "secret");
 }
 
 // Checks algo, topology and compression (throws UsageError naming the bad value and the choices) without

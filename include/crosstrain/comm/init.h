@@ -21,7 +21,9 @@ std::unique_ptr<Communicator> make_gloo_communicator(std::shared_ptr<Rendezvous>
 
 // This process's world communicator, from the launcher's environment: connects to (or, on rank 0 when no
 // launcher hosts one, hosts) the rendezvous store at MASTER_ADDR:MASTER_PORT and joins the group, then wraps it
-// as `config` says (shared memory, our algorithms). config.compression is not used here (the gradient reducer's).
-std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config);
+// as `config` says (sealed messages, shared memory, our algorithms). `cluster` is this process's cluster for
+// comm.encrypt = "wan" (-1: unknown; hosts then count as clusters). config.compression is not used here (the
+// gradient reducer's).
+std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig& config, int cluster = -1);
 
 }  // namespace crosstrain::comm

@@ -55,6 +55,7 @@ struct MembershipOptions {
   int replica = 0;       // this rank's data-parallel slot in the full job
   int replica_size = 1;  // ranks per replica (pp x tp)
   comm::CommConfig comm;
+  int cluster = -1;      // this rank's cluster, for comm.encrypt = "wan" (-1: unknown)
 };
 
 class Membership {

@@ -712,6 +712,7 @@ elastic::MembershipOptions membership_options(const Config& c, int rank, int wor
   o.timing.failure_timeout_ms = static_cast<int>(c.elastic.failure_timeout_ms);
   o.timing.min_replicas = static_cast<int>(c.elastic.min_replicas);
   o.comm = c.comm;
+  o.cluster = cluster_of_this_node(c.sync.topology);
   return o;
 }
 

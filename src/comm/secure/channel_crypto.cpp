@@ -1,0 +1,162 @@
+#include "crosstrain/comm/secure/channel_crypto.h"
+
+#include <sodium.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+#include "crosstrain/core/error.h"
+
+namespace crosstrain::comm::secure {
+namespace {
+
+void ensure_sodium() {
+  // Idempotent and thread-safe; picks the fastest implementations (and detects AES-NI) once.
+  static const bool ready = sodium_init() >= 0;
+  if (!ready) throw Error("libsodium failed to initialise (sodium_init)");
+}
+
+constexpr size_t kNonceBytes = 12;
+static_assert(crypto_aead_aes256gcm_NPUBBYTES == kNonceBytes);
+static_assert(crypto_aead_chacha20poly1305_IETF_NPUBBYTES == kNonceBytes);
+static_assert(crypto_aead_aes256gcm_ABYTES == kMacBytes && crypto_aead_chacha20poly1305_IETF_ABYTES == kMacBytes);
+static_assert(crypto_kx_SESSIONKEYBYTES == kKeyBytes && crypto_kx_PUBLICKEYBYTES == kPublicKeyBytes);
+
+void put_le(unsigned char* at, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) at[i] = static_cast<unsigned char>(v >> (8 * i));
+}
+
+std::array<unsigned char, kNonceBytes> nonce_of(uint32_t tag, uint64_t sequence) {
+  std::array<unsigned char, kNonceBytes> n{};
+  put_le(n.data(), tag, 4);
+  put_le(n.data() + 4, sequence, 8);
+  return n;
+}
+
+// Sender, receiver and length: a message sealed for another pair, or cut short, does not open.
+std::array<unsigned char, 16> associated_data(int from, int to, size_t bytes) {
+  std::array<unsigned char, 16> ad{};
+  put_le(ad.data(), static_cast<uint32_t>(from), 4);
+  put_le(ad.data() + 4, static_cast<uint32_t>(to), 4);
+  put_le(ad.data() + 8, bytes, 8);
+  return ad;
+}
+
+// BLAKE2b-256 keyed by the secret's digest over a label, the two ranks (sender first) and a crypto_kx key.
+Key bind(const Key& secret, int from, int to, const unsigned char* kx_key) {
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, secret.data(), secret.size(), kKeyBytes);
+  static const char kLabel[] = "crosstrain channel v1";
+  crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(kLabel), sizeof kLabel);
+  unsigned char ranks[8];
+  put_le(ranks, static_cast<uint32_t>(from), 4);
+  put_le(ranks + 4, static_cast<uint32_t>(to), 4);
+  crypto_generichash_update(&h, ranks, sizeof ranks);
+  crypto_generichash_update(&h, kx_key, kKeyBytes);
+  Key out{};
+  crypto_generichash_final(&h, out.data(), out.size());
+  return out;
+}
+
+}  // namespace
+
+const char* to_string(Cipher c) {
+  return c == Cipher::Aes256Gcm ? "aes256gcm" : "chacha20poly1305";
+}
+
+Cipher fastest_cipher() {
+  ensure_sodium();
+  return crypto_aead_aes256gcm_is_available() ? Cipher::Aes256Gcm : Cipher::ChaCha20Poly1305;
+}
+
+KeyPair::KeyPair() {
+  ensure_sodium();
+  crypto_kx_keypair(public_key.data(), secret_key.data());
+}
+
+KeyPair::~KeyPair() { sodium_memzero(secret_key.data(), secret_key.size()); }
+
+Key secret_digest(const std::string& secret) {
+  ensure_sodium();
+  static const char kLabel[] = "crosstrain job secret v1";
+  crypto_generichash_state h;
+  crypto_generichash_init(&h, nullptr, 0, kKeyBytes);
+  crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(kLabel), sizeof kLabel);
+  crypto_generichash_update(&h, reinterpret_cast<const unsigned char*>(secret.data()), secret.size());
+  Key out{};
+  crypto_generichash_final(&h, out.data(), out.size());
+  return out;
+}
+
+ChannelKeys derive_channel_keys(const KeyPair& mine, const unsigned char* their_public_key, int my_rank,
+                                int their_rank, const Key& secret) {
+  ensure_sodium();
+  // crypto_kx has a client and a server side: the lower rank is the client, so both ends agree.
+  Key rx{}, tx{};
+  const int rc = my_rank < their_rank
+                     ? crypto_kx_client_session_keys(rx.data(), tx.data(), mine.public_key.data(),
+                                                     mine.secret_key.data(), their_public_key)
+                     : crypto_kx_server_session_keys(rx.data(), tx.data(), mine.public_key.data(),
+                                                     mine.secret_key.data(), their_public_key);
+  if (rc != 0)
+    throw Error("rank " + std::to_string(their_rank) + " sent an unusable public key (a low-order point)");
+  ChannelKeys k;
+  k.send = bind(secret, my_rank, their_rank, tx.data());
+  k.recv = bind(secret, their_rank, my_rank, rx.data());
+  sodium_memzero(rx.data(), rx.size());
+  sodium_memzero(tx.data(), tx.size());
+  return k;
+}
+
+Sealer::Sealer(Cipher cipher, const Key& key) : cipher_(cipher), key_(key) {
+  ensure_sodium();
+  if (cipher_ != Cipher::Aes256Gcm) return;
+  if (!crypto_aead_aes256gcm_is_available())
+    throw Error("AES-256-GCM needs AES-NI, which this CPU lacks (the ranks must agree on ChaCha20-Poly1305)");
+  aes_state_ = std::aligned_alloc(16, (sizeof(crypto_aead_aes256gcm_state) + 15) / 16 * 16);
+  if (!aes_state_) throw std::bad_alloc();
+  crypto_aead_aes256gcm_beforenm(static_cast<crypto_aead_aes256gcm_state*>(aes_state_), key_.data());
+}
+
+Sealer::~Sealer() {
+  sodium_memzero(key_.data(), key_.size());
+  if (aes_state_) {
+    sodium_memzero(aes_state_, sizeof(crypto_aead_aes256gcm_state));
+    std::free(aes_state_);
+  }
+}
+
+void Sealer::seal(const void* in, size_t bytes, unsigned char* out, uint32_t tag, uint64_t sequence, int from,
+                  int to) const {
+  const auto nonce = nonce_of(tag, sequence);
+  const auto ad = associated_data(from, to, bytes);
+  const auto* m = static_cast<const unsigned char*>(in);
+  unsigned char* mac = out + bytes;
+  if (cipher_ == Cipher::Aes256Gcm)
+    crypto_aead_aes256gcm_encrypt_detached_afternm(out, mac, nullptr, m, bytes, ad.data(), ad.size(), nullptr,
+                                                   nonce.data(),
+                                                   static_cast<const crypto_aead_aes256gcm_state*>(aes_state_));
+  else
+    crypto_aead_chacha20poly1305_ietf_encrypt_detached(out, mac, nullptr, m, bytes, ad.data(), ad.size(), nullptr,
+                                                       nonce.data(), key_.data());
+}
+
+bool Sealer::open(const unsigned char* in, size_t bytes, void* out, uint32_t tag, uint64_t sequence, int from,
+                  int to) const {
+  const auto nonce = nonce_of(tag, sequence);
+  const auto ad = associated_data(from, to, bytes);
+  auto* m = static_cast<unsigned char*>(out);
+  const unsigned char* mac = in + bytes;
+  // A message that does not authenticate leaves `out` zeroed (libsodium clears it), never forged plaintext.
+  const int rc =
+      cipher_ == Cipher::Aes256Gcm
+          ? crypto_aead_aes256gcm_decrypt_detached_afternm(m, nullptr, in, bytes, mac, ad.data(), ad.size(),
+                                                           nonce.data(),
+                                                           static_cast<const crypto_aead_aes256gcm_state*>(aes_state_))
+          : crypto_aead_chacha20poly1305_ietf_decrypt_detached(m, nullptr, in, bytes, mac, ad.data(), ad.size(),
+                                                               nonce.data(), key_.data());
+  return rc == 0;
+}
+
+}  // namespace crosstrain::comm::secure

@@ -4,7 +4,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?= -DCMAKE_BUILD_TYPE=RelWithDebInfo
 
-.PHONY: all deps deps-core build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-chaos-wan bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys bench-scheduler install clean
+.PHONY: all deps deps-core build app test test-all demo demo-comm bench-comm bench-ddp bench-pipeline bench-memory-layouts bench-memory bench-checkpoint bench-comm-compare bench-compression bench-wan bench-chaos bench-chaos-wan bench-secure bench-trace bench-attention bench-scale bench-plan tokens bench-models bench-recsys bench-scheduler install clean
 
 all: build
 
@@ -89,6 +89,11 @@ bench-chaos: build
 # cluster and links fail (two runs of about 10 minutes each).
 bench-chaos-wan: build
 	@python3 bench/chaos_wan.py --bin $(BUILD)/crosstrain --build $(BUILD)
+
+# The sealed data plane (comm.encrypt): AEAD rate of a core, loopback all-reduce bus bandwidth sealed against
+# plain, DiLoCo across the emulated wide-area testbed sealed against plain (root; about 10 minutes).
+bench-secure: build
+	@BUILD=$(BUILD) bench/secure.sh
 
 # Cost of always-on traces: gpt-tiny on 2 ranks with obs.trace on and off in alternating rounds; trace size.
 bench-trace: build

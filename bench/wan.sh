@@ -6,6 +6,7 @@
 # wall_s: training time of rank 0 (metrics.jsonl time_s, final evaluation included; process start-up excluded).
 # utilization: rank 0's compute time over wall time (compute = step time not spent waiting on communication).
 # Needs root (network namespaces). Environment: STEPS (default 300), MODES (names below), BUILD (default build),
+# EXTRA (more --set overrides for every mode, e.g. "comm.encrypt=wan"),
 # CUT=1 also cuts the wide-area link for 10 s in the middle of each run and reports what happened.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -48,7 +49,7 @@ for mode in $MODES; do
   dir=$OUT/$mode
   rm -rf "$dir" "$OUT/$mode.logs"
   args=""
-  for s in $sets; do args="$args --set $s"; done
+  for s in $sets ${EXTRA:-}; do args="$args --set $s"; done
   args="$args --set run.dir=$dir --set train.steps=$STEPS --set train.eval_every=$STEPS --set train.eval_batches=8"
   args="$args --set train.sample_tokens=0 --set run.log_every=50 --set comm.timeout_s=${COMM_TIMEOUT:-60}"
   name=wan$$

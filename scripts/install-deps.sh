@@ -14,7 +14,7 @@
 set -euo pipefail
 core=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-json3-dev openmpi-bin libopenmpi-dev
       libtomlplusplus-dev libsodium-dev libgtest-dev libgmock-dev libopenblas0-pthread libblas-dev fortunes
-      libcpp-httplib-dev libsentencepiece-dev libsqlite3-dev)
+      libcpp-httplib-dev libssl-dev libsentencepiece-dev libsqlite3-dev)
 # The test suite's and the report's: Chart.js for the report, Chromium (with fonts and the software GL driver) to
 # render it in its test, Slurm and munge for the scheduler's clusters.
 suite=(libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri slurm-wlm munge)

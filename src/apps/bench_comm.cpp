@@ -248,6 +248,7 @@ std::unique_ptr<Communicator> join_world(const BenchCommOptions& o, const Launch
   config.backend = o.backend == "mpi" ? "mpi" : "gloo";
   config.shared_memory = o.backend == "gloo+shm";
   config.timeout_s = o.timeout_s;
+  config.encrypt = o.encrypt;
   return comm::init_world(env, config);
 }
 

@@ -13,6 +13,7 @@ struct BenchCommOptions {
   std::string algo = "builtin";   // builtin (the back end's), ring, tree, hd, hierarchical
   int group_size = 2;             // hierarchical: ranks per group
   std::string compression = "none";  // all-reduce through a codec (comm/compression/codecs.h)
+  std::string encrypt = "off";     // comm.encrypt: off, all (sealed messages; needs CROSSTRAIN_SECRET)
   int nproc = 2;
   int64_t min_bytes = 4;
   int64_t max_bytes = 64LL << 20;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "bench_attention.h"
+#include "bench_seal.h"
 #include "bench_comm.h"
 #include "bench_cost_model.h"
 #include "bench_pipeline.h"
@@ -146,6 +147,9 @@ void add_bench_comm_command(CLI::App& bench, BenchCommCli& comm) {
   cmd->add_option("--json", o.json, "also write the rows as JSON to this file");
   cmd->add_option("--algo", o.algo, "builtin (the back end's), ring, tree, hd, hierarchical, auto (cost model)");
   cmd->add_option("--group-size", o.group_size, "ranks per group for --algo hierarchical");
+  cmd->add_option("--encrypt", o.encrypt,
+                  "off, or all: every message sealed (comm.encrypt; the ranks need CROSSTRAIN_SECRET)")
+      ->check(CLI::IsMember({"off", "all", "wan", "auto"}));
   cmd->add_option("--compression", o.compression,
                   "all-reduce through a codec: none, bf16, fp16, int8, int4, topk:F, powersgd:R");
 }
@@ -174,6 +178,18 @@ void add_bench_cost_model_command(CLI::App& bench, BenchCostModelCli& model) {
   cmd->add_option("--op", o.op, "allreduce, reducescatter, allgather, broadcast, or all")
       ->check(CLI::IsMember({"allreduce", "reducescatter", "allgather", "broadcast", "all"}));
   cmd->add_option("--backend", o.backend, "gloo, or mpi (under mpirun)")->check(CLI::IsMember({"gloo", "mpi"}));
+}
+
+// `crosstrain bench seal`.
+struct BenchSealCli {
+  CLI::App* cmd = nullptr;
+  apps::BenchSealOptions options;
+};
+
+void add_bench_seal_command(CLI::App& bench, BenchSealCli& seal) {
+  seal.cmd = bench.add_subcommand("seal", "AEAD rate of one core for the sealed data plane (comm.encrypt)");
+  seal.cmd->add_option("--bytes", seal.options.message_bytes, "message size")->check(CLI::PositiveNumber);
+  seal.cmd->add_option("--seconds", seal.options.seconds, "time per cipher and direction")->check(CLI::PositiveNumber);
 }
 
 // `crosstrain bench attention`.
@@ -393,6 +409,7 @@ struct CommandLine {
   BenchCostModelCli bench_cost_model;
   BenchPipelineCli bench_pipeline;
   BenchAttentionCli bench_attention;
+  BenchSealCli bench_seal;
   apps::BenchSchedulerCli bench_scheduler;
   TrainCli train;
   ConfigCli config;
@@ -418,6 +435,7 @@ struct CommandLine {
     add_bench_cost_model_command(*bench, bench_cost_model);
     add_bench_pipeline_command(*bench, bench_pipeline);
     add_bench_attention_command(*bench, bench_attention);
+    add_bench_seal_command(*bench, bench_seal);
     apps::add_bench_scheduler_command(*bench, bench_scheduler);
     add_train_command(app, train);
     add_config_command(app, config);
@@ -466,6 +484,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.demo.cmd) return apps::demo_comm(cli.demo.nproc, args);
   if (*cli.bench_pipeline.cmd) return run_bench_pipeline(cli.bench_pipeline, args);
   if (*cli.bench_attention.cmd) return apps::bench_attention(cli.bench_attention.options);
+  if (*cli.bench_seal.cmd) return apps::bench_seal(cli.bench_seal.options);
   if (*cli.bench_scheduler.cmd) return apps::bench_scheduler(cli.bench_scheduler);
   if (*cli.train.cmd) return apps::train_command(cli.train.options, args);
   if (*cli.config.cmd) return apps::config_command(cli.config.options);

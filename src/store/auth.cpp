@@ -3,6 +3,7 @@
 #include <sodium.h>
 #include <sys/stat.h>
 
+#include <array>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
@@ -12,6 +13,7 @@
 #include <stdexcept>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/store/protocol.h"
 
 namespace crosstrain::comm::store {
 
@@ -91,6 +93,66 @@ std::string client_proof(const std::string& secret, const std::string& job, int 
       .add(client_nonce)
       .add(server_nonce)
       .finish();
+}
+
+SessionSealer::SessionSealer(Side side, const std::string& secret, const std::string& job, int rank, int world_size,
+                             const std::string& client_nonce, const std::string& server_nonce) {
+  const std::string session = Hmac(secret)
+                                  .add("crosstrain store: session")
+                                  .add(job)
+                                  .add(std::to_string(rank))
+                                  .add(std::to_string(world_size))
+                                  .add(client_nonce)
+                                  .add(server_nonce)
+                                  .finish();
+  static_assert(crypto_auth_hmacsha256_BYTES == crypto_aead_chacha20poly1305_IETF_KEYBYTES);
+  static_assert(kOverhead == crypto_aead_chacha20poly1305_IETF_ABYTES);
+  const std::string to_server = Hmac(session).add("client to server").finish();
+  const std::string to_client = Hmac(session).add("server to client").finish();
+  send_key_ = side == Side::Client ? to_server : to_client;
+  recv_key_ = side == Side::Client ? to_client : to_server;
+}
+
+SessionSealer::~SessionSealer() {
+  sodium_memzero(send_key_.data(), send_key_.size());
+  sodium_memzero(recv_key_.data(), recv_key_.size());
+}
+
+namespace {
+
+std::array<unsigned char, crypto_aead_chacha20poly1305_IETF_NPUBBYTES> frame_nonce(uint64_t number) {
+  std::array<unsigned char, crypto_aead_chacha20poly1305_IETF_NPUBBYTES> n{};
+  for (int i = 0; i < 8; ++i) n[4 + i] = static_cast<unsigned char>(number >> (8 * i));
+  return n;
+}
+
+}  // namespace
+
+std::vector<uint8_t> SessionSealer::seal(const std::vector<uint8_t>& frame) {
+  if (frame.size() < kLengthBytes) throw std::logic_error("SessionSealer::seal: not a frame");
+  const size_t body = frame.size() - kLengthBytes;
+  const uint64_t sealed = body + kOverhead;
+  if (sealed > 0xffffffffULL) throw ProtocolError("a sealed frame would exceed 4 GiB");
+  std::vector<uint8_t> out(kLengthBytes + sealed);
+  for (size_t i = 0; i < kLengthBytes; ++i) out[i] = static_cast<uint8_t>(sealed >> (8 * i));
+  const auto nonce = frame_nonce(sent_++);
+  crypto_aead_chacha20poly1305_ietf_encrypt_detached(
+      out.data() + kLengthBytes, out.data() + kLengthBytes + body, nullptr, frame.data() + kLengthBytes, body,
+      out.data(), kLengthBytes, nullptr, nonce.data(), reinterpret_cast<const unsigned char*>(send_key_.data()));
+  return out;
+}
+
+bool SessionSealer::open(const uint8_t* prefix, std::vector<uint8_t>& body) {
+  if (body.size() < kOverhead) return false;
+  const size_t plain = body.size() - kOverhead;
+  const auto nonce = frame_nonce(received_);
+  const int rc = crypto_aead_chacha20poly1305_ietf_decrypt_detached(
+      body.data(), nullptr, body.data(), plain, body.data() + plain, prefix, kLengthBytes, nonce.data(),
+      reinterpret_cast<const unsigned char*>(recv_key_.data()));
+  if (rc != 0) return false;
+  ++received_;
+  body.resize(plain);
+  return true;
 }
 
 bool proof_matches(const std::string& expected, const std::string& got) {

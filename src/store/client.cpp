@@ -69,6 +69,7 @@ std::string StoreClient::greet(const std::string& host, int port, Clock::time_po
   Patience p;
   p.at = deadline;
   hello_.nonce = secret_.empty() ? "" : random_nonce();  // fresh for every attempt: a proof answers one pair
+  session_.reset();
   std::vector<uint8_t> out = encode_preamble();
   std::vector<uint8_t> frame = encode_frame(encode_hello(hello_));
   out.insert(out.end(), frame.begin(), frame.end());
@@ -92,7 +93,11 @@ std::string StoreClient::greet(const std::string& host, int port, Clock::time_po
   if (reply->code == Code::Refused)
     fail("joining", "refused this process: " + (reply->fields.empty() ? std::string("no reason given") : reply->fields[0]));
   if (reply->code != Code::Ok) fail("handshake", "unexpected reply");
-  if (!secret_.empty()) check_store_proof(*reply, server_nonce);
+  if (!secret_.empty()) {
+    check_store_proof(*reply, server_nonce);
+    session_ = std::make_unique<SessionSealer>(SessionSealer::Side::Client, secret_, hello_.job, hello_.rank,
+                                               hello_.world_size, hello_.nonce, server_nonce);
+  }
   return "";
 }
 
@@ -140,6 +145,7 @@ Message StoreClient::call(const std::string& what, const Message& request, Milli
   std::vector<uint8_t> frame;
   try {
     frame = encode_frame(request);
+    if (session_) frame = session_->seal(frame);
   } catch (const ProtocolError& e) {
     fail(what, e.what());
   }
@@ -152,10 +158,14 @@ Message StoreClient::call(const std::string& what, const Message& request, Milli
   std::string problem;
   if (io == Io::Done) {
     try {
-      const uint32_t size = parse_length(prefix, kMaxFrameBytes);
+      const uint32_t size = parse_length(prefix, kMaxFrameBytes + (session_ ? SessionSealer::kOverhead : 0));
       std::vector<uint8_t> body(size);
       io = read_exact(fd_, body.data(), size, p);
-      if (io == Io::Done) reply = decode_body(body.data(), size);
+      if (io == Io::Done && session_ && !session_->open(prefix, body))
+        problem = "a reply from the store did not authenticate: it was changed, replayed or cut on the way "
+                  "(someone in the path between this process and the store?); the connection is closed";
+      else if (io == Io::Done)
+        reply = decode_body(body.data(), body.size());
     } catch (const ProtocolError& e) {
       problem = std::string("unreadable reply: ") + e.what();
     }

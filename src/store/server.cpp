@@ -209,6 +209,7 @@ bool StoreServer::send(Connection& c, const Message& message, Clock::time_point 
   } catch (const ProtocolError& e) {
     frame = encode_frame(Message{Code::Invalid, {e.what()}});
   }
+  if (c.session) frame = c.session->seal(frame);
   Patience p;
   p.at = deadline;                   // a client that reads its replies a byte at a time is dropped
   p.stall = options_.stall_timeout;  // and so is one that stops reading them
@@ -263,7 +264,11 @@ bool StoreServer::admit(Connection& c) {
     welcome.fields.push_back("proof");
     welcome.fields.push_back(server_proof(options_.job.secret, hello.job, hello.nonce, server_nonce));
   }
-  return send(c, welcome, p.at);
+  if (!send(c, welcome, p.at)) return false;
+  if (!server_nonce.empty())
+    c.session = std::make_unique<SessionSealer>(SessionSealer::Side::Server, options_.job.secret, hello.job,
+                                                hello.rank, hello.world_size, hello.nonce, server_nonce);
+  return true;
 }
 
 std::string StoreServer::authenticate(Connection& c, const Hello& hello, const std::string& server_nonce,
@@ -324,10 +329,15 @@ void StoreServer::serve(Connection& c) {
     BudgetLease lease(*budget_);  // held until the reply is sent: the request's fields live until then
     Message request;
     try {
-      const uint32_t size = parse_length(prefix, c.max_frame);
+      const uint32_t size = parse_length(prefix, c.max_frame + (c.session ? SessionSealer::kOverhead : 0));
       std::vector<uint8_t> body;
       if (read_body(c.fd, size, busy, lease, body) != Io::Done) return;
-      request = decode_body(body.data(), size);
+      if (c.session && !c.session->open(prefix, body)) {
+        log_refusal(c, "a request of rank " + std::to_string(c.rank) +
+                           " did not authenticate (changed, replayed or cut on the way?); connection closed");
+        return;
+      }
+      request = decode_body(body.data(), body.size());
     } catch (const ProtocolError&) {
       return;  // the framing is lost: nothing after this can be trusted
     }

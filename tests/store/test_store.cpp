@@ -765,3 +765,119 @@ TEST(Rendezvous, KeysLiveUnderTheJobsPrefixAndGlooFormsWithASecret) {
   EXPECT_TRUE(raw.check({"crosstrain/job/job-a/mine"}));
   EXPECT_FALSE(raw.check({"mine"}));
 }
+
+namespace {
+
+// A man in the middle between a client and the store: forwards both ways, keeps every byte the client sent, and on
+// request changes or replays the client's next message.
+class PathAttacker {
+ public:
+  explicit PathAttacker(int store_port) : store_port_(store_port) {
+    listener_ = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    bind(listener_, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    listen(listener_, 1);
+    socklen_t len = sizeof a;
+    getsockname(listener_, reinterpret_cast<sockaddr*>(&a), &len);
+    port_ = ntohs(a.sin_port);
+    thread_ = std::thread([this] { relay(); });
+  }
+  ~PathAttacker() {
+    stop_ = true;
+    thread_.join();
+    close(listener_);
+  }
+  int port() const { return port_; }
+  enum class Next { Pass, FlipAByte, Replay };
+  void on_next_request(Next n) { next_ = n; }
+  std::string client_bytes() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return seen_;
+  }
+
+ private:
+  void relay() {
+    pollfd l{listener_, POLLIN, 0};
+    while (!stop_ && poll(&l, 1, 50) == 0) {
+    }
+    if (stop_) return;
+    const int client = accept(listener_, nullptr, nullptr);
+    const int store = raw_connect("127.0.0.1", store_port_);
+    std::vector<uint8_t> previous;
+    char buffer[1 << 16];
+    while (!stop_) {
+      pollfd fds[2] = {{client, POLLIN, 0}, {store, POLLIN, 0}};
+      if (poll(fds, 2, 50) <= 0) continue;
+      if (fds[1].revents & (POLLIN | POLLHUP)) {
+        const ssize_t n = read(store, buffer, sizeof buffer);
+        if (n <= 0) break;
+        raw_send(client, std::vector<uint8_t>(buffer, buffer + n));
+      }
+      if (fds[0].revents & (POLLIN | POLLHUP)) {
+        const ssize_t n = read(client, buffer, sizeof buffer);
+        if (n <= 0) break;
+        std::vector<uint8_t> chunk(buffer, buffer + n);
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          seen_.append(buffer, n);
+        }
+        const Next act = next_.exchange(Next::Pass);
+        if (act == Next::FlipAByte) chunk[std::min<size_t>(chunk.size() - 1, 9)] ^= 0x20;
+        raw_send(store, chunk);
+        if (act == Next::Replay) raw_send(store, previous);
+        previous.assign(buffer, buffer + n);
+      }
+    }
+    close(client);
+    close(store);
+  }
+
+  int store_port_, listener_ = -1, port_ = 0;
+  std::atomic<bool> stop_{false};
+  std::atomic<Next> next_{Next::Pass};
+  std::mutex mu_;
+  std::string seen_;
+  std::thread thread_;
+};
+
+// A client of rank `rank` of job-a (world of 3) holding "s3cret", connected through `port`.
+c10::intrusive_ptr<StoreClient> secret_client(int port, int rank) {
+  Hello h;
+  h.rank = rank;
+  h.world_size = 3;
+  h.job = "job-a";
+  return c10::make_intrusive<StoreClient>("127.0.0.1", port, h, milliseconds(3000), "s3cret");
+}
+
+}  // namespace
+
+TEST(StoreAuth, AfterTheHandshakeEveryRequestIsSealedAndAChangedOrReplayedOneIsRefused) {
+  ::testing::internal::CaptureStderr();
+  StoreServer server(secret_server(3, "job-a", "s3cret"));
+  const std::string address = "gloo-address-10.1.2.3:45678";
+  for (PathAttacker::Next attack : {PathAttacker::Next::FlipAByte, PathAttacker::Next::Replay}) {
+    PathAttacker path(server.port());
+    auto c = secret_client(path.port(), attack == PathAttacker::Next::FlipAByte ? 0 : 1);
+    c->set("first", bytes(address));
+    EXPECT_EQ(c->get("first"), bytes(address));
+    // Nothing the client sent after the handshake can be read on the way.
+    EXPECT_FALSE(contains(path.client_bytes(), address)) << "the request went in the clear";
+    path.on_next_request(attack);
+    std::string error;
+    try {
+      c->set(attack == PathAttacker::Next::FlipAByte ? "flipped" : "replayed", bytes("rewritten"));
+      c->get("first");  // a replay is refused after the request it copies was answered
+    } catch (const CommError& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error, "") << "the store accepted a changed or replayed request";
+  }
+  // The server dropped both connections and logged why; the store holds nothing the attacker sent.
+  auto honest = secret_client(server.port(), 2);
+  EXPECT_FALSE(honest->check({"flipped"})) << "a changed request was applied";
+  EXPECT_EQ(honest->get("first"), bytes(address));
+  const std::string log = ::testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(contains(log, "did not authenticate")) << log;
+}

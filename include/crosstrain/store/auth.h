@@ -13,8 +13,8 @@
 // so a stranger who reaches the port gets no HMAC to guess the secret against offline; the client refuses a
 // store whose proof is missing or wrong. An HMAC is not a PAKE: an impostor posing as the store (it must answer
 // at MASTER_ADDR) gets one client proof, against which a weak secret can be guessed offline, so a secret should
-// be random (`openssl rand -hex 32`). What stays unauthenticated (the connection after the handshake is not
-// encrypted; Gloo's data plane): docs/communication.md, "Authenticated peers".
+// be random (`openssl rand -hex 32`). After the handshake the session is sealed (SessionSealer below); Gloo's
+// data plane is sealed by comm.encrypt (comm/secure/encryption.h). docs/security.md has the whole threat model.
 #pragma once
 
 #include <chrono>
@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace crosstrain::comm {
 
@@ -78,6 +79,35 @@ class RefusalLog {
   Clock::time_point window_start_{};
   int in_window_ = 0;
   int64_t left_out_ = 0;
+};
+
+// A store session after a handshake with a secret (protocol version 3): every frame after the server's Ok is
+// sealed, both ways, with ChaCha20-Poly1305 (libsodium). The two directions' keys are HMACs of a session key,
+// itself the HMAC of the secret over the handshake (job, rank, world size, both nonces): fresh for every
+// connection, and known only to the two ends that proved the secret. The nonce is the frame's number in its
+// direction and the associated data its length prefix, so a frame that is changed, replayed, reordered, dropped
+// or cut short does not open: the connection is closed (the client reports it, the server logs it).
+class SessionSealer {
+ public:
+  enum class Side { Client, Server };
+  static constexpr size_t kOverhead = 16;  // bytes a sealed frame adds (the tag)
+
+  SessionSealer(Side side, const std::string& secret, const std::string& job, int rank, int world_size,
+                const std::string& client_nonce, const std::string& server_nonce);
+  ~SessionSealer();
+  SessionSealer(const SessionSealer&) = delete;
+  SessionSealer& operator=(const SessionSealer&) = delete;
+
+  // The bytes to send for an encoded frame (length prefix and body): the new length prefix, the sealed body and
+  // its tag.
+  std::vector<uint8_t> seal(const std::vector<uint8_t>& frame);
+  // Opens in place a received sealed body that `prefix` (its 4-byte length) announced; on success `body` holds
+  // the plain body. False when it does not authenticate (then nothing of it may be used).
+  bool open(const uint8_t* prefix, std::vector<uint8_t>& body);
+
+ private:
+  std::string send_key_, recv_key_;
+  uint64_t sent_ = 0, received_ = 0;
 };
 
 // The secret held in `path` (surrounding whitespace trimmed). Throws UsageError naming the file when it cannot be

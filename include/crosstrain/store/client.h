@@ -11,10 +11,12 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 
+#include "crosstrain/store/auth.h"
 #include "crosstrain/store/protocol.h"
 #include "crosstrain/store/reads_many_keys.h"
 
@@ -64,6 +66,7 @@ class StoreClient : public c10d::Store, public ReadsManyKeys {
   Hello hello_;
   std::string secret_;  // never sent: only proofs over fresh nonces are
   int fd_ = -1;
+  std::unique_ptr<SessionSealer> session_;  // with a secret: seals every frame after the handshake
   std::mutex mu_;  // one request at a time on the connection
 };
 

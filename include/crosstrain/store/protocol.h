@@ -5,7 +5,8 @@
 // The first frame is the client's Hello (key/value fields: "rank", "world_size", "job", "nonce"); the server
 // answers Ok or Refused with a reason, or, when the job has a secret, a Challenge that the client answers with a
 // Proof before the server's Ok (carrying the server's own proof) or Refused (store_auth.h). Unknown Hello keys are ignored, so later versions can
-// add keys; an incompatible change bumps kVersion (2: the job id and the challenge) and the server refuses older
+// add keys; an incompatible change bumps kVersion (2: the job id and the challenge; 3: with a secret, every frame
+// after the server's Ok is sealed, store/auth.h's SessionSealer) and the server refuses older
 // clients with a readable reason. The frame layout itself never changes, so any version can read a refusal.
 //
 // Every size is bounded before anything is allocated: a peer that announces a 1 GiB frame is dropped after
@@ -24,7 +25,7 @@
 
 namespace crosstrain::comm::store {
 
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;  // 2: the job id and the challenge; 3: sealed sessions (store/auth.h)
 constexpr size_t kPreambleBytes = 8;
 constexpr size_t kLengthBytes = 4;
 constexpr size_t kMaxKeyBytes = 4 * 1024;

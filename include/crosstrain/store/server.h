@@ -78,6 +78,7 @@ class StoreServer {
     int rank = -1;
     bool probe = false;  // an admitted rank -1
     size_t max_frame = 0;
+    std::unique_ptr<SessionSealer> session;  // with a secret: seals every frame after the handshake
     std::thread thread;
     std::atomic<bool> done{false};
   };

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -408,6 +409,15 @@ std::vector<int64_t> member_clusters(Communicator& inner, int cluster) {
   return known ? clusters : hosts;
 }
 
+// "in 2 clusters" (or hosts, when the members' clusters are not known: the ids are then host hashes).
+std::string describe_span(const std::vector<int64_t>& ids) {
+  std::vector<int64_t> distinct = ids;
+  std::sort(distinct.begin(), distinct.end());
+  distinct.erase(std::unique(distinct.begin(), distinct.end()), distinct.end());
+  const bool hosts = std::any_of(ids.begin(), ids.end(), [](int64_t c) { return c > (1LL << 31); });
+  return "in " + std::to_string(distinct.size()) + (hosts ? " host(s)" : " cluster(s)");
+}
+
 bool spans_clusters(const std::vector<int64_t>& clusters) {
   return std::any_of(clusters.begin(), clusters.end(), [&](int64_t c) { return c != clusters[0]; });
 }
@@ -430,9 +440,15 @@ std::unique_ptr<Communicator> seal(std::unique_ptr<Communicator> inner, const Da
     theirs.push_back(base + q * kEntry);
     aes &= base[q * kEntry + secure::kPublicKeyBytes] == 1;
   }
-  auto sealed = std::make_unique<SecureCommunicator>(std::move(inner), security, std::move(clusters),
-                                                     aes ? Cipher::Aes256Gcm : Cipher::ChaCha20Poly1305, mine, theirs);
+  const Cipher cipher = aes ? Cipher::Aes256Gcm : Cipher::ChaCha20Poly1305;
+  const std::string spans = describe_span(clusters);
+  auto sealed = std::make_unique<SecureCommunicator>(std::move(inner), security, std::move(clusters), cipher, mine,
+                                                     theirs);
   sealed->confirm_keys();
+  // One line per sealed group, from its first rank: which traffic pays for encryption is visible in the log.
+  if (sealed->rank() == 0)
+    std::fprintf(stderr, "crosstrain: group %s sealed (comm.encrypt = %s): %d ranks %s, %s\n", sealed->name().c_str(),
+                 to_string(security.mode), sealed->size(), spans.c_str(), secure::to_string(cipher));
   return sealed;
 }
 

@@ -176,5 +176,54 @@ TEST(StoreProtocolV2, TheHelloCarriesTheJobAndTheNonce) {
   EXPECT_EQ(back.job, "job-a");
   EXPECT_EQ(back.nonce, h.nonce);
   EXPECT_TRUE(back.extra.empty());
-  EXPECT_EQ(kVersion, 2u);
+  EXPECT_EQ(kVersion, 3u);
+}
+
+TEST(StoreSession, FramesOpenOnlyOnceInOrderAndUnchanged) {
+  const std::string nc = random_nonce(), ns = random_nonce();
+  SessionSealer client(SessionSealer::Side::Client, "s3cret", "job-a", 1, 4, nc, ns);
+  SessionSealer server(SessionSealer::Side::Server, "s3cret", "job-a", 1, 4, nc, ns);
+  auto body_of = [](const std::vector<uint8_t>& sealed) {
+    return std::vector<uint8_t>(sealed.begin() + kLengthBytes, sealed.end());
+  };
+  const std::vector<uint8_t> first = encode_frame(Message{Code::Set, {"key", "gloo-address-10.0.0.1"}});
+  const std::vector<uint8_t> second = encode_frame(Message{Code::Get, {"key", "100"}});
+  const auto s1 = client.seal(first), s2 = client.seal(second);
+  EXPECT_EQ(s1.size(), first.size() + SessionSealer::kOverhead);
+  EXPECT_EQ(std::string(s1.begin(), s1.end()).find("gloo-address"), std::string::npos) << "sent in the clear";
+  // Changed on the way: one bit of the body, or of the length prefix (the associated data).
+  auto flipped = body_of(s1);
+  flipped[3] ^= 1;
+  EXPECT_FALSE(server.open(s1.data(), flipped));
+  std::vector<uint8_t> prefix(s1.begin(), s1.begin() + kLengthBytes);
+  prefix[3] ^= 0x80;
+  auto intact = body_of(s1);
+  EXPECT_FALSE(server.open(prefix.data(), intact));
+  // Reordered: the second frame first.
+  auto b2 = body_of(s2);
+  EXPECT_FALSE(server.open(s2.data(), b2));
+  // In order they open to the bodies sent; the first again (a replay) does not.
+  auto b1 = body_of(s1);
+  ASSERT_TRUE(server.open(s1.data(), b1));
+  EXPECT_EQ(b1, std::vector<uint8_t>(first.begin() + kLengthBytes, first.end()));
+  b2 = body_of(s2);
+  ASSERT_TRUE(server.open(s2.data(), b2));
+  auto again = body_of(s1);
+  EXPECT_FALSE(server.open(s1.data(), again));
+  // Cut short.
+  auto s3 = client.seal(first);
+  auto cut = body_of(s3);
+  cut.pop_back();
+  EXPECT_FALSE(server.open(s3.data(), cut));
+  // The client opens the server's replies (its own direction's key would not).
+  auto reply = server.seal(encode_frame(Message{Code::Ok, {"v"}}));
+  auto rb = body_of(reply);
+  EXPECT_TRUE(client.open(reply.data(), rb));
+  // Another secret, rank or pair of nonces: other keys.
+  SessionSealer stranger(SessionSealer::Side::Server, "guess", "job-a", 1, 4, nc, ns);
+  SessionSealer other_rank(SessionSealer::Side::Server, "s3cret", "job-a", 2, 4, nc, ns);
+  for (SessionSealer* s : {&stranger, &other_rank}) {
+    auto b = body_of(s1);
+    EXPECT_FALSE(s->open(s1.data(), b));
+  }
 }

@@ -8,8 +8,8 @@
 // secret, so the keys they derive differ from both ends' and the first message fails to open; a recorded
 // connection stays sealed after the ephemeral keys are gone (forward secrecy).
 //
-// A message: AES-256-GCM where the CPU has AES-NI on every rank, else ChaCha20-Poly1305 (IETF), both from
-// libsodium, with the 16-byte tag after the ciphertext. The 12-byte nonce is the message tag (4 bytes) and its
+// A message: AES-256-GCM where the CPU has AES-NI on every rank (OpenSSL's code, which uses VAES where the CPU has
+// it), else ChaCha20-Poly1305 (IETF, libsodium), with the 16-byte tag after the ciphertext. The 12-byte nonce is the message tag (4 bytes) and its
 // sequence number on that tag (8 bytes): each direction of a connection counts the messages of each tag, so a
 // replayed, reordered, dropped-then-skipped or truncated message does not open (the receiver expects another
 // number or length), and a nonce never repeats under a key. The associated data binds sender, receiver and length.
@@ -75,7 +75,6 @@ class Sealer {
  private:
   Cipher cipher_;
   Key key_;
-  void* aes_state_ = nullptr;  // libsodium's precomputed AES-GCM state (16-byte aligned), for Aes256Gcm
 };
 
 }  // namespace crosstrain::comm::secure

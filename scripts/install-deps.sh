@@ -17,7 +17,7 @@ core=(cmake make g++ pkg-config libtorch-dev libgloo-dev libcli11-dev nlohmann-j
       libcpp-httplib-dev libssl-dev libsentencepiece-dev libsqlite3-dev)
 # The test suite's and the report's: Chart.js for the report, Chromium (with fonts and the software GL driver) to
 # render it in its test, Slurm and munge for the scheduler's clusters.
-suite=(libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri slurm-wlm munge)
+suite=(openssl libjs-chart.js chromium fonts-dejavu-core fonts-liberation libgl1-mesa-dri slurm-wlm munge)
 if [[ "${1:-}" == "--core" ]]; then
   shift
   packages=("${core[@]}" "$@")

@@ -15,6 +15,8 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/interrupt.h"
+#include "crosstrain/ledger/ledger.h"
+#include "crosstrain/scheduler/api_auth.h"
 #include "crosstrain/planner/cluster.h"
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/service.h"
@@ -110,6 +112,30 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
   throw UsageError("scheduler: --executor '" + cli.executor + "': use sim, local or slurm");
 }
 
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+// Tokens, cluster keys and TLS of the daemon's API (scheduler/api_auth.h).
+scheduler::ServiceOptions service_options(const SchedulerCli& cli) {
+  scheduler::ServiceOptions o;
+  o.report_html = report_page;
+  const std::string tokens = cli.tokens.empty() ? cli.state + ".tokens" : cli.tokens;
+  o.tokens = std::make_shared<scheduler::ApiTokens>(scheduler::ApiTokens::load_or_create(tokens));
+  std::string keys = cli.cluster_keys;
+  if (keys.empty() && !cli.ledger_keys.empty() &&
+      std::filesystem::exists(std::filesystem::path(cli.ledger_keys) / "keys.json"))
+    keys = (std::filesystem::path(cli.ledger_keys) / "keys.json").string();
+  if (!keys.empty())
+    for (const auto& [name, key] : scheduler::read_public_keys(keys)) o.cluster_keys[name] = key;
+  o.tls_cert = cli.tls_cert;
+  o.tls_key = cli.tls_key;
+  if (!is_loopback(cli.host) && o.tls_cert.empty())
+    throw UsageError("scheduler: --host " + cli.host + " listens beyond this machine: give --tls-cert and --tls-key "
+                     "so that tokens and jobs do not cross the network in the clear (or keep --host 127.0.0.1)");
+  return o;
+}
+
 int serve(const SchedulerCli& cli) {
   if (cli.state.empty()) throw UsageError("scheduler: give --state FILE (the SQLite file that keeps every job)");
   if (cli.clusters.empty()) throw UsageError("scheduler: give --clusters FILE (a cluster file, e.g. clusters/three-clusters.toml)");
@@ -127,10 +153,16 @@ int serve(const SchedulerCli& cli) {
       if (const auto& job = sched.job(id); job.placement) executor->start(job, *job.placement);
   const int64_t tick_ms = cli.tick_ms > 0 ? cli.tick_ms : (cli.executor == "sim" ? 100 : 1000);
   // Each recipe job's run report comes from obs, which the scheduler layer cannot reach: report_cmd.h renders it.
-  scheduler::SchedulerService service(sched, store, cli.host, cli.port, std::chrono::milliseconds(tick_ms),
-                                      scheduler::ServiceOptions{report_page});
-  std::printf("crosstrain scheduler: %zu jobs recovered from %s; %s executor; serving http://%s:%d/api (Ctrl-C stops)\n",
-              sched.jobs().size(), cli.state.c_str(), cli.executor.c_str(), cli.host.c_str(), service.port());
+  const scheduler::ServiceOptions options = service_options(cli);
+  scheduler::SchedulerService service(sched, store, cli.host, cli.port, std::chrono::milliseconds(tick_ms), options);
+  const std::string scheme = options.tls_cert.empty() ? "http" : "https";
+  std::printf("crosstrain scheduler: %zu jobs recovered from %s; %s executor; serving %s://%s:%d/api (Ctrl-C stops)\n"
+              "crosstrain scheduler: tokens in %s (crosstrain job --token-file FILE); %zu cluster keys; dashboard "
+              "%s://%s:%d/#token=%s\n",
+              sched.jobs().size(), cli.state.c_str(), cli.executor.c_str(), scheme.c_str(), cli.host.c_str(),
+              service.port(), (cli.tokens.empty() ? cli.state + ".tokens" : cli.tokens).c_str(),
+              options.cluster_keys.size(), scheme.c_str(), cli.host.c_str(), service.port(),
+              options.tokens->token(scheduler::ApiRole::Read).c_str());
   std::fflush(stdout);
   catch_interrupt();  // Ctrl-C and SIGTERM end the daemon between passes; the state is already on disk
   while (!interrupt_requested()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
@@ -139,19 +171,39 @@ int serve(const SchedulerCli& cli) {
   return 0;
 }
 
-// host:port of --server ("http://127.0.0.1:8650").
-httplib::Client client(const std::string& server) {
-  httplib::Client c(server);
+// --server ("http://127.0.0.1:8650", or https:// with --ca-cert for a certificate of one's own).
+httplib::Client client(const SchedulerCli& cli) {
+  httplib::Client c(cli.server);
   c.set_connection_timeout(5, 0);
   c.set_read_timeout(10, 0);
+  if (!cli.ca_cert.empty()) c.set_ca_cert_path(cli.ca_cert.c_str());
   return c;
 }
 
+// The token a client sends: --token, else CROSSTRAIN_SCHEDULER_TOKEN, else the strongest of --token-file.
+std::string client_token(const SchedulerCli& cli) {
+  if (!cli.token.empty()) return cli.token;
+  if (const char* t = std::getenv("CROSSTRAIN_SCHEDULER_TOKEN"); t && *t) return t;
+  if (cli.token_file.empty()) return "";
+  const auto tokens = scheduler::ApiTokens::load(cli.token_file);
+  const std::string admin = tokens.token(scheduler::ApiRole::Admin);
+  return admin.empty() ? tokens.token(scheduler::ApiRole::Read) : admin;
+}
+
 json call(const SchedulerCli& cli, const std::string& method, const std::string& path, const std::string& body = "") {
-  auto c = client(cli.server);
-  httplib::Result r = method == "GET"    ? c.Get(path)
-                      : method == "POST" ? c.Post(path, body, "application/json")
-                                         : c.Delete(path);
+  auto c = client(cli);
+  httplib::Headers headers;
+  if (const std::string token = client_token(cli); !token.empty()) headers.emplace("Authorization", "Bearer " + token);
+  if (!cli.key.empty()) {
+    const scheduler::LedgerKey key = scheduler::read_ledger_key(cli.key);
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+    headers.emplace(scheduler::kSignatureHeader,
+                    scheduler::sign_request(key.cluster, key.secret_key.data(), method, path, body, now));
+  }
+  httplib::Result r = method == "GET"    ? c.Get(path, headers)
+                      : method == "POST" ? c.Post(path, headers, body, "application/json")
+                                         : c.Delete(path, headers);
   if (!r)
     throw UsageError("job: no scheduler answers at " + cli.server + " (" + httplib::to_string(r.error()) +
                      "); start one with `crosstrain scheduler --state FILE --clusters FILE`, or give --server");
@@ -289,9 +341,22 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
       ->capture_default_str()->check(CLI::PositiveNumber);
   cli.serve->add_option("--master-host", cli.master_host, "address at which the shares of a job reach its first share")
       ->capture_default_str();
+  cli.serve->add_option("--tokens", cli.tokens, "API tokens file, ROLE TOKEN per line (default: STATE.tokens, made "
+                        "with a fresh admin and read token on the first start)");
+  cli.serve->add_option("--cluster-keys", cli.cluster_keys, "the clusters' public keys (keys.json of crosstrain ledger "
+                        "keygen): registrations and link reports must be signed by the cluster (default: "
+                        "--ledger-keys/keys.json)");
+  cli.serve->add_option("--tls-cert", cli.tls_cert, "serve HTTPS with this PEM certificate (needed beyond loopback)");
+  cli.serve->add_option("--tls-key", cli.tls_key, "the certificate's PEM private key");
+  auto client_options = [&cli](CLI::App* c) {
+    c->add_option("--token", cli.token, "API token (else CROSSTRAIN_SCHEDULER_TOKEN, else --token-file)");
+    c->add_option("--token-file", cli.token_file, "the daemon's tokens file (its admin token is used)");
+    c->add_option("--ca-cert", cli.ca_cert, "PEM certificate that signed an https --server's own");
+  };
   auto* job = app.add_subcommand("job", "submit, watch and cancel jobs of a running scheduler");
   job->require_subcommand(1);
   job->add_option("--server", cli.server, "the scheduler's address")->capture_default_str();
+  client_options(job);
   cli.submit = job->add_subcommand("submit", "queue a job");
   cli.submit->add_option("--spec", cli.spec, "a JSON job spec (else the options below)");
   cli.submit->add_option("--name", cli.name, "job name");
@@ -316,6 +381,8 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   auto* cluster = app.add_subcommand("cluster", "clusters joining a running scheduler, and measured links");
   cluster->require_subcommand(1);
   cluster->add_option("--server", cli.server, "the scheduler's address")->capture_default_str();
+  client_options(cluster);
+  cluster->add_option("--key", cli.key, "this cluster's key (NAME.key of crosstrain ledger keygen): signs the request");
   cli.register_cluster = cluster->add_subcommand("register", "a cluster joins the pool (or comes back after a loss)");
   cli.register_cluster->add_option("file", cli.cluster_file, "cluster file holding this cluster alone (clusters/*.toml format)")
       ->required();

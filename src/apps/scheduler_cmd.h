@@ -29,6 +29,9 @@ struct SchedulerCli {
   std::string master_host = "127.0.0.1";
   std::string ledger, ledger_keys;    // recipe jobs sign their clusters' work into this ledger (docs/ledger.md)
   int claim_every_s = 30;
+  std::string tokens;                 // API tokens file (default: beside --state, made on the first start)
+  std::string cluster_keys;           // clusters' public keys (keys.json): who may register and report links
+  std::string tls_cert, tls_key;      // HTTPS; required to listen beyond loopback
   // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
   std::string recipe;
   std::vector<std::string> sets;
@@ -36,6 +39,8 @@ struct SchedulerCli {
   int64_t global_batch = 0, checkpoint_every = 0;
   // job *
   std::string server = "http://127.0.0.1:8650", spec, name = "job", model = "gpt-small";
+  std::string token, token_file, ca_cert;  // how a client proves itself, and the CA that signed an HTTPS server
+  std::string key;                         // cluster register / link: the cluster's key (NAME.key) signs it
   int ranks = 1;
   int64_t steps = 0, id = -1;  // steps 0: the recipe's, else 1000
   double deadline_s = 0, budget = 0, max_wan_gbps = -1;

@@ -56,12 +56,16 @@ function progress(j) {
   const fill = document.createElement('span'); fill.style.width = Math.min(100, 100 * j.step / Math.max(1, j.steps)) + '%';
   bar.append(fill); td.append(bar, document.createTextNode(' ' + j.step + ' / ' + j.steps)); return td;
 }
+// The token the page was opened with (#token=...), kept for the tab: every API call sends it.
+const token = (/token=([^&]+)/.exec(location.hash) || [])[1] || sessionStorage.getItem('crosstrain-token');
+if (token) sessionStorage.setItem('crosstrain-token', token);
+const api = path => fetch(path, token ? {headers: {Authorization: 'Bearer ' + token}} : {});
 const fromHash = /job=(\d+)/.exec(location.hash);
 let selected = fromHash ? Number(fromHash[1]) : null;
 function select(id) { selected = id; history.replaceState(null, '', '#job=' + id); refresh(); }
 async function refresh() {
   try {
-    const [clusters, jobs] = await Promise.all([fetch('/api/clusters').then(r => r.json()), fetch('/api/jobs').then(r => r.json())]);
+    const [clusters, jobs] = await Promise.all([api('/api/clusters').then(r => r.json()), api('/api/jobs').then(r => r.json())]);
     fill('clusters', clusters.clusters.map(c => row([cell(c.name), cell(c.device), cell(c.devices), cell(c.devices - c.free),
       cell(c.up ? 'up' : 'lost', c.up ? 'up' : 'down'), cell(c.price_per_device_hour.toFixed(2)), cell(c.power_w + ' W')])));
     fill('links', clusters.links.map(l => row([cell(l.a + ' - ' + l.b), cell((l.bandwidth_Bps * 8 / 1e9).toFixed(1) + ' Gbit/s'),
@@ -75,7 +79,7 @@ async function refresh() {
     document.getElementById('summary').textContent = clusters.clusters.length + ' clusters, ' + jobs.length + ' jobs: ' +
       running + ' running, ' + queued + ' queued';
     if (selected !== null) {
-      const events = await fetch('/api/jobs/' + selected + '/events').then(r => r.json());
+      const events = await api('/api/jobs/' + selected + '/events').then(r => r.json());
       document.getElementById('event-job').textContent = selected;
       const evs = Array.isArray(events) ? events : [], t0 = evs.length ? evs[0].time_s : 0;
       fill('events', evs.map(e => row([cell('+' + (e.time_s - t0).toFixed(3)), cell(e.kind), cell(e.detail)])));
@@ -101,7 +105,7 @@ async function refreshMetrics(job) {
     Object.assign(metrics, {job: job.id, attempts: job.attempts, rows: [], charts: {}});
   }
   const last = metrics.rows.length ? metrics.rows[metrics.rows.length - 1].step : null;
-  const reply = await fetch('/api/jobs/' + job.id + '/metrics' + (last === null ? '' : '?since=' + last));
+  const reply = await api('/api/jobs/' + job.id + '/metrics' + (last === null ? '' : '?since=' + last));
   const fresh = reply.ok ? await reply.json() : [];
   if (metrics.job !== job.id) return;  // another job was selected meanwhile
   const have = metrics.rows.length ? metrics.rows[metrics.rows.length - 1].step : -Infinity;  // two polls may overlap
@@ -116,7 +120,7 @@ function drawMetrics(job) {
   show('m-step', latest.step ?? '-'); show('m-loss', fixed(latest.loss, 4));
   show('m-tps', typeof latest.tokens_per_s === 'number' ? Math.round(latest.tokens_per_s).toLocaleString('en') : '-');
   show('m-mfu', typeof latest.mfu === 'number' ? (100 * latest.mfu).toFixed(1) + '%' : '-');
-  document.getElementById('m-report').href = '/api/jobs/' + job.id + '/report';
+  document.getElementById('m-report').href = '/api/jobs/' + job.id + '/report' + (token ? '?access_token=' + token : '');
   if (!rows.length) {
     box.dataset.chart = 'none';
     return show('m-note', job.spec && job.spec.recipe ? 'no metrics yet: the job has not trained a step'

@@ -46,6 +46,12 @@ json job_json(const JobRecord& j) {
   return out;
 }
 
+// A request its caller may not make: 401 (no or wrong credentials) or 403 (a role too small).
+struct AuthError : std::runtime_error {
+  AuthError(int status_, const std::string& why) : std::runtime_error(why), status(status_) {}
+  int status;
+};
+
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
   res.set_content(body.dump(), "application/json");
@@ -60,6 +66,8 @@ void answer(const httplib::Request& req, httplib::Response& res, const Handler& 
     handler(req, res);
   } catch (const UsageError& e) {
     reply(res, std::string(e.what()).rfind("no job ", 0) == 0 ? 404 : 400, {{"error", e.what()}});
+  } catch (const AuthError& e) {
+    reply(res, e.status, {{"error", e.what()}});
   } catch (const std::exception& e) {
     reply(res, 500, {{"error", e.what()}});
   }
@@ -97,8 +105,23 @@ SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, cons
     : scheduler_(scheduler),
       store_(store),
       options_(std::move(options)),
-      server_(std::make_unique<httplib::Server>()),
       tick_every_(tick_every) {
+  if (options_.tls_cert.empty() != options_.tls_key.empty())
+    throw UsageError("scheduler: HTTPS needs both a certificate and its key (--tls-cert and --tls-key)");
+  if (!options_.tls_cert.empty()) {
+    auto tls = std::make_unique<httplib::SSLServer>(options_.tls_cert.c_str(), options_.tls_key.c_str());
+    if (!tls->is_valid())
+      throw UsageError("scheduler: cannot serve HTTPS with certificate '" + options_.tls_cert + "' and key '" +
+                       options_.tls_key + "' (PEM files that belong together, e.g. from `openssl req -x509 -newkey "
+                       "ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout key.pem -out cert.pem -subj /CN=HOST`)");
+    server_ = std::move(tls);
+  } else {
+    server_ = std::make_unique<httplib::Server>();
+  }
+  verifier_ = std::make_unique<RequestVerifier>(options_.cluster_keys);
+  server_->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+    return refused(req, res) ? httplib::Server::HandlerResponse::Handled : httplib::Server::HandlerResponse::Unhandled;
+  });
   server_->new_task_queue = [] { return new httplib::ThreadPool(4); };
   server_->set_socket_options([](socket_t sock) {
     int yes = 1;
@@ -122,6 +145,40 @@ SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, cons
 }
 
 SchedulerService::~SchedulerService() { stop(); }
+
+bool SchedulerService::refused(const httplib::Request& req, httplib::Response& res) const {
+  if (!options_.tokens || req.path.rfind("/api/", 0) != 0) return false;  // the page and Chart.js hold no data
+  // Clusters sign their registrations and link reports instead (checked in the handler, against the body).
+  if (req.method == "POST" && (req.path == "/api/clusters" || req.path == "/api/links")) return false;
+  std::string authorization = req.get_header_value("Authorization");
+  if (authorization.empty() && req.method == "GET" && req.has_param("access_token"))
+    authorization = "Bearer " + req.get_param_value("access_token");
+  const ApiRole role = options_.tokens->role_of(authorization);
+  const ApiRole need = req.method == "GET" ? ApiRole::Read : ApiRole::Admin;
+  if (static_cast<int>(role) >= static_cast<int>(need)) return false;
+  if (role == ApiRole::None) {
+    res.set_header("WWW-Authenticate", "Bearer");
+    reply(res, 401, {{"error", std::string(authorization.empty() ? "this API needs a token" : "unknown token") +
+                                   ": send `Authorization: Bearer TOKEN` (crosstrain job --token-file FILE; the "
+                                   "daemon's tokens file is beside its --state)"}});
+  } else {
+    reply(res, 403, {{"error", std::string("a ") + to_string(role) + " token cannot " + req.method + " " + req.path +
+                                   ": it needs an admin token"}});
+  }
+  return true;
+}
+
+std::string SchedulerService::signer(const httplib::Request& req) {
+  if (!options_.tokens) return "";
+  if (!verifier_->knows_clusters())
+    throw AuthError(403, "this scheduler holds no cluster keys, so no cluster can register or report links: start "
+                         "it with --cluster-keys KEYS.json (crosstrain ledger keygen writes one)");
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  const SignedBy by = verifier_->verify(req.get_header_value(kSignatureHeader), req.method, req.path, req.body, now);
+  if (!by.error.empty()) throw AuthError(401, by.error);
+  return by.cluster;
+}
 
 void SchedulerService::stop() {
   {
@@ -223,15 +280,22 @@ void SchedulerService::resource_routes() {
     };
   };
   server_->Post("/api/clusters", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string by = signer(req);
     const planner::ClusterFile one = planner::parse_cluster(req.body, "the registration");
+    if (!by.empty() && one.clusters.at(0).name != by)
+      throw AuthError(403, "cluster '" + by + "' signed the registration of cluster '" + one.clusters.at(0).name +
+                               "': a cluster registers only itself");
     const std::string what = scheduler_.register_cluster(one);
     reply(res, what == "added" ? 201 : 200, {{"cluster", one.clusters.at(0).name}, {"result", what}});
   }));
   server_->Post("/api/links", guarded([this](const httplib::Request& req, httplib::Response& res) {
+    const std::string by = signer(req);
     const json j = json::parse(req.body, nullptr, false);
     if (!j.is_object() || !j.contains("a") || !j.contains("b") || !j.contains("bandwidth_gbps") ||
         !j["bandwidth_gbps"].is_number() || j["bandwidth_gbps"].get<double>() <= 0)
       throw UsageError("a link is {\"a\": CLUSTER, \"b\": CLUSTER, \"bandwidth_gbps\": > 0, \"latency_us\": >= 0}");
+    if (!by.empty() && j["a"] != by && j["b"] != by)
+      throw AuthError(403, "cluster '" + by + "' reported a link it is not an end of: a cluster reports its own links");
     comm::Link link;
     link.bandwidth_Bps = j["bandwidth_gbps"].get<double>() * 1e9 / 8;
     link.latency_s = j.value("latency_us", 0.0) * 1e-6;

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "chromium.h"
+#include "crosstrain/scheduler/api_auth.h"
 #include "crosstrain/scheduler/train_share.h"
 #include "subprocess.h"
 #include "scratch.h"
@@ -93,7 +94,8 @@ class ComputeNetwork : public ::testing::Test {
     daemon_.reset();
   }
   ProcessResult job(std::vector<std::string> args) {
-    std::vector<std::string> argv{kBin, "job", "--server", "http://127.0.0.1:" + std::to_string(api_port_)};
+    std::vector<std::string> argv{kBin, "job", "--server", "http://127.0.0.1:" + std::to_string(api_port_),
+                                  "--token-file", tokens_file()};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_process(argv, {}, milliseconds(30000));
   }
@@ -102,10 +104,15 @@ class ComputeNetwork : public ::testing::Test {
     httplib::Client c("127.0.0.1", api_port_);
     c.set_connection_timeout(5, 0);
     c.set_read_timeout(15, 0);
-    const auto r = c.Get("/api/jobs/1");
+    const auto r = c.Get("/api/jobs/1", httplib::Headers{{"Authorization", "Bearer " + token(crosstrain::scheduler::ApiRole::Read)}});
     return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json::object();
   }
   std::string url() const { return "http://127.0.0.1:" + std::to_string(api_port_) + "/"; }
+  // The daemon's tokens file (made beside its state on the first start) and a token of `role` from it.
+  std::string tokens_file() const { return (root_ / "state.db.tokens").string(); }
+  std::string token(crosstrain::scheduler::ApiRole role) const {
+    return crosstrain::scheduler::ApiTokens::load(tokens_file()).token(role);
+  }
   // Polls job 1 until `done` holds of it (or the deadline passes); returns the last view.
   json wait_job(const std::function<bool(const json&)>& done, seconds deadline) {
     const auto until = std::chrono::steady_clock::now() + deadline;
@@ -231,7 +238,7 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossTwoSlurmClustersSurvivesALostClusterAndAD
   EXPECT_TRUE(contains(after.output, "tiny")) << after.output;
   EXPECT_FALSE(contains(after.output, "queued") || contains(after.output, "failed")) << "no job was lost: " << after.output;
   // The dashboard of the restarted daemon: west lost, the job on east, its live metrics from the run folder.
-  const std::string dom = chromium_dom(url() + "#job=1", root_ / "browser");
+  const std::string dom = chromium_dom(url() + "#token=" + token(crosstrain::scheduler::ApiRole::Read) + "&job=1", root_ / "browser");
   for (const char* text : {"data-status=\"ok\"", "east", "west", "lost", "tiny", "state-running", "east:2",
                            "displaced", "id=\"m-step\""})
     EXPECT_TRUE(contains(dom, text)) << "the dashboard lacks '" << text << "'";

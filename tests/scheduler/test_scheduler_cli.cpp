@@ -4,6 +4,8 @@
 // the reason; errors name what is wrong. The executor is the wall-clock simulation (real clusters:
 // test_slurm_executor.cpp).
 #include <gtest/gtest.h>
+
+#include <map>
 #include <signal.h>
 
 #include <filesystem>
@@ -12,6 +14,7 @@
 #include <thread>
 
 #include "chromium.h"
+#include "crosstrain/scheduler/api_auth.h"
 #include "subprocess.h"
 
 using namespace crosstrain::testing;
@@ -23,15 +26,26 @@ namespace {
 const std::string kBin = CT_CROSSTRAIN_BIN;
 const std::string kClusters = CT_SOURCE_DIR "/clusters/three-clusters.toml";
 
-std::unique_ptr<Process> start_daemon(const std::string& state, int port) {
-  auto p = std::make_unique<Process>(std::vector<std::string>{kBin, "scheduler", "--state", state, "--clusters",
-                                                              kClusters, "--port", std::to_string(port)});
+// The state file of the daemon on each port: its tokens file is beside it.
+std::map<int, std::string>& states() {
+  static std::map<int, std::string> by_port;
+  return by_port;
+}
+std::string state_of_port(int port) { return states()[port]; }
+
+std::unique_ptr<Process> start_daemon(const std::string& state, int port, std::vector<std::string> more = {}) {
+  states()[port] = state;
+  std::vector<std::string> argv{kBin, "scheduler", "--state", state, "--clusters", kClusters, "--port",
+                                std::to_string(port)};
+  argv.insert(argv.end(), more.begin(), more.end());
+  auto p = std::make_unique<Process>(argv);
   EXPECT_TRUE(p->wait_for_output("/api (Ctrl-C", milliseconds(20000)));
   return p;
 }
 
 ProcessResult job(int port, std::vector<std::string> args) {
-  std::vector<std::string> argv{kBin, "job", "--server", "http://127.0.0.1:" + std::to_string(port)};
+  std::vector<std::string> argv{kBin, "job", "--server", "http://127.0.0.1:" + std::to_string(port), "--token-file",
+                                state_of_port(port) + ".tokens"};
   argv.insert(argv.end(), args.begin(), args.end());
   return run_process(argv, {}, milliseconds(30000));
 }
@@ -103,7 +117,11 @@ TEST(SchedulerCli, TheDashboardShowsClustersLinksJobsAndPlacementsInABrowser) {
                 .exit_code(), 0);
   ASSERT_EQ(job(port, {"submit", "--name", "too-big", "--model", "gpt-small", "--ranks", "5000"}).exit_code(), 1);
   status_after(port, "queued");
-  const std::string url = "http://127.0.0.1:" + std::to_string(port) + "/";
+  // Without a token the page shows nothing of the jobs (the API answers 401).
+  const std::string base = "http://127.0.0.1:" + std::to_string(port) + "/";
+  EXPECT_FALSE(contains(chromium_dom(base, dir / "browser-anonymous"), "llama-pretrain"));
+  const std::string url = base + "#token=" + crosstrain::scheduler::ApiTokens::load(state_of_port(port) + ".tokens")
+                                                 .token(crosstrain::scheduler::ApiRole::Read);
   const std::string dom = chromium_dom(url, dir / "browser");
   EXPECT_TRUE(contains(dom, "data-status=\"ok\"")) << dom.substr(0, 3000);
   for (const char* text : {"east", "west", "Gbit/s", "llama-pretrain", "state-running", "east:64", "too-big",
@@ -125,7 +143,12 @@ TEST(SchedulerCli, ClustersRegisterWithARunningDaemonAndLinksAreRecorded) {
   fs::remove_all(dir);
   fs::create_directories(dir);
   const int port = free_port();
-  auto daemon = start_daemon((dir / "state.db").string(), port);
+  // Each cluster signs for itself with its ledger key; the daemon holds their public keys.
+  for (const char* name : {"south", "east"})
+    ASSERT_EQ(run_process({kBin, "ledger", "keygen", "--cluster", name, "--out", (dir / "keys").string()}, {},
+                          milliseconds(30000)).exit_code(), 0);
+  const std::vector<std::string> keys{"--cluster-keys", (dir / "keys" / "keys.json").string()};
+  auto daemon = start_daemon((dir / "state.db").string(), port, keys);
   std::ofstream(dir / "south.toml") << R"(name = "south"
 [devices.l4]
 peak_tflops = { fp32 = 30, bf16 = 121 }
@@ -140,8 +163,9 @@ hosts = 4
 devices_per_host = 8
 )";
   const std::string server = "http://127.0.0.1:" + std::to_string(port);
-  auto cluster = [&](std::vector<std::string> args) {
+  auto cluster = [&](std::vector<std::string> args, const std::string& signer = "south") {
     std::vector<std::string> argv{kBin, "cluster", "--server", server};
+    if (!signer.empty()) argv.insert(argv.end(), {"--key", (dir / "keys" / (signer + ".key")).string()});
     argv.insert(argv.end(), args.begin(), args.end());
     return run_process(argv, {}, milliseconds(30000));
   };
@@ -152,7 +176,14 @@ devices_per_host = 8
   auto link = cluster({"link", "east", "south", "--bandwidth-gbps", "2.5", "--latency-us", "40000"});
   ASSERT_EQ(link.exit_code(), 0) << link.output;
   EXPECT_TRUE(contains(link.output, "link east - south: 2.500 Gbit/s, 40000 us")) << link.output;
-  auto unknown = cluster({"link", "east", "nowhere", "--bandwidth-gbps", "1"});
+  // Unsigned, or signed by a cluster for another: refused, and nothing changes.
+  auto unsigned_one = cluster({"register", (dir / "south.toml").string()}, "");
+  EXPECT_NE(unsigned_one.exit_code(), 0);
+  EXPECT_TRUE(contains(unsigned_one.output, "must be signed by the cluster")) << unsigned_one.output;
+  auto for_another = cluster({"register", (dir / "south.toml").string()}, "east");
+  EXPECT_NE(for_another.exit_code(), 0);
+  EXPECT_TRUE(contains(for_another.output, "a cluster registers only itself")) << for_another.output;
+  auto unknown = cluster({"link", "east", "nowhere", "--bandwidth-gbps", "1"}, "east");
   EXPECT_NE(unknown.exit_code(), 0);
   EXPECT_TRUE(contains(unknown.output, "nowhere")) << unknown.output;
   std::ofstream(dir / "bad.toml") << "name = \"x\"\n[[clusters]]\nname = \"x\"\ndevice = \"tpu9\"\nhosts = 1\n";
@@ -162,7 +193,7 @@ devices_per_host = 8
   // The daemon keeps them across a restart.
   daemon->signal(SIGKILL);
   daemon->wait(milliseconds(5000));
-  daemon = start_daemon((dir / "state.db").string(), port);
+  daemon = start_daemon((dir / "state.db").string(), port, keys);
   EXPECT_TRUE(contains(cluster({"register", (dir / "south.toml").string()}).output, "cluster south unchanged"));
   daemon->signal(SIGINT);
   daemon->wait(milliseconds(10000));

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <sodium.h>
 
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/service.h"
@@ -250,4 +251,142 @@ TEST(SchedulerServiceInput, HostileRequestsAreRefusedAndTheDaemonStaysUp) {
 }
 
 }  // namespace
+}  // namespace crosstrain::scheduler
+
+namespace crosstrain::scheduler {
+namespace {
+
+constexpr const char* kAdmin = "admin-token-0123456789abcdef";
+constexpr const char* kRead = "read-token-0123456789abcdef";
+
+ServiceOptions guarded_options(const ClusterKeys& keys = {}) {
+  ServiceOptions o;
+  o.tokens = std::make_shared<ApiTokens>(
+      ApiTokens::parse(std::string("admin ") + kAdmin + "\nread " + kRead + "\n", "test tokens"));
+  o.cluster_keys = keys;
+  return o;
+}
+
+httplib::Result call(int port, const std::string& method, const std::string& path, const std::string& token,
+                     const std::string& body = "", httplib::Headers headers = {}) {
+  httplib::Client client("127.0.0.1", port);
+  client.set_connection_timeout(5);
+  client.set_read_timeout(10);
+  if (!token.empty()) headers.emplace("Authorization", std::string("Bearer ") + token);
+  if (method == "GET") return client.Get(path, headers);
+  if (method == "DELETE") return client.Delete(path, headers);
+  return client.Post(path, headers, body, "application/json");
+}
+
+int status_of(const httplib::Result& r) { return r ? r->status : -1; }
+
+}  // namespace
+
+// Every API call needs a token of the right role (issue 34): an anonymous caller sees nothing and changes nothing,
+// a read token sees but cannot submit or cancel, an admin token does both; the page and Chart.js need none.
+TEST(SchedulerServiceAuth, TokensDecideWhoSeesAndWhoChanges) {
+  Rig rig(guarded_options());
+  const int port = rig.service->port();
+  const std::string job = json{{"name", "added"}, {"ranks", 2}}.dump();
+  auto anonymous = call(port, "GET", "/api/jobs", "");
+  ASSERT_TRUE(anonymous);
+  EXPECT_EQ(anonymous->status, 401) << anonymous->body;
+  EXPECT_TRUE(contains(anonymous->body, "Authorization: Bearer")) << anonymous->body;
+  EXPECT_EQ(anonymous->get_header_value("WWW-Authenticate"), "Bearer");
+  EXPECT_EQ(status_of(call(port, "GET", "/api/jobs", "guessed-token-0123456789")), 401);
+  EXPECT_EQ(status_of(call(port, "POST", "/api/jobs", "", job)), 401);
+  EXPECT_EQ(status_of(call(port, "DELETE", "/api/jobs/1", "")), 401);
+  EXPECT_EQ(status_of(call(port, "GET", "/api/jobs/2/metrics", "")), 401) << "a run's metrics are data too";
+  EXPECT_EQ(status_of(call(port, "GET", "/api/jobs", kRead)), 200);
+  EXPECT_EQ(status_of(call(port, "GET", "/api/jobs/2/report?access_token=" + std::string(kRead), "")), 404)
+      << "a read token in the query reaches the report (no renderer here: 404 naming why, not 401)";
+  auto read_submit = call(port, "POST", "/api/jobs", kRead, job);
+  EXPECT_EQ(status_of(read_submit), 403);
+  EXPECT_EQ(status_of(call(port, "DELETE", "/api/jobs/1", kRead)), 403);
+  EXPECT_EQ(status_of(call(port, "POST", "/api/jobs?access_token=" + std::string(kAdmin), "", job)), 401)
+      << "a token in the query is only for reading";
+  EXPECT_EQ(status_of(call(port, "GET", "/", "")), 200) << "the page holds no data";
+  EXPECT_NE(status_of(call(port, "GET", "/chart.js", "")), 401);
+  EXPECT_EQ(status_of(call(port, "POST", "/api/jobs", kAdmin, job)), 201);
+  EXPECT_EQ(status_of(call(port, "DELETE", "/api/jobs/1", kAdmin)), 200);
+  // Only the admin's job was added: three from the rig, one now.
+  auto all = call(port, "GET", "/api/jobs", kAdmin);
+  ASSERT_TRUE(all);
+  EXPECT_EQ(json::parse(all->body).size(), 4u);
+}
+
+// Registrations and link reports carry the signature of the cluster they concern; anything else is refused and
+// the daemon goes on.
+TEST(SchedulerServiceAuth, ClustersRegisterAndReportLinksOnlyUnderTheirOwnSignature) {
+  if (sodium_init() < 0) GTEST_SKIP();
+  unsigned char pk[32], sk[64], east_pk[32], east_sk[64];
+  crypto_sign_keypair(pk, sk);
+  crypto_sign_keypair(east_pk, east_sk);
+  ClusterKeys keys;
+  std::copy(pk, pk + 32, keys["south"].begin());
+  std::copy(east_pk, east_pk + 32, keys["a"].begin());  // cluster "a" of the rig
+  Rig rig(guarded_options(keys));
+  const int port = rig.service->port();
+  const std::string south =
+      "name = \"south\"\n[devices.l4]\npeak_tflops = { fp32 = 30, bf16 = 121 }\nmemory_gb = 24\nmemory_bandwidth_gbs = 300\n"
+      "power_w = 72\nprice_per_hour = 0.8\n[[clusters]]\nname = \"south\"\ndevice = \"l4\"\nhosts = 1\ndevices_per_host = 8\n";
+  const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                       std::chrono::system_clock::now().time_since_epoch()).count();
+  auto signed_by = [&](const unsigned char* key, const std::string& who, const std::string& path, const std::string& body,
+                       int64_t at) {
+    return httplib::Headers{{kSignatureHeader, sign_request(who, key, "POST", path, body, at)}};
+  };
+  EXPECT_EQ(status_of(call(port, "POST", "/api/clusters", kAdmin, south)), 401) << "an admin token is not a signature";
+  EXPECT_EQ(status_of(call(port, "POST", "/api/clusters", "", south, signed_by(east_sk, "a", "/api/clusters", south, now))), 403)
+      << "a registering south";
+  EXPECT_EQ(status_of(call(port, "POST", "/api/clusters", "", south, signed_by(east_sk, "south", "/api/clusters", south, now))), 401)
+      << "a's key posing as south";
+  const auto good = signed_by(sk, "south", "/api/clusters", south, now);
+  auto added = call(port, "POST", "/api/clusters", "", south, good);
+  ASSERT_TRUE(added);
+  EXPECT_EQ(added->status, 201) << added->body;
+  auto replayed = call(port, "POST", "/api/clusters", "", south, good);
+  EXPECT_EQ(status_of(replayed), 401);
+  EXPECT_TRUE(replayed && contains(replayed->body, "replay")) << (replayed ? replayed->body : "");
+  const std::string others = json{{"a", "a"}, {"b", "b"}, {"bandwidth_gbps", 1.0}}.dump();
+  EXPECT_EQ(status_of(call(port, "POST", "/api/links", "", others, signed_by(sk, "south", "/api/links", others, now))), 403)
+      << "south reporting a link between two others";
+  const std::string own = json{{"a", "a"}, {"b", "south"}, {"bandwidth_gbps", 1.0}}.dump();
+  auto reported = call(port, "POST", "/api/links", "", own, signed_by(sk, "south", "/api/links", own, now));
+  ASSERT_TRUE(reported);
+  EXPECT_EQ(reported->status, 200) << reported->body;
+  EXPECT_EQ(status_of(call(port, "GET", "/api/health", kRead)), 200) << "the daemon is up";
+}
+
+// Beyond loopback the API is served over HTTPS: a client that trusts the certificate gets answers; a plain-HTTP
+// client gets none.
+TEST(SchedulerServiceAuth, ServesHttpsWithTheCertificateItIsGiven) {
+  const fs::path dir = crosstrain::testing::scratch_dir("service-tls");
+  const std::string cert = (dir / "cert.pem").string(), key = (dir / "key.pem").string();
+  const auto made = crosstrain::testing::run_process(
+      {"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes", "-keyout", key,
+       "-out", cert, "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"},
+      {}, std::chrono::milliseconds(30000));
+  if (made.exit_code() != 0) GTEST_SKIP() << "openssl could not make a certificate: " << made.output;
+  ServiceOptions o = guarded_options();
+  o.tls_cert = cert;
+  o.tls_key = key;
+  Rig rig(o);
+  httplib::SSLClient tls("127.0.0.1", rig.service->port());
+  tls.set_ca_cert_path(cert.c_str());
+  tls.enable_server_certificate_verification(true);
+  auto r = tls.Get("/api/health", {{"Authorization", std::string("Bearer ") + kRead}});
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, 200) << r->body;
+  httplib::SSLClient untrusting("127.0.0.1", rig.service->port());
+  untrusting.enable_server_certificate_verification(true);
+  untrusting.set_ca_cert_path("/dev/null");
+  EXPECT_FALSE(untrusting.Get("/api/health")) << "a certificate nobody vouched for was accepted";
+  EXPECT_FALSE(call(rig.service->port(), "GET", "/api/health", kRead)) << "plain HTTP was answered";
+  ServiceOptions half = guarded_options();
+  half.tls_cert = cert;
+  EXPECT_THROW(SchedulerService(rig.sched, rig.store, "127.0.0.1", 0, std::chrono::milliseconds(200), half), UsageError);
+  fs::remove_all(dir);
+}
+
 }  // namespace crosstrain::scheduler

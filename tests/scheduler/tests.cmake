@@ -1,13 +1,16 @@
 # The scheduler (issue 19): placement, its SQLite state, the gang scheduler, the train shares, local executors.
 add_executable(scheduler_tests scheduler/test_placement.cpp scheduler/test_state_store.cpp
-  scheduler/test_gang_scheduler.cpp scheduler/test_train_share.cpp scheduler/test_local_executor.cpp)
+  scheduler/test_gang_scheduler.cpp scheduler/test_train_share.cpp scheduler/test_local_executor.cpp
+  scheduler/test_api_auth.cpp)
 target_compile_options(scheduler_tests PRIVATE -Wall -Wextra -Wno-unused-parameter)
-target_link_libraries(scheduler_tests PRIVATE crosstrain_scheduler ct_support SQLite::SQLite3 GTest::gtest_main)
+target_link_libraries(scheduler_tests PRIVATE crosstrain_scheduler ct_support SQLite::SQLite3 PkgConfig::SODIUM
+  GTest::gtest_main)
 gtest_discover_tests(scheduler_tests PROPERTIES LABELS unit TIMEOUT 120 DISCOVERY_TIMEOUT 60)
 # The HTTP API and dashboard of a running service.
 add_executable(scheduler_service_tests scheduler/test_service_run.cpp)
 target_compile_options(scheduler_service_tests PRIVATE -Wall -Wextra -Wno-unused-parameter)
 target_link_libraries(scheduler_service_tests PRIVATE crosstrain_scheduler ct_support SQLite::SQLite3 PkgConfig::HTTPLIB
+  PkgConfig::SODIUM
   nlohmann_json::nlohmann_json GTest::gtest_main)
 gtest_discover_tests(scheduler_service_tests PROPERTIES LABELS unit TIMEOUT 240 DISCOVERY_TIMEOUT 60)
 # Real Slurm clusters (scripts/slurm_testbed.sh), the CLI, and the compute network end to end.

@@ -21,7 +21,14 @@
 //                                    "added" (201), "up" (a lost cluster is back) or "unchanged"}; 400 for another
 //                                    spec under a known name
 //   POST   /api/links                a measured link {"a", "b", "bandwidth_gbps", "latency_us"}
-// Errors are JSON too: {"error": "..."} with 400 (bad request), 404 (no such job) or 500.
+// Errors are JSON too: {"error": "..."} with 400 (bad request), 401 (who are you), 403 (not allowed), 404 (no such
+// job) or 500.
+//
+// Who may call (api_auth.h), when ServiceOptions::tokens is set (the daemon always sets it): every /api request
+// needs a bearer token (GET: read or admin; POST and DELETE: admin), except registrations and link reports, which
+// must be signed by the cluster they concern (the registered cluster; one end of the link). The dashboard page and
+// /chart.js hold no data and need none; the page sends the token it was opened with (#token=...). A token may also
+// come as ?access_token= on a GET (a report opened in a new tab). With tls_cert and tls_key it serves HTTPS.
 #pragma once
 
 #include <chrono>
@@ -32,11 +39,14 @@
 #include <string>
 #include <thread>
 
+#include "crosstrain/scheduler/api_auth.h"
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/state_store.h"
 
 namespace httplib {
 class Server;
+struct Request;
+struct Response;
 }
 
 namespace crosstrain::scheduler {
@@ -47,6 +57,12 @@ struct ServiceOptions {
   std::function<std::string(const std::string& run_dir)> report_html;
   // Served at /chart.js; where Debian's libjs-chart.js puts it (the dashboard shows figures without charts if absent).
   std::string chart_js_path = "/usr/share/javascript/chart.js/chart.min.js";
+  // Bearer tokens and their roles; null: the API is open (tests and embedding only: the daemon always has tokens).
+  std::shared_ptr<const ApiTokens> tokens;
+  // The clusters' public keys: a registration or link report must carry the signature of the cluster it concerns.
+  ClusterKeys cluster_keys;
+  // HTTPS (PEM files) when both are given.
+  std::string tls_cert, tls_key;
 };
 
 class SchedulerService {
@@ -69,11 +85,16 @@ class SchedulerService {
   void run_routes();       // a job's run folder: metrics and report
   void resource_routes();  // clusters registering, measured links
   void tick_loop();
+  // Refuses (answers 401 or 403) a request its caller may not make; true when it answered.
+  bool refused(const httplib::Request& req, httplib::Response& res) const;
+  // The cluster that signed a registration or link report; throws AuthError when the signature is missing or bad.
+  std::string signer(const httplib::Request& req);
 
   Scheduler& scheduler_;
   StateStore& store_;
   ServiceOptions options_;
   std::unique_ptr<httplib::Server> server_;
+  std::unique_ptr<RequestVerifier> verifier_;
   std::mutex mutex_;  // the scheduler and the store
   std::chrono::milliseconds tick_every_;
   int port_ = 0;

@@ -106,7 +106,9 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
                          "'; make one with crosstrain ledger keygen --cluster " + c.name + " --out " + cli.ledger_keys);
   }
   auto command = scheduler::train_share_command(launch, work);
-  if (cli.executor == "local") return std::make_unique<scheduler::LocalExecutor>(work, command);
+  if (cli.executor == "local")
+    return std::make_unique<scheduler::LocalExecutor>(work, command, std::chrono::milliseconds(10000),
+                                                      cli.max_local_ranks);
   if (cli.executor == "slurm")
     return std::make_unique<scheduler::SlurmExecutor>(slurm_clusters(cli, registry), work, command);
   throw UsageError("scheduler: --executor '" + cli.executor + "': use sim, local or slurm");
@@ -348,6 +350,9 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
                         "--ledger-keys/keys.json)");
   cli.serve->add_option("--tls-cert", cli.tls_cert, "serve HTTPS with this PEM certificate (needed beyond loopback)");
   cli.serve->add_option("--tls-key", cli.tls_key, "the certificate's PEM private key");
+  cli.serve->add_option("--max-local-ranks", cli.max_local_ranks,
+                        "--executor local: the most ranks one job may start on this machine (0: two per core)")
+      ->check(CLI::NonNegativeNumber);
   auto client_options = [&cli](CLI::App* c) {
     c->add_option("--token", cli.token, "API token (else CROSSTRAIN_SCHEDULER_TOKEN, else --token-file)");
     c->add_option("--token-file", cli.token_file, "the daemon's tokens file (its admin token is used)");

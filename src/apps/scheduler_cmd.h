@@ -32,6 +32,7 @@ struct SchedulerCli {
   std::string tokens;                 // API tokens file (default: beside --state, made on the first start)
   std::string cluster_keys;           // clusters' public keys (keys.json): who may register and report links
   std::string tls_cert, tls_key;      // HTTPS; required to listen beyond loopback
+  int max_local_ranks = 0;            // --executor local: most ranks of one job (0: two per core)
   // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
   std::string recipe;
   std::vector<std::string> sets;

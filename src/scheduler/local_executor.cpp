@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <thread>
@@ -49,8 +50,10 @@ bool group_alive(pid_t pgid) {
 
 }  // namespace
 
-LocalExecutor::LocalExecutor(std::string work_dir, ShareCommand command, std::chrono::milliseconds stop_grace)
-    : work_dir_(std::move(work_dir)), command_(std::move(command)), grace_(stop_grace) {
+LocalExecutor::LocalExecutor(std::string work_dir, ShareCommand command, std::chrono::milliseconds stop_grace,
+                             int max_ranks)
+    : work_dir_(std::move(work_dir)), command_(std::move(command)), grace_(stop_grace),
+      max_ranks_(max_ranks > 0 ? max_ranks : 2 * static_cast<int>(std::max(1u, std::thread::hardware_concurrency()))) {
   fs::create_directories(work_dir_);
 }
 
@@ -76,6 +79,10 @@ int LocalExecutor::spawn(const std::string& script, const std::string& out) cons
 }
 
 void LocalExecutor::start(const JobRecord& job, const PlacementRecord& placement) {
+  if (placement.ranks() > max_ranks_)
+    throw UsageError("job " + std::to_string(job.id) + " places " + std::to_string(placement.ranks()) +
+                     " ranks on this machine, which runs at most " + std::to_string(max_ranks_) +
+                     " (two per core; crosstrain scheduler --max-local-ranks N allows more)");
   const fs::path dir = job_dir_in(work_dir_, job.id);
   std::error_code ec;
   if (fs::is_directory(dir))

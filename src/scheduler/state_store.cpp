@@ -106,6 +106,25 @@ std::string job_spec_to_json(const JobSpec& s) {
   return j.dump();
 }
 
+std::string scheduler_owned_key(const std::string& key) {
+  // Where the job writes and listens, what it trusts, and test-only faults are the scheduler's to decide: a
+  // submitter's override could otherwise write into another job's folder, open a port, turn encryption off or
+  // point the job at another secret.
+  static const std::vector<std::pair<std::string, std::string>> owned{
+      {"run.dir", "the scheduler puts each job's run folder under its --work-dir"},
+      {"run.secret_file", "the scheduler gives every job a secret of its own"},
+      {"run.work_log", "the scheduler turns work logs on for ledger jobs"},
+      {"comm.", "the scheduler decides how ranks communicate (back end, timeouts, encryption)"},
+      {"sync.topology", "the scheduler places the shares and tells each its cluster"},
+      {"obs.metrics_", "a job's metrics endpoint stays on the scheduler's terms (loopback)"},
+      {"debug.", "fault injection is for tests, not for jobs"},
+  };
+  for (const auto& [prefix, why] : owned)
+    if (key == prefix || (prefix.back() == '.' || prefix.back() == '_' ? key.rfind(prefix, 0) == 0 : false))
+      return why + "; remove it from the job's overrides";
+  return "";
+}
+
 JobSpec job_spec_from_json(const std::string& text) {
   nlohmann::json j;
   try {
@@ -125,9 +144,12 @@ JobSpec job_spec_from_json(const std::string& text) {
   if (s.max_restarts < 0) throw UsageError("job spec: max_restarts = " + std::to_string(s.max_restarts) + " must be 0 or more");
   read(j, "recipe", s.recipe, "");
   read(j, "set", s.overrides, "");
-  for (const std::string& o : s.overrides)
+  for (const std::string& o : s.overrides) {
     if (o.find('=') == std::string::npos || o.front() == '=')
       throw UsageError("job spec: set entry '" + o + "' is not KEY=VALUE (as crosstrain train --set)");
+    const std::string why = scheduler_owned_key(o.substr(0, o.find('=')));
+    if (!why.empty()) throw UsageError("job spec: set entry '" + o + "': " + why);
+  }
   if (s.min_ranks < 0 || s.min_ranks > s.ranks)
     throw UsageError("job spec: min_ranks = " + std::to_string(s.min_ranks) + " must be between 1 and ranks = " +
                      std::to_string(s.ranks) + " (0: exactly ranks)");

@@ -1,10 +1,14 @@
 #include "crosstrain/scheduler/train_share.h"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sodium.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -52,6 +56,7 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
       "train.steps=" + std::to_string(job.spec.steps),
       "train.checkpoint_every=" + std::to_string(job.spec.checkpoint_every),
       "train.global_batch=" + std::to_string(job.spec.batch()),
+      "obs.metrics_host=127.0.0.1",
   };
   const std::vector<std::string> layout =
       placed_layout(placement, work_log).train_overrides(planner::OverrideScope::ShapeAndSync);
@@ -78,8 +83,10 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
                              std::to_string(share)});
   }
   argv.insert(argv.end(), {"--", launch.crosstrain, "train", job.spec.recipe});
-  for (const std::string& s : placement_overrides(job, placement, launch)) argv.insert(argv.end(), {"--set", s});
+  // The job's own overrides first: the scheduler's come after them and win (state_store.h refuses job overrides of
+  // the keys it owns; this holds for specs stored before that check too).
   for (const std::string& s : job.spec.overrides) argv.insert(argv.end(), {"--set", s});
+  for (const std::string& s : placement_overrides(job, placement, launch)) argv.insert(argv.end(), {"--set", s});
   if (launch.resume) argv.push_back("--resume");
   return argv;
 }
@@ -191,6 +198,28 @@ std::string share_script(const JobRecord& job, const PlacementRecord& placement,
   return script.str();
 }
 
+std::string job_secret_file(const std::string& work_dir, int64_t job_id) {
+  const fs::path dir = job_dir_in(work_dir, job_id);
+  fs::create_directories(dir);
+  const std::string path = (dir / "secret").string();
+  if (fs::exists(path)) return path;
+  if (sodium_init() < 0) throw Error("libsodium failed to initialise (sodium_init)");
+  unsigned char raw[32];
+  randombytes_buf(raw, sizeof raw);
+  char hex[2 * sizeof raw + 1];
+  sodium_bin2hex(hex, sizeof hex, raw, sizeof raw);
+  sodium_memzero(raw, sizeof raw);
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+  const bool written = fd >= 0 && ::write(fd, hex, 2 * sizeof raw) == static_cast<ssize_t>(2 * sizeof raw);
+  if (fd >= 0) ::close(fd);
+  sodium_memzero(hex, sizeof hex);
+  if (!written || std::rename(tmp.c_str(), path.c_str()) != 0)
+    throw Error("scheduler: cannot write job " + std::to_string(job_id) + "'s secret " + path + ": " +
+                std::strerror(errno));
+  return path;
+}
+
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
                                                                                               std::string work_dir) {
   auto port = std::make_shared<int>(0);
@@ -200,7 +229,9 @@ std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> tra
     launch.run_dir = job_run_dir(work_dir, job.id);
     launch.master_port = *port;
     launch.resume = newest_checkpoint_step(launch.run_dir) > 0;
-    return train_share_script(job, placement, share, launch);
+    const std::string secret = job_secret_file(work_dir, job.id);
+    return "export CROSSTRAIN_SECRET=\"$(cat " + shell_quote(secret) + ")\"\n" +
+           train_share_script(job, placement, share, launch);
   };
 }
 

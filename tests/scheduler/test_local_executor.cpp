@@ -116,5 +116,22 @@ TEST_F(LocalExecutorTest, ACheckpointInTheRunFolderIsReported) {
   EXPECT_EQ(s.checkpoint_step, 30);
 }
 
+// Issue 34: a placement of more ranks than this machine runs is refused before anything starts.
+TEST_F(LocalExecutorTest, APlacementBeyondTheMachineIsRefusedAndStartsNothing) {
+  LocalExecutor e(work_.string(), [](const JobRecord&, const PlacementRecord&, size_t) { return "true"; },
+                  milliseconds(1000), /*max_ranks=*/2);
+  try {
+    e.start(job(4), gang());  // 3 ranks
+    ADD_FAILURE() << "3 ranks were started on a machine that runs 2";
+  } catch (const crosstrain::UsageError& error) {
+    EXPECT_NE(std::string(error.what()).find("--max-local-ranks"), std::string::npos) << error.what();
+  }
+  EXPECT_FALSE(fs::exists(work_ / "job4" / "share0.sh"));
+  LocalExecutor roomy(work_.string(), [](const JobRecord&, const PlacementRecord&, size_t) { return "true"; },
+                      milliseconds(1000), /*max_ranks=*/3);
+  roomy.start(job(5), gang());
+  EXPECT_EQ(wait_end(roomy, 5).kind, ExecStatus::Done);
+}
+
 }  // namespace
 }  // namespace crosstrain::scheduler

@@ -1,6 +1,7 @@
 // What a cluster share of a recipe job runs (train_share.h): the launcher and trainer command line built from a
 // placement, and what executors read back from a run folder (newest checkpoint, last metrics step).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -61,9 +62,10 @@ TEST(TrainShare, EachShareIsALauncherNodeMeetingAtShareZero) {
   const std::string west = joined(train_share_argv(recipe_job(), two_shares(), 1, l));
   EXPECT_EQ(west,
             "/bin/crosstrain run --nproc 2 --nnodes 2 --node-rank 1 --timeout 120 --master 10.0.0.1:29500 --cluster 1 "
-            "-- /bin/crosstrain train /r/gpt-tiny.toml --set run.dir=/w/job7/run --set train.steps=40 "
-            "--set train.checkpoint_every=10 --set train.global_batch=16 --set parallel.tp=1 --set parallel.pp=1 "
-            "--set parallel.zero=1 --set sync.mode=diloco --set sync.inner_steps=5 --set train.lr=0.001");
+            "-- /bin/crosstrain train /r/gpt-tiny.toml --set train.lr=0.001 --set run.dir=/w/job7/run "
+            "--set train.steps=40 --set train.checkpoint_every=10 --set train.global_batch=16 "
+            "--set obs.metrics_host=127.0.0.1 --set parallel.tp=1 --set parallel.pp=1 --set parallel.zero=1 "
+            "--set sync.mode=diloco --set sync.inner_steps=5");
   l.resume = true;
   const auto east = train_share_argv(recipe_job(), two_shares(), 0, l);
   EXPECT_NE(joined(east).find("--node-rank 0 "), std::string::npos);
@@ -174,12 +176,49 @@ TEST(TrainShare, NewestCompleteCheckpointAndLastWholeMetricsLine) {
 }
 
 TEST(TrainShare, ShareCommandsOfOnePlacementShareOneFreshPort) {
-  const auto command = train_share_command(launch("", "127.0.0.1", 0), "/w");
+  const fs::path work = crosstrain::testing::scratch_dir("share-port");
+  const auto command = train_share_command(launch("", "127.0.0.1", 0), work.string());
   const std::string first = command(recipe_job(), two_shares(), 0), second = command(recipe_job(), two_shares(), 1);
   const auto port = [](const std::string& s) { return s.substr(s.find("'--master' ") + 11, 18); };
   EXPECT_EQ(port(first), port(second)) << first << "\n" << second;
-  EXPECT_NE(first.find("'run.dir=/w/job7/run'"), std::string::npos) << first;
+  EXPECT_NE(first.find("'run.dir=" + (work / "job7" / "run").string() + "'"), std::string::npos) << first;
   EXPECT_GT(free_port(), 0);
+  fs::remove_all(work);
+}
+
+// Issue 34: every job the scheduler starts has a secret of its own (its store refuses other jobs' ranks, and
+// comm.encrypt seals what crosses clusters), and the scheduler's settings come after the job's own overrides.
+TEST(TrainShare, EveryJobGetsASecretOfItsOwnAndTheSchedulersSettingsWin) {
+  const fs::path work = crosstrain::testing::scratch_dir("share-secret");
+  const auto command = train_share_command(launch("", "127.0.0.1", 0), work.string());
+  const std::string script = command(recipe_job(), two_shares(), 0);
+  const std::string file = (work / "job7" / "secret").string();
+  EXPECT_NE(script.find("export CROSSTRAIN_SECRET=\"$(cat '" + file + "')\""), std::string::npos) << script;
+  struct stat st {};
+  ASSERT_EQ(stat(file.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  std::string secret;
+  std::ifstream(file) >> secret;
+  EXPECT_EQ(secret.size(), 64u);
+  EXPECT_EQ(secret.find_first_not_of("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(script.find(secret), std::string::npos) << "the secret itself is in the script";
+  command(recipe_job(), two_shares(), 1);
+  std::string again;
+  std::ifstream(file) >> again;
+  EXPECT_EQ(again, secret) << "a job keeps its secret across shares and attempts";
+  JobRecord other = recipe_job();
+  other.id = 8;
+  command(other, two_shares(), 0);
+  std::string theirs;
+  std::ifstream(work / "job8" / "secret") >> theirs;
+  EXPECT_NE(theirs, secret);
+  // An override stored before the scheduler refused them: the scheduler's run.dir comes later and wins.
+  JobRecord sneaky = recipe_job();
+  sneaky.spec.overrides = {"run.dir=/elsewhere", "obs.metrics_host=0.0.0.0"};
+  const std::string argv = joined(train_share_argv(sneaky, two_shares(), 0, launch("/w/job7/run", "10.0.0.1", 29500)));
+  EXPECT_LT(argv.find("run.dir=/elsewhere"), argv.find("run.dir=/w/job7/run")) << argv;
+  EXPECT_LT(argv.find("obs.metrics_host=0.0.0.0"), argv.find("obs.metrics_host=127.0.0.1")) << argv;
+  fs::remove_all(work);
 }
 
 }  // namespace

@@ -15,8 +15,10 @@ namespace crosstrain::scheduler {
 
 class LocalExecutor : public Executor {
  public:
+  // `max_ranks`: the most ranks one job may start here (0: two per core of this machine, the most a CPU host
+  // trains with): a placement of 4,096 ranks on a workstation is refused, not spawned.
   LocalExecutor(std::string work_dir, ShareCommand command,
-                std::chrono::milliseconds stop_grace = std::chrono::milliseconds(10000));
+                std::chrono::milliseconds stop_grace = std::chrono::milliseconds(10000), int max_ranks = 0);
   void start(const JobRecord& job, const PlacementRecord& placement) override;
   // SIGTERM to every share's process group (the launcher stops its ranks), SIGKILL after the grace period.
   void stop(int64_t job_id) override;
@@ -30,6 +32,7 @@ class LocalExecutor : public Executor {
   std::string work_dir_;
   ShareCommand command_;
   std::chrono::milliseconds grace_;
+  int max_ranks_;
 };
 
 }  // namespace crosstrain::scheduler

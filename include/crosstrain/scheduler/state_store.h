@@ -104,6 +104,10 @@ class StateStore {
   int depth_ = 0;  // open transactions (nested ones join the outermost)
 };
 
+// Why a job's own `set` override may not change `key` (a key the scheduler decides: run.dir, comm.*, ...), or ""
+// when it may.
+std::string scheduler_owned_key(const std::string& key);
+
 // JSON of a job spec (the jobs table's spec column; also what the HTTP API will take).
 std::string job_spec_to_json(const JobSpec& spec);
 JobSpec job_spec_from_json(const std::string& text);  // throws UsageError naming the field

@@ -74,7 +74,12 @@ std::string share_script(const JobRecord& job, const PlacementRecord& placement,
                          const std::string& command, const std::string& stem);
 
 // The usual ShareCommand for recipe jobs: train_share_argv with a fresh rendezvous port per placement (found when
-// share 0 is built), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint.
+// share 0 is built), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint. Every job
+// gets a secret of its own (job_secret_file, made on its first start): the shares export it as CROSSTRAIN_SECRET,
+// so only they join the job's store, and comm.encrypt seals what crosses clusters.
+// WORK_DIR/jobN/secret (mode 0600): 32 random bytes in hex, made when missing; returns its path.
+std::string job_secret_file(const std::string& work_dir, int64_t job_id);
+
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
                                                                                               std::string work_dir);
 

@@ -6,6 +6,11 @@
 // one-way delay (the kernel of these machines has no netem), optionally with random loss. The queue is a FIFO
 // and the delay is constant, so packets never overtake one another.
 //
+// It can also play the attacker on the path (tests of comm.encrypt, issue 34): --capture FILE appends the TCP payload
+// of every packet to FILE (what a tap on the wide-area link reads), and --flip-every N flips one payload byte of
+// every Nth TCP segment that carries data, fixing the TCP checksum as an attacker would (so the receiver's kernel
+// accepts the segment and hands the changed bytes to the application).
+//
 // No libtorch, no threads: one loop around ppoll() whose timeout is the head packet's due time. SIGTERM, SIGINT
 // and SIGHUP end it at once (queued packets are dropped: the link is going away).
 
@@ -55,15 +60,53 @@ struct Options {
   uint64_t seed = 1;
   size_t max_queue_bytes = size_t(64) << 20;
   std::string pidfile;
+  std::string capture;       // append every TCP payload here
+  uint64_t flip_every = 0;   // flip a payload byte of every Nth data segment; 0: never
 };
+
+// The TCP payload of an IPv4 packet: [begin, end) within it, or begin == end when it is none.
+struct Payload {
+  size_t ip_header = 0, tcp_begin = 0, begin = 0, end = 0;
+};
+Payload tcp_payload(const uint8_t* p, size_t n) {
+  Payload out;
+  if (n < 20 || (p[0] >> 4) != 4 || p[9] != 6) return out;
+  const size_t ihl = size_t(p[0] & 0x0f) * 4;
+  const size_t total = size_t(p[2]) << 8 | p[3];
+  if (ihl < 20 || total > n || total < ihl + 20) return out;
+  const size_t doff = size_t(p[ihl + 12] >> 4) * 4;
+  if (doff < 20 || ihl + doff > total) return out;
+  out.ip_header = ihl;
+  out.tcp_begin = ihl;
+  out.begin = ihl + doff;
+  out.end = total;
+  return out;
+}
+
+// Recomputes the TCP checksum of an IPv4 packet (pseudo-header, header and payload).
+void fix_tcp_checksum(uint8_t* p, const Payload& t) {
+  const size_t tcp_len = t.end - t.tcp_begin;
+  p[t.tcp_begin + 16] = p[t.tcp_begin + 17] = 0;
+  uint64_t sum = 0;
+  for (int i = 12; i < 20; i += 2) sum += uint32_t(p[i]) << 8 | p[i + 1];  // source and destination address
+  sum += 6 + tcp_len;                                                       // protocol, TCP length
+  for (size_t i = 0; i + 1 < tcp_len; i += 2) sum += uint32_t(p[t.tcp_begin + i]) << 8 | p[t.tcp_begin + i + 1];
+  if (tcp_len % 2) sum += uint32_t(p[t.tcp_begin + tcp_len - 1]) << 8;
+  while (sum >> 16) sum = (sum & 0xffff) + (sum >> 16);
+  const uint16_t c = uint16_t(~sum);
+  p[t.tcp_begin + 16] = uint8_t(c >> 8);
+  p[t.tcp_begin + 17] = uint8_t(c);
+}
 
 [[noreturn]] void usage(const char* argv0, int code) {
   std::fprintf(code ? stderr : stdout,
                "usage: %s --dev TUN --delay-ms MS [--loss P] [--seed N] [--max-queue-mb MB] [--pidfile FILE]\n"
+               "          [--capture FILE] [--flip-every N]\n"
                "Attaches to the TUN device TUN (created with `ip tuntap add mode tun dev TUN`), holds each packet\n"
                "read from it for MS milliseconds (FIFO, no reordering) and writes it back. --loss drops a packet\n"
                "with probability P (0..1). The pid file is written once the device is attached. SIGTERM stops it.\n"
-               "SIGUSR1 prints counters to stderr.\n",
+               "SIGUSR1 prints counters to stderr. --capture appends every TCP payload to FILE; --flip-every N\n"
+               "flips a payload byte of every Nth data segment and fixes its checksum (an attacker on the path).\n",
                argv0);
   std::exit(code);
 }
@@ -97,6 +140,8 @@ Options parse(int argc, char** argv) {
     else if (a == "--seed") o.seed = uint64_t(number(a, value(i)));
     else if (a == "--max-queue-mb") o.max_queue_bytes = size_t(number(a, value(i)) * (1 << 20));
     else if (a == "--pidfile") o.pidfile = value(i);
+    else if (a == "--capture") o.capture = value(i);
+    else if (a == "--flip-every") o.flip_every = uint64_t(number(a, value(i)));
     else {
       std::fprintf(stderr, "crosstrain-delay-relay: unknown argument '%s'\n", a.c_str());
       usage(argv[0], 2);
@@ -166,6 +211,12 @@ int main(int argc, char** argv) {
   for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigdelset(&during_poll, s);
 
   int fd = open_tun(opt.dev);
+  FILE* capture = nullptr;
+  if (!opt.capture.empty() && !(capture = std::fopen(opt.capture.c_str(), "ab"))) {
+    std::fprintf(stderr, "crosstrain-delay-relay: open %s: %s\n", opt.capture.c_str(), std::strerror(errno));
+    return 1;
+  }
+  uint64_t data_segments = 0, n_flipped = 0;
   write_pidfile(opt.pidfile);
 
   const int64_t delay_ns = int64_t(opt.delay_ms * 1e6);
@@ -179,10 +230,10 @@ int main(int argc, char** argv) {
   auto report = [&](const char* why) {
     std::fprintf(stderr,
                  "crosstrain-delay-relay: %s: dev=%s delay_ms=%g in=%llu out=%llu bytes_out=%llu lost=%llu "
-                 "overflow=%llu write_errors=%llu queued=%zu\n",
+                 "overflow=%llu write_errors=%llu queued=%zu flipped=%llu\n",
                  why, opt.dev.c_str(), opt.delay_ms, (unsigned long long)n_in, (unsigned long long)n_out,
                  (unsigned long long)bytes_out, (unsigned long long)n_lost, (unsigned long long)n_overflow,
-                 (unsigned long long)n_write_err, queue.size());
+                 (unsigned long long)n_write_err, queue.size(), (unsigned long long)n_flipped);
   };
   std::fprintf(stderr, "crosstrain-delay-relay: attached to %s, delay %g ms, loss %g\n", opt.dev.c_str(),
                opt.delay_ms, opt.loss);
@@ -239,6 +290,17 @@ int main(int argc, char** argv) {
         ++n_lost;
         continue;
       }
+      if (capture || opt.flip_every) {
+        const Payload t = tcp_payload(buf.data(), size_t(n));
+        if (t.end - t.begin >= 64) {
+          if (opt.flip_every && ++data_segments % opt.flip_every == 0) {
+            buf[(t.begin + t.end) / 2] ^= 0x10;
+            fix_tcp_checksum(buf.data(), t);
+            ++n_flipped;
+          }
+        }
+        if (capture && t.end > t.begin) std::fwrite(buf.data() + t.begin, 1, t.end - t.begin, capture);
+      }
       if (queued_bytes + size_t(n) > opt.max_queue_bytes) {
         ++n_overflow;  // tail drop, as a full router queue would
         continue;
@@ -248,6 +310,7 @@ int main(int argc, char** argv) {
     }
   }
   report("stopping");
+  if (capture) std::fclose(capture);
   close(fd);
   if (!opt.pidfile.empty()) unlink(opt.pidfile.c_str());
   return 0;

@@ -162,6 +162,12 @@ LaunchEnv detect_launch_env(const EnvMap& env) {
   e.job_id = detect_job_id(env);
   e.secret = get(env, "CROSSTRAIN_SECRET", "");
   if (const std::string* standby = find(env, "CROSSTRAIN_STANDBY")) read_standby(*standby, e);
+  for (const char* name : {"CROSSTRAIN_CLUSTER", "CT_CLUSTER"})
+    if (find(env, name)) {
+      e.cluster = parse_int(env, name, -1);
+      if (e.cluster < 0) throw UsageError(std::string(name) + " must be a cluster number (0, 1, ...)");
+      break;
+    }
 
   if (find(env, "RANK") && find(env, "WORLD_SIZE")) {
     e.source = LaunchSource::Torchrun;

@@ -32,6 +32,9 @@ struct LaunchEnv {
   // is lost; empty when there is none.
   std::string standby_addr;
   int standby_port = 0;
+  // CROSSTRAIN_CLUSTER (crosstrain run --cluster, the testbed's CT_CLUSTER): this node's cluster, for what keeps
+  // traffic inside clusters or seals what leaves them; -1 when not given.
+  int cluster = -1;
 };
 
 const char* to_string(LaunchSource source);

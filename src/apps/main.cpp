@@ -22,6 +22,7 @@
 #include "crosstrain/core/error.h"
 #include "demo_comm.h"
 #include "launcher.h"
+#include "keys_cmd.h"
 #include "ledger_cmd.h"
 #include "scheduler_cmd.h"
 #include "plan_cmd.h"
@@ -419,6 +420,7 @@ struct CommandLine {
   PlanCli plan;
   TokenizeCli tokenize;
   apps::LedgerCli ledger;
+  apps::KeysCli keys;
   apps::SchedulerCli scheduler;
 
   CommandLine() {
@@ -445,6 +447,7 @@ struct CommandLine {
     add_plan_commands(app, plan);
     add_tokenize_command(app, tokenize);
     apps::add_ledger_command(app, ledger);
+    apps::add_keys_command(app, keys);
     apps::add_scheduler_commands(app, scheduler);
   }
   CommandLine(const CommandLine&) = delete;
@@ -462,7 +465,7 @@ bool is_command(const CLI::App& app, const std::string& name) {
 std::optional<int> parse_command_line(CommandLine& cli, int argc, char** argv, const std::vector<std::string>& args) {
   if (!args.empty() && args[0].rfind("-", 0) != 0 && !is_command(cli.app, args[0])) {
     std::cerr << "crosstrain: unknown command '" << args[0]
-              << "'; the commands are train, config, run, bench, plan, sim, ckpt, report, trace, tokenize, ledger, scheduler, job, demo (crosstrain --help)" << std::endl;
+              << "'; the commands are train, config, run, bench, plan, sim, ckpt, report, trace, tokenize, ledger, keys, scheduler, job, demo (crosstrain --help)" << std::endl;
     return 2;
   }
   try {
@@ -503,6 +506,7 @@ int run_command(CommandLine& cli, const std::vector<std::string>& args) {
   if (*cli.plan.sim) return apps::sim_command(cli.plan.options);
   if (*cli.tokenize.cmd) return apps::tokenize_command(cli.tokenize.options);
   if (cli.ledger.selected()) return apps::run_ledger_command(cli.ledger);
+  if (cli.keys.selected()) return apps::run_keys_command(cli.keys);
   if (cli.scheduler.selected()) return apps::run_scheduler_command(cli.scheduler);
   return 0;
 }

@@ -124,3 +124,46 @@ TEST(LedgerCli, TamperedLedgersAreRefusedNamingTheLine) {
   // The untouched ledger still verifies.
   EXPECT_EQ(verify().exit_code(), 0);
 }
+
+// `crosstrain keys` (issue 34): identities made, shown with their fingerprints, checked for permissions, rotated
+// in one command (the old key kept aside, the ledger it signed still verifiable), and job secrets made private.
+TEST(KeysCli, CreateShowRotateAndMakeASecret) {
+  LedgerDir d("keys");
+  const std::string keys = d.dir + "/keys";
+  ASSERT_EQ(d.run({"keys", "create", "--cluster", "east", "--dir", keys}).exit_code(), 0);
+  ASSERT_EQ(d.run({"keys", "create", "--cluster", "west", "--dir", keys}).exit_code(), 0);
+  EXPECT_NE(d.run({"keys", "create", "--cluster", "east", "--dir", keys}).exit_code(), 0) << "a key was overwritten";
+  auto shown = d.run({"keys", "show", "--dir", keys});
+  EXPECT_EQ(shown.exit_code(), 0) << shown.output;
+  const std::regex east_line("east +(SHA256:[0-9a-f]{16}) +ok");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(shown.output, m, east_line)) << shown.output;
+  const std::string before = m[1];
+  // East signs a ledger entry, then rotates its key.
+  ASSERT_EQ(d.append("east", 10).exit_code(), 0);
+  auto rotated = d.run({"keys", "rotate", "--cluster", "east", "--dir", keys});
+  ASSERT_EQ(rotated.exit_code(), 0) << rotated.output;
+  shown = d.run({"keys", "show", "--dir", keys});
+  ASSERT_TRUE(std::regex_search(shown.output, m, east_line)) << shown.output;
+  EXPECT_NE(m[1], before) << "the fingerprint did not change";
+  // The old entry verifies with the retired keys file the rotation kept, not with the new one.
+  std::string retired;
+  for (const auto& e : fs::directory_iterator(keys))
+    if (e.path().filename().string().rfind("keys.json.retired-", 0) == 0) retired = e.path().string();
+  ASSERT_FALSE(retired.empty());
+  EXPECT_EQ(d.run({"ledger", "verify", d.ledger, "--keys", retired}).exit_code(), 0);
+  EXPECT_NE(d.run({"ledger", "verify", d.ledger, "--keys", d.keys}).exit_code(), 0);
+  // A key others may read is reported, and the command fails.
+  chmod((keys + "/west.key").c_str(), 0644);
+  shown = d.run({"keys", "show", "--dir", keys});
+  EXPECT_NE(shown.exit_code(), 0);
+  EXPECT_NE(shown.output.find("chmod 600"), std::string::npos) << shown.output;
+  // A job secret: 64 hex digits, mode 0600, never overwritten.
+  const std::string secret = d.dir + "/job.secret";
+  ASSERT_EQ(d.run({"keys", "secret", "--out", secret}).exit_code(), 0);
+  struct stat st {};
+  ASSERT_EQ(stat(secret.c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  EXPECT_EQ(st.st_size, 65);
+  EXPECT_NE(d.run({"keys", "secret", "--out", secret}).exit_code(), 0);
+}

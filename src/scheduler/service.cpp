@@ -54,10 +54,16 @@ struct AuthError : std::runtime_error {
 
 void reply(httplib::Response& res, int status, const json& body) {
   res.status = status;
-  res.set_content(body.dump(), "application/json");
+  // An error may quote a client's bytes that are not UTF-8 (a parser's message about them): replaced, not thrown.
+  res.set_content(body.dump(-1, ' ', false, json::error_handler_t::replace), "application/json");
 }
 
-int64_t id_of(const httplib::Request& req) { return std::stoll(req.matches[1]); }
+// The job id of the path; an id of more digits than an int64 holds names no job (404), it is not a server error.
+int64_t id_of(const httplib::Request& req) {
+  const std::string digits = req.matches[1];
+  if (digits.size() > 18) throw UsageError("no job " + digits.substr(0, 24) + (digits.size() > 24 ? "..." : ""));
+  return std::stoll(digits);
+}
 
 // Runs a handler, turning its exceptions into JSON errors: "no job N" is 404, other usage errors 400.
 template <typename Handler>
@@ -290,6 +296,8 @@ void SchedulerService::resource_routes() {
   }));
   server_->Post("/api/links", guarded([this](const httplib::Request& req, httplib::Response& res) {
     const std::string by = signer(req);
+    if (const std::string deep = json_nesting_error(req.body, kMaxJsonDepth); !deep.empty())
+      throw UsageError("a link: " + deep);
     const json j = json::parse(req.body, nullptr, false);
     if (!j.is_object() || !j.contains("a") || !j.contains("b") || !j.contains("bandwidth_gbps") ||
         !j["bandwidth_gbps"].is_number() || j["bandwidth_gbps"].get<double>() <= 0)

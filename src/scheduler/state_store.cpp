@@ -125,7 +125,29 @@ std::string scheduler_owned_key(const std::string& key) {
   return "";
 }
 
+std::string json_nesting_error(const std::string& text, int most) {
+  int depth = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) escaped = false;
+      else if (c == '\\') escaped = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      if (++depth > most)
+        return "JSON nested deeper than " + std::to_string(most) + " levels (a job spec needs 3)";
+    } else if (c == '}' || c == ']') {
+      --depth;
+    }
+  }
+  return "";
+}
+
 JobSpec job_spec_from_json(const std::string& text) {
+  if (const std::string deep = json_nesting_error(text, kMaxJsonDepth); !deep.empty())
+    throw UsageError("job spec: " + deep);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

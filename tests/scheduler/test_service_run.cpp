@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <nlohmann/json.hpp>
 #include <sodium.h>
 
@@ -387,6 +388,118 @@ TEST(SchedulerServiceAuth, ServesHttpsWithTheCertificateItIsGiven) {
   half.tls_cert = cert;
   EXPECT_THROW(SchedulerService(rig.sched, rig.store, "127.0.0.1", 0, std::chrono::milliseconds(200), half), UsageError);
   fs::remove_all(dir);
+}
+
+}  // namespace crosstrain::scheduler
+
+namespace crosstrain::scheduler {
+namespace {
+
+// A request of the fuzzer below: random and malformed, built from a seeded generator.
+struct FuzzRequest {
+  std::string method, path, body, token;
+};
+
+FuzzRequest fuzz_request(std::mt19937& rng) {
+  auto pick = [&](std::initializer_list<const char*> from) {
+    return std::string(*(from.begin() + std::uniform_int_distribution<size_t>(0, from.size() - 1)(rng)));
+  };
+  auto bytes = [&](size_t most) {
+    std::string s(std::uniform_int_distribution<size_t>(0, most)(rng), '\0');
+    for (char& c : s) c = static_cast<char>(rng());
+    return s;
+  };
+  const std::string valid = R"({"name": "fuzz", "ranks": 2, "steps": 10, "model": {"layers": 2, "hidden": 64, "heads": 4}})";
+  FuzzRequest r;
+  r.method = pick({"GET", "POST", "POST", "DELETE", "PUT"});
+  r.path = pick({"/api/jobs", "/api/jobs", "/api/clusters", "/api/links", "/api/health", "/api/jobs/77",
+                 "/api/jobs/99999999999999999999999", "/api/jobs/-1", "/api/jobs/2/metrics?since=abc",
+                 "/api/jobs/2/metrics?since=99999999999999999999", "/api/jobs/2/report", "/api/jobs/2/events",
+                 "/api/../../etc/passwd", "/api/jobs/%00", "/chart.js", "/"});
+  switch (rng() % 8) {
+    case 0: r.body = bytes(2000); break;
+    case 1: {  // a valid spec with one character dropped, doubled or changed
+      r.body = valid;
+      const size_t at = rng() % r.body.size();
+      if (rng() % 3 == 0) r.body.erase(at, 1);
+      else if (rng() % 2) r.body.insert(at, 1, r.body[at]);
+      else r.body[at] = static_cast<char>(rng());
+      break;
+    }
+    case 2: r.body = std::string(20000 + rng() % 50000, '[') + std::string(10, ']'); break;  // deep nesting
+    case 3: r.body = pick({R"({"name": 5})", R"({"ranks": "many"})", R"({"ranks": 1e300})", R"({"ranks": -4})",
+                           R"([1, 2, 3])", R"(null)", R"({"model": {"heads": 0, "layers": 2, "hidden": 64}, "ranks": 2})",
+                           R"({"name": "x", "ranks": 2, "set": ["run.dir=/tmp/owned"]})",
+                           R"({"a": "x", "b": "y", "bandwidth_gbps": "fast"})"});
+      break;
+    case 4: r.body = "name = \"" + bytes(40) + "\"\n[[clusters]]\nname = \"q\"\nhosts = " + std::to_string(rng()) + "\n"; break;
+    case 5: r.body = std::string(900 * 1024, 'a'); break;
+    case 6: r.body = valid; break;
+    default: r.body = ""; break;
+  }
+  r.token = pick({"", "", "admin", "read", "garbage-token-000000000000"});
+  // Jobs 1 to 3 are the rig's: the fuzzer may not cancel them with a real token (that is allowed, not an attack).
+  if (r.method == "DELETE" && r.path == "/api/jobs/77" && r.token == "admin") r.token = "read";
+  return r;
+}
+
+}  // namespace
+
+// Issue 34: 10,000 random and malformed requests (random bytes, broken and hostile job specs, JSON nested 20,000
+// deep, 900 KB bodies, odd paths, no token, the wrong token) leave the daemon answering and the jobs it had as
+// they were; what it accepts is only what an admin could legitimately submit.
+TEST(SchedulerServiceInput, TenThousandRandomAndMalformedRequestsLeaveTheDaemonUpAndItsJobsIntact) {
+  Rig rig(guarded_options());
+  const int port = rig.service->port();
+  auto jobs = [&] {
+    auto r = call(port, "GET", "/api/jobs", kRead);
+    return r && r->status == 200 ? json::parse(r->body) : json();
+  };
+  const json before = jobs();
+  ASSERT_EQ(before.size(), 3u);
+  std::mt19937 rng(20261207);
+  int accepted = 0, server_errors = 0, no_answer = 0;
+  for (int i = 0; i < 10000; ++i) {
+    const FuzzRequest f = fuzz_request(rng);
+    const std::string token = f.token == "admin" ? kAdmin : f.token == "read" ? kRead : f.token;
+    httplib::Client client("127.0.0.1", port);
+    client.set_connection_timeout(5);
+    client.set_read_timeout(10);
+    httplib::Headers h;
+    if (!token.empty()) h.emplace("Authorization", "Bearer " + token);
+    httplib::Result r = f.method == "GET"      ? client.Get(f.path, h)
+                        : f.method == "DELETE" ? client.Delete(f.path, h)
+                        : f.method == "PUT"    ? client.Put(f.path, h, f.body, "application/json")
+                                               : client.Post(f.path, h, f.body, "application/json");
+    // A client still writing a large body when the daemon has already refused it sees the connection close (the
+    // daemon does not read what it refused): that is an answer, not an outage.
+    if (!r && f.body.size() > 64 * 1024 && r.error() == httplib::Error::Write) continue;
+    if (!r) {
+      if (++no_answer <= 3)
+        ADD_FAILURE() << "no answer (" << httplib::to_string(r.error()) << ") to " << f.method << " " << f.path << " ["
+                      << f.body.size() << " bytes: " << f.body.substr(0, 40) << "]";
+      continue;
+    }
+    server_errors += r->status >= 500;
+    if (r->status >= 500 && server_errors <= 3)
+      ADD_FAILURE() << f.method << " " << f.path << " [" << f.body.substr(0, 80) << "] -> " << r->status << " " << r->body;
+    if (f.method == "POST" && f.path == "/api/jobs" && r->status == 201) {
+      ++accepted;
+      EXPECT_EQ(f.token, "admin") << "a job was accepted without an admin token: " << f.body.substr(0, 200);
+    }
+  }
+  EXPECT_EQ(server_errors, 0) << "requests that made the daemon fail (500)";
+  EXPECT_LT(no_answer, 100) << "the daemon stopped answering (a request it could not parse is answered, not dropped)";
+  auto health = call(port, "GET", "/api/health", kRead);
+  ASSERT_TRUE(health) << "the daemon is down";
+  EXPECT_EQ(health->status, 200);
+  const json after = jobs();
+  ASSERT_EQ(after.size(), 3u + accepted);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(after[i]["id"], before[i]["id"]);
+    EXPECT_EQ(after[i]["name"], before[i]["name"]);
+    EXPECT_EQ(after[i]["state"], before[i]["state"]) << "job " << before[i]["id"];
+  }
 }
 
 }  // namespace crosstrain::scheduler

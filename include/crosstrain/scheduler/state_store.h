@@ -104,6 +104,11 @@ class StateStore {
   int depth_ = 0;  // open transactions (nested ones join the outermost)
 };
 
+// Bodies of the API are bounded in size (1 MiB) and in nesting: "" when `text` nests at most `most` objects and
+// arrays, else why not (checked before the parser builds anything).
+constexpr int kMaxJsonDepth = 16;
+std::string json_nesting_error(const std::string& text, int most);
+
 // Why a job's own `set` override may not change `key` (a key the scheduler decides: run.dir, comm.*, ...), or ""
 // when it may.
 std::string scheduler_owned_key(const std::string& key);

@@ -73,10 +73,52 @@ std::string dtype_name(at::ScalarType t) {
   }
 }
 
+// The most elements one tensor of a manifest may have (2^40: 4 TB of fp32): a shape beyond it, or a negative
+// dimension, is a damaged or hostile manifest, refused before anything is allocated for it.
+constexpr int64_t kMaxManifestNumel = int64_t{1} << 40;
+
 int64_t numel_of(const std::vector<int64_t>& shape) {
   int64_t n = 1;
-  for (auto d : shape) n *= d;
+  for (auto d : shape) {
+    if (d < 0 || (d > 0 && n > kMaxManifestNumel / d)) return -1;
+    n *= d;
+  }
   return n;
+}
+
+// Every piece of a tensor before anything is read: its file lies in the checkpoint's directory, its shapes and
+// tensor-parallel place are sane and agree with the tensor's other pieces, and the pieces of each shard tile it
+// exactly (no gap, no overlap). Sizes are then bounded by the files' own headers (read_full checks each piece's
+// element count against its file before allocating).
+void check_pieces(const std::string& tensor, std::vector<PieceRecord>& pieces, const std::string& manifest) {
+  auto bad = [&](const std::string& why) {
+    throw UsageError("checkpoint manifest '" + manifest + "': tensor '" + tensor.substr(0, 200) + "': " + why);
+  };
+  const PieceRecord& first = pieces.front();
+  const int64_t global = numel_of(first.global_shape), shard = numel_of(first.shard_shape);
+  if (global < 0 || shard < 0) bad("a shape with a negative dimension or more than 2^40 elements");
+  if (first.tp_size < 1 || first.tp_size > 65536) bad("tp_size " + std::to_string(first.tp_size) + " is out of range");
+  if (shard * first.tp_size != global)
+    bad(std::to_string(first.tp_size) + " shards of " + std::to_string(shard) + " elements do not make " +
+        std::to_string(global));
+  for (const auto& p : pieces) {
+    if (const std::string why = file_name_error(p.file); !why.empty()) bad("piece file " + why);
+    if (p.tp_size != first.tp_size || p.global_shape != first.global_shape || p.shard_shape != first.shard_shape ||
+        p.dtype != first.dtype || p.param != first.param)
+      bad("its pieces disagree on its shape, dtype or tensor-parallel split");
+    if (p.tp_rank < 0 || p.tp_rank >= p.tp_size || p.offset < 0 || p.numel < 0 || p.offset > shard - p.numel)
+      bad("a piece lies outside its shard");
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const PieceRecord& a, const PieceRecord& b) {
+    return a.tp_rank != b.tp_rank ? a.tp_rank < b.tp_rank : a.offset < b.offset;
+  });
+  std::vector<int64_t> next(first.tp_size, 0);  // where each shard's next piece must start
+  for (const auto& p : pieces) {
+    if (p.offset != next[p.tp_rank]) bad(p.offset < next[p.tp_rank] ? "two pieces overlap" : "a shard has a gap");
+    next[p.tp_rank] += p.numel;
+  }
+  for (int64_t covered : next)
+    if (covered != shard) bad("a tensor-parallel shard is not covered by its pieces");
 }
 
 // A slow disk (debug.fault_save_delay_ms), for the tests that stop a job while a save is under way.
@@ -347,6 +389,7 @@ CheckpointReader::CheckpointReader(const std::string& dir) : dir_(dir) {
   } catch (const nlohmann::json::exception& e) {
     throw UsageError("checkpoint manifest '" + file.string() + "' is corrupt: " + e.what());
   }
+  for (auto& [tensor, pieces] : tensors_) check_pieces(tensor, pieces, file.string());
   for (const auto& f : files())
     if (!fs::exists(fs::path(dir) / f, ec))
       throw UsageError("checkpoint '" + dir + "' is incomplete: " + (fs::path(dir) / f).string() + " is missing");
@@ -417,14 +460,21 @@ at::Tensor CheckpointReader::read_full(const std::string& tensor, const SplitFn&
   // Each tensor-parallel shard, flat, from its pieces; every element exactly once.
   std::vector<at::Tensor> shards(tp_size);
   std::vector<int64_t> covered(tp_size, 0);
+  // First every piece against its file's header (cheap), so that what is allocated below is what the files hold,
+  // not what a manifest claims.
   for (const auto& p : pieces) {
-    if (p.tp_size != tp_size || p.tp_rank < 0 || p.tp_rank >= tp_size || p.offset < 0 || p.offset + p.numel > shard_numel)
-      throw UsageError("checkpoint manifest '" + manifest.string() + "': a piece of '" + tensor + "' is out of range");
     auto& reader = open_[p.file];
     if (!reader) reader = std::make_unique<Reader>((fs::path(dir_) / p.file).string());
     if (!reader->file.has(p.key))
       throw UsageError("checkpoint file '" + (fs::path(dir_) / p.file).string() + "' lacks '" + p.key +
                        "' listed in the manifest (from another checkpoint?)");
+    if (reader->file.numel(p.key) != p.numel)
+      throw UsageError("checkpoint file '" + (fs::path(dir_) / p.file).string() + "': '" + p.key + "' has " +
+                       std::to_string(reader->file.numel(p.key)) + " elements but the manifest (" + manifest.string() +
+                       ") records " + std::to_string(p.numel) + " (corrupt)");
+  }
+  for (const auto& p : pieces) {
+    auto& reader = open_[p.file];
     at::Tensor data = reader->file.read(p.key).reshape(-1);
     if (data.numel() != p.numel || checksum_of(data) != p.checksum)
       throw UsageError("checkpoint file '" + (fs::path(dir_) / p.file).string() + "': '" + p.key +

@@ -48,4 +48,15 @@ std::string shell_quote(std::string_view text) {
   return out + "'";
 }
 
+std::string file_name_error(std::string_view name) {
+  if (name.empty()) return "an empty file name";
+  if (name.size() > 255) return "a file name longer than 255 characters";
+  if (name == "." || name == "..") return "'" + std::string(name) + "' is a directory, not a file";
+  for (const char c : name)
+    if (c == '/' || c == '\\' || c == '\0')
+      return "'" + printable(name) + "' is a path, not a file name in the same directory (it could reach files "
+             "outside it)";
+  return "";
+}
+
 }  // namespace crosstrain

@@ -78,12 +78,17 @@ nlohmann::json parse_json(const std::string& path, const std::string& what) {
   }
 }
 
+// Token ids beyond this are refused: tables are indexed by id (a file claiming id 2^62 asked for exabytes), and
+// the largest vocabularies in use are a few hundred thousand tokens.
+constexpr uint64_t kMaxTokenId = uint64_t{1} << 24;
+
 std::unordered_map<std::string, uint32_t> vocab_of(const nlohmann::json& j, const std::string& origin) {
   if (!j.is_object()) throw UsageError(origin + ": the vocabulary is not a JSON object of token -> id");
   std::unordered_map<std::string, uint32_t> vocab;
   for (const auto& [token, id] : j.items()) {
-    if (!id.is_number_unsigned() || id.get<uint64_t>() >= UINT32_MAX)
-      throw UsageError(origin + ": token '" + token + "' has id " + id.dump() + ", not an id in 0..2^32-2");
+    if (!id.is_number_unsigned() || id.get<uint64_t>() >= kMaxTokenId)
+      throw UsageError(origin + ": token '" + token.substr(0, 64) + "' has id " + id.dump() +
+                       ", not an id in 0..2^24-1");
     vocab.emplace(token, id.get<uint32_t>());
   }
   return vocab;
@@ -196,8 +201,12 @@ BpeTokenizer BpeTokenizer::from_tokenizer_json(const std::string& path) {
   std::unordered_map<std::string, uint32_t> added;
   if (j.contains("added_tokens") && j["added_tokens"].is_array())
     for (const auto& t : j["added_tokens"])
-      if (t.contains("content") && t.contains("id") && t["id"].is_number_unsigned())
+      if (t.is_object() && t.contains("content") && t["content"].is_string() && t.contains("id") &&
+          t["id"].is_number_unsigned()) {
+        if (t["id"].get<uint64_t>() >= kMaxTokenId)
+          throw UsageError(origin + ": added token id " + t["id"].dump() + " is not an id in 0..2^24-1");
         added.emplace(t["content"].get<std::string>(), t["id"].get<uint32_t>());
+      }
   return BpeTokenizer(vocab_of(model["vocab"], origin), merges, added, origin);
 }
 

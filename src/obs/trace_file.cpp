@@ -72,6 +72,8 @@ nlohmann::json parse_trace_text(const std::string& text, const std::string& name
   nlohmann::json events;
   try {
     events = nlohmann::json::parse(closed_array(text));
+  } catch (const nlohmann::json::out_of_range& e) {
+    throw_garbage(text, name, first + 1, e.what());  // a number too large for any type, say
   } catch (const nlohmann::json::parse_error& e) {
     // A rank killed in the middle of an append leaves a torn last line; every line before it is whole.
     const size_t torn = last_line_start(text);
@@ -81,6 +83,8 @@ nlohmann::json parse_trace_text(const std::string& text, const std::string& name
       events = nlohmann::json::parse(closed_array(text.substr(0, torn)));
     } catch (const nlohmann::json::parse_error& again) {
       throw_garbage(text, name, again.byte, again.what());
+    } catch (const nlohmann::json::exception& again) {
+      throw_garbage(text, name, first + 1, again.what());
     }
   }
   if (!events.is_array()) throw_garbage(text, name, first + 1, "it is not an array");

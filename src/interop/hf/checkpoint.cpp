@@ -11,6 +11,7 @@
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/checkpoint/safetensors.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/names.h"
 #include "crosstrain/models/gpt_init.h"
 #include "crosstrain/models/gpt_parallel.h"
 #include "crosstrain/models/parallel_plan.h"
@@ -119,7 +120,12 @@ void HfDirectory::open_files() {
     if (!j.contains("weight_map") || !j["weight_map"].is_object())
       throw UsageError("'" + index.string() + "' has no \"weight_map\" object");
     for (const auto& [name, file] : j["weight_map"].items()) {
+      if (!file.is_string())
+        throw UsageError("'" + index.string() + "': the weight_map entry of '" + name.substr(0, 200) + "' is not a file name");
       const std::string f = file.get<std::string>();
+      // Shards lie beside the index: a path in the map could read any file the process may read.
+      if (const std::string why = file_name_error(f); !why.empty())
+        throw UsageError("'" + index.string() + "': the weight_map entry of '" + name.substr(0, 200) + "': " + why);
       auto& reader = readers_[f];
       if (!reader) reader = std::make_unique<checkpoint::SafetensorsReader>((dir / f).string());
       if (!reader->has(name))

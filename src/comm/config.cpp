@@ -20,6 +20,9 @@ void validate(const CommConfig& config) {
   if (config.compression != "none") make_codec(config.compression);  // names the spec and the valid forms
   if (config.encrypt != "auto" && config.encrypt != "wan" && config.encrypt != "all" && config.encrypt != "off")
     throw UsageError("comm.encrypt = \"" + config.encrypt + "\" is not one of auto, wan, all, off");
+  if (config.identity.empty() != config.peer_keys.empty())
+    throw UsageError("comm.identity and comm.peer_keys go together: this cluster's key file, and the keys.json of "
+                     "the clusters it accepts (crosstrain keys create writes both)");
 }
 
 }  // namespace crosstrain::comm

@@ -32,8 +32,8 @@ std::unique_ptr<Communicator> init_world(const LaunchEnv& env, const CommConfig&
     rendezvous = Rendezvous::connect(env.master_addr, env.master_port, env.rank, env.world_size, timeout, job);
   }
   auto world = make_gloo_communicator(std::move(rendezvous), env.rank, env.world_size, timeout, "world");
-  world = with_encryption(std::move(world), {resolve_encrypt_mode(config.encrypt, !env.secret.empty()), env.secret,
-                                             cluster >= 0 ? cluster : env.cluster});
+  world = with_encryption(std::move(world),
+                          data_plane_security(config, env.secret, cluster >= 0 ? cluster : env.cluster));
   if (config.shared_memory) world = with_shared_memory(std::move(world));
   return with_algorithms(std::move(world), config);
 }

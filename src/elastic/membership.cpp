@@ -338,9 +338,9 @@ std::unique_ptr<comm::Communicator> Membership::build_world(const Generation& g)
   // The wrappers below set themselves up with collectives over the Gloo group (they exchange segment names and
   // pids, and a digest of their settings): abortable too, or a failure meanwhile holds the rest for the timeout.
   world = make_abortable(std::move(world), ended);
-  world = comm::with_encryption(
-      std::move(world), {comm::resolve_encrypt_mode(options_.comm.encrypt, !env_.secret.empty()), env_.secret,
-                         options_.cluster >= 0 ? options_.cluster : env_.cluster});
+  world = comm::with_encryption(std::move(world), comm::data_plane_security(options_.comm, env_.secret,
+                                                                           options_.cluster >= 0 ? options_.cluster
+                                                                                                 : env_.cluster));
   // Its small all-reduces run inline, inside the call, where the abortable wrapper below cannot reach them.
   if (options_.comm.shared_memory)
     world = comm::with_shared_memory(std::move(world), 8 << 20, abandoned);

@@ -28,10 +28,17 @@ void GPTConfig::validate() const {
   need(n_layer >= 1, "n_layer must be at least 1, got " + std::to_string(n_layer));
   // Upper bounds far above any model trained today: a config from elsewhere (a Hugging Face config.json, a job
   // spec) that claims more is damaged or hostile, and its tables would be allocated before anything else failed.
-  need(n_layer <= 4096 && n_head <= 4096 && n_embd <= (1 << 17) && block_size <= (1 << 24) &&
-           vocab_size <= (1 << 24) && ffn_hidden <= (1 << 20) && n_kv_head <= 4096,
-       "a dimension beyond crosstrain's bounds (n_layer and n_head <= 4096, n_embd <= 131072, block_size and "
-       "vocab_size <= 2^24, ffn_hidden <= 2^20)");
+  auto at_most = [&](const char* key, int64_t value, int64_t most) {
+    need(value <= most, std::string(key) + " = " + std::to_string(value) + " is beyond crosstrain's bound of " +
+                            std::to_string(most));
+  };
+  at_most("n_layer", n_layer, 4096);
+  at_most("n_head", n_head, 4096);
+  at_most("n_kv_head", n_kv_head, 4096);
+  at_most("n_embd", n_embd, int64_t{1} << 17);
+  at_most("block_size", block_size, int64_t{1} << 24);
+  at_most("vocab_size", vocab_size, int64_t{1} << 24);
+  at_most("ffn_hidden", ffn_hidden, int64_t{1} << 20);
   need(n_head >= 1, "n_head must be at least 1, got " + std::to_string(n_head));
   need(n_embd >= 1 && n_embd % n_head == 0,
        "n_embd (" + std::to_string(n_embd) + ") must be a positive multiple of n_head (" + std::to_string(n_head) + ")");

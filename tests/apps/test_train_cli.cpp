@@ -129,7 +129,9 @@ TEST(TrainCli, BadInputGetsOneClearLine) {
       "n_head = 3 is not divisible by parallel.tp = 2");
   bad({"--nproc", "8", "--set", "parallel.pp=8"}, "only 4 layers");
   // The data is checked before the model is built: a context longer than the corpus gets a line, not an allocation.
-  bad({"--set", "model.block_size=100000000", "--set", "train.global_batch=1"}, "too small for sequences of 100000000");
+  bad({"--set", "model.block_size=10000000", "--set", "train.global_batch=1"}, "too small for sequences of 10000000");
+  // Beyond the model's bounds (issue 34: a config from elsewhere must not size tables): named, with the bound.
+  bad({"--set", "model.block_size=100000000"}, "block_size = 100000000 is beyond crosstrain's bound of 16777216");
   bad({"--resume"}, "no checkpoint");
   bad({"--set", "comm.algo=fastest"}, "comm.algo = \"fastest\" is not an algorithm; use builtin, ring");
 

@@ -16,6 +16,10 @@
 #include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/comm/secure/encryption.h"
 
+#include <sodium.h>
+
+#include <map>
+
 using namespace crosstrain;
 using comm::Communicator;
 using comm::EncryptMode;
@@ -74,6 +78,7 @@ struct RankSetup {
   std::string secret = "a job secret";
   int cluster = -1;
   OnSend on_send;
+  comm::DataPlaneSecurity identity;  // its identity fields only
 };
 
 // Runs `body` on every rank of a world of n threads, each sealed as setup(rank) says. Returns each rank's error.
@@ -86,8 +91,11 @@ std::vector<std::string> on_ranks(int n, const std::function<RankSetup(int)>& se
     threads.emplace_back([&, r] {
       try {
         const RankSetup s = setup(r);
-        auto c = comm::with_encryption(std::make_unique<Wire>(world.communicator(r), s.on_send),
-                                       {s.mode, s.secret, s.cluster});
+        comm::DataPlaneSecurity security = s.identity;
+        security.mode = s.mode;
+        security.secret = s.secret;
+        security.cluster = s.cluster;
+        auto c = comm::with_encryption(std::make_unique<Wire>(world.communicator(r), s.on_send), security);
         body(*c);
       } catch (const std::exception& e) {
         errors[r] = e.what();
@@ -259,4 +267,59 @@ TEST(SealedGroups, ModesAndSettings) {
     EXPECT_TRUE(contains(e.what(), "CROSSTRAIN_SECRET")) << e.what();
   }
   EXPECT_THROW(comm::resolve_encrypt_mode("yes", true), UsageError);
+}
+
+namespace {
+
+struct ClusterKey {
+  ClusterKey() {
+    if (sodium_init() < 0) throw std::runtime_error("sodium");
+    crypto_sign_keypair(pk.data(), sk.data());
+  }
+  std::array<unsigned char, 32> pk{};
+  std::array<unsigned char, 64> sk{};
+};
+
+// Ranks 0, 1 in cluster east and 2, 3 in west, each signing with `signer(rank)`'s key under the name `claims(rank)`;
+// every rank accepts the keys in `trusted`.
+std::vector<std::string> with_identities(const std::map<std::string, ClusterKey>& keys,
+                                         const std::function<std::string(int)>& claims,
+                                         const std::function<std::string(int)>& signer,
+                                         const std::vector<std::string>& trusted) {
+  return on_ranks(4, [&](int r) {
+    RankSetup s{EncryptMode::Wan, "", r / 2, {}, {}};
+    s.identity.identity_cluster = claims(r);
+    const auto& sk = keys.at(signer(r)).sk;
+    s.identity.identity_key.assign(sk.begin(), sk.end());
+    for (const auto& name : trusted) s.identity.peer_keys[name] = keys.at(name).pk;
+    return s;
+  }, [](Communicator& c) {
+    EXPECT_TRUE(comm::is_encrypted(c));
+    at::Tensor t = at::full({100}, static_cast<float>(c.rank()));
+    c.all_reduce(t, ReduceOp::Sum)->wait();
+    EXPECT_TRUE(at::equal(t, at::full({100}, 6.0f)));
+  });
+}
+
+}  // namespace
+
+// Cluster identities (comm.identity, comm.peer_keys): groups are authenticated by the clusters' Ed25519 keys, with
+// no job secret; a rank whose cluster is not trusted, or that signs with another cluster's key, is refused by all.
+TEST(SealedGroups, ClusterIdentitiesAuthenticateGroupsWithoutASecret) {
+  std::map<std::string, ClusterKey> keys;
+  for (const char* name : {"east", "west", "mallory"}) keys[name];
+  auto cluster_of = [](int r) { return std::string(r < 2 ? "east" : "west"); };
+  expect_no_errors(with_identities(keys, cluster_of, cluster_of, {"east", "west"}));
+
+  auto untrusted = with_identities(keys, [&](int r) { return r == 3 ? std::string("mallory") : cluster_of(r); },
+                                   [&](int r) { return r == 3 ? std::string("mallory") : cluster_of(r); },
+                                   {"east", "west"});
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(contains(untrusted[r], "rank 3 names cluster 'mallory', which comm.peer_keys does not hold"))
+        << r << ": " << untrusted[r];
+
+  auto posing = with_identities(keys, cluster_of, [&](int r) { return r == 1 ? std::string("mallory") : cluster_of(r); },
+                                {"east", "west", "mallory"});
+  for (int r = 0; r < 4; ++r)
+    EXPECT_TRUE(contains(posing[r], "rank 1's group key is not signed by cluster 'east''s key")) << r << ": " << posing[r];
 }

@@ -1,7 +1,7 @@
 # Ranks as threads over the in-process back end.
 add_executable(comm_fake_tests comm/test_fake_comm.cpp comm/test_compressed_allreduce.cpp comm/test_algorithm_comm.cpp
                comm/test_param_server_core.cpp comm/test_sealed_comm.cpp)
-target_link_libraries(comm_fake_tests PRIVATE ct_test_support GTest::gtest_main)
+target_link_libraries(comm_fake_tests PRIVATE ct_test_support PkgConfig::SODIUM GTest::gtest_main)
 gtest_discover_tests(comm_fake_tests PROPERTIES LABELS comm TIMEOUT 300 DISCOVERY_TIMEOUT 60)
 # Pure logic without communication: gradient codecs, the cost model.
 add_executable(comm_unit_tests comm/test_compression.cpp comm/test_cost_model.cpp)

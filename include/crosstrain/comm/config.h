@@ -25,6 +25,10 @@ struct CommConfig {
   // Seal the data plane (comm/secure/encryption.h): wan (groups that cross clusters), all, off, or auto (wan when
   // the job has a secret, else off).
   std::string encrypt = "auto";
+  // Cluster identities for sealed groups (comm/secure/encryption.h): this cluster's key file (NAME.key of
+  // `crosstrain keys create`, mode 0600) and the public keys of the clusters it trusts (keys.json).
+  std::string identity;
+  std::string peer_keys;
 
   // Seconds are what a person writes in a config; waits take milliseconds. Rounded, not truncated: 0.3 s is
   // 300 ms even where 0.3 * 1000 falls just below 300.
@@ -46,7 +50,9 @@ void visit_keys(CommConfig& c, Key&& key) {
   key("topology", c.topology, "algo = auto: a topology TOML whose links the cost model uses");
   key("encrypt", c.encrypt,
       "authenticate and encrypt messages: wan (groups that cross clusters), all, off; auto: wan when the job has a "
-      "secret");
+      "secret or an identity");
+  key("identity", c.identity, "this cluster's key file (NAME.key of crosstrain keys create): signs its group keys");
+  key("peer_keys", c.peer_keys, "keys.json of the clusters whose signed group keys are accepted (with identity)");
 }
 
 // Checks algo, topology and compression (throws UsageError naming the bad value and the choices) without

@@ -127,6 +127,34 @@ Key secret_digest(const std::string& secret) {
   return out;
 }
 
+namespace {
+
+std::array<unsigned char, 64> signed_group_text(int rank, const unsigned char* group_public_key) {
+  std::array<unsigned char, 64> text{};
+  static const char kLabel[] = "crosstrain group key v1";  // 24 bytes with its NUL
+  std::memcpy(text.data(), kLabel, sizeof kLabel);
+  put_le(text.data() + 24, static_cast<uint32_t>(rank), 4);
+  std::memcpy(text.data() + 28, group_public_key, kPublicKeyBytes);
+  return text;
+}
+
+}  // namespace
+
+Signature sign_group_key(const unsigned char* ed25519_secret_key, int rank, const unsigned char* group_public_key) {
+  ensure_sodium();
+  const auto text = signed_group_text(rank, group_public_key);
+  Signature s{};
+  crypto_sign_detached(s.data(), nullptr, text.data(), text.size(), ed25519_secret_key);
+  return s;
+}
+
+bool group_key_signed_by(const unsigned char* ed25519_public_key, int rank, const unsigned char* group_public_key,
+                         const Signature& signature) {
+  ensure_sodium();
+  const auto text = signed_group_text(rank, group_public_key);
+  return crypto_sign_verify_detached(signature.data(), text.data(), text.size(), ed25519_public_key) == 0;
+}
+
 ChannelKeys derive_channel_keys(const KeyPair& mine, const unsigned char* their_public_key, int my_rank,
                                 int their_rank, const Key& secret) {
   ensure_sodium();

@@ -14,6 +14,7 @@
 #include "crosstrain/comm/algorithms/collectives.h"
 #include "crosstrain/comm/secure/channel_crypto.h"
 #include "crosstrain/comm/secure/encryption.h"
+#include "crosstrain/core/names.h"
 #include "../forwarding_communicator.h"
 #include "../serial_worker.h"
 
@@ -464,23 +465,78 @@ bool spans_clusters(const std::vector<int64_t>& clusters) {
   return std::any_of(clusters.begin(), clusters.end(), [&](int64_t c) { return c != clusters[0]; });
 }
 
-// The key exchange over `inner` (public keys in the clear: they are bound to the secret in the derivation), then the
-// sealed communicator, which confirms the keys with every peer.
+// What each member publishes when a group is sealed: its group public key, whether it has AES-NI, and, with a
+// cluster identity, its cluster's name and the signature of that cluster's key over its rank and group key.
+struct Entry {
+  static constexpr int64_t kNameBytes = 64;
+  static constexpr int64_t kBytes = secure::kPublicKeyBytes + 3 + kNameBytes + secure::kSignatureBytes;
+  static constexpr int64_t kAes = secure::kPublicKeyBytes, kHasIdentity = kAes + 1, kNameLength = kAes + 2,
+                           kName = kAes + 3, kSignature = kName + kNameBytes;
+};
+
+void write_entry(uint8_t* e, const secure::KeyPair& mine, int rank, const DataPlaneSecurity& security) {
+  std::memset(e, 0, Entry::kBytes);
+  std::memcpy(e, mine.public_key.data(), secure::kPublicKeyBytes);
+  e[Entry::kAes] = secure::fastest_cipher() == Cipher::Aes256Gcm ? 1 : 0;
+  if (!security.has_identity()) return;
+  e[Entry::kHasIdentity] = 1;
+  e[Entry::kNameLength] = static_cast<uint8_t>(security.identity_cluster.size());  // <= 64: a valid name
+  std::memcpy(e + Entry::kName, security.identity_cluster.data(), security.identity_cluster.size());
+  const secure::Signature sig = secure::sign_group_key(security.identity_key.data(), rank, mine.public_key.data());
+  std::memcpy(e + Entry::kSignature, sig.data(), sig.size());
+}
+
+// Every member's signature against the key held for the cluster it names ("" when all hold, else why not).
+std::string check_identities(const uint8_t* all, int size, const DataPlaneSecurity& security) {
+  for (int q = 0; q < size; ++q) {
+    const uint8_t* e = all + q * Entry::kBytes;
+    if (!e[Entry::kHasIdentity] && !security.has_identity()) continue;
+    if (!e[Entry::kHasIdentity])
+      return "rank " + std::to_string(q) + " has no cluster identity (comm.identity) while this rank has one: give "
+             "every rank its cluster's key, or none";
+    if (!security.has_identity())
+      return "rank " + std::to_string(q) + " signs its group key with a cluster identity, but this rank has none "
+             "to check it with (comm.identity and comm.peer_keys)";
+    const std::string name(reinterpret_cast<const char*>(e + Entry::kName),
+                           std::min<size_t>(e[Entry::kNameLength], Entry::kNameBytes));
+    const auto key = security.peer_keys.find(name);
+    if (!is_valid_name(name) || key == security.peer_keys.end())
+      return "rank " + std::to_string(q) + " names cluster '" + (is_valid_name(name) ? name : "?") +
+             "', which comm.peer_keys does not hold: it is refused";
+    secure::Signature sig{};
+    std::memcpy(sig.data(), e + Entry::kSignature, sig.size());
+    if (!secure::group_key_signed_by(key->second.data(), q, e, sig))
+      return "rank " + std::to_string(q) + "'s group key is not signed by cluster '" + name +
+             "''s key (another key, or the key was swapped on the way): it is refused";
+  }
+  return "";
+}
+
+// The key exchange over `inner` (public keys in the clear: they are bound to the secret in the derivation, and
+// signed by the cluster's key when there are identities), then the sealed communicator, which confirms the keys
+// with every peer.
 std::unique_ptr<Communicator> seal(std::unique_ptr<Communicator> inner, const DataPlaneSecurity& security,
                                    std::vector<int64_t> clusters) {
   const secure::KeyPair mine;
-  constexpr int64_t kEntry = secure::kPublicKeyBytes + 1;  // the key, then 1 when this rank has AES-NI
-  at::Tensor entry = at::empty({kEntry}, at::kByte);
-  std::memcpy(entry.data_ptr(), mine.public_key.data(), secure::kPublicKeyBytes);
-  entry[secure::kPublicKeyBytes] = secure::fastest_cipher() == Cipher::Aes256Gcm ? 1 : 0;
-  at::Tensor all = at::empty({kEntry * inner->size()}, at::kByte);
+  at::Tensor entry = at::empty({Entry::kBytes}, at::kByte);
+  write_entry(entry.data_ptr<uint8_t>(), mine, inner->rank(), security);
+  at::Tensor all = at::empty({Entry::kBytes * inner->size()}, at::kByte);
   inner->all_gather(entry, all)->wait();
+  const auto* base = all.data_ptr<uint8_t>();
+  // Every member sees the same entries, so every member refuses the same group.
+  if (const std::string why = check_identities(base, inner->size(), security); !why.empty()) {
+    CommContext where;
+    where.rank = inner->rank();
+    where.op = "sealing the group";
+    where.group = inner->name();
+    where.group_size = inner->size();
+    throw CommError(where, why);
+  }
   bool aes = true;
   std::vector<const unsigned char*> theirs;
-  const auto* base = all.data_ptr<uint8_t>();
   for (int q = 0; q < inner->size(); ++q) {
-    theirs.push_back(base + q * kEntry);
-    aes &= base[q * kEntry + secure::kPublicKeyBytes] == 1;
+    theirs.push_back(base + q * Entry::kBytes);
+    aes &= base[q * Entry::kBytes + Entry::kAes] == 1;
   }
   const Cipher cipher = aes ? Cipher::Aes256Gcm : Cipher::ChaCha20Poly1305;
   const std::string spans = describe_span(clusters);
@@ -521,14 +577,17 @@ EncryptMode resolve_encrypt_mode(const std::string& setting, bool has_secret) {
     throw UsageError("comm.encrypt = \"" + setting + "\" is not one of auto, wan, all, off");
   if (!has_secret)
     throw UsageError("comm.encrypt = \"" + setting +
-                     "\" needs a job secret to derive its keys from: set CROSSTRAIN_SECRET (e.g. "
-                     "`export CROSSTRAIN_SECRET=$(openssl rand -hex 32)` on every node) or run.secret_file");
+                     "\" needs a job secret or cluster identities to authenticate its keys: set CROSSTRAIN_SECRET "
+                     "(e.g. `crosstrain keys secret --out FILE` and `export CROSSTRAIN_SECRET=$(cat FILE)` on every "
+                     "node), run.secret_file, or comm.identity and comm.peer_keys");
   return setting == "all" ? EncryptMode::All : EncryptMode::Wan;
 }
 
 std::unique_ptr<Communicator> with_encryption(std::unique_ptr<Communicator> inner, const DataPlaneSecurity& security) {
   if (!inner || security.mode == EncryptMode::Off || inner->size() < 2) return inner;
-  if (security.secret.empty()) throw UsageError("comm.encrypt needs a job secret (CROSSTRAIN_SECRET or run.secret_file)");
+  if (security.secret.empty() && !security.has_identity())
+    throw UsageError("comm.encrypt needs a job secret (CROSSTRAIN_SECRET or run.secret_file) or a cluster identity "
+                     "(comm.identity and comm.peer_keys)");
   std::vector<int64_t> clusters = member_clusters(*inner, security.cluster);
   if (security.mode == EncryptMode::Wan && !spans_clusters(clusters)) return inner;
   return seal(std::move(inner), security, std::move(clusters));

@@ -53,6 +53,15 @@ struct ChannelKeys {
 ChannelKeys derive_channel_keys(const KeyPair& mine, const unsigned char* their_public_key, int my_rank,
                                 int their_rank, const Key& secret);
 
+// Cluster identities (comm.identity, comm.peer_keys): a rank signs its group key pair's public half with its
+// cluster's Ed25519 key (the ledger's, `crosstrain keys create`), and every peer checks the signature against the
+// public key it holds for that cluster. A key swapped on the path then fails the check even without a job secret.
+constexpr size_t kSignatureBytes = 64;
+using Signature = std::array<unsigned char, kSignatureBytes>;
+Signature sign_group_key(const unsigned char* ed25519_secret_key, int rank, const unsigned char* group_public_key);
+bool group_key_signed_by(const unsigned char* ed25519_public_key, int rank, const unsigned char* group_public_key,
+                         const Signature& signature);
+
 // One direction of a connection: seals (sender) or opens (receiver) messages with one key. Thread-safe for
 // concurrent seal/open calls (the key state is read-only after construction).
 class Sealer {

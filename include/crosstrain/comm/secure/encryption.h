@@ -22,10 +22,14 @@
 // cluster of its own.
 #pragma once
 
+#include <array>
+#include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "crosstrain/comm/communicator.h"
+#include "crosstrain/comm/config.h"
 
 namespace crosstrain::comm {
 
@@ -36,15 +40,27 @@ constexpr int kSealedTagBase = (1 << 20) + 8192;
 enum class EncryptMode { Off, Wan, All };
 const char* to_string(EncryptMode m);
 
-// comm.encrypt: "auto" (wan when the job has a secret, else off), "wan", "all" or "off". Throws UsageError for
-// another value, and for wan or all without a secret (it names where a secret comes from).
+// comm.encrypt: "auto" (wan when the job has a secret or an identity, else off), "wan", "all" or "off". Throws
+// UsageError for another value, and for wan or all without either (it names where a secret comes from).
 EncryptMode resolve_encrypt_mode(const std::string& setting, bool has_secret);
 
 struct DataPlaneSecurity {
   EncryptMode mode = EncryptMode::Off;
   std::string secret;  // the job secret (CROSSTRAIN_SECRET or run.secret_file); never sent
   int cluster = -1;    // this process's cluster (sync.topology, CROSSTRAIN_CLUSTER); -1: unknown
+  // A cluster identity (comm.identity, comm.peer_keys): this rank signs its group key with its cluster's Ed25519
+  // key, and every member's signature is checked against the public key held for the cluster it names. With it,
+  // groups are authenticated without a job secret (and with one, by both).
+  std::string identity_cluster;
+  std::vector<unsigned char> identity_key;  // 64 bytes, libsodium's layout; empty: no identity
+  std::map<std::string, std::array<unsigned char, 32>> peer_keys;
+  bool has_identity() const { return !identity_key.empty(); }
 };
+
+// The security of this process's groups from [comm] and the job secret: comm.encrypt resolved (auto is wan when
+// there is a secret or an identity), and comm.identity (a cluster's key file, mode 0600) and comm.peer_keys (a
+// keys.json of cluster -> public key) read. Throws UsageError naming the file or key that is wrong.
+DataPlaneSecurity data_plane_security(const CommConfig& config, const std::string& secret, int cluster);
 
 // Collective over `inner` (the members exchange clusters and host names, then keys). Returns `inner` unchanged
 // when the mode is off, the group has one rank, or (wan) all its members are in one cluster.

@@ -18,6 +18,11 @@
 
 #include <sodium.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
 #include <map>
 
 using namespace crosstrain;
@@ -322,4 +327,47 @@ TEST(SealedGroups, ClusterIdentitiesAuthenticateGroupsWithoutASecret) {
                                 {"east", "west", "mallory"});
   for (int r = 0; r < 4; ++r)
     EXPECT_TRUE(contains(posing[r], "rank 1's group key is not signed by cluster 'east''s key")) << r << ": " << posing[r];
+}
+
+// comm.identity and comm.peer_keys read from the files `crosstrain keys create` writes: a key others may read, a
+// keys file without this cluster and a lone setting are refused naming the file; auto then means wan.
+TEST(SealedGroups, IdentityFilesAreReadAndCheckedBeforeAnyGroupForms) {
+  ClusterKey east;
+  const std::string dir = ::testing::TempDir() + "/sealed-identity-" + std::to_string(getpid());
+  std::filesystem::create_directories(dir);
+  auto hex = [](const unsigned char* p, size_t n) {
+    std::string s(2 * n + 1, '\0');
+    sodium_bin2hex(s.data(), s.size(), p, n);
+    s.pop_back();
+    return s;
+  };
+  const std::string key = dir + "/east.key", keys = dir + "/keys.json", others = dir + "/others.json";
+  std::ofstream(key) << "{\"cluster\": \"east\", \"public_key\": \"" << hex(east.pk.data(), 32) << "\", \"secret_key\": \""
+                     << hex(east.sk.data(), 64) << "\"}";
+  std::ofstream(keys) << "{\"east\": \"" << hex(east.pk.data(), 32) << "\"}";
+  std::ofstream(others) << "{\"west\": \"" << hex(east.pk.data(), 32) << "\"}";
+  chmod(key.c_str(), 0600);
+  comm::CommConfig config;
+  config.identity = key;
+  config.peer_keys = keys;
+  const comm::DataPlaneSecurity s = comm::data_plane_security(config, "", 0);
+  EXPECT_EQ(s.mode, EncryptMode::Wan);
+  EXPECT_EQ(s.identity_cluster, "east");
+  ASSERT_EQ(s.identity_key.size(), 64u);
+  EXPECT_TRUE(std::equal(s.identity_key.begin(), s.identity_key.end(), east.sk.begin()));
+  auto refusal = [&](const comm::CommConfig& c) {
+    try {
+      comm::data_plane_security(c, "", 0);
+    } catch (const UsageError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  config.peer_keys = others;
+  EXPECT_TRUE(contains(refusal(config), "lacks this cluster ('east')")) << refusal(config);
+  config.peer_keys = keys;
+  chmod(key.c_str(), 0644);
+  EXPECT_TRUE(contains(refusal(config), "chmod 600")) << refusal(config);
+  EXPECT_EQ(comm::data_plane_security(comm::CommConfig{}, "", 0).mode, EncryptMode::Off) << "no secret, no identity";
+  std::filesystem::remove_all(dir);
 }

@@ -148,9 +148,21 @@ void StoreServer::accept_one(int listen_fd) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   std::lock_guard<std::mutex> lock(mu_);
-  if (connections_.size() >= options_.max_connections) {
-    close(fd);
-    return;
+  size_t open = 0;
+  Connection* oldest_pending = nullptr;  // connections_ is in order of arrival
+  for (const auto& c : connections_) {
+    if (c->done || c->displaced) continue;
+    ++open;
+    if (!oldest_pending && !c->admitted) oldest_pending = c.get();
+  }
+  if (open >= options_.max_connections) {
+    if (!oldest_pending) {
+      close(fd);
+      return;
+    }
+    // Its thread's read fails at once and it goes; the newcomer gets the slot.
+    oldest_pending->displaced = true;
+    shutdown(oldest_pending->fd, SHUT_RDWR);
   }
   connections_.push_back(std::make_unique<Connection>());
   Connection& c = *connections_.back();
@@ -318,6 +330,7 @@ std::string StoreServer::admit_under_lock(Connection& c, const Hello& hello) {
 
 void StoreServer::serve(Connection& c) {
   if (!admit(c)) return;
+  c.admitted = true;
   for (;;) {
     // Between messages a rank may stay silent for the whole job; within one it must keep sending, and finish.
     if (wait_readable(c.fd, Patience{}) != Io::Done || stopping_) return;

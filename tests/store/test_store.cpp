@@ -283,18 +283,27 @@ TEST(StoreServer, SurvivesHostileClientsAndKeepsServing) {
   EXPECT_EQ(other->add("alive", 1), 1);
 }
 
-TEST(StoreServer, ARankTurnedAwayAtTheConnectionLimitRetriesUntilAdmitted) {
-  ServerOptions options = quick_server(1);
-  options.max_connections = 1;
+// Issue 34: strangers that connect and say nothing (or reconnect to do it again) cannot hold the slots ranks need:
+// at the limit a newcomer displaces the oldest connection still in its handshake.
+TEST(StoreServer, SquattersInTheirHandshakeAreDisplacedByARankAtTheConnectionLimit) {
+  ServerOptions options = quick_server(2);
+  options.max_connections = 4;
+  options.handshake_timeout = milliseconds(20000);  // they would hold their slots for 20 s
   StoreServer server(options);
-  int squatter = raw_connect("127.0.0.1", server.port());  // holds the only slot until its handshake limit
+  std::vector<int> squatters;
+  for (int i = 0; i < 4; ++i) squatters.push_back(raw_connect("127.0.0.1", server.port()));
   std::this_thread::sleep_for(milliseconds(100));
   auto start = Clock::now();
-  auto rank = client(server, 0, 1, milliseconds(5000));
-  EXPECT_GT(seconds_since(start), 0.2);
-  EXPECT_LT(seconds_since(start), 3.0);
+  auto rank = client(server, 0, 2, milliseconds(5000));
+  EXPECT_LT(seconds_since(start), 1.0) << "the rank waited for a squatter's handshake limit";
   rank->set("k", bytes("v"));
-  close(squatter);
+  // Squatters keep coming back; every one displaces another squatter, never the admitted rank.
+  for (int round = 0; round < 20; ++round) squatters.push_back(raw_connect("127.0.0.1", server.port()));
+  std::this_thread::sleep_for(milliseconds(200));
+  auto second = client(server, 1, 2, milliseconds(5000));
+  EXPECT_EQ(second->get("k"), bytes("v"));
+  EXPECT_EQ(rank->get("k"), bytes("v"));
+  for (int s : squatters) close(s);
 }
 
 TEST(StoreServer, RefusesStrangersAtOnceNamingWhatMismatched) {

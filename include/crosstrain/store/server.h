@@ -41,7 +41,9 @@ struct ServerOptions {
   std::chrono::milliseconds stall_timeout{5000};
   std::chrono::milliseconds message_timeout{30000};  // a whole message, however steadily it trickles in
   std::chrono::milliseconds max_wait{300000};        // the longest get/wait; the job's timeout in Rendezvous
-  size_t max_connections = 1024;  // beyond this a new connection is closed at once
+  // Beyond this a new connection displaces the oldest one still in its handshake (a client that connects and says
+  // nothing cannot hold the slots that ranks need), or is closed at once when every connection was admitted.
+  size_t max_connections = 1024;
   size_t max_probes = 8;          // admitted rank -1 connections
   size_t max_in_flight_bytes = size_t{256} << 20;  // request bytes held at once, all connections together
   // How connection threads are started (std::thread when empty). Tests make it throw, as a process limit does.
@@ -79,6 +81,8 @@ class StoreServer {
     bool probe = false;  // an admitted rank -1
     size_t max_frame = 0;
     std::unique_ptr<SessionSealer> session;  // with a secret: seals every frame after the handshake
+    std::atomic<bool> admitted{false};        // past the handshake
+    bool displaced = false;                   // shut down to make room (under mu_)
     std::thread thread;
     std::atomic<bool> done{false};
   };

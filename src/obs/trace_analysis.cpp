@@ -4,6 +4,7 @@
 #include <map>
 #include <string>
 
+#include "crosstrain/core/error.h"
 #include "crosstrain/obs/median.h"
 
 namespace crosstrain::obs {
@@ -163,7 +164,22 @@ void fill_job_figures(TraceAnalysis& analysis) {
 
 }  // namespace
 
+namespace {
+TraceAnalysis analyze_trace_unchecked(const nlohmann::json& events, double straggler_margin);
+}  // namespace
+
+// A value of an unexpected type in an event's args (from a file written elsewhere) is the file's problem, named as
+// such, not a JSON library's exception.
 TraceAnalysis analyze_trace(const nlohmann::json& events, double straggler_margin) {
+  try {
+    return analyze_trace_unchecked(events, straggler_margin);
+  } catch (const nlohmann::json::exception& e) {
+    throw UsageError(std::string("trace: an event holds a value of an unexpected type (") + e.what() + ")");
+  }
+}
+
+namespace {
+TraceAnalysis analyze_trace_unchecked(const nlohmann::json& events, double straggler_margin) {
   std::map<int, RankSpans> spans;
   std::map<int, RankTimes> times;
   TraceAnalysis analysis;
@@ -185,5 +201,6 @@ TraceAnalysis analyze_trace(const nlohmann::json& events, double straggler_margi
   fill_job_figures(analysis);
   return analysis;
 }
+}  // namespace
 
 }  // namespace crosstrain::obs

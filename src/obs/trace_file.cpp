@@ -56,11 +56,24 @@ std::string excerpt_of_line(const std::string& text, int64_t line) {
                    excerpt_of_line(text, line) + "'");
 }
 
+// Every event an object whose standard fields have the trace format's types: the readers below take them as such.
 void check_events_are_objects(const nlohmann::json& events, const std::string& name) {
-  for (size_t i = 0; i < events.size(); ++i)
-    if (!events[i].is_object())
-      throw UsageError(name + ": trace event " + std::to_string(i) + " is not a JSON object: " +
-                       events[i].dump().substr(0, 80));
+  auto bad = [&](size_t i, const std::string& why) {
+    throw UsageError(name + ": trace event " + std::to_string(i) + " " + why + ": " +
+                     events[i].dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).substr(0, 80));
+  };
+  for (size_t i = 0; i < events.size(); ++i) {
+    const auto& e = events[i];
+    if (!e.is_object()) bad(i, "is not a JSON object");
+    for (const char* key : {"ph", "name", "cat"})
+      if (e.contains(key) && !e[key].is_string()) bad(i, std::string("has a \"") + key + "\" that is not a string");
+    for (const char* key : {"ts", "dur"})
+      if (e.contains(key) && !e[key].is_number()) bad(i, std::string("has a \"") + key + "\" that is not a number");
+    for (const char* key : {"pid", "tid"})
+      if (e.contains(key) && !e[key].is_number() && !e[key].is_string())
+        bad(i, std::string("has a \"") + key + "\" that is neither a number nor a string");
+    if (e.contains("args") && !e["args"].is_object()) bad(i, "has \"args\" that are not an object");
+  }
 }
 
 }  // namespace

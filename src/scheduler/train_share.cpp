@@ -87,6 +87,12 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
   // the keys it owns; this holds for specs stored before that check too).
   for (const std::string& s : job.spec.overrides) argv.insert(argv.end(), {"--set", s});
   for (const std::string& s : placement_overrides(job, placement, launch)) argv.insert(argv.end(), {"--set", s});
+  // With the clusters' keys at hand, each share also proves its cluster in the groups it seals (comm.identity).
+  if (!launch.ledger_keys.empty()) {
+    const fs::path keys(launch.ledger_keys);
+    argv.insert(argv.end(), {"--set", "comm.identity=" + (keys / (placement.shares[share].cluster + ".key")).string(),
+                             "--set", "comm.peer_keys=" + (keys / "keys.json").string()});
+  }
   if (launch.resume) argv.push_back("--resume");
   return argv;
 }

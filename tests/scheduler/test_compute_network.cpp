@@ -85,7 +85,7 @@ class ComputeNetwork : public ::testing::Test {
         "--port", std::to_string(api_port_), "--executor", "slurm", "--work-dir", (root_ / "jobs").string(),
         "--slurm", "east=" + (root_ / "east" / "slurm.conf").string(), "--slurm",
         "west=" + (root_ / "west" / "slurm.conf").string(), "--tick-ms", "500", "--ledger", ledger(), "--ledger-keys",
-        (root_ / "keys").string(), "--claim-every-s", "5"});
+        (root_ / "keys").string(), "--claim-every-s", "1"});
     ASSERT_TRUE(daemon_->wait_for_output("/api (Ctrl-C", milliseconds(30000)));
   }
   void kill_daemon() {

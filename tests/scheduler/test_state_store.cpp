@@ -181,7 +181,7 @@ TEST(StateStore, AJobsOverridesCannotTakeTheSchedulersKeys) {
   auto spec_with = [](const std::string& set) {
     return std::string(R"({"name": "j", "ranks": 2, "recipe": "/r/gpt-tiny.toml", "set": [")") + set + R"("]})";
   };
-  for (const char* owned : {"run.dir=/tmp/x", "run.secret_file=/etc/shadow", "comm.encrypt=off", "comm.timeout_s=1",
+  for (const char* owned : {"run.dir=/tmp/x", "run.secret_file=/etc/shadow", "comm.encrypt=off", "comm.identity=/k",
                             "obs.metrics_host=0.0.0.0", "obs.metrics_port=80", "sync.topology=/t.toml",
                             "debug.elastic_kill=0@1", "run.work_log=true"}) {
     try {
@@ -191,6 +191,6 @@ TEST(StateStore, AJobsOverridesCannotTakeTheSchedulersKeys) {
       EXPECT_NE(std::string(e.what()).find("remove it from the job's overrides"), std::string::npos) << e.what();
     }
   }
-  for (const char* free : {"train.lr=0.001", "run.name=mine", "sync.inner_steps=20", "model.n_layer=2"})
+  for (const char* free : {"train.lr=0.001", "run.name=mine", "sync.inner_steps=20", "model.n_layer=2", "comm.timeout_s=20"})
     EXPECT_NO_THROW(crosstrain::scheduler::job_spec_from_json(spec_with(free))) << free;
 }

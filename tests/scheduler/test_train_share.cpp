@@ -116,8 +116,12 @@ TEST(TrainShare, WithALedgerEachShareClaimsItsClustersWork) {
                             "'--work-log' 'west.a2' '--key' '/keys/west.key' '--job' 'tiny-7.a2' '--keys' "
                             "'/keys/keys.json'";
   EXPECT_NE(script.find("while sleep 20; do " + claim), std::string::npos) << script;
+  // The share seals its cross-cluster groups under its cluster's key too.
+  EXPECT_NE(script.find("'comm.identity=/keys/west.key' '--set' 'comm.peer_keys=/keys/keys.json'"), std::string::npos)
+      << script;
   EXPECT_EQ(script.substr(script.size() - 13), "\nexit $status") << script;
   EXPECT_EQ(train_share_script(recipe_job(), p, 1, launch("/w/job7/run", "h", 1)).find("ledger"), std::string::npos);
+  EXPECT_EQ(train_share_script(recipe_job(), p, 1, launch("/w/job7/run", "h", 1)).find("comm.identity"), std::string::npos);
 }
 
 // The scheduler and `crosstrain plan` turn a layout into overrides through one bridge (Layout::train_overrides):

@@ -140,7 +140,7 @@ std::string json_nesting_error(const std::string& text, int most) {
       in_string = true;
     } else if (c == '{' || c == '[') {
       if (++depth > most)
-        return "JSON nested deeper than " + std::to_string(most) + " levels (a job spec needs 3)";
+        return "JSON nested deeper than " + std::to_string(most) + " levels (a job spec needs 2)";
     } else if (c == '}' || c == ']') {
       --depth;
     }

@@ -194,3 +194,19 @@ TEST(StateStore, AJobsOverridesCannotTakeTheSchedulersKeys) {
   for (const char* free : {"train.lr=0.001", "run.name=mine", "sync.inner_steps=20", "model.n_layer=2", "comm.timeout_s=20"})
     EXPECT_NO_THROW(crosstrain::scheduler::job_spec_from_json(spec_with(free))) << free;
 }
+
+// Bodies nest at most kMaxJsonDepth objects and arrays, counted before any parser runs; brackets inside strings
+// do not count.
+TEST(StateStore, JsonNestingIsBoundedBeforeParsing) {
+  using crosstrain::scheduler::json_nesting_error;
+  EXPECT_EQ(json_nesting_error(R"({"a": [1, {"b": [2]}]})", 4), "");
+  EXPECT_NE(json_nesting_error(R"({"a": [1, {"b": [2]}]})", 3), "");
+  EXPECT_EQ(json_nesting_error(R"({"a": "[[[[[[[[", "b": "\"[[[["})", 1), "");
+  EXPECT_NE(json_nesting_error(std::string(100000, '['), 16), "");
+  try {
+    crosstrain::scheduler::job_spec_from_json(std::string(20, '[') + std::string(20, ']'));
+    ADD_FAILURE() << "a deeply nested body was parsed";
+  } catch (const crosstrain::UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("nested deeper than 16"), std::string::npos) << e.what();
+  }
+}

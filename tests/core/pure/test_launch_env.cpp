@@ -126,3 +126,12 @@ TEST(CommError, MessageNamesEverything) {
   EXPECT_EQ(std::string(e.what()),
             "[rank 3] allreduce(sum) on group 'world.g0' (4 ranks), peer 1, step 17: connection closed (timeout 30 s)");
 }
+
+// CROSSTRAIN_CLUSTER (crosstrain run --cluster) or the testbed's CT_CLUSTER: the node's cluster, for comm.encrypt.
+TEST(LaunchEnv, TheNodesClusterFromItsVariable) {
+  EXPECT_EQ(detect_launch_env({}).cluster, -1);
+  EXPECT_EQ(detect_launch_env({{"CROSSTRAIN_CLUSTER", "2"}}).cluster, 2);
+  EXPECT_EQ(detect_launch_env({{"CT_CLUSTER", "1"}}).cluster, 1);
+  EXPECT_EQ(detect_launch_env({{"CROSSTRAIN_CLUSTER", "0"}, {"CT_CLUSTER", "1"}}).cluster, 0);
+  EXPECT_THROW(detect_launch_env({{"CROSSTRAIN_CLUSTER", "-3"}}), crosstrain::UsageError);
+}

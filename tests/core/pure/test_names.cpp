@@ -38,3 +38,13 @@ TEST(Names, ShellQuotingKeepsEveryCharacterLiteral) {
   EXPECT_EQ(shell_quote("it's"), "'it'\\''s'");
   EXPECT_EQ(shell_quote(""), "''");
 }
+
+// Files that a manifest or an index names lie beside it: plain names only (issue 34).
+TEST(Names, FileNamesFromOthersMustStayInTheirDirectory) {
+  for (const char* ok : {"rank-00000.safetensors", "model-00001-of-00002.safetensors", "a..b", ".hidden"})
+    EXPECT_EQ(crosstrain::file_name_error(ok), "") << ok;
+  for (const char* bad : {"", ".", "..", "../x", "/etc/passwd", "sub/x", "a\\b"})
+    EXPECT_NE(crosstrain::file_name_error(bad), "") << bad;
+  EXPECT_NE(crosstrain::file_name_error(std::string("a\0b", 3)), "");
+  EXPECT_NE(crosstrain::file_name_error(std::string(256, 'a')), "");
+}

@@ -36,10 +36,12 @@ std::string random_token() {
   return hex(raw, sizeof raw);
 }
 
-std::string signed_text(const std::string& method, const std::string& path, int64_t time, const std::string& body) {
+std::string signed_text(const std::string& method, const std::string& path, int64_t time, const std::string& nonce,
+                        const std::string& body) {
   unsigned char digest[crypto_hash_sha256_BYTES];
   crypto_hash_sha256(digest, reinterpret_cast<const unsigned char*>(body.data()), body.size());
-  return "crosstrain api v1\n" + method + "\n" + path + "\n" + std::to_string(time) + "\n" + hex(digest, sizeof digest);
+  return "crosstrain api v1\n" + method + "\n" + path + "\n" + std::to_string(time) + "\n" + nonce + "\n" +
+         hex(digest, sizeof digest);
 }
 
 }  // namespace
@@ -134,22 +136,26 @@ std::string ApiTokens::token(ApiRole role) const {
 std::string sign_request(const std::string& cluster, const unsigned char* secret_key, const std::string& method,
                          const std::string& path, const std::string& body, int64_t unix_time) {
   ensure_sodium();
-  const std::string text = signed_text(method, path, unix_time, body);
+  unsigned char raw[8];
+  randombytes_buf(raw, sizeof raw);
+  const std::string nonce = hex(raw, sizeof raw);
+  const std::string text = signed_text(method, path, unix_time, nonce, body);
   unsigned char sig[crypto_sign_BYTES];
   crypto_sign_detached(sig, nullptr, reinterpret_cast<const unsigned char*>(text.data()), text.size(), secret_key);
-  return cluster + " " + std::to_string(unix_time) + " " + hex(sig, sizeof sig);
+  return cluster + " " + std::to_string(unix_time) + " " + nonce + " " + hex(sig, sizeof sig);
 }
 
 SignedBy RequestVerifier::verify(const std::string& header, const std::string& method, const std::string& path,
                                  const std::string& body, int64_t now) {
   ensure_sodium();
   std::istringstream words(header);
-  std::string cluster, time_text, sig_hex, extra;
+  std::string cluster, time_text, nonce, sig_hex, extra;
   if (header.empty())
     return {"", "this request must be signed by the cluster it concerns (" + std::string(kSignatureHeader) +
                     "; `crosstrain cluster register --key NAME.key` signs it)"};
-  if (!(words >> cluster >> time_text >> sig_hex) || (words >> extra) || time_text.size() > 18)
-    return {"", std::string(kSignatureHeader) + " must be \"CLUSTER UNIX_TIME SIGNATURE\""};
+  if (!(words >> cluster >> time_text >> nonce >> sig_hex) || (words >> extra) || time_text.size() > 18 ||
+      nonce.size() > 64)
+    return {"", std::string(kSignatureHeader) + " must be \"CLUSTER UNIX_TIME NONCE SIGNATURE\""};
   const auto key = keys_.find(cluster);
   if (key == keys_.end())
     return {"", "no public key for cluster '" + cluster + "': add it to the keys file the scheduler reads (--cluster-keys)"};
@@ -169,7 +175,7 @@ SignedBy RequestVerifier::verify(const std::string& header, const std::string& m
   if (sodium_hex2bin(sig, sizeof sig, sig_hex.data(), sig_hex.size(), nullptr, &sig_len, nullptr) != 0 ||
       sig_len != sizeof sig)
     return {"", "the signature is not " + std::to_string(crypto_sign_BYTES) + " bytes of hex"};
-  const std::string text = signed_text(method, path, time, body);
+  const std::string text = signed_text(method, path, time, nonce, body);
   if (crypto_sign_verify_detached(sig, reinterpret_cast<const unsigned char*>(text.data()), text.size(),
                                   key->second.data()) != 0)
     return {"", "the signature of cluster '" + cluster + "' does not match this request (another key, or the "

@@ -86,8 +86,14 @@ TEST(SignedRequests, OnlyTheClustersOwnFreshUnchangedSignatureIsAccepted) {
   const std::string stranger = sign_request("north", k.sk, "POST", "/api/clusters", body, now + 3);
   EXPECT_TRUE(contains(error_of(stranger, "/api/clusters", body, now), "no public key for cluster 'north'"));
   EXPECT_TRUE(contains(error_of("", "/api/clusters", body, now), "must be signed"));
-  EXPECT_TRUE(contains(error_of("south 12 zz", "/api/clusters", body, now), "is more than 300 s"));
-  EXPECT_TRUE(contains(error_of("south", "/api/clusters", body, now), "CLUSTER UNIX_TIME SIGNATURE"));
+  EXPECT_TRUE(contains(error_of("south 12 ab zz", "/api/clusters", body, now), "is more than 300 s"));
+  EXPECT_TRUE(contains(error_of("south", "/api/clusters", body, now), "CLUSTER UNIX_TIME NONCE SIGNATURE"));
+  // The same request signed twice in the same second: two requests (fresh nonces), not a replay.
+  const std::string once = sign_request("south", k.sk, "POST", "/api/clusters", body, now + 4);
+  const std::string twice = sign_request("south", k.sk, "POST", "/api/clusters", body, now + 4);
+  EXPECT_NE(once, twice);
+  EXPECT_EQ(v.verify(once, "POST", "/api/clusters", body, now).cluster, "south");
+  EXPECT_EQ(v.verify(twice, "POST", "/api/clusters", body, now).cluster, "south");
 }
 
 }  // namespace

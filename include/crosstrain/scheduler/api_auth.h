@@ -6,8 +6,9 @@
 // time; the daemon makes one with a fresh token of each role the first time it starts.
 //
 // Clusters prove who they are by signature instead: a registration or a link report carries
-//   X-Crosstrain-Signature: CLUSTER UNIX_TIME HEX_ED25519_SIGNATURE
-// over "crosstrain api v1" \n METHOD \n PATH \n UNIX_TIME \n hex SHA-256(BODY), made with the cluster's own key
+//   X-Crosstrain-Signature: CLUSTER UNIX_TIME NONCE HEX_ED25519_SIGNATURE
+// over "crosstrain api v1" \n METHOD \n PATH \n UNIX_TIME \n NONCE \n hex SHA-256(BODY) (NONCE: 16 random hex digits, so
+// that the same request sent twice in a second is two requests, not a replay), made with the cluster's own key
 // (the ledger's, `crosstrain ledger keygen`) and checked against the public key the scheduler holds for that
 // name. A signature is good for five minutes either side of the scheduler's clock and only once (a replay inside
 // the window is refused), and it covers the method, the path and the whole body.

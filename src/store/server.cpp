@@ -221,7 +221,11 @@ bool StoreServer::send(Connection& c, const Message& message, Clock::time_point 
   } catch (const ProtocolError& e) {
     frame = encode_frame(Message{Code::Invalid, {e.what()}});
   }
-  if (c.session) frame = c.session->seal(frame);
+  try {
+    if (c.session) frame = c.session->seal(frame);
+  } catch (const ProtocolError&) {
+    return false;  // a reply too large to seal: drop the connection (an exception here would end the process)
+  }
   Patience p;
   p.at = deadline;                   // a client that reads its replies a byte at a time is dropped
   p.stall = options_.stall_timeout;  // and so is one that stops reading them

@@ -9,7 +9,8 @@
 // It can also play the attacker on the path (tests of comm.encrypt, issue 34): --capture FILE appends the TCP payload
 // of every packet to FILE (what a tap on the wide-area link reads), and --flip-every N flips one payload byte of
 // every Nth TCP segment that carries data, fixing the TCP checksum as an attacker would (so the receiver's kernel
-// accepts the segment and hands the changed bytes to the application).
+// accepts the segment and hands the changed bytes to the application). SIGUSR2 arms one such flip, of the next
+// segment that carries at least kBulkBytes of data (bulk traffic: a tensor, not a handshake): `testbed tamper`.
 //
 // No libtorch, no threads: one loop around ppoll() whose timeout is the head packet's due time. SIGTERM, SIGINT
 // and SIGHUP end it at once (queued packets are dropped: the link is going away).
@@ -38,9 +39,14 @@ namespace {
 
 volatile sig_atomic_t g_stop = 0;
 volatile sig_atomic_t g_stats = 0;
+volatile sig_atomic_t g_armed = 0;  // flips asked for with SIGUSR2, not done yet
+
+// The smallest segment an armed flip changes: the bulk data of a collective, not a store request or a handshake.
+constexpr size_t kBulkBytes = 1000;
 
 void on_stop(int) { g_stop = 1; }
 void on_stats(int) { g_stats = 1; }
+void on_arm(int) { g_armed = g_armed + 1; }
 
 int64_t now_ns() {
   timespec ts;
@@ -106,7 +112,8 @@ void fix_tcp_checksum(uint8_t* p, const Payload& t) {
                "read from it for MS milliseconds (FIFO, no reordering) and writes it back. --loss drops a packet\n"
                "with probability P (0..1). The pid file is written once the device is attached. SIGTERM stops it.\n"
                "SIGUSR1 prints counters to stderr. --capture appends every TCP payload to FILE; --flip-every N\n"
-               "flips a payload byte of every Nth data segment and fixes its checksum (an attacker on the path).\n",
+               "flips a payload byte of every Nth data segment and fixes its checksum (an attacker on the path);\n"
+               "SIGUSR2 does that once, to the next segment with at least 1000 bytes of data.\n",
                argv0);
   std::exit(code);
 }
@@ -197,7 +204,7 @@ int main(int argc, char** argv) {
   // Signals stay blocked except inside ppoll(), so a stop request can never be missed between checks.
   sigset_t blocked, during_poll;
   sigemptyset(&blocked);
-  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigaddset(&blocked, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigaddset(&blocked, s);
   sigprocmask(SIG_BLOCK, &blocked, &during_poll);
   for (int s : {SIGTERM, SIGINT, SIGHUP}) {
     struct sigaction sa{};
@@ -207,8 +214,11 @@ int main(int argc, char** argv) {
   struct sigaction su{};
   su.sa_handler = on_stats;
   sigaction(SIGUSR1, &su, nullptr);
+  struct sigaction sarm{};
+  sarm.sa_handler = on_arm;
+  sigaction(SIGUSR2, &sarm, nullptr);
   signal(SIGPIPE, SIG_IGN);
-  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1}) sigdelset(&during_poll, s);
+  for (int s : {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2}) sigdelset(&during_poll, s);
 
   int fd = open_tun(opt.dev);
   FILE* capture = nullptr;
@@ -290,13 +300,18 @@ int main(int argc, char** argv) {
         ++n_lost;
         continue;
       }
-      if (capture || opt.flip_every) {
+      if (capture || opt.flip_every || g_armed > 0) {
         const Payload t = tcp_payload(buf.data(), size_t(n));
-        if (t.end - t.begin >= 64) {
-          if (opt.flip_every && ++data_segments % opt.flip_every == 0) {
-            buf[(t.begin + t.end) / 2] ^= 0x10;
-            fix_tcp_checksum(buf.data(), t);
-            ++n_flipped;
+        const size_t data = t.end - t.begin;
+        const bool every = opt.flip_every && data >= 64 && ++data_segments % opt.flip_every == 0;
+        const bool armed = g_armed > 0 && data >= kBulkBytes;
+        if (every || armed) {
+          buf[(t.begin + t.end) / 2] ^= 0x10;
+          fix_tcp_checksum(buf.data(), t);
+          ++n_flipped;
+          if (armed) {
+            g_armed = g_armed - 1;  // signals are blocked outside ppoll(): no handler runs in between
+            std::fprintf(stderr, "crosstrain-delay-relay: flipped a byte of a %zu-byte data segment (armed)\n", data);
           }
         }
         if (capture && t.end > t.begin) std::fwrite(buf.data() + t.begin, 1, t.end - t.begin, capture);

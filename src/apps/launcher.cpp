@@ -37,6 +37,12 @@ void on_signal(int sig) {
   [[maybe_unused]] ssize_t n = write(g_signal_pipe[1], &s, 1);
 }
 
+// The signal on_signal() recorded, if any (0: none), taken from the pipe.
+int pending_signal() {
+  unsigned char sig = 0;
+  return read(g_signal_pipe[0], &sig, 1) == 1 ? sig : 0;
+}
+
 struct Stream {
   int fd = -1;
   std::string pending;  // bytes after the last newline
@@ -485,6 +491,15 @@ int launch(const LaunchOptions& o) {
   }
   std::vector<Rank> ranks(o.nproc);
   for (int local = 0; local < o.nproc; ++local) {
+    // A SIGINT or SIGTERM while ranks are still starting (many of them take a while) ends the start at once,
+    // instead of after the last one: the ranks started so far have not begun any work worth a clean stop.
+    if (const int sig = pending_signal(); sig != 0) {
+      stop_started(ranks);
+      restore_signals();
+      std::cerr << "crosstrain run: got " << strsignal(sig) << " while starting rank " << o.node_rank * o.nproc + local
+                << "; stopped the " << local << " rank" << (local == 1 ? "" : "s") << " already started" << std::endl;
+      return 128 + sig;
+    }
     Rank& r = ranks[local];
     r.rank = o.node_rank * o.nproc + local;
     r.local = local;

@@ -109,6 +109,38 @@ std::vector<std::pair<int, int>> Coordinator::reported_exits() {
   return out;
 }
 
+void Coordinator::read_accusations() {
+  const int64_t count = store_->add(accusations_key(), 0);
+  if (count == accusations_seen_) return;
+  accusations_seen_ = count;
+  for (const Generation& g : open_)
+    for (int accuser : g.ranks) {
+      const std::string key = accusation_key(g.id, accuser);
+      if (!store_->check({key})) continue;
+      Accusation a;
+      try {
+        a = decode_accusation(from_bytes(store_->get(key)));
+      } catch (const std::exception&) {
+        continue;  // a half-written or hostile record accuses nobody
+      }
+      // Only a member about another member of the same generation, and only the process that was the member. When
+      // both ends of a tampered link see the other's messages fail, the first accusation read stands: an accused
+      // accuser is not heard (one of the two goes, not both).
+      if (a.accused == accuser || g.index_of(a.accused) < 0 || g.incarnations.at(a.accused) != a.incarnation) continue;
+      if (is_accused(a.accused, a.incarnation) || is_accused(accuser, g.incarnations.at(accuser))) continue;
+      accused_[a.accused] = Accused{a.incarnation, accuser, a.why};
+      if (options_.log)
+        options_.log("[" + log_time(unix_ms()) + "] rank " + std::to_string(accuser) + " reports that rank " +
+                     std::to_string(a.accused) + "'s messages did not authenticate in generation " +
+                     std::to_string(g.id) + ": it is excluded (" + a.why + ")");
+    }
+}
+
+bool Coordinator::is_accused(int rank, const std::string& incarnation) const {
+  auto it = accused_.find(rank);
+  return it != accused_.end() && it->second.incarnation == incarnation;
+}
+
 void Coordinator::tick(Clock::time_point now) {
   if (finishing_) return;
   // Registrations and finished ranks move the roster counter: their records are read only then.
@@ -150,8 +182,9 @@ void Coordinator::tick(Clock::time_point now) {
                           ? std::min<std::chrono::milliseconds>(options_.settle, 2 * std::chrono::milliseconds(timing_.failure_timeout_ms))
                           : options_.settle;
   view.settle_elapsed = !registered_.empty() && now - std::max(first_registration_, emptied_) >= settle;
+  read_accusations();
   for (const auto& [rank, r] : registered_)
-    if (detector_.dead(rank, r.incarnation, now)) view.dead.insert(rank);
+    if (detector_.dead(rank, r.incarnation, now) || is_accused(rank, r.incarnation)) view.dead.insert(rank);
   auto next = next_generation(view, std::max(1, timing_.min_replicas));
   if (!next) return;
   // One join at a time: a second one before the first has started could send joiners and members to different
@@ -175,6 +208,8 @@ std::string Coordinator::describe_losses(const Generation& next, Clock::time_poi
     out << "; rank " << rank;
     if (it == registered_.end() || it->second.incarnation != open_.back().incarnations.at(rank))
       out << " restarted";
+    else if (is_accused(rank, it->second.incarnation))
+      out << " excluded: its messages to rank " << accused_.at(rank).accuser << " did not authenticate";
     else if (waits_to_join(rank, it->second.incarnation, holders, now))
       out << " joins again later (it was still healing)";
     else if (!detector_.dead(rank, it->second.incarnation, now))

@@ -264,6 +264,18 @@ void Membership::finish() {
   rendezvous_->store()->add(roster_key(), 1);
 }
 
+bool Membership::accuse(const Generation& g, int member, const std::string& why) {
+  if (member < 0 || member >= static_cast<int>(g.ranks.size())) return false;
+  Accusation a;
+  a.accused = g.ranks[static_cast<size_t>(member)];
+  if (a.accused == env_.rank) return false;
+  a.incarnation = g.incarnations.at(a.accused);
+  a.why = why;
+  rendezvous_->store()->set(accusation_key(g.id, env_.rank), to_bytes(encode_accusation(a)));
+  rendezvous_->store()->add(accusations_key(), 1);
+  return true;
+}
+
 std::string Membership::get(const std::string& key) { return from_bytes(rendezvous_->store()->get(key)); }
 
 std::string Membership::wait_get(const std::string& key, std::chrono::milliseconds timeout) {

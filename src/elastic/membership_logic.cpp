@@ -329,6 +329,34 @@ std::string exits_key() { return "elastic/exits"; }
 std::string exclude_key(int rank) { return "elastic/exclude/" + std::to_string(rank); }
 std::string exclusions_key() { return "elastic/exclusions"; }
 
+std::string accusation_key(int64_t generation, int accuser) {
+  return "elastic/accusation/" + std::to_string(generation) + "/" + std::to_string(accuser);
+}
+std::string accusations_key() { return "elastic/accusations"; }
+
+// "RANK INCARNATION\nWHY": the incarnation holds no space or newline (incarnation_of), the reason is the rest.
+std::string encode_accusation(const Accusation& a) {
+  std::string why = a.why.substr(0, kMaxAccusationWhy);
+  std::replace(why.begin(), why.end(), '\n', ' ');
+  return std::to_string(a.accused) + " " + a.incarnation + "\n" + why;
+}
+
+Accusation decode_accusation(const std::string& text) {
+  const auto malformed = [&] { return std::runtime_error("malformed elastic accusation '" + text.substr(0, 40) + "'"); };
+  const auto space = text.find(' '), newline = text.find('\n');
+  if (space == std::string::npos || newline == std::string::npos || newline < space ||
+      text.size() - newline - 1 > kMaxAccusationWhy)
+    throw malformed();
+  const std::string rank = text.substr(0, space);
+  if (rank.empty() || rank.size() > 7 || rank.find_first_not_of("0123456789") != std::string::npos) throw malformed();
+  Accusation a;
+  a.accused = std::stoi(rank);
+  a.incarnation = text.substr(space + 1, newline - space - 1);
+  a.why = text.substr(newline + 1);
+  if (a.accused < 0 || a.incarnation.empty() || pid_of_incarnation(a.incarnation) < 0) throw malformed();
+  return a;
+}
+
 int parse_pid(const std::string& text) {
   if (text.empty() || text.size() > 9 || text.find_first_not_of("0123456789") != std::string::npos) return -1;
   const int pid = std::stoi(text);

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <sstream>
 #include <vector>
 
@@ -16,7 +17,10 @@ MetricsWriter::MetricsWriter(const std::string& path, int64_t keep_before_step) 
     for (std::string line; std::getline(in, line);) {
       try {
         auto row = nlohmann::json::parse(line);
-        if (row.value("step", int64_t{0}) < keep_before_step) kept.push_back(line);
+        const int64_t step = row.value("step", int64_t{0});
+        if (step >= keep_before_step) continue;
+        kept.push_back(line);
+        last_kept_step_ = std::max(last_kept_step_, step);
       } catch (const nlohmann::json::exception&) {
         // A torn last line from a crash: drop it.
       }

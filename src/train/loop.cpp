@@ -57,6 +57,8 @@ void TrainLoop::open_outputs(int64_t first_step, bool tolerate_busy_port) {
   }
 }
 
+int64_t TrainLoop::metrics_last_kept_step() const { return metrics_ ? metrics_->last_kept_step() : 0; }
+
 void TrainLoop::close_outputs() {
   metrics_.reset();
   live_metrics_.reset();

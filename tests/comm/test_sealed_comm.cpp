@@ -250,6 +250,34 @@ TEST(SealedGroups, AChangedReplayedReorderedOrDroppedMessageIsDetected) {
   }));
 }
 
+// The error names the sender as evidence against it (CommContext::accused: elastic training excludes that rank),
+// by its rank in the world group even when the message failed in a sub-group where its rank differs.
+TEST(SealedGroups, AMessageThatDoesNotOpenAccusesItsSenderByWorldRank) {
+  std::vector<int> accused(4, -2), peer(4, -2);
+  const OnSend flip_all = [](const at::Tensor& box, int, int tag) -> std::vector<at::Tensor> {
+    if (tag < comm::kSealedTagBase || tag >= comm::kSealedTagBase + 2) return {box};
+    at::Tensor t = box.clone();
+    t[t.numel() / 2] = static_cast<uint8_t>(t[t.numel() / 2].item<uint8_t>() ^ 1);
+    return {t};
+  };
+  const auto errors = on_ranks(4, [&](int r) { return RankSetup{EncryptMode::Wan, "s", r / 2, r == 3 ? flip_all : OnSend{}}; },
+                               [&](Communicator& c) {
+    auto across = c.split({1, 3});  // clusters 0 and 1: sealed under wan; world rank 3 is its rank 1
+    if (!across) return;
+    ASSERT_TRUE(comm::is_encrypted(*across));
+    at::Tensor t = at::ones({1 << 18});
+    try {
+      across->all_reduce(t, ReduceOp::Sum)->wait(Millis(3000));
+    } catch (const CommError& e) {
+      accused[c.rank()] = e.context().accused;
+      peer[c.rank()] = e.context().peer;
+    }
+  }, Millis(2000));
+  EXPECT_EQ(accused[1], 3) << "world rank 1 read world rank 3's changed message: " << errors[1];
+  EXPECT_EQ(peer[1], 1) << "the peer is named by its rank in the group";
+  EXPECT_NE(accused[3], 1) << "rank 3's messages were changed, not rank 1's";
+}
+
 TEST(SealedGroups, APeerWithAnotherSecretIsRefusedAtOnceNamingIt) {
   const auto errors = on_ranks(3, [](int r) { return RankSetup{EncryptMode::All, r == 2 ? "guessed" : "real", -1, {}}; },
                                [](Communicator&) {});

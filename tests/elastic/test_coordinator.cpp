@@ -205,6 +205,53 @@ TEST(ElasticCoordinator, SilentRankLeavesWithItsReplica) {
   EXPECT_FALSE(job.wait_generation(3, milliseconds(300))) << job.log();
 }
 
+namespace {
+void accuse(Job& job, int64_t generation, int accuser, int accused, int restart = 0, const std::string& why = "tampered") {
+  Accusation a;
+  a.accused = accused;
+  a.incarnation = Job::incarnation(accused, restart);
+  a.why = why;
+  job.store().set(accusation_key(generation, accuser), Job::bytes(encode_accusation(a)));
+  job.store().add(accusations_key(), 1);
+}
+}  // namespace
+
+// A member whose messages did not authenticate at another member (comm.encrypt) is excluded at once, though its
+// heartbeat goes on: its launcher ends it. The accuser stays; an accusation back from the accused, or about a
+// process that is not the member, or a malformed record, excludes nobody.
+TEST(ElasticCoordinator, AnAccusedMemberIsExcludedAndItsAccuserStays) {
+  Job job(4, 1, 5000);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  job.store().set(accusation_key(1, 0), Job::bytes("garbage"));
+  job.store().add(accusations_key(), 1);
+  accuse(job, 1, 1, 3, /*restart=*/4);  // not the process that is the member
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(300))) << "an accusation of another process excluded the member\n"
+                                                          << job.log();
+  const auto accused_at = std::chrono::steady_clock::now();
+  accuse(job, 1, 2, 1, 0, "message 5 on tag 1056768 from rank 1 did not authenticate");
+  std::this_thread::sleep_for(milliseconds(100));  // a few ticks: rank 2's accusation is read first
+  accuse(job, 1, 1, 2);  // the accused accuses back
+  const auto g = job.wait_generation(2, milliseconds(1000));
+  ASSERT_TRUE(g) << "the accused member was kept\n" << job.log();
+  EXPECT_LT(Ms(std::chrono::steady_clock::now() - accused_at).count(), 1000) << "waited for a heartbeat timeout";
+  EXPECT_EQ(g->reason, "failure");
+  EXPECT_EQ(g->ranks, (std::vector<int>{0, 2, 3})) << job.log();
+  const auto excluded = job.excluded(1);
+  ASSERT_EQ(excluded.size(), 1u);
+  EXPECT_EQ(excluded[0].first, (Job::Processes{{1, Job::pid_of(1, 0)}})) << "its launcher ends the accused process";
+  EXPECT_NE(job.log().find("rank 2 reports that rank 1's messages did not authenticate"), std::string::npos) << job.log();
+  EXPECT_NE(job.log().find("rank 1 excluded: its messages to rank 2 did not authenticate"), std::string::npos) << job.log();
+  // Restarted, it comes back: the accusation was against the process, not the rank.
+  job.stop_beating(1);
+  job.coordinator().rank_exited(1);
+  job.start_rank(1, 1);
+  const auto back = job.wait_generation(3, milliseconds(1500));
+  ASSERT_TRUE(back) << job.log();
+  EXPECT_EQ(back->reason, "join");
+  EXPECT_EQ(back->ranks, (std::vector<int>{0, 1, 2, 3}));
+}
+
 TEST(ElasticCoordinator, ExitedRankDetectedBeforeItsHeartbeatTimeout) {
   Job job(4, 1, 5000);
   job.start_all();

@@ -174,7 +174,7 @@ TEST(ElasticCli, AFailureDuringTheLastStepsOutputsIsRedoneByTheSurvivors) {
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_TRUE(contains(r.output, "generation 1 ended during the outputs of the last step, 8 (committed)")) << r.output;
   EXPECT_TRUE(contains(r.output, "generation 2 (failure): 3 of 4 replicas train from step 9")) << r.output;
-  EXPECT_TRUE(contains(r.output, "step 8 committed in an earlier generation: its outputs again")) << r.output;
+  EXPECT_TRUE(contains(r.output, "step 8 committed in an earlier generation, which ended before its outputs were done: its outputs now")) << r.output;
   expect_every_step_once(dir, 8);
   const auto rows = read_metrics(dir);
   ASSERT_TRUE(rows.back().contains("val_loss")) << rows.back().dump();

@@ -34,7 +34,7 @@ tmp=$(mktemp -d)
 trap '"$TB" down "$NAME" > /dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
-fail() { echo "FAIL: $*" >&2; tail -5 "$tmp"/logs/*.log >&2 || true; exit 1; }
+fail() { echo "FAIL: $*" >&2; tail -n 5 "$tmp"/logs/*.log >&2 || true; exit 1; }
 
 sets="--set run.dir=$tmp/run --set train.steps=$STEPS --set model.n_layer=2 --set model.n_embd=32 --set model.n_head=2"
 sets="$sets --set model.block_size=32 --set train.global_batch=12 --set train.warmup_steps=2 --set train.eval_every=0"

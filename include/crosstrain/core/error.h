@@ -29,6 +29,10 @@ struct CommContext {
   std::string group;             // group name, e.g. "world" or "world/split0"
   int group_size = 0;
   int peer = -1;                 // peer rank in the group, when known
+  // A peer this failure is evidence against (a message from it did not authenticate), as its rank in the job's
+  // world group (the group that was sealed first), whichever sub-group saw it; -1: nobody. Elastic training
+  // excludes that peer instead of treating the failure as the reporting rank's own.
+  int accused = -1;
   std::optional<int64_t> step;   // training step, when known
   std::optional<std::chrono::milliseconds> timeout;
 };

@@ -63,6 +63,9 @@ class Coordinator {
   void observe_heartbeats(Clock::time_point now);
   // Exits that launchers on other nodes reported through the store since the last look: (rank, pid).
   std::vector<std::pair<int, int>> reported_exits();
+  // Members' accusations (membership_logic.h, Accusation) since the last look: the accused count as dead.
+  void read_accusations();
+  bool is_accused(int rank, const std::string& incarnation) const;
   // `holders`: the generation whose members hold the live state (MembershipView::holders), or null.
   void publish(const Generation& next, Clock::time_point now, const Generation* holders);
   bool waits_to_join(int rank, const std::string& member, const Generation* holders, Clock::time_point now) const;
@@ -84,6 +87,13 @@ class Coordinator {
   std::vector<int> exited_;
   int64_t roster_seen_ = -1;  // the roster_key() counter at the last look
   int64_t exits_seen_ = 0;  // the exits_key() counter at the last look
+  int64_t accusations_seen_ = 0;  // the accusations_key() counter at the last look
+  struct Accused {
+    std::string incarnation;
+    int accuser = -1;
+    std::string why;
+  };
+  std::map<int, Accused> accused_;  // by rank: processes excluded on another member's evidence
   std::atomic<int64_t> published_{0};
   bool finishing_ = false;
   std::atomic<bool> stop_{false};

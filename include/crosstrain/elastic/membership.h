@@ -99,6 +99,10 @@ class Membership {
   comm::Millis group_timeout() const { return std::min(options_.comm.timeout(), comm::Millis(10000)); }
   // Training is over on this rank: its exit from now on is not a failure.
   void finish();
+  // A member of `g` sent this rank a message that did not authenticate (CommContext::accused, the index of that
+  // member in `g`): the coordinator excludes it as it would a dead member. False (nothing written) when `member`
+  // is not another member of `g`.
+  bool accuse(const Generation& g, int member, const std::string& why);
 
   // The job's store cannot be reached (tried for about a second), and a standby was named (CROSSTRAIN_STANDBY):
   // the caller may fail_over(). False while the store answers: an error was something else.

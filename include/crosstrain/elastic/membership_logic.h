@@ -177,6 +177,20 @@ std::string exited_key(int rank);
 std::string exits_key();
 std::string exclude_key(int rank);
 std::string exclusions_key();
+// A member's evidence against another (comm.encrypt: a message from it did not authenticate, so the link to it was
+// tampered with, or it holds another key): written by the accuser under accusation_key(generation, accuser), then
+// accusations_key() is incremented. The coordinator excludes the accused process as it would a dead one, so the
+// accuser's failure is not counted as its own.
+struct Accusation {
+  int accused = -1;         // world rank
+  std::string incarnation;  // the accused process, as the generation lists it
+  std::string why;          // the accuser's error, shortened to kMaxAccusationWhy bytes
+};
+constexpr size_t kMaxAccusationWhy = 400;
+std::string encode_accusation(const Accusation& a);
+Accusation decode_accusation(const std::string& text);  // throws std::runtime_error
+std::string accusation_key(int64_t generation, int accuser);
+std::string accusations_key();
 // Pure: a pid as a launcher or the coordinator wrote it; -1 for anything that is not a positive decimal int.
 int parse_pid(const std::string& text);
 constexpr const char* kClosed = "closed";

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,10 @@ class Job {
   // One training step. `before_commit` runs once the gradients are reduced and before the optimizer changes
   // anything (elastic: the step's vote; it throws to abandon the step).
   virtual StepRecord train_step(int64_t step, const std::function<void()>& before_commit) = 0;
+  // When the last train_step() threw after `before_commit` returned (a failure in the step's own exchange after
+  // the update, such as DiLoCo's outer step): the step's record as far as it got (loss, lr, gradient norm, no
+  // times). Elastic training writes that step's metrics row from it in the next generation.
+  virtual std::optional<StepRecord> voted_record() const { return std::nullopt; }
 
   // Whether the job has held-out data, and whether it evaluates after the last step even with
   // train.eval_every = 0 (DLRM reports its final AUC).

@@ -59,9 +59,11 @@ class TrainLoop {
   // Whether the loop evaluates or saves a checkpoint after `step`, or ends there (elastic training waits for the
   // fate of such a step before its update, so that nothing uncommitted is saved or reported as evaluated).
   bool step_has_outputs(const Job& job, int64_t step) const;
-  // Evaluates, saves and writes the row of `rec`'s step again (elastic: a failure ended the generation during the
-  // last step's outputs, after that step committed). Collective, like the step's own outputs.
+  // Evaluates, saves and writes the row of `rec`'s step again (elastic: a failure ended the generation after the
+  // step committed, before or during its outputs). Collective, like the step's own outputs.
   void redo_outputs(Job& job, const StepRecord& rec, bool leader) { step_outputs(job, rec, leader); }
+  // The newest step whose metrics row was in metrics.jsonl when open_outputs() opened it (0: none, or not open).
+  int64_t metrics_last_kept_step() const;
 
  private:
   // The evaluate / checkpoint / metrics-row sequence after each trained step: the only place it is written.

@@ -160,12 +160,19 @@ class OpenWork : public Work {
   bool opened_ = false, failed_ = false;
 };
 
+// Who a group's members are: each one's cluster (or host, when a member did not know its cluster) and its rank in
+// the job's world group (the group sealed first), which names the peer to exclude when its messages do not open.
+struct Members {
+  std::vector<int64_t> clusters;
+  std::vector<int> world_ranks;
+};
+
 class SecureCommunicator : public ForwardingCommunicator {
  public:
-  SecureCommunicator(std::unique_ptr<Communicator> inner, DataPlaneSecurity security, std::vector<int64_t> clusters,
-                     Cipher cipher, const secure::KeyPair& mine, const std::vector<const unsigned char*>& theirs)
+  SecureCommunicator(std::unique_ptr<Communicator> inner, DataPlaneSecurity security, Members members, Cipher cipher,
+                     const secure::KeyPair& mine, const std::vector<const unsigned char*>& theirs)
       : ForwardingCommunicator(std::move(inner), "sealed"), security_(std::move(security)),
-        clusters_(std::move(clusters)), cipher_(cipher) {
+        members_(std::move(members)), cipher_(cipher) {
     const secure::Key secret = secure::secret_digest(security_.secret);
     channels_.resize(size());
     for (int q = 0; q < size(); ++q)
@@ -203,8 +210,11 @@ class SecureCommunicator : public ForwardingCommunicator {
     size_t i = 0;
     for (int q = 0; q < size(); ++q)
       if (q != rank() && !at::equal(got[i++], confirmation(q, rank())))
-        fail(name, "rank " + std::to_string(q) + " sent a sealed confirmation with the wrong contents", q);
+        throw CommError(accusing(context(name, q), q),
+                        "rank " + std::to_string(q) + " sent a sealed confirmation with the wrong contents");
   }
+
+  int world_rank() const { return members_.world_ranks.at(static_cast<size_t>(rank())); }
 
   Cipher cipher() const { return cipher_; }
 
@@ -233,7 +243,8 @@ class SecureCommunicator : public ForwardingCommunicator {
     const uint64_t sequence = ch.received[tag]++;
     WorkPtr inner = inner_->recv(box, src, tag);
     return std::make_shared<OpenWork>(timeout(), std::move(inner), box, t,
-                                      OpenWork::Opening{&ch, tag, sequence, src, rank(), context(name, src)}, pool_);
+                                      OpenWork::Opening{&ch, tag, sequence, src, rank(), accusing(context(name, src), src)},
+                                      pool_);
   }
 
   // --- collectives: our algorithms over the sealed messages, in order on the worker ---------------------------
@@ -368,6 +379,12 @@ class SecureCommunicator : public ForwardingCommunicator {
 
   void wait_for(const WorkPtr& w) { w->wait(timeout()); }
 
+  // A message from `peer` that does not open is evidence against that peer (CommContext::accused).
+  CommContext accusing(CommContext c, int peer) const {
+    c.accused = members_.world_ranks.at(static_cast<size_t>(peer));
+    return c;
+  }
+
   void check_reducible(const std::string& name, const at::Tensor& t, ReduceOp op) const {
     const auto d = t.scalar_type();
     if (d == at::kBool && op == ReduceOp::Avg) fail(name, "avg is not defined for bool tensors; use sum (or) or min");
@@ -426,7 +443,7 @@ class SecureCommunicator : public ForwardingCommunicator {
   }
 
   DataPlaneSecurity security_;
-  std::vector<int64_t> clusters_;  // each member's cluster (hosts when a member did not know its cluster)
+  Members members_;
   Cipher cipher_;
   std::vector<std::unique_ptr<Channel>> channels_;  // by peer; none for this rank
   std::shared_ptr<BoxPool> pool_ = std::make_shared<BoxPool>();
@@ -434,22 +451,26 @@ class SecureCommunicator : public ForwardingCommunicator {
   SerialWorker worker_;  // last: destroyed (and drained) first
 };
 
-// Each member's cluster, or (when any member does not know its own) each member's host.
-std::vector<int64_t> member_clusters(Communicator& inner, int cluster) {
+// Each member's cluster, or (when any member does not know its own) each member's host; and its world rank.
+Members gather_members(Communicator& inner, int cluster, int world_rank) {
   char host[256] = {};
   gethostname(host, sizeof host - 1);
   const int64_t host_id = static_cast<int64_t>(std::hash<std::string>{}(host) & 0x3fffffffffffffffLL);
-  at::Tensor mine = at::tensor({static_cast<int64_t>(cluster), host_id}, at::kLong);
-  at::Tensor all = at::empty({2 * inner.size()}, at::kLong);
+  at::Tensor mine = at::tensor({static_cast<int64_t>(cluster), host_id, static_cast<int64_t>(world_rank)}, at::kLong);
+  at::Tensor all = at::empty({3 * inner.size()}, at::kLong);
   inner.all_gather(mine, all)->wait();
-  std::vector<int64_t> clusters, hosts;
+  const auto* v = all.data_ptr<int64_t>();
+  Members m;
+  std::vector<int64_t> hosts;
   bool known = true;
   for (int q = 0; q < inner.size(); ++q) {
-    clusters.push_back(all[2 * q].item<int64_t>());
-    hosts.push_back(all[2 * q + 1].item<int64_t>());
-    known &= clusters.back() >= 0;
+    m.clusters.push_back(v[3 * q]);
+    hosts.push_back(v[3 * q + 1]);
+    m.world_ranks.push_back(static_cast<int>(v[3 * q + 2]));
+    known &= m.clusters.back() >= 0;
   }
-  return known ? clusters : hosts;
+  if (!known) m.clusters = hosts;
+  return m;
 }
 
 // "in 2 clusters" (or hosts, when the members' clusters are not known: the ids are then host hashes).
@@ -486,37 +507,43 @@ void write_entry(uint8_t* e, const secure::KeyPair& mine, int rank, const DataPl
   std::memcpy(e + Entry::kSignature, sig.data(), sig.size());
 }
 
-// Every member's signature against the key held for the cluster it names ("" when all hold, else why not).
-std::string check_identities(const uint8_t* all, int size, const DataPlaneSecurity& security) {
+// Why a group is refused ("" when it is not), and the member at fault (-1: this rank's own settings are).
+struct Refusal {
+  int peer = -1;
+  std::string why;
+};
+
+// Every member's signature against the key held for the cluster it names.
+Refusal check_identities(const uint8_t* all, int size, const DataPlaneSecurity& security) {
   for (int q = 0; q < size; ++q) {
     const uint8_t* e = all + q * Entry::kBytes;
     if (!e[Entry::kHasIdentity] && !security.has_identity()) continue;
     if (!e[Entry::kHasIdentity])
-      return "rank " + std::to_string(q) + " has no cluster identity (comm.identity) while this rank has one: give "
-             "every rank its cluster's key, or none";
+      return {q, "rank " + std::to_string(q) + " has no cluster identity (comm.identity) while this rank has one: give "
+             "every rank its cluster's key, or none"};
     if (!security.has_identity())
-      return "rank " + std::to_string(q) + " signs its group key with a cluster identity, but this rank has none "
-             "to check it with (comm.identity and comm.peer_keys)";
+      return {-1, "rank " + std::to_string(q) + " signs its group key with a cluster identity, but this rank has "
+                  "none to check it with (comm.identity and comm.peer_keys)"};
     const std::string name(reinterpret_cast<const char*>(e + Entry::kName),
                            std::min<size_t>(e[Entry::kNameLength], Entry::kNameBytes));
     const auto key = security.peer_keys.find(name);
     if (!is_valid_name(name) || key == security.peer_keys.end())
-      return "rank " + std::to_string(q) + " names cluster '" + (is_valid_name(name) ? name : "?") +
-             "', which comm.peer_keys does not hold: it is refused";
+      return {q, "rank " + std::to_string(q) + " names cluster '" + (is_valid_name(name) ? name : "?") +
+                     "', which comm.peer_keys does not hold: it is refused"};
     secure::Signature sig{};
     std::memcpy(sig.data(), e + Entry::kSignature, sig.size());
     if (!secure::group_key_signed_by(key->second.data(), q, e, sig))
-      return "rank " + std::to_string(q) + "'s group key is not signed by cluster '" + name +
-             "''s key (another key, or the key was swapped on the way): it is refused";
+      return {q, "rank " + std::to_string(q) + "'s group key is not signed by cluster '" + name +
+                     "''s key (another key, or the key was swapped on the way): it is refused"};
   }
-  return "";
+  return {};
 }
 
 // The key exchange over `inner` (public keys in the clear: they are bound to the secret in the derivation, and
 // signed by the cluster's key when there are identities), then the sealed communicator, which confirms the keys
 // with every peer.
 std::unique_ptr<Communicator> seal(std::unique_ptr<Communicator> inner, const DataPlaneSecurity& security,
-                                   std::vector<int64_t> clusters) {
+                                   Members members) {
   const secure::KeyPair mine;
   at::Tensor entry = at::empty({Entry::kBytes}, at::kByte);
   write_entry(entry.data_ptr<uint8_t>(), mine, inner->rank(), security);
@@ -524,13 +551,15 @@ std::unique_ptr<Communicator> seal(std::unique_ptr<Communicator> inner, const Da
   inner->all_gather(entry, all)->wait();
   const auto* base = all.data_ptr<uint8_t>();
   // Every member sees the same entries, so every member refuses the same group.
-  if (const std::string why = check_identities(base, inner->size(), security); !why.empty()) {
+  if (const Refusal refused = check_identities(base, inner->size(), security); !refused.why.empty()) {
     CommContext where;
     where.rank = inner->rank();
     where.op = "sealing the group";
     where.group = inner->name();
     where.group_size = inner->size();
-    throw CommError(where, why);
+    where.peer = refused.peer;
+    if (refused.peer >= 0) where.accused = members.world_ranks.at(static_cast<size_t>(refused.peer));
+    throw CommError(where, refused.why);
   }
   bool aes = true;
   std::vector<const unsigned char*> theirs;
@@ -539,8 +568,8 @@ std::unique_ptr<Communicator> seal(std::unique_ptr<Communicator> inner, const Da
     aes &= base[q * Entry::kBytes + Entry::kAes] == 1;
   }
   const Cipher cipher = aes ? Cipher::Aes256Gcm : Cipher::ChaCha20Poly1305;
-  const std::string spans = describe_span(clusters);
-  auto sealed = std::make_unique<SecureCommunicator>(std::move(inner), security, std::move(clusters), cipher, mine,
+  const std::string spans = describe_span(members.clusters);
+  auto sealed = std::make_unique<SecureCommunicator>(std::move(inner), security, std::move(members), cipher, mine,
                                                      theirs);
   sealed->confirm_keys();
   // One line per sealed group, from its first rank: which traffic pays for encryption is visible in the log.
@@ -554,9 +583,9 @@ std::unique_ptr<Communicator> SecureCommunicator::wrap_group(std::unique_ptr<Com
   // The sub-group's members are known here; split() does not say which of ours they are, so they are asked again
   // (one small all-gather), keeping the rule in one place.
   if (sub->size() < 2) return sub;
-  std::vector<int64_t> clusters = member_clusters(*sub, security_.cluster);
-  if ((security_.mode == EncryptMode::Wan && !spans_clusters(clusters))) return sub;
-  return seal(std::move(sub), security_, std::move(clusters));
+  Members members = gather_members(*sub, security_.cluster, world_rank());
+  if ((security_.mode == EncryptMode::Wan && !spans_clusters(members.clusters))) return sub;
+  return seal(std::move(sub), security_, std::move(members));
 }
 
 }  // namespace
@@ -588,9 +617,9 @@ std::unique_ptr<Communicator> with_encryption(std::unique_ptr<Communicator> inne
   if (security.secret.empty() && !security.has_identity())
     throw UsageError("comm.encrypt needs a job secret (CROSSTRAIN_SECRET or run.secret_file) or a cluster identity "
                      "(comm.identity and comm.peer_keys)");
-  std::vector<int64_t> clusters = member_clusters(*inner, security.cluster);
-  if (security.mode == EncryptMode::Wan && !spans_clusters(clusters)) return inner;
-  return seal(std::move(inner), security, std::move(clusters));
+  Members members = gather_members(*inner, security.cluster, inner->rank());
+  if (security.mode == EncryptMode::Wan && !spans_clusters(members.clusters)) return inner;
+  return seal(std::move(inner), security, std::move(members));
 }
 
 bool is_encrypted(const Communicator& c) { return c.backend().find("+sealed") != std::string::npos; }

@@ -139,12 +139,13 @@ class ElasticLoop {
   void recover(const CommError& error, int64_t successor);
   std::string how_it_ended(const CommError& error) const;
   void recover_or_fail_over(const CommError& error, int64_t successor);
+  void accuse_if_evidence(const CommError& error);
   void fail_over(const CommError& error);
   void finish();
   void note(const std::string& line) const;
   void fault_if_asked(int64_t step);
   void keep_state_before(int64_t step);
-  void redo_last_outputs();
+  void redo_missed_outputs(int64_t first);
   elastic::Decision settle_posted_vote();
   void cast_vote(int64_t step, elastic::Decision& d);
 
@@ -191,6 +192,8 @@ class ElasticLoop {
   LiveState before_posted_;
   bool roll_back_ = false;  // the posted step aborted: the next generation starts from before_posted_
   int64_t kept_step_ = 0;   // the posted step aborted but stands on this rank (a replica of one rank applied it)
+  bool trained_ = false;    // this process committed a step in some generation
+  std::optional<StepRecord> interrupted_;  // the record of a voted step whose own exchange failed (voted_record)
   const Overlap overlap_;
   int64_t overlapped_votes_ = 0;
   int64_t first_step_ = 1;  // the generation's
@@ -219,6 +222,9 @@ ElasticLoop::~ElasticLoop() {
 
 void ElasticLoop::retire_generation() {
   if (!current_.config && !current_.world && !current_.run) return;
+  // A step that committed but failed in its own exchange: its row is written by the next generation.
+  if (run_)
+    if (std::optional<StepRecord> voted = run_->voted_record()) interrupted_ = voted;
   current_.retired = Clock::now();
   retired_.push_back(std::move(current_));
   current_ = Objects{};
@@ -271,6 +277,7 @@ TrainResult ElasticLoop::run() {
     } catch (const elastic::GenerationEnded& e) {
       recover_or_fail_over(e, e.successor());
     } catch (const CommError& e) {
+      accuse_if_evidence(e);
       recover_or_fail_over(e, 0);
     }
   }
@@ -286,6 +293,20 @@ TrainResult ElasticLoop::run() {
          " generations, " + std::to_string(retired_.size()) + " of them retired and not yet released (at its first: " +
          obs::describe(footprint_at_start_) + ")");
   return loop_.result();
+}
+
+// A message that did not authenticate is the sender's failure, not this rank's (comm.encrypt): the coordinator
+// excludes the sender (its launcher ends it, a restart rejoins with fresh keys) and this rank goes on.
+void ElasticLoop::accuse_if_evidence(const CommError& error) {
+  const int member = error.context().accused;
+  if (member < 0) return;
+  try {
+    if (m_.accuse(gen_, member, error.cause()))
+      note("generation " + std::to_string(gen_.id) + ": rank " + std::to_string(gen_.ranks.at(member)) +
+           " sent a message that did not authenticate; asked the coordinator to exclude it");
+  } catch (const std::exception& e) {
+    note(std::string("could not report the rank whose message did not authenticate: ") + e.what());
+  }
 }
 
 // What ended the step in flight and when, for its abort line: a wait that a failure generation cut short ends at
@@ -499,7 +520,7 @@ void ElasticLoop::bootstrap_state() {
 bool ElasticLoop::train_steps() {
   const int64_t first = next_step_;
   first_step_ = first;
-  if (first > c_.train.steps) redo_last_outputs();
+  if (first > 1) redo_missed_outputs(first);
   elastic::Decision d;
   StepHooks hooks;
   hooks.before_step = [&](int64_t step) {
@@ -516,6 +537,7 @@ bool ElasticLoop::train_steps() {
   hooks.committed = [&](int64_t step) {
     if (first_incarnation_ && kill_at_outputs_.hits(m_.rank(), step)) raise(SIGKILL);
     next_step_ = step + 1;
+    trained_ = true;
     destroy_retired();
     if (world_->rank() == 0 && step == first)
       note("generation " + std::to_string(gen_.id) + ": step " + std::to_string(step) + " committed");
@@ -607,36 +629,45 @@ void ElasticLoop::keep_state_before(int64_t step) {
   before_posted_.next_step = step;
 }
 
-// A generation that starts past the last step: that step committed, and a failure ended its generation before
-// the job finished, most likely during the step's evaluation or checkpoint (collectives with the member that
-// died). Its outputs are done again by this generation: the final evaluation, checkpoint (replacing one already
-// written) and metrics row (rank 0 reopened the file from that step).
-void ElasticLoop::redo_last_outputs() {
-  const int64_t last = c_.train.steps;
+// The step before this generation's first committed in an earlier generation, and a failure may have ended that
+// generation before the step's outputs were done: during them (its evaluation or checkpoint are collectives with
+// the member that failed), or before them, in the step's own exchange after its update (DiLoCo's outer step). Rank
+// 0's metrics.jsonl says which (it was reopened from this generation's first step, or from the last step when the
+// job is past it). A missing row has its outputs done again: evaluation, checkpoint (replacing one already
+// written) and row, with the step's record from the first member that kept one.
+void ElasticLoop::redo_missed_outputs(int64_t first) {
+  const int64_t step = std::min(first - 1, c_.train.steps);
   const auto& done = loop_.result().steps;
-  // The step's record (loss, times) from the first member that kept one: rank 0 may not have (a failure inside
-  // its step after the vote), and the row should not read null.
-  const bool mine = !done.empty() && done.back().step == last;
-  const StepRecord own = mine ? done.back() : StepRecord{};
-  const std::vector<double> fields = {mine ? 1.0 : 0.0, own.loss, own.lr, own.grad_norm, own.step_time_s,
-                                      own.tokens_per_s, own.comm_time_s, own.exposed_comm_time_s,
-                                      static_cast<double>(own.local_batch)};
+  std::optional<StepRecord> own;
+  if (!done.empty() && done.back().step == step) own = done.back();
+  else if (interrupted_ && interrupted_->step == step) own = interrupted_;
+  const bool missing = world_->rank() == 0 && step >= 1 && loop_.metrics_last_kept_step() < step;
+  const StepRecord r = own.value_or(StepRecord{});
+  const std::vector<double> fields = {trained_ ? 1.0 : 0.0, missing ? 1.0 : 0.0, own ? 1.0 : 0.0, r.loss, r.lr,
+                                      r.grad_norm, r.step_time_s, r.tokens_per_s, r.comm_time_s, r.exposed_comm_time_s,
+                                      static_cast<double>(r.local_batch)};
   const int64_t n = static_cast<int64_t>(fields.size());
   at::Tensor all = at::empty({world_->size() * n}, at::kDouble);
   at::Tensor local = at::tensor(fields, at::kDouble);
   world_->all_gather(local, all)->wait();
-  StepRecord rec;
-  rec.step = last;
-  rec.loss = std::nan("");  // no member kept it (each failed inside the step after its vote): the row reads null
   auto a = all.accessor<double, 1>();
-  for (int r = 0; r < world_->size(); ++r) {
-    if (a[r * n] == 0) continue;
-    rec.loss = a[r * n + 1], rec.lr = a[r * n + 2], rec.grad_norm = a[r * n + 3], rec.step_time_s = a[r * n + 4];
-    rec.tokens_per_s = a[r * n + 5], rec.comm_time_s = a[r * n + 6], rec.exposed_comm_time_s = a[r * n + 7];
-    rec.local_batch = static_cast<int64_t>(a[r * n + 8]);
+  bool trained_before = false;
+  for (int q = 0; q < world_->size(); ++q) trained_before |= a[q * n] != 0;
+  // A job's first generation (a fresh start or a resume from a checkpoint) has nothing of its own to redo.
+  if (!trained_before || a[1] == 0) return;
+  StepRecord rec;
+  rec.step = step;
+  rec.loss = std::nan("");  // no member kept it: the row reads null
+  for (int q = 0; q < world_->size(); ++q) {
+    if (a[q * n + 2] == 0) continue;
+    rec.loss = a[q * n + 3], rec.lr = a[q * n + 4], rec.grad_norm = a[q * n + 5], rec.step_time_s = a[q * n + 6];
+    rec.tokens_per_s = a[q * n + 7], rec.comm_time_s = a[q * n + 8], rec.exposed_comm_time_s = a[q * n + 9];
+    rec.local_batch = static_cast<int64_t>(a[q * n + 10]);
     break;
   }
-  if (world_->rank() == 0) note("step " + std::to_string(last) + " committed in an earlier generation: its outputs again");
+  if (world_->rank() == 0)
+    note("step " + std::to_string(step) + " committed in an earlier generation, which ended before its outputs "
+         "were done: its outputs now");
   loop_.redo_outputs(*run_, rec, world_->rank() == 0);
 }
 

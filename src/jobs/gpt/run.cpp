@@ -513,6 +513,7 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
     Phase phase(recording_.tracer(), recording_.recorder(), obs::SpanKind::Step, "step", step);
     rec = step_phases(step, before_commit);
   }
+  voted_.reset();
   rec.step_time_s = seconds_since(t0);
   rec.tokens_per_s = static_cast<double>(c_.train.global_batch * c_.model.block_size) / rec.step_time_s;
   rec.local_batch = sampler_->local_batch();
@@ -577,6 +578,7 @@ StepRecord Run::step_phases(int64_t step, const std::function<void()>& before_co
   if (before_commit) {
     Phase phase(t, recording_.recorder(), SpanKind::Elastic, "vote", step);
     before_commit();
+    voted_ = rec;  // until the step returns: what its row reads if its own exchange below fails
   }
   {
     Phase phase(t, recording_.recorder(), SpanKind::Optimizer, "optimizer", step);

@@ -63,6 +63,7 @@ class Run : public Job {
   // ---- Job ---------------------------------------------------------------------------------------------
   int64_t start_step() const override { return start_step_; }
   StepRecord train_step(int64_t step, const std::function<void()>& before_commit) override;
+  std::optional<StepRecord> voted_record() const override { return voted_; }
   bool has_validation() const override { return c_.data.val_fraction > 0; }
   Evaluation evaluate() override;
   std::string checkpoint(int64_t step) override;  // returns the directory committed this step, if any
@@ -159,6 +160,7 @@ class Run : public Job {
   ParameterDump* dump_;  // tests (test_hooks.h): parameters and last gradients, or null
   int64_t start_step_ = 1;
   int64_t step_ = 0;  // the step in progress (spans of the phases that do not take it)
+  std::optional<StepRecord> voted_;  // the step in progress, once its vote passed (voted_record)
   double peak_flops_ = 0;
   double flops_per_token_ = 0;  // of a training step: frozen weights get no weight gradient, adapters count
   int64_t activation_peak_bytes_ = 0;  // of the last training step (core/memory_counter.h)

@@ -249,11 +249,37 @@ TEST(MembershipRecords, MalformedDecisionRejected) {
     EXPECT_THROW(decode_decision(text), std::runtime_error) << "'" << text << "'";
 }
 
+TEST(MembershipRecords, AccusationRoundTripsAndBoundsItsReason) {
+  Accusation a;
+  a.accused = 0;
+  a.incarnation = incarnation_of("c1-h0", 4242, 1700000000000);
+  a.why = "message 3 on tag 1056768 from rank 1 did not authenticate\nsecond line";
+  const Accusation b = decode_accusation(encode_accusation(a));
+  EXPECT_EQ(b.accused, 0);
+  EXPECT_EQ(b.incarnation, a.incarnation);
+  EXPECT_EQ(b.why, "message 3 on tag 1056768 from rank 1 did not authenticate second line");
+  a.accused = 7;
+  a.why = std::string(5000, 'x');
+  const Accusation c = decode_accusation(encode_accusation(a));
+  EXPECT_EQ(c.accused, 7);
+  EXPECT_EQ(c.why.size(), kMaxAccusationWhy);
+}
+
+TEST(MembershipRecords, MalformedAccusationRejected) {
+  const std::string inc = incarnation_of("h", 12, 5);
+  const std::vector<std::string> texts = {"", "1", "1 " + inc, "x " + inc + "\nwhy", "-1 " + inc + "\nwhy", "1 \nwhy",
+                                         "1 nopid\nwhy", "99999999 " + inc + "\nwhy",
+                                         "1 " + inc + "\n" + std::string(kMaxAccusationWhy + 1, 'y')};
+  for (const std::string& text : texts)
+    EXPECT_THROW(decode_accusation(text), std::runtime_error) << "'" << text.substr(0, 60) << "'";
+}
+
 TEST(MembershipRecords, KeysAreDistinctAndUnderElastic) {
   const std::set<std::string> keys = {registration_key(1), heartbeat_key(1),  generation_key(1),
                                       latest_generation_key(), vote_key(1, 1), decision_key(1, 1),
-                                      start_key(1),            vote_key(1, 11), vote_key(11, 1)};
-  EXPECT_EQ(keys.size(), 9u);
+                                      start_key(1),            vote_key(1, 11), vote_key(11, 1),
+                                      accusation_key(1, 11),   accusation_key(11, 1), accusations_key()};
+  EXPECT_EQ(keys.size(), 12u);
   for (const auto& k : keys) EXPECT_EQ(k.rfind("elastic/", 0), 0u) << k;
 }
 

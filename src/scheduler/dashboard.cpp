@@ -50,7 +50,9 @@ constexpr const char* kTablesScript = R"HTML(<script>
 function cell(text, cls) { const td = document.createElement('td'); td.textContent = text; if (cls) td.className = cls; return td; }
 function fill(id, rows) { const body = document.querySelector('#' + id + ' tbody'); body.replaceChildren(...rows); }
 function row(cells) { const tr = document.createElement('tr'); tr.append(...cells); return tr; }
-function where(p) { return p ? p.shares.map(s => s.cluster + ':' + s.ranks).join(' + ') : ''; }
+function where(p) {
+  return p ? p.shares.map(s => (s.absent ? '(' : '') + s.cluster + ':' + s.ranks + (s.absent ? ' absent)' : '')).join(' + ') : '';
+}
 function progress(j) {
   const td = document.createElement('td'); const bar = document.createElement('span'); bar.className = 'bar';
   const fill = document.createElement('span'); fill.style.width = Math.min(100, 100 * j.step / Math.max(1, j.steps)) + '%';

@@ -29,10 +29,18 @@ int PlacementRecord::ranks() const {
   return n;
 }
 
+int PlacementRecord::present_ranks() const {
+  int n = 0;
+  for (const auto& s : shares) n += s.absent ? 0 : s.ranks;
+  return n;
+}
+
 bool PlacementRecord::on(const std::string& cluster) const {
   for (const auto& s : shares)
-    if (s.cluster == cluster) return true;
+    if (s.cluster == cluster && !s.absent) return true;
   return false;
 }
+
+bool PlacementRecord::live_elastic() const { return shares.size() >= 2 && sync == planner::LayoutSync::DiLoCo; }
 
 }  // namespace crosstrain::scheduler

@@ -96,11 +96,52 @@ void LocalExecutor::start(const JobRecord& job, const PlacementRecord& placement
     std::ofstream(stem + ".sh") << share_script(job, placement, i, command_(job, placement, i), stem);
     stems.push_back(stem);
   }
-  for (const std::string& stem : stems) {
-    const int pid = spawn(stem + ".sh", stem + ".out");
-    std::ofstream(stem + ".pid.tmp") << pid << "\n";
-    fs::rename(stem + ".pid.tmp", stem + ".pid");
+  for (const std::string& stem : stems) spawn_share(stem);
+}
+
+// Starts the script STEM.sh (output STEM.out) and records its process group in STEM.pid.
+void LocalExecutor::spawn_share(const std::string& stem) const {
+  const int pid = spawn(stem + ".sh", stem + ".out");
+  std::ofstream(stem + ".pid.tmp") << pid << "\n";
+  fs::rename(stem + ".pid.tmp", stem + ".pid");
+}
+
+void LocalExecutor::launch_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
+  const std::string stem = (fs::path(job_dir_in(work_dir_, job.id)) / ("share" + std::to_string(share))).string();
+  std::ofstream(stem + ".sh") << share_script(job, placement, share, command_(job, placement, share), stem);
+  spawn_share(stem);
+}
+
+void LocalExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
+  if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
+  if (placement.present_ranks() > max_ranks_)
+    throw UsageError("job " + std::to_string(job.id) + " would run " + std::to_string(placement.present_ranks()) +
+                     " ranks on this machine, which runs at most " + std::to_string(max_ranks_));
+  launch_share(job, placement, share);
+}
+
+void LocalExecutor::end_group(pid_t pgid) const {
+  ::kill(-pgid, SIGTERM);
+  const auto until = std::chrono::steady_clock::now() + grace_;
+  while (group_alive(pgid) && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  if (group_alive(pgid)) ::kill(-pgid, SIGKILL);
+}
+
+void LocalExecutor::stop_share(int64_t job_id, size_t share) {
+  const fs::path stem = fs::path(job_dir_in(work_dir_, job_id)) / ("share" + std::to_string(share));
+  const fs::path pid_file = stem.string() + ".pid";
+  if (!fs::exists(pid_file)) return;
+  try {
+    end_group(static_cast<pid_t>(std::stol(trimmed(pid_file))));
+  } catch (const std::exception&) {
+    // a pid file cut short by a crash: that share never started
   }
+  // Kept for whoever looks into why it went; status() reads *.pid and *.exit only.
+  std::error_code ec;
+  fs::rename(pid_file, stem.string() + ".pid.gone", ec);
+  fs::rename(stem.string() + ".out", stem.string() + ".out.gone", ec);
+  fs::remove(stem.string() + ".exit", ec);
 }
 
 void LocalExecutor::stop(int64_t job_id) {
@@ -131,6 +172,7 @@ ExecStatus LocalExecutor::status(int64_t job_id) {
       const std::string code = trimmed(exit_file);
       if (code != "0") {
         st.kind = ExecStatus::Failed;
+        st.failed_share = share_number(share);
         st.detail = share + " (process group " + std::to_string(pgid) + ") exited with " + code + "; see " +
                     fs::path(pid_file).replace_extension(".out").string();
         return st;
@@ -138,6 +180,7 @@ ExecStatus LocalExecutor::status(int64_t job_id) {
       ++done;
     } else if (!group_alive(pgid)) {
       st.kind = ExecStatus::Failed;
+      st.failed_share = share_number(share);
       st.detail = share + " (process group " + std::to_string(pgid) + ") ended without an exit status (killed)";
       return st;
     }

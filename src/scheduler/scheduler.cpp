@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "crosstrain/core/error.h"
 
@@ -17,15 +18,19 @@ double epoch_s() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// The devices a placement holds: its shares that run now.
 std::vector<std::pair<std::string, int>> shares_of(const PlacementRecord& p) {
   std::vector<std::pair<std::string, int>> out;
-  for (const auto& s : p.shares) out.push_back({s.cluster, s.ranks});
+  for (const auto& s : p.shares)
+    if (!s.absent) out.push_back({s.cluster, s.ranks});
   return out;
 }
 
 std::string describe(const PlacementRecord& p) {
   std::string s;
-  for (const auto& sh : p.shares) s += (s.empty() ? "" : " + ") + sh.cluster + ":" + std::to_string(sh.ranks);
+  for (const auto& sh : p.shares)
+    s += std::string(s.empty() ? "" : " + ") + (sh.absent ? "(" : "") + sh.cluster + ":" + std::to_string(sh.ranks) +
+         (sh.absent ? " absent)" : "");
   return s + " [" + p.layout + "] " + planner::to_string(p.sync);
 }
 
@@ -215,6 +220,16 @@ void Scheduler::poll() {
     if (s.kind == ExecStatus::Done) {
       job.step = job.spec.steps;
       finish(job, JobState::Done, "");
+    } else if (s.kind == ExecStatus::Failed && s.failed_share > 0 &&
+               goes_on_without(job, static_cast<size_t>(s.failed_share))) {
+      // The rest of an elastic job trains on without it; it is started again while restarts are left.
+      const bool again = job.restarts < job.spec.max_restarts;
+      if (again) ++job.restarts;
+      shrink(job, static_cast<size_t>(s.failed_share),
+             s.detail + (again ? "; started again (restart " + std::to_string(job.restarts) + " of " +
+                                     std::to_string(job.spec.max_restarts) + ")"
+                               : "; no restarts left, the job goes on without it"));
+      if (!again) grow_after_[{id, static_cast<size_t>(s.failed_share)}] = std::numeric_limits<double>::infinity();
     } else if (s.kind == ExecStatus::Failed && job.restarts < job.spec.max_restarts) {
       restart(job, s);
     } else if (s.kind == ExecStatus::Failed) {
@@ -243,8 +258,66 @@ void Scheduler::restart(JobRecord& job, const ExecStatus& failure) {
   queue_.insert(queue_.begin(), job.id);
 }
 
+bool Scheduler::goes_on_without(const JobRecord& job, size_t share) const {
+  if (!executor_.changes_shares() || !job.placement || !job.placement->live_elastic() || share == 0) return false;
+  const auto& shares = job.placement->shares;
+  if (share >= shares.size() || shares[share].absent) return false;
+  for (size_t i = 0; i < shares.size(); ++i)
+    if (i != share && !shares[i].absent) return true;
+  return false;
+}
+
+// The job trains on without the share (elastic training across clusters excludes its ranks): its devices go back,
+// and grow() starts it again once its cluster is up.
+void Scheduler::shrink(JobRecord& job, size_t share, const std::string& why) {
+  ClusterShare& s = job.placement->shares[share];
+  executor_.stop_share(job.id, share);
+  registry_.release({{s.cluster, s.ranks}});
+  ++freed_;
+  s.absent = true;
+  job.updated_s = now();
+  store_.update_job(job);
+  store_.add_event(job.updated_s, job.id, "shrunk",
+                   why + "; goes on as " + describe(*job.placement) + " without restarting");
+}
+
+void Scheduler::grow() {
+  for (int64_t id : std::vector<int64_t>(active_.begin(), active_.end())) {
+    JobRecord& job = jobs_.at(id);
+    if (job.state != JobState::Running || !job.placement) continue;
+    for (size_t i = 0; i < job.placement->shares.size(); ++i) {
+      ClusterShare& s = job.placement->shares[i];
+      if (!s.absent) continue;
+      const int c = registry_.index_of(s.cluster);
+      auto wait = grow_after_.find({id, i});
+      if (c < 0 || !registry_.up(c) || (wait != grow_after_.end() && now() < wait->second)) continue;
+      if (!registry_.reserve({{s.cluster, s.ranks}})) continue;  // no room there yet
+      s.absent = false;
+      try {
+        executor_.start_share(job, *job.placement, i);
+      } catch (const std::exception& e) {
+        s.absent = true;
+        registry_.release({{s.cluster, s.ranks}});
+        grow_after_[{id, i}] = now() + 10;  // try again later, not on every pass
+        StateStore::Transaction t(store_);
+        store_.add_event(now(), id, "grow-failed", s.cluster + ": " + e.what());
+        t.commit();
+        continue;
+      }
+      grow_after_.erase({id, i});
+      job.updated_s = now();
+      StateStore::Transaction t(store_);
+      store_.update_job(job);
+      store_.add_event(job.updated_s, id, "grew",
+                       s.cluster + ":" + std::to_string(s.ranks) + " joins the running job; now " + describe(*job.placement));
+      t.commit();
+    }
+  }
+}
+
 int Scheduler::tick() {
   poll();
+  grow();
   // Placed but not started: a restart came between the placement's commit and the start.
   for (int64_t id : std::vector<int64_t>(active_.begin(), active_.end()))
     if (jobs_.at(id).state == JobState::Placed) start(jobs_.at(id));
@@ -292,6 +365,13 @@ int Scheduler::mark_lost(const std::string& cluster) {
   for (int64_t id : std::vector<int64_t>(active_.begin(), active_.end())) {
     JobRecord& job = jobs_.at(id);
     if (!job.placement || !job.placement->on(cluster)) continue;
+    bool shrunk = false;
+    for (size_t i = 0; i < job.placement->shares.size(); ++i)
+      if (job.placement->shares[i].cluster == cluster && job.state == JobState::Running && goes_on_without(job, i)) {
+        shrink(job, i, "cluster " + cluster + " lost");
+        shrunk = true;
+      }
+    if (shrunk && !job.placement->on(cluster)) continue;
     const ExecStatus s = executor_.status(id);
     executor_.stop(id);  // every share: a gang never runs in part
     job.step = std::max(job.step, s.checkpoint_step);

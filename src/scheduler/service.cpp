@@ -23,7 +23,8 @@ constexpr size_t kMaxBodyBytes = 1 << 20;
 
 json placement_json(const PlacementRecord& p) {
   json shares = json::array();
-  for (const auto& s : p.shares) shares.push_back({{"cluster", s.cluster}, {"ranks", s.ranks}, {"layout", s.layout}});
+  for (const auto& s : p.shares)
+    shares.push_back({{"cluster", s.cluster}, {"ranks", s.ranks}, {"layout", s.layout}, {"absent", s.absent}});
   return {{"shares", shares},     {"layout", p.layout},     {"sync", planner::to_string(p.sync)},
           {"inner_steps", p.inner_steps}, {"step_s", p.step_s}, {"wan_gbps", p.wan_gbps},
           {"cost", p.cost},         {"attempt", p.attempt}};

@@ -28,7 +28,8 @@ void SimulatedExecutor::start(const JobRecord& job, const PlacementRecord& place
       throw Error("job " + std::to_string(job.id) + ": cluster " + s.cluster + " is lost or full");
     }
   }
-  for (const ClusterShare& s : placement.shares) used_[s.cluster] += s.ranks;
+  for (const ClusterShare& s : placement.shares)
+    if (!s.absent) used_[s.cluster] += s.ranks;
   jobs_[job.id] = {placement, now_, job.step, job.spec.steps, std::max<int64_t>(1, job.spec.checkpoint_every)};
   ++starts_;
 }
@@ -36,8 +37,33 @@ void SimulatedExecutor::start(const JobRecord& job, const PlacementRecord& place
 void SimulatedExecutor::stop(int64_t job_id) {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return;
-  for (const ClusterShare& s : it->second.placement.shares) used_[s.cluster] -= s.ranks;
+  for (const ClusterShare& s : it->second.placement.shares)
+    if (!s.absent) used_[s.cluster] -= s.ranks;
   jobs_.erase(it);
+}
+
+void SimulatedExecutor::stop_share(int64_t job_id, size_t share) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end() || share >= it->second.placement.shares.size()) return;
+  ClusterShare& s = it->second.placement.shares[share];
+  if (!s.absent) used_[s.cluster] -= s.ranks;
+  s.absent = true;
+}
+
+// The job's own copy of its placement says which share is absent; the scheduler's is the same.
+void SimulatedExecutor::start_share(const JobRecord& job, const PlacementRecord& /*placement*/, size_t share) {
+  auto it = jobs_.find(job.id);
+  if (it == jobs_.end()) throw Error("job " + std::to_string(job.id) + " is not running: no share to start again");
+  ClusterShare& s = it->second.placement.shares.at(share);
+  const auto cap = capacity_.find(s.cluster);
+  if (!s.absent || lost_.count(s.cluster) || (cap != capacity_.end() && used(s.cluster) + s.ranks > cap->second)) {
+    ++overcommits_;
+    throw Error("job " + std::to_string(job.id) + ": share " + std::to_string(share) + " on " + s.cluster +
+                " is running already, or its cluster is lost or full");
+  }
+  used_[s.cluster] += s.ranks;
+  s.absent = false;
+  ++share_starts_;
 }
 
 ExecStatus SimulatedExecutor::status(int64_t job_id) {
@@ -49,11 +75,17 @@ ExecStatus SimulatedExecutor::status(int64_t job_id) {
   st.step = std::min<int64_t>(r.steps, r.first_step + static_cast<int64_t>(done));
   st.checkpoint_step = st.step == r.steps ? r.steps : st.step / r.checkpoint_every * r.checkpoint_every;
   st.kind = st.step >= r.steps ? ExecStatus::Done : ExecStatus::Running;
-  if (crash_.erase(job_id) && st.kind == ExecStatus::Running) {
+  auto crash = crash_.find(job_id);
+  if (crash != crash_.end() && st.kind == ExecStatus::Running) {
     st.kind = ExecStatus::Failed;
-    st.detail = "simulated crash of a rank";
+    st.failed_share = crash->second;
+    st.detail = "simulated crash of a rank" +
+                (crash->second >= 0 ? " of share " + std::to_string(crash->second) : std::string());
   }
-  if (st.kind != ExecStatus::Running) stop(job_id);
+  if (crash != crash_.end()) crash_.erase(crash);
+  // A failed share alone leaves the job to the scheduler (it may go on without it); the rest fails the gang.
+  if (st.kind == ExecStatus::Done || (st.kind == ExecStatus::Failed && (!share_changes_ || st.failed_share <= 0)))
+    stop(job_id);
   return st;
 }
 

@@ -88,6 +88,24 @@ void SlurmExecutor::start(const JobRecord& job, const PlacementRecord& placement
   }
 }
 
+void SlurmExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
+  if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
+  submit(job, placement, share);
+}
+
+void SlurmExecutor::stop_share(int64_t job_id, size_t share) {
+  const std::string stem = (fs::path(job_dir(job_id)) / ("share" + std::to_string(share))).string();
+  if (!fs::exists(stem + ".slurm")) return;
+  std::istringstream in(read_file(stem + ".slurm"));
+  std::string name, id;
+  if (in >> name >> id && !unreachable_.count(name))
+    run_command({"scancel", "--full", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
+  std::error_code ec;
+  fs::rename(stem + ".slurm", stem + ".slurm.gone", ec);
+  fs::rename(stem + ".out", stem + ".out.gone", ec);
+  fs::remove(stem + ".exit", ec);
+}
+
 std::map<std::string, std::string> SlurmExecutor::slurm_ids(int64_t job_id) const {
   std::map<std::string, std::string> ids;
   const fs::path dir = job_dir(job_id);
@@ -148,11 +166,14 @@ ExecStatus SlurmExecutor::status(int64_t job_id) {
   int done = 0;
   for (const auto& [name, id] : ids) {
     std::string share_exit;
+    int share = -1;
     for (const auto& e : fs::directory_iterator(job_dir(job_id)))
       if (e.path().extension() == ".slurm" && read_file(e.path()) == name + " " + id) {
         const fs::path exit_file = fs::path(e.path()).replace_extension(".exit");
         if (fs::exists(exit_file)) share_exit = read_file(exit_file);
+        share = share_number(e.path().stem().string());
       }
+    st.failed_share = share;  // meaningful only with kind Failed
     if (!share_exit.empty()) {
       if (share_exit != "0") {
         st.kind = ExecStatus::Failed;
@@ -177,6 +198,7 @@ ExecStatus SlurmExecutor::status(int64_t job_id) {
     st.detail += name + ": " + *state + " ";
   }
   st.kind = done == static_cast<int>(ids.size()) ? ExecStatus::Done : ExecStatus::Running;
+  st.failed_share = -1;
   return st;
 }
 

@@ -69,7 +69,7 @@ CREATE TABLE placements(job_id INTEGER PRIMARY KEY REFERENCES jobs(id), attempt 
                         step_s REAL NOT NULL, wan_gbps REAL NOT NULL, cost REAL NOT NULL);
 CREATE TABLE placement_shares(job_id INTEGER NOT NULL REFERENCES jobs(id), position INTEGER NOT NULL,
                               cluster TEXT NOT NULL, ranks INTEGER NOT NULL, layout TEXT NOT NULL,
-                              PRIMARY KEY(job_id, position));
+                              absent INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, position));
 CREATE TABLE events(id INTEGER PRIMARY KEY AUTOINCREMENT, time_s REAL NOT NULL, job_id INTEGER NOT NULL,
                     kind TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE INDEX events_job ON events(job_id);
@@ -261,6 +261,13 @@ void StateStore::check_schema() {
     throw UsageError("scheduler state '" + path_ + "' has schema version " + std::to_string(version) +
                      ", newer than this crosstrain (" + std::to_string(kStateSchemaVersion) + "); run a newer crosstrain");
   if (version < 1) throw UsageError("scheduler state '" + path_ + "' has no schema version; it is damaged");
+  if (version < 2) {
+    // Version 1 had no absent shares: every share of a placement ran.
+    Transaction t(*this);
+    exec("ALTER TABLE placement_shares ADD COLUMN absent INTEGER NOT NULL DEFAULT 0");
+    exec("PRAGMA user_version=2");
+    t.commit();
+  }
 }
 
 void StateStore::create_schema() {
@@ -355,12 +362,13 @@ void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRe
   s.bind(1, job_id).bind(2, p->attempt).bind(3, p->layout).bind(4, std::string(planner::to_string(p->sync)));
   s.bind(5, p->inner_steps);
   s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).step();
-  Statement share(db_, "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout) VALUES(?, ?, ?, ?, ?)",
+  Statement share(db_,
+                  "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout, absent) VALUES(?, ?, ?, ?, ?, ?)",
                   path_);
   for (size_t i = 0; i < p->shares.size(); ++i) {
     sqlite3_reset(share.raw());
     share.bind(1, job_id).bind(2, static_cast<int64_t>(i)).bind(3, p->shares[i].cluster);
-    share.bind(4, p->shares[i].ranks).bind(5, p->shares[i].layout).step();
+    share.bind(4, p->shares[i].ranks).bind(5, p->shares[i].layout).bind(6, p->shares[i].absent ? 1 : 0).step();
   }
 }
 
@@ -374,9 +382,10 @@ std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const 
   p.layout = s.text(1), p.sync = planner::parse_layout_sync(s.text(2));  // the words of describe()
   p.inner_steps = static_cast<int>(s.integer(3));
   p.step_s = s.real(4), p.wan_gbps = s.real(5), p.cost = s.real(6);
-  Statement sh(db_, "SELECT cluster, ranks, layout FROM placement_shares WHERE job_id = ? ORDER BY position", path_);
+  Statement sh(db_, "SELECT cluster, ranks, layout, absent FROM placement_shares WHERE job_id = ? ORDER BY position",
+               path_);
   sh.bind(1, job_id);
-  while (sh.step()) p.shares.push_back({sh.text(0), static_cast<int>(sh.integer(1)), sh.text(2)});
+  while (sh.step()) p.shares.push_back({sh.text(0), static_cast<int>(sh.integer(1)), sh.text(2), sh.integer(3) != 0});
   return p;
 }
 

@@ -62,6 +62,11 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
       placed_layout(placement, work_log).train_overrides(planner::OverrideScope::ShapeAndSync);
   sets.insert(sets.end(), layout.begin(), layout.end());
   if (work_log) sets.push_back("run.work_log=true");
+  // Elastic across clusters: each cluster is a unit of churn, the job trains on while one is left.
+  if (placement.live_elastic()) {
+    sets.push_back("sync.clusters=" + std::to_string(placement.shares.size()));
+    sets.push_back("elastic.min_replicas=1");
+  }
   return sets;
 }
 
@@ -74,9 +79,14 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
   if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
   check_even_shares(job, placement);
   const auto nodes = std::to_string(placement.shares.size());
+  // A live-elastic job (placement.live_elastic()) runs its launchers elastic: it starts with the shares that are
+  // there, trains on without a lost one, and a share started again joins it (--nnodes 1:N; the launcher restarts
+  // a share's failed ranks itself too).
+  const bool elastic = placement.live_elastic();
   std::vector<std::string> argv{launch.crosstrain, "run", "--nproc", std::to_string(placement.shares[share].ranks),
-                                "--nnodes", nodes, "--node-rank", std::to_string(share),
+                                "--nnodes", elastic ? "1:" + nodes : nodes, "--node-rank", std::to_string(share),
                                 "--timeout", std::to_string(launch.rendezvous_timeout_s)};
+  if (elastic) argv.insert(argv.end(), {"--max-restarts", std::to_string(launch.rank_restarts)});
   if (placement.shares.size() > 1) {
     if (launch.master_port <= 0) throw UsageError("a job across clusters needs a rendezvous port (TrainLaunch::master_port)");
     argv.insert(argv.end(), {"--master", launch.master_host + ":" + std::to_string(launch.master_port), "--cluster",
@@ -178,6 +188,13 @@ std::string ledger_job(const JobRecord& job, const PlacementRecord& placement) {
   return job.spec.name + "-" + std::to_string(job.id) + ".a" + std::to_string(placement.attempt);
 }
 
+int share_number(const std::string& stem) {
+  if (stem.rfind("share", 0) != 0 || stem.size() == 5 || stem.size() > 10 ||
+      stem.find_first_not_of("0123456789", 5) != std::string::npos)
+    return -1;
+  return std::stoi(stem.substr(5));
+}
+
 std::string job_dir_in(const std::string& work_dir, int64_t job_id) {
   return (fs::path(work_dir) / ("job" + std::to_string(job_id))).string();
 }
@@ -226,14 +243,31 @@ std::string job_secret_file(const std::string& work_dir, int64_t job_id) {
   return path;
 }
 
+// Share 0 is built first whenever a placement starts: it takes a fresh port and keeps it in the job's folder, where
+// the other shares read it, also one started again into the running job later (even by a restarted daemon).
+int placement_port(const std::string& work_dir, int64_t job_id, size_t share) {
+  const fs::path file = fs::path(job_dir_in(work_dir, job_id)) / "rendezvous_port";
+  if (share == 0) {
+    const int port = free_port();
+    fs::create_directories(file.parent_path());
+    std::ofstream(file.string() + ".tmp") << port << "\n";
+    fs::rename(file.string() + ".tmp", file);
+    return port;
+  }
+  std::ifstream in(file);
+  int port = 0;
+  if (!(in >> port) || port <= 0 || port > 65535)
+    throw Error("scheduler: job " + std::to_string(job_id) + " has no rendezvous port recorded in " + file.string() +
+                " (its share 0 was never built)");
+  return port;
+}
+
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
                                                                                               std::string work_dir) {
-  auto port = std::make_shared<int>(0);
-  return [base, work_dir, port](const JobRecord& job, const PlacementRecord& placement, size_t share) {
-    if (share == 0) *port = free_port();  // shares are built in order; one port per placement
+  return [base, work_dir](const JobRecord& job, const PlacementRecord& placement, size_t share) {
     TrainLaunch launch = base;
     launch.run_dir = job_run_dir(work_dir, job.id);
-    launch.master_port = *port;
+    launch.master_port = placement_port(work_dir, job.id, share);
     launch.resume = newest_checkpoint_step(launch.run_dir) > 0;
     const std::string secret = job_secret_file(work_dir, job.id);
     return "export CROSSTRAIN_SECRET=\"$(cat " + shell_quote(secret) + ")\"\n" +

@@ -92,6 +92,82 @@ TEST(GangScheduler, ASpanningJobIsStoppedEverywhereWhenOneOfItsClustersIsLost) {
   EXPECT_EQ(used, 96);  // the old gang is gone from every cluster, the new one is whole
 }
 
+bool has_event(StateStore& store, int64_t id, const std::string& kind) {
+  for (const EventRow& e : store.events(id))
+    if (e.kind == kind) return true;
+  return false;
+}
+
+// A DiLoCo job across two clusters (elastic training across clusters) goes on without a lost cluster's share,
+// holding none of its devices and without a restart, and grows back onto it when it returns; a share that fails
+// alone is started again while restarts are left. Losing share 0 (the job's rendezvous) still re-places it.
+TEST(GangScheduler, AnElasticJobShrinksWhenAClusterIsLostAndGrowsBackWhenItReturns) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  Rig rig(temp_path("live.db"), std::move(r));
+  rig.exec.allow_share_changes(true);
+  JobSpec spec = job("gpt2-xl", 96, 100000);
+  spec.max_restarts = 1;
+  const int64_t id = rig.sched.submit(spec);
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).state, JobState::Running) << rig.sched.job(id).reason;
+  const PlacementRecord first = *rig.sched.job(id).placement;
+  ASSERT_EQ(first.shares.size(), 2u);
+  ASSERT_TRUE(first.live_elastic()) << "placed " << first.layout << " " << planner::to_string(first.sync);
+  const std::string keep = first.shares[0].cluster, lost = first.shares[1].cluster;
+  const int lost_ranks = first.shares[1].ranks;
+
+  rig.exec.advance(first.step_s * 25.5);
+  rig.exec.lose(lost);
+  rig.sched.tick();
+  const JobRecord& j = rig.sched.job(id);
+  ASSERT_EQ(j.state, JobState::Running) << j.reason;
+  EXPECT_EQ(j.attempts, 1) << "re-placed instead of going on";
+  EXPECT_EQ(rig.exec.starts(), 1);
+  EXPECT_TRUE(j.placement->shares[1].absent);
+  EXPECT_FALSE(j.placement->on(lost));
+  EXPECT_EQ(j.placement->present_ranks(), 96 - lost_ranks);
+  EXPECT_EQ(rig.exec.used(lost), 0);
+  const int c = rig.sched.registry().index_of(lost);
+  EXPECT_EQ(rig.sched.registry().free(c), rig.sched.registry().devices(c)) << "the lost share's devices are held";
+  EXPECT_TRUE(has_event(rig.store, id, "shrunk"));
+  EXPECT_FALSE(has_event(rig.store, id, "displaced"));
+  EXPECT_EQ(rig.exec.status(id).step, 25) << "the job went on at its pace";
+
+  // The cluster comes back (it registers again): the share starts into the running job.
+  rig.exec.restore(lost);
+  rig.sched.mark_up(lost);
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).state, JobState::Running);
+  EXPECT_FALSE(rig.sched.job(id).placement->shares[1].absent);
+  EXPECT_EQ(rig.exec.used(lost), lost_ranks);
+  EXPECT_EQ(rig.exec.share_starts(), 1);
+  EXPECT_TRUE(has_event(rig.store, id, "grew"));
+
+  // A share that fails alone is started again while restarts are left; the state file keeps an absent share.
+  rig.exec.crash(id, 1);
+  rig.sched.tick();  // shrinks (restart 1 of 1) ...
+  EXPECT_EQ(rig.sched.job(id).restarts, 1);
+  rig.sched.tick();  // ... and grows back
+  EXPECT_FALSE(rig.sched.job(id).placement->shares[1].absent);
+  EXPECT_EQ(rig.exec.share_starts(), 2);
+  rig.exec.crash(id, 1);
+  rig.sched.tick();  // no restarts left: it goes on without it for good
+  rig.sched.tick();
+  EXPECT_TRUE(rig.sched.job(id).placement->shares[1].absent);
+  EXPECT_EQ(rig.exec.share_starts(), 2);
+  for (const JobRecord& stored : rig.store.jobs())
+    if (stored.id == id) EXPECT_TRUE(stored.placement->shares[1].absent) << "the state file lost the absent share";
+
+  // Losing share 0's cluster (the job's rendezvous and membership) still stops and re-places the gang.
+  rig.exec.lose(keep);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(id).attempts, 2);
+  EXPECT_TRUE(has_event(rig.store, id, "displaced"));
+  EXPECT_EQ(rig.exec.overcommits(), 0);
+  EXPECT_EQ(rig.exec.partial_gangs(), 0);
+}
+
 TEST(GangScheduler, RestartRecoversEveryJobAndPlacementFromTheFile) {
   const std::string path = temp_path("restart.db");
   std::vector<JobRecord> before;

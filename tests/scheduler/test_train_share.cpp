@@ -61,11 +61,13 @@ TEST(TrainShare, EachShareIsALauncherNodeMeetingAtShareZero) {
   l.rendezvous_timeout_s = 120;
   const std::string west = joined(train_share_argv(recipe_job(), two_shares(), 1, l));
   EXPECT_EQ(west,
-            "/bin/crosstrain run --nproc 2 --nnodes 2 --node-rank 1 --timeout 120 --master 10.0.0.1:29500 --cluster 1 "
+            "/bin/crosstrain run --nproc 2 --nnodes 1:2 --node-rank 1 --timeout 120 --max-restarts 2 "
+            "--master 10.0.0.1:29500 --cluster 1 "
             "-- /bin/crosstrain train /r/gpt-tiny.toml --set train.lr=0.001 --set run.dir=/w/job7/run "
             "--set train.steps=40 --set train.checkpoint_every=10 --set train.global_batch=16 "
             "--set obs.metrics_host=127.0.0.1 --set parallel.tp=1 --set parallel.pp=1 --set parallel.zero=1 "
-            "--set sync.mode=diloco --set sync.inner_steps=5");
+            "--set sync.mode=diloco --set sync.inner_steps=5 --set sync.clusters=2 --set elastic.min_replicas=1")
+      << "DiLoCo across clusters runs elastic: a lost cluster's share leaves, and joins again when started again";
   l.resume = true;
   const auto east = train_share_argv(recipe_job(), two_shares(), 0, l);
   EXPECT_NE(joined(east).find("--node-rank 0 "), std::string::npos);
@@ -156,6 +158,8 @@ TEST(TrainShare, OverridesOfALayoutAgreeWithThePlans) {
       for (const char* key : {"parallel.tp=", "parallel.pp=", "parallel.zero=", "sync.mode=", "sync.inner_steps=",
                               "sync.hierarchical="})
         if (o.rfind(key, 0) == 0 && o != "sync.mode=sync") plan.insert(o);
+    // The clusters are the placement's, not the layout's: the scheduler names them for elastic DiLoCo.
+    if (sync == planner::LayoutSync::DiLoCo) plan.insert("sync.clusters=2");
     EXPECT_EQ(scheduler, plan) << planner::to_string(sync);
     EXPECT_EQ(scheduler.count("parallel.tp=2"), 1u) << "the shape is always set";
   }

@@ -59,6 +59,9 @@ struct ClusterShare {
   std::string cluster;
   int ranks = 0;
   std::string layout;  // inside this cluster: "dp=4 tp=2 pp=1"
+  // The job goes on without this share (its cluster was lost, or its processes failed) and holds none of its
+  // devices; it is started again into the running job once its cluster is up (Scheduler: live shrink and grow).
+  bool absent = false;
 };
 
 struct PlacementRecord {
@@ -71,8 +74,13 @@ struct PlacementRecord {
   double cost = 0;                   // predicted cost of the steps left
   int attempt = 0;                   // which placement of the job this is (1 = first)
 
-  int ranks() const;
+  int ranks() const;          // of every share, absent ones included (the job's full size)
+  int present_ranks() const;  // of the shares that run now
+  // Whether a share that runs now (not an absent one) is on `cluster`.
   bool on(const std::string& cluster) const;
+  // The placement grows and shrinks at run time, one cluster share at a time, as elastic training across clusters
+  // does: DiLoCo across two or more clusters, each cluster a whole unit of churn (elastic/membership.h).
+  bool live_elastic() const;
 };
 
 struct JobRecord {

@@ -25,9 +25,16 @@ class LocalExecutor : public Executor {
   ExecStatus status(int64_t job_id) override;
   std::vector<std::string> lost_clusters() override { return {}; }  // one machine: it is up while we run
   std::string run_dir(int64_t job_id) const override;
+  bool changes_shares() const override { return true; }
+  // SIGTERM to the share's process group, SIGKILL after the grace period; its files are kept aside (*.gone).
+  void stop_share(int64_t job_id, size_t share) override;
+  void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
 
  private:
   int spawn(const std::string& script, const std::string& out) const;
+  void spawn_share(const std::string& stem) const;
+  void launch_share(const JobRecord& job, const PlacementRecord& placement, size_t share);
+  void end_group(pid_t pgid) const;
 
   std::string work_dir_;
   ShareCommand command_;

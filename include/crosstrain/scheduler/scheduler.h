@@ -33,6 +33,7 @@ struct ExecStatus {
   int64_t step = 0;             // steps done
   int64_t checkpoint_step = 0;  // newest complete checkpoint
   std::string detail;
+  int failed_share = -1;        // Failed: the share that failed (its position in the placement), -1: not known
 };
 
 // What runs the ranks: Slurm, local processes, or a simulation. start() must start every share or throw (and
@@ -48,6 +49,14 @@ class Executor {
   // The run folder of a job that trains a recipe (its metrics.jsonl, checkpoints/, report), "" when there is none
   // (a simulation). Read by the service for each job's live metrics and report.
   virtual std::string run_dir(int64_t /*job_id*/) const { return ""; }
+
+  // Live shrink and grow (PlacementRecord::live_elastic): an executor that can end one share of a running job and
+  // start one again into it says so here; otherwise the scheduler stops and re-places the whole gang instead.
+  virtual bool changes_shares() const { return false; }
+  // Ends share `share` (its cluster may not answer: then only the record of it goes); status() no longer counts it.
+  virtual void stop_share(int64_t /*job_id*/, size_t /*share*/) {}
+  // Starts share `share` of the running job again (the others run on); throws when it cannot.
+  virtual void start_share(const JobRecord& /*job*/, const PlacementRecord& /*placement*/, size_t /*share*/) {}
 };
 
 struct SchedulerOptions {
@@ -74,8 +83,9 @@ class Scheduler {
   bool cancel(int64_t id);
   // One pass: poll running jobs and cluster health, then place and start what fits. Returns placements made.
   int tick();
-  // Takes a cluster out (lost, drained): its jobs resume elsewhere from their newest checkpoint. Returns how
-  // many jobs it displaced.
+  // Takes a cluster out (lost, drained). A job whose training is elastic across clusters (live_elastic) goes on
+  // without its share there, which comes back when the cluster does (shrink and grow live); any other job of the
+  // cluster is stopped and resumes elsewhere from its newest checkpoint. Returns how many jobs it displaced.
   int mark_lost(const std::string& cluster);
   void mark_up(const std::string& cluster);
   // The resource layer's registration: a cluster announces itself with a planner cluster file holding it alone
@@ -106,6 +116,12 @@ class Scheduler {
   void release(JobRecord& job);
   void poll();
   void restart(JobRecord& job, const ExecStatus& failure);
+  // Live shrink and grow: whether the job goes on without share `share` (an executor that can, a live_elastic
+  // placement, not share 0, which hosts the job's rendezvous and membership, and another share still running).
+  bool goes_on_without(const JobRecord& job, size_t share) const;
+  void shrink(JobRecord& job, size_t share, const std::string& why);
+  // Starts absent shares again on clusters that are up and have room (each tick).
+  void grow();
   void finish(JobRecord& job, JobState state, const std::string& reason);
   JobRecord& mutable_job(int64_t id);
   double now() const { return clock_(); }
@@ -125,6 +141,7 @@ class Scheduler {
   int64_t freed_ = 0;            // changes whenever devices are given back or a cluster comes up
   std::map<int64_t, int64_t> refused_at_;  // job -> freed_ when placement last refused it
   std::map<int64_t, std::pair<int64_t, bool>> fits_up_;  // job -> (up_epoch_, fits the up clusters)
+  std::map<std::pair<int64_t, size_t>, double> grow_after_;  // (job, share) -> not started again before this time
   SchedulerStats stats_;
 };
 

@@ -23,6 +23,12 @@ class SimulatedExecutor : public Executor {
   void stop(int64_t job_id) override;
   ExecStatus status(int64_t job_id) override;
   std::vector<std::string> lost_clusters() override { return {lost_.begin(), lost_.end()}; }
+  // Live shrink and grow, when allowed (allow_share_changes): a share leaves and comes back while the rest of the
+  // job goes on at its pace (no step is repeated).
+  bool changes_shares() const override { return share_changes_; }
+  void stop_share(int64_t job_id, size_t share) override;
+  void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
+  void allow_share_changes(bool on) { share_changes_ = on; }
 
   double now() const { return now_; }
   void advance(double seconds) { now_ += seconds; }
@@ -30,14 +36,16 @@ class SimulatedExecutor : public Executor {
   void restore(const std::string& cluster) { lost_.erase(cluster); }
   // Makes the next start of this job throw (a flaky cluster), once.
   void fail_next_start(int64_t job_id) { fail_start_.insert(job_id); }
-  // Makes the job's gang fail at its next status (a rank crashed, a share was preempted), once.
-  void crash(int64_t job_id) { crash_.insert(job_id); }
+  // Makes the job's gang fail at its next status (a rank crashed, a share was preempted), once; with `share`, that
+  // share is named as the one that failed.
+  void crash(int64_t job_id, int share = -1) { crash_[job_id] = share; }
 
   int used(const std::string& cluster) const;  // ranks running there
   bool running(int64_t job_id) const { return jobs_.count(job_id) > 0; }
   int64_t partial_gangs() const { return partial_gangs_; }   // starts that did not cover the job's ranks
   int64_t overcommits() const { return overcommits_; }       // starts beyond a cluster's devices or on a lost one
   int64_t starts() const { return starts_; }
+  int64_t share_starts() const { return share_starts_; }  // shares started again into running jobs
 
  private:
   struct Run {
@@ -49,9 +57,11 @@ class SimulatedExecutor : public Executor {
   std::map<std::string, int> used_;
   std::map<int64_t, Run> jobs_;
   std::set<std::string> lost_;
-  std::set<int64_t> fail_start_, crash_;
+  std::set<int64_t> fail_start_;
+  std::map<int64_t, int> crash_;  // job -> the share named as failed (-1: none)
   double now_ = 0;
-  int64_t partial_gangs_ = 0, overcommits_ = 0, starts_ = 0;
+  bool share_changes_ = false;
+  int64_t partial_gangs_ = 0, overcommits_ = 0, starts_ = 0, share_starts_ = 0;
 };
 
 }  // namespace crosstrain::scheduler

@@ -42,6 +42,10 @@ class SlurmExecutor : public Executor {
   ExecStatus status(int64_t job_id) override;
   std::vector<std::string> lost_clusters() override;
   std::string run_dir(int64_t job_id) const override;  // WORK_DIR/jobID/run (train_share.h)
+  bool changes_shares() const override { return true; }
+  // scancel the share when its cluster answers; its files are kept aside (*.gone).
+  void stop_share(int64_t job_id, size_t share) override;
+  void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
 
   // The Slurm job id of each share (cluster name -> id), from memory or the job's folder.
   std::map<std::string, std::string> slurm_ids(int64_t job_id) const;

@@ -25,7 +25,7 @@ struct sqlite3;
 
 namespace crosstrain::scheduler {
 
-constexpr int kStateSchemaVersion = 1;
+constexpr int kStateSchemaVersion = 2;  // 2: placement_shares.absent
 
 struct ClusterRow {
   std::string name;

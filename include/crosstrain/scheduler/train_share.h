@@ -30,6 +30,7 @@ struct TrainLaunch {
   // while it trains and once at its end (crosstrain ledger claim).
   std::string ledger, ledger_keys;
   int claim_every_s = 30;
+  int rank_restarts = 2;  // a live-elastic job's launchers restart a share's failed ranks this often themselves
 };
 
 // The share's whole command: the launcher line, and with a ledger the periodic and final claims around it. The
@@ -57,6 +58,9 @@ int free_port();
 
 namespace crosstrain::scheduler {
 
+// K of a share's file stem "shareK" in a job's folder; -1 for any other name.
+int share_number(const std::string& stem);
+
 // Where an executor keeps a job: WORK_DIR/jobID holds each share's script, output and exit status
 // (shareK.sh, shareK.out, shareK.exit); WORK_DIR/jobID/run is the job's run folder, kept across re-placements.
 std::string job_dir_in(const std::string& work_dir, int64_t job_id);
@@ -73,13 +77,18 @@ std::string ledger_job(const JobRecord& job, const PlacementRecord& placement);
 std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
                          const std::string& command, const std::string& stem);
 
-// The usual ShareCommand for recipe jobs: train_share_argv with a fresh rendezvous port per placement (found when
-// share 0 is built), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint. Every job
-// gets a secret of its own (job_secret_file, made on its first start): the shares export it as CROSSTRAIN_SECRET,
-// so only they join the job's store, and comm.encrypt seals what crosses clusters.
 // WORK_DIR/jobN/secret (mode 0600): 32 random bytes in hex, made when missing; returns its path.
 std::string job_secret_file(const std::string& work_dir, int64_t job_id);
 
+// The rendezvous port of the job's current placement: share 0 takes a fresh one (a placement always builds it
+// first) and records it in WORK_DIR/jobID/rendezvous_port, where every other share reads it, also one started
+// again into the running job later by a restarted daemon. Throws when nothing is recorded.
+int placement_port(const std::string& work_dir, int64_t job_id, size_t share);
+
+// The usual ShareCommand for recipe jobs: train_share_argv with a fresh rendezvous port per placement
+// (placement_port), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint. Every job
+// gets a secret of its own (job_secret_file, made on its first start): the shares export it as CROSSTRAIN_SECRET,
+// so only they join the job's store, and comm.encrypt seals what crosses clusters.
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
                                                                                               std::string work_dir);
 

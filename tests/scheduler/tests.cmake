@@ -25,3 +25,8 @@ add_executable(compute_network_tests scheduler/test_compute_network.cpp)
 target_link_libraries(compute_network_tests PRIVATE ct_test_support crosstrain_scheduler nlohmann_json::nlohmann_json
   PkgConfig::HTTPLIB GTest::gtest_main)
 gtest_discover_tests(compute_network_tests PROPERTIES LABELS train TIMEOUT 600 DISCOVERY_TIMEOUT 60 RUN_SERIAL TRUE)
+# Live shrink and grow of a real DiLoCo job across two local clusters (issue 35).
+add_executable(live_elastic_tests scheduler/test_live_elastic.cpp)
+target_link_libraries(live_elastic_tests PRIVATE ct_test_support crosstrain_scheduler nlohmann_json::nlohmann_json
+  GTest::gtest_main)
+gtest_discover_tests(live_elastic_tests PROPERTIES LABELS train TIMEOUT 400 DISCOVERY_TIMEOUT 60 RUN_SERIAL TRUE)

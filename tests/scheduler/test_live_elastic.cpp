@@ -1,0 +1,147 @@
+// Live shrink and grow of a real job (issue 35): the scheduler with the local executor runs a DiLoCo recipe job
+// across two clusters of this machine. West's share is killed (its cluster's power cut) and the cluster marked
+// lost: the job goes on with east without any of east's processes restarting and without repeating a step; west
+// comes back and the job grows onto it at a join generation; it ends done with every step once. Prints shrink_s
+// and grow_back_s, the times from the loss (and the return) to the job training on the new set.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "cli_fixture.h"
+#include "crosstrain/planner/cluster.h"
+#include "crosstrain/scheduler/local_executor.h"
+#include "crosstrain/scheduler/scheduler.h"
+#include "crosstrain/scheduler/state_store.h"
+#include "crosstrain/scheduler/train_share.h"
+#include "scratch.h"
+
+namespace crosstrain::scheduler {
+namespace {
+namespace fs = std::filesystem;
+using crosstrain::testing::kBin;
+using crosstrain::testing::kRecipes;
+using Clock = std::chrono::steady_clock;
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Two clusters of one CPU each, joined by a slow link: a 2-rank job spans both, and DiLoCo is the layout.
+Registry two_cpus(const fs::path& dir) {
+  const fs::path file = dir / "clusters.toml";
+  std::ofstream out(file);
+  out << "name = \"two-local-clusters\"\n[devices.cpu]\npeak_tflops = { fp32 = 0.05, bf16 = 0.05 }\nmemory_gb = 8\n"
+         "memory_bandwidth_gbs = 20\npower_w = 15\ngemm_efficiency = 0.5\nprice_per_hour = 0.1\n";
+  for (const char* name : {"east", "west"})
+    out << "[[clusters]]\nname = \"" << name << "\"\ndevice = \"cpu\"\nhosts = 1\ndevices_per_host = 1\n"
+        << "[clusters.links.host]\nlatency_us = 5\nbandwidth_gbps = 40\n"
+        << "[clusters.links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n";
+  out << "[links.wan]\nlatency_us = 20000\nbandwidth_gbps = 0.05\n";
+  out.close();
+  return Registry::from_cluster_file(planner::load_cluster(file.string()));
+}
+
+JobSpec tiny_job(int64_t steps) {
+  JobSpec j;
+  j.name = "live";
+  j.model.name = "gpt-tiny-2l";
+  j.model.layers = 2, j.model.hidden = 32, j.model.heads = 2, j.model.vocab = 256, j.model.seq = 32;
+  j.ranks = 2;
+  j.global_batch = 8;
+  j.steps = steps;
+  j.checkpoint_every = 100;
+  j.recipe = kRecipes + "/gpt-tiny.toml";
+  j.overrides = {"model.n_layer=2", "model.n_embd=32", "model.n_head=2", "model.block_size=32",
+                 "train.warmup_steps=2", "train.eval_every=0", "train.sample_tokens=0", "comm.timeout_s=20",
+                 "run.log_every=1000", "sync.slow_rank=0", "sync.slow_ms=30"};
+  return j;
+}
+
+// Waits (ticking the scheduler) until `done` holds or `seconds` pass.
+template <class F>
+bool tick_until(Scheduler& s, double seconds, F done) {
+  const auto start = Clock::now();
+  while (seconds_since(start) < seconds) {
+    s.tick();
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) {
+  const fs::path root = crosstrain::testing::scratch_dir("live-elastic");
+  const fs::path work = root / "work";
+  StateStore store((root / "state.db").string());
+  TrainLaunch launch;
+  launch.crosstrain = kBin;
+  launch.rendezvous_timeout_s = 60;
+  LocalExecutor exec(work.string(), train_share_command(launch, work.string()), std::chrono::milliseconds(5000));
+  Scheduler sched(two_cpus(root), store, exec, {}, [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  });
+  const int64_t steps = 400;
+  const int64_t id = sched.submit(tiny_job(steps));
+  sched.tick();
+  ASSERT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  ASSERT_TRUE(sched.job(id).placement->live_elastic()) << sched.job(id).placement->layout;
+  const fs::path job_dir = job_dir_in(work.string(), id), run = job_run_dir(work.string(), id);
+  const auto logged = [&] { return crosstrain::testing::last_logged_step(run.string()); };
+  ASSERT_TRUE(tick_until(sched, 120, [&] { return logged() >= 40; })) << slurp(job_dir / "share0.out");
+  const std::string east_group = slurp(job_dir / "share0.pid");
+
+  // West's power goes: its share's processes die at once, then the scheduler sees the cluster lost.
+  const pid_t west = static_cast<pid_t>(std::stol(slurp(job_dir / "share1.pid")));
+  ::kill(-west, SIGKILL);
+  const auto lost_at = Clock::now();
+  const int64_t step_at_loss = logged();
+  sched.mark_lost("west");
+  ASSERT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  EXPECT_EQ(sched.job(id).attempts, 1) << "re-placed instead of going on";
+  ASSERT_TRUE(sched.job(id).placement->shares[1].absent);
+  ASSERT_TRUE(tick_until(sched, 60, [&] { return logged() > step_at_loss + 1; }))
+      << "the job did not go on without west\n" << slurp(job_dir / "share0.out");
+  const double shrink_s = seconds_since(lost_at);
+
+  // West returns (it registers again): its share starts into the running job and joins it.
+  ASSERT_TRUE(tick_until(sched, 30, [&] { return logged() > step_at_loss + 30; }));
+  sched.mark_up("west");
+  const auto up_at = Clock::now();
+  ASSERT_TRUE(tick_until(sched, 90, [&] { return slurp(job_dir / "share0.out").find("(join): 2 replicas") != std::string::npos; }))
+      << "west never joined\n" << slurp(job_dir / "share0.out") << slurp(job_dir / "share1.out");
+  const int64_t step_at_join = logged();
+  ASSERT_TRUE(tick_until(sched, 60, [&] { return logged() > step_at_join; }));
+  const double grow_back_s = seconds_since(up_at);
+  EXPECT_FALSE(sched.job(id).placement->shares[1].absent);
+
+  ASSERT_TRUE(tick_until(sched, 240, [&] { return finished(sched.job(id).state); }))
+      << slurp(job_dir / "share0.out");
+  const std::string east_out = slurp(job_dir / "share0.out");
+  ASSERT_EQ(sched.job(id).state, JobState::Done) << sched.job(id).reason << "\n" << east_out;
+  EXPECT_EQ(sched.job(id).attempts, 1);
+  EXPECT_EQ(slurp(job_dir / "share0.pid"), east_group) << "east's share was started again";
+  EXPECT_EQ(east_out.find("restarting it"), std::string::npos) << "an east rank was restarted\n" << east_out;
+  // Every step once: nothing before the loss was repeated, nothing skipped.
+  const auto rows = crosstrain::testing::read_metrics(run.string());
+  ASSERT_EQ(static_cast<int64_t>(rows.size()), steps);
+  for (int64_t i = 0; i < steps; ++i) ASSERT_EQ(rows[i]["step"].get<int64_t>(), i + 1);
+  EXPECT_EQ(newest_checkpoint_step(run.string()), steps) << "no final checkpoint";
+  bool shrunk = false, grew = false;
+  for (const EventRow& e : store.events(id)) shrunk |= e.kind == "shrunk", grew |= e.kind == "grew";
+  EXPECT_TRUE(shrunk && grew);
+  std::printf("shrink_s=%.2f grow_back_s=%.2f (loss at step %lld, join at step %lld)\n", shrink_s, grow_back_s,
+              static_cast<long long>(step_at_loss), static_cast<long long>(step_at_join));
+  fs::remove_all(root);
+}
+
+}  // namespace
+}  // namespace crosstrain::scheduler

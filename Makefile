@@ -124,9 +124,12 @@ bench-recsys: app
 	@python3 bench/recsys.py --bin $(BUILD)/crosstrain
 
 # The scheduler (issue 19): 1,000 gang jobs onto 6 simulated clusters through placement, the SQLite state on disk
-# (build/bench-scheduler.db) and one cluster lost half-way. A few seconds.
+# (build/bench-scheduler.db) and one cluster lost half-way. A few seconds. Then a real job's shrink_s and grow_back_s.
 bench-scheduler: app
 	@$(BUILD)/crosstrain bench scheduler --jobs 1000 --clusters 6 --state $(BUILD)/bench-scheduler.db
+	@echo "live shrink and grow of a real DiLoCo job across two local clusters (about 20 s):"
+	@cmake --build $(BUILD) --target live_elastic_tests > /dev/null
+	@$(BUILD)/tests/live_elastic_tests --gtest_brief=1 | grep -E '^shrink_s=|FAILED'
 
 install: build
 	@cmake --install $(BUILD) $(if $(PREFIX),--prefix $(PREFIX),)

@@ -113,6 +113,7 @@ std::string scheduler_owned_key(const std::string& key) {
   static const std::vector<std::pair<std::string, std::string>> owned{
       {"run.dir", "the scheduler puts each job's run folder under its --work-dir"},
       {"run.secret_file", "the scheduler gives every job a secret of its own"},
+      {"run.fence", "the scheduler fences each placement's run folder"},
       {"run.work_log", "the scheduler turns work logs on for ledger jobs"},
       {"comm.encrypt", "the scheduler decides whether a job's links are sealed"},
       {"comm.identity", "the scheduler gives each share its cluster's key"},

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/fence.h"
 #include "crosstrain/core/names.h"
 #include "crosstrain/planner/layout.h"
 
@@ -57,6 +58,7 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
       "train.checkpoint_every=" + std::to_string(job.spec.checkpoint_every),
       "train.global_batch=" + std::to_string(job.spec.batch()),
       "obs.metrics_host=127.0.0.1",
+      "run.fence=" + placement_fence(job, placement),
   };
   const std::vector<std::string> layout =
       placed_layout(placement, work_log).train_overrides(planner::OverrideScope::ShapeAndSync);
@@ -180,6 +182,10 @@ int free_port() {
 
 namespace crosstrain::scheduler {
 
+std::string placement_fence(const JobRecord& job, const PlacementRecord& placement) {
+  return "job" + std::to_string(job.id) + ".a" + std::to_string(placement.attempt);
+}
+
 std::string work_log_name(const PlacementRecord& placement, size_t share) {
   return placement.shares[share].cluster + ".a" + std::to_string(placement.attempt);
 }
@@ -268,6 +274,8 @@ std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> tra
     TrainLaunch launch = base;
     launch.run_dir = job_run_dir(work_dir, job.id);
     launch.master_port = placement_port(work_dir, job.id, share);
+    // Before any share of a new placement starts: an older one still running somewhere can no longer commit.
+    if (share == 0) write_fence(launch.run_dir, placement_fence(job, placement));
     launch.resume = newest_checkpoint_step(launch.run_dir) > 0;
     const std::string secret = job_secret_file(work_dir, job.id);
     return "export CROSSTRAIN_SECRET=\"$(cat " + shell_quote(secret) + ")\"\n" +

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/fence.h"
 
 namespace crosstrain::train {
 
@@ -71,9 +72,9 @@ std::vector<checkpoint::PieceRecord> gather_records(comm::Communicator& world,
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async,
-                                   double timeout_s, checkpoint::StorageFaults faults)
+                                   double timeout_s, checkpoint::StorageFaults faults, std::string fence)
     : world_(world), run_dir_(std::move(run_dir)), keep_last_(keep_last), async_(async), timeout_s_(timeout_s),
-      faults_(faults) {}
+      faults_(faults), fence_(std::move(fence)) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
@@ -128,10 +129,16 @@ std::string CheckpointWriter::commit() {
   auto records = gather_records(world_, records_);
   std::string dir, failure;
   if (world_.rank() == 0) {
-    try {
-      dir = checkpoint::commit_checkpoint(run_dir_, step_, records, info_, keep_last_, faults_);
-    } catch (const std::exception& e) {
-      failure = e.what();
+    // Fenced off (a newer placement owns the run folder): nothing of this one may become the job's state.
+    failure = fence_refusal(run_dir_, fence_);
+    if (!failure.empty()) {
+      checkpoint::discard_checkpoint_attempt(run_dir_, step_, faults_);
+    } else {
+      try {
+        dir = checkpoint::commit_checkpoint(run_dir_, step_, records, info_, keep_last_, faults_);
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
     }
   }
   // Rank 0 tells everyone whether the commit held; nobody runs ahead of a checkpoint being committed.

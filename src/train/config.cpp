@@ -193,6 +193,9 @@ std::vector<Field> run_model_data_fields(Config& c) {
                  "a file (mode 0600) holding the job secret peers must prove; CROSSTRAIN_SECRET takes precedence"),
       bool_field("run", "work_log", c.run.work_log,
                  "write RUN_DIR/work/cluster<K>.jsonl for ledger claims"),
+      string_field("run", "fence", c.run.fence,
+                 "set by the scheduler: the placement that owns run.dir; a checkpoint commits only while RUN_DIR/FENCE "
+                 "names it (\"\": no fencing)"),
   };
   add_keys(all, "model", c.model);
   all.push_back(string_field("model", "init_from", c.model_init_from,

@@ -65,7 +65,8 @@ TEST(TrainShare, EachShareIsALauncherNodeMeetingAtShareZero) {
             "--master 10.0.0.1:29500 --cluster 1 "
             "-- /bin/crosstrain train /r/gpt-tiny.toml --set train.lr=0.001 --set run.dir=/w/job7/run "
             "--set train.steps=40 --set train.checkpoint_every=10 --set train.global_batch=16 "
-            "--set obs.metrics_host=127.0.0.1 --set parallel.tp=1 --set parallel.pp=1 --set parallel.zero=1 "
+            "--set obs.metrics_host=127.0.0.1 --set run.fence=job7.a0 --set parallel.tp=1 --set parallel.pp=1 "
+            "--set parallel.zero=1 "
             "--set sync.mode=diloco --set sync.inner_steps=5 --set sync.clusters=2 --set elastic.min_replicas=1")
       << "DiLoCo across clusters runs elastic: a lost cluster's share leaves, and joins again when started again";
   l.resume = true;

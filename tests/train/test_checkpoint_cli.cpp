@@ -14,6 +14,7 @@
 #include "cli_fixture.h"
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/core/fence.h"
 #include "crosstrain/train/checkpoint.h"
 
 using namespace crosstrain::testing;
@@ -409,6 +410,42 @@ TEST(Checkpoints, AFailedSaveOnSlowStorageEndsInItsErrorNotABarrierTimeout) {
     EXPECT_FALSE(contains(what, "timeout")) << what;
   }
   EXPECT_FALSE(fs::exists(tmp));
+}
+
+// run.fence: a placement whose token no longer names the run folder's FENCE (the scheduler re-placed the job, and
+// this gang was cut off and kept running) commits nothing; the owner commits as before.
+TEST(Checkpoints, AFencedOffPlacementCommitsNothing) {
+  const std::string run = fresh_dir("ckpt_fence");
+  auto save_as = [&](const std::string& token, int64_t step) {
+    std::vector<std::string> errors(2);
+    crosstrain::comm::FakeWorld::run(2, [&](crosstrain::comm::Communicator& world) {
+      crosstrain::train::CheckpointWriter writer(world, run, 0, false, 5.0, {}, token);
+      crosstrain::checkpoint::Piece p;
+      p.tensor = p.param = "w" + std::to_string(world.rank());
+      p.global_shape = p.shard_shape = {4};
+      p.data = at::ones({4});
+      try {
+        writer.save(step, {p}, {{"step", step}});
+        writer.commit();
+      } catch (const std::exception& e) {
+        errors[world.rank()] = e.what();
+      }
+    });
+    return errors;
+  };
+  crosstrain::write_fence(run, "job1.a2");
+  const auto owner = save_as("job1.a2", 10);
+  EXPECT_EQ(owner[0], "");
+  EXPECT_TRUE(fs::exists(fs::path(crosstrain::checkpoint::final_checkpoint_dir(run, 10)) / "manifest.json"));
+  const auto old = save_as("job1.a1", 20);
+  EXPECT_TRUE(contains(old[0], "fenced off")) << old[0];
+  EXPECT_TRUE(contains(old[0], "job1.a2")) << old[0];
+  EXPECT_TRUE(contains(old[1], "checkpoint of step 20 failed on rank 0")) << old[1];
+  EXPECT_FALSE(fs::exists(crosstrain::checkpoint::final_checkpoint_dir(run, 20))) << "the fenced placement committed";
+  EXPECT_FALSE(fs::exists(crosstrain::checkpoint::temp_checkpoint_dir(run, 20))) << "its partial files stayed";
+  EXPECT_EQ(*crosstrain::checkpoint::latest_checkpoint(run), crosstrain::checkpoint::final_checkpoint_dir(run, 10));
+  // Without a token nothing is fenced (a run the scheduler did not start).
+  EXPECT_EQ(save_as("", 30)[0], "");
 }
 
 TEST(Checkpoints, TheIntactCheckpointHintSurvivesAnyErrorAndQuotesItsPaths) {

@@ -58,6 +58,9 @@ int free_port();
 
 namespace crosstrain::scheduler {
 
+// The fencing token of a placement (run.fence, checkpoint/distributed.h): "job7.a2" for job 7's second placement.
+std::string placement_fence(const JobRecord& job, const PlacementRecord& placement);
+
 // K of a share's file stem "shareK" in a job's folder; -1 for any other name.
 int share_number(const std::string& stem);
 

@@ -40,8 +40,9 @@ CheckpointState state_from_info(const checkpoint::CheckpointReader& reader);
 // (debug.fault_*, checkpoint/faults.h) are for tests; the defaults inject nothing.
 class CheckpointWriter {
  public:
+  // `fence` (run.fence): the placement token this run's commits must find in RUN_DIR/FENCE ("": no fencing).
   CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async, double timeout_s,
-                   checkpoint::StorageFaults faults = {});
+                   checkpoint::StorageFaults faults = {}, std::string fence = "");
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -60,6 +61,7 @@ class CheckpointWriter {
   bool async_;
   double timeout_s_;
   checkpoint::StorageFaults faults_;
+  std::string fence_;
   bool pending_ = false;
   int64_t step_ = 0;
   nlohmann::json info_;

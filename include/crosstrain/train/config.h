@@ -26,6 +26,7 @@ struct RunConfig {
   int64_t log_every = 1;          // progress lines (metrics.jsonl gets every step)
   std::string secret_file;        // a file (mode 0600) holding the job secret; CROSSTRAIN_SECRET takes precedence
   bool work_log = false;          // RUN_DIR/work/cluster<K>.jsonl for ledger claims (ledger/work_log.h)
+  std::string fence;              // the placement owning run.dir (the scheduler's): commits need RUN_DIR/FENCE to match
 };
 
 struct TrainConfig {

@@ -84,6 +84,7 @@ class Placer {
   std::string names(const Shares& shares) const;
   std::string why_not(const LayoutCache::Entry& e, const Shares& shares) const;
   Decision decide(std::vector<Candidate> candidates);
+  std::vector<std::string> why_each_cluster(const Candidate& best, const std::vector<Candidate>& candidates) const;
 
   const JobSpec& job_;
   const JobProgress& progress_;
@@ -300,7 +301,45 @@ Decision Placer::decide(std::vector<Candidate> candidates) {
   const double seconds = best->step_s * static_cast<double>(progress_.steps_left);
   for (const auto& [i, n] : best->shares) p.cost += n * registry_.info(i).price_per_device_hour * seconds / 3600.0;
   d.verdict = Verdict::Placed;
+  d.clusters = why_each_cluster(*best, candidates);
   return d;
+}
+
+// Why each cluster was or was not used: the operator's first question about a placement.
+std::vector<std::string> Placer::why_each_cluster(const Candidate& best, const std::vector<Candidate>& candidates) const {
+  auto has = [](const Candidate& c, int i) {
+    return std::any_of(c.shares.begin(), c.shares.end(), [&](const auto& s) { return s.first == i; });
+  };
+  std::vector<std::string> out;
+  for (int i = 0; i < registry_.size(); ++i) {
+    const std::string name = registry_.file().clusters[i].name;
+    if (has(best, i)) {
+      for (const auto& [c, n] : best.shares)
+        if (c == i) out.push_back(name + ": used, " + std::to_string(n) + " rank" + (n == 1 ? "" : "s"));
+      continue;
+    }
+    if (!registry_.up(i)) {
+      out.push_back(name + ": lost");
+      continue;
+    }
+    if (registry_.free(i) == 0) {
+      out.push_back(name + ": full");
+      continue;
+    }
+    const Candidate* with = nullptr;
+    for (const Candidate& c : candidates)
+      if (has(c, i) && (!with || c.step_s < with->step_s)) with = &c;
+    if (with && with->step_s > best.step_s * 1.01)
+      out.push_back(name + ": slower, " + fmt(with->step_s) + " s a step with it against " + fmt(best.step_s));
+    else if (with)
+      out.push_back(name + ": as fast, but the chosen clusters leave fewer devices idle (best fit)");
+    else if (best.shares.size() == 1)
+      out.push_back(name + ": not needed, the job fits on one cluster (" + std::to_string(registry_.free(i)) + " free here)");
+    else
+      out.push_back(name + ": not needed, the job fits on fewer clusters (" + std::to_string(registry_.free(i)) +
+                    " free here)");
+  }
+  return out;
 }
 
 Decision Placer::run() {

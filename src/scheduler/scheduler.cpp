@@ -153,7 +153,9 @@ bool Scheduler::try_place(JobRecord& job) {
   job.updated_s = now();
   StateStore::Transaction t(store_);
   store_.update_job(job);
-  store_.add_event(job.updated_s, job.id, "placed", describe(*job.placement));
+  std::string why;
+  for (const std::string& c : d.clusters) why += (why.empty() ? "" : "; ") + c;
+  store_.add_event(job.updated_s, job.id, "placed", describe(*job.placement) + (why.empty() ? "" : " (" + why + ")"));
   t.commit();
   active_.insert(job.id);
   ++stats_.decisions;

@@ -61,6 +61,35 @@ TEST(Placement, PrefersTheFasterClusterAndBestFitOnTies) {
   EXPECT_EQ(d.placement.shares[0].cluster, "b");
 }
 
+// Every placement says, cluster by cluster, why it was or was not used.
+TEST(Placement, EachClusterSaysWhyItWasOrWasNotUsed) {
+  Registry r;
+  r.add_cluster(testing::cluster("slow", "a100", 8), testing::a100());
+  r.add_cluster(testing::cluster("fast", "h100", 8), testing::h100());
+  r.add_cluster(testing::cluster("gone", "h100", 8), testing::h100());
+  r.add_cluster(testing::cluster("busy", "h100", 8), testing::h100());
+  r.set_up("gone", false);
+  ASSERT_TRUE(r.reserve({{"busy", 64}}));
+  const JobSpec j = job("gpt2-xl", 16);
+  const Decision d = place(j, fresh(j), r);
+  ASSERT_EQ(d.verdict, Verdict::Placed) << d.reason;
+  ASSERT_EQ(d.clusters.size(), 4u);
+  EXPECT_EQ(d.clusters[0].rfind("slow: slower, ", 0), 0u) << d.clusters[0];
+  EXPECT_EQ(d.clusters[1], "fast: used, 16 ranks");
+  EXPECT_EQ(d.clusters[2], "gone: lost");
+  EXPECT_EQ(d.clusters[3], "busy: full");
+  // Spanning two of three equal clusters: the third is not needed.
+  Registry three = two_clusters(1);
+  three.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  ASSERT_TRUE(three.reserve({{"c", 60}}));
+  const JobSpec big = job("gpt2-xl", 96);
+  const Decision s = place(big, fresh(big), three);
+  ASSERT_EQ(s.verdict, Verdict::Placed) << s.reason;
+  ASSERT_EQ(s.clusters.size(), 3u);
+  EXPECT_EQ(s.clusters[2].rfind("c: ", 0), 0u);
+  EXPECT_EQ(s.clusters[2].find("used"), std::string::npos) << s.clusters[2];
+}
+
 TEST(Placement, SplitAcrossASlowLinkUsesDiLoCo) {
   // 96 ranks on two clusters of 64: no single cluster holds the job. GPT-2 XL's fp32 gradient is 6.2 GB; over
   // 1 Gbit/s a synchronous all-reduce takes tens of seconds per step, DiLoCo pays it once per 50 steps.

@@ -51,6 +51,10 @@ struct Decision {
   PlacementRecord placement;  // when placed
   std::string reason;         // when not
   int estimates = 0;          // planner estimates run (cache misses)
+  // When placed: one line per cluster of the registry saying why it was or was not used ("east: used, 2 ranks",
+  // "west: lost", "c: full", "b: slower, 0.91 s a step with it against 0.52", "d: not needed, the job fits on
+  // fewer clusters").
+  std::vector<std::string> clusters;
 };
 
 // Best layouts already estimated, by model, batch, clusters and ranks, sync mode: the same job shapes recur.

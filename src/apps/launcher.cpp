@@ -419,6 +419,37 @@ void parse_master(const std::string& text, std::string& host, int& port, const s
   port = value;
 }
 
+namespace {
+
+// Starts this node's ranks. A SIGINT or SIGTERM while they are still starting (many of them take a while) ends the
+// start at once, instead of after the last one: the ranks started so far have not begun any work worth a clean
+// stop. Returns that signal (0: every rank started); throws when a rank cannot start, after stopping the others.
+int start_ranks(std::vector<Rank>& ranks, const LaunchOptions& o, int world, int port, const LaunchOptions& with_job) {
+  for (int local = 0; local < o.nproc; ++local) {
+    if (const int sig = pending_signal(); sig != 0) {
+      stop_started(ranks);
+      std::cerr << "crosstrain run: got " << strsignal(sig) << " while starting rank " << o.node_rank * o.nproc + local
+                << "; stopped the " << local << " rank" << (local == 1 ? "" : "s") << " already started" << std::endl;
+      return sig;
+    }
+    Rank& r = ranks[local];
+    r.rank = o.node_rank * o.nproc + local;
+    r.local = local;
+    try {
+      start_rank(r, local, world, port, with_job);
+    } catch (const Error& e) {
+      stop_started(ranks);
+      throw Error("cannot start rank " + std::to_string(r.rank) + " (" + e.what() +
+                  "): a process or file limit was reached (ulimit -u, ulimit -n, or the container's pids limit); " +
+                  "stopped the " + std::to_string(local) + " rank" + (local == 1 ? "" : "s") +
+                  " already started. Use a smaller --nproc or raise the limit");
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
 int launch(const LaunchOptions& o) {
   if (o.nproc < 1) throw UsageError("--nproc must be at least 1, got " + std::to_string(o.nproc));
   if (o.nnodes < 1) throw UsageError("--nnodes must be at least 1, got " + std::to_string(o.nnodes));
@@ -490,29 +521,16 @@ int launch(const LaunchOptions& o) {
     if (store) raise_priority(with_job.rank_nice - 5);
   }
   std::vector<Rank> ranks(o.nproc);
-  for (int local = 0; local < o.nproc; ++local) {
-    // A SIGINT or SIGTERM while ranks are still starting (many of them take a while) ends the start at once,
-    // instead of after the last one: the ranks started so far have not begun any work worth a clean stop.
-    if (const int sig = pending_signal(); sig != 0) {
-      stop_started(ranks);
-      restore_signals();
-      std::cerr << "crosstrain run: got " << strsignal(sig) << " while starting rank " << o.node_rank * o.nproc + local
-                << "; stopped the " << local << " rank" << (local == 1 ? "" : "s") << " already started" << std::endl;
-      return 128 + sig;
-    }
-    Rank& r = ranks[local];
-    r.rank = o.node_rank * o.nproc + local;
-    r.local = local;
-    try {
-      start_rank(r, local, world, port, with_job);
-    } catch (const Error& e) {
-      stop_started(ranks);
-      restore_signals();
-      throw Error("cannot start rank " + std::to_string(r.rank) + " (" + e.what() +
-                  "): a process or file limit was reached (ulimit -u, ulimit -n, or the container's pids limit); " +
-                  "stopped the " + std::to_string(local) + " rank" + (local == 1 ? "" : "s") +
-                  " already started. Use a smaller --nproc or raise the limit");
-    }
+  int interrupted_by = 0;
+  try {
+    interrupted_by = start_ranks(ranks, o, world, port, with_job);
+  } catch (...) {
+    restore_signals();
+    throw;
+  }
+  if (interrupted_by != 0) {
+    restore_signals();
+    return 128 + interrupted_by;
   }
 
   const int result = supervise(ranks, with_job, elastic.get(), world, port);

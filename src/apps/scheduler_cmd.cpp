@@ -105,6 +105,7 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
         throw UsageError("scheduler: --ledger-keys " + cli.ledger_keys + " has no key for cluster '" + c.name +
                          "'; make one with crosstrain ledger keygen --cluster " + c.name + " --out " + cli.ledger_keys);
   }
+  launch.sites = cli.site_storage;
   auto command = scheduler::train_share_command(launch, work);
   if (cli.executor == "local")
     return std::make_unique<scheduler::LocalExecutor>(work, command, std::chrono::milliseconds(10000),
@@ -353,6 +354,9 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.serve->add_option("--max-local-ranks", cli.max_local_ranks,
                         "--executor local: the most ranks one job may start on this machine (0: two per core)")
       ->check(CLI::NonNegativeNumber);
+  cli.serve->add_flag("--site-storage", cli.site_storage,
+                      "each cluster has storage of its own, shared with no other: a share's run folder is "
+                      "WORK/sites/CLUSTER/jobID/run and every checkpoint is committed whole at every site (run.site)");
   auto client_options = [&cli](CLI::App* c) {
     c->add_option("--token", cli.token, "API token (else CROSSTRAIN_SCHEDULER_TOKEN, else --token-file)");
     c->add_option("--token-file", cli.token_file, "the daemon's tokens file (its admin token is used)");

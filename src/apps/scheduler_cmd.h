@@ -33,6 +33,7 @@ struct SchedulerCli {
   std::string cluster_keys;           // clusters' public keys (keys.json): who may register and report links
   std::string tls_cert, tls_key;      // HTTPS; required to listen beyond loopback
   int max_local_ranks = 0;            // --executor local: most ranks of one job (0: two per core)
+  bool site_storage = false;          // each cluster has storage of its own (WORK/sites/CLUSTER): run.site
   // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
   std::string recipe;
   std::vector<std::string> sets;

@@ -242,17 +242,22 @@ void discard_checkpoint_attempt(const std::string& run_dir, int64_t step, const 
   fs::remove_all(temp_checkpoint_dir(run_dir, step), ec);
 }
 
+std::string piece_file_name(int rank) {
+  std::ostringstream file;
+  file << "rank-" << std::setw(5) << std::setfill('0') << rank << ".safetensors";
+  return file.str();
+}
+
 std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, const std::vector<Piece>& pieces,
                                      const StorageFaults& faults) {
   std::vector<PieceRecord> records;
   if (pieces.empty()) return records;
-  std::ostringstream file;
-  file << "rank-" << std::setw(5) << std::setfill('0') << rank << ".safetensors";
+  const std::string file = piece_file_name(rank);
   std::vector<NamedTensor> tensors;
   std::map<std::string, std::string> metadata{{"format", "crosstrain-pieces"}};
   for (const auto& p : pieces) {
     PieceRecord r;
-    r.file = file.str();
+    r.file = file;
     r.key = p.tensor + "@tp" + std::to_string(p.tp_rank) + "@" + std::to_string(p.offset);
     r.tensor = p.tensor;
     r.param = p.param;
@@ -269,7 +274,7 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
     records.push_back(std::move(r));
   }
   fs::create_directories(tmp_dir);
-  const fs::path path = fs::path(tmp_dir) / file.str();
+  const fs::path path = fs::path(tmp_dir) / file;
   write_safetensors(path.string(), tensors, metadata);
   fsync_path(path);
   slow_storage_fault(faults);  // for the crash-during-save tests: this rank's file is written, the save not done

@@ -64,6 +64,7 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
       placed_layout(placement, work_log).train_overrides(planner::OverrideScope::ShapeAndSync);
   sets.insert(sets.end(), layout.begin(), layout.end());
   if (work_log) sets.push_back("run.work_log=true");
+  if (!launch.site.empty()) sets.push_back("run.site=" + launch.site);
   // Elastic across clusters: each cluster is a unit of churn, the job trains on while one is left.
   if (placement.live_elastic()) {
     sets.push_back("sync.clusters=" + std::to_string(placement.shares.size()));
@@ -206,7 +207,15 @@ std::string job_dir_in(const std::string& work_dir, int64_t job_id) {
 }
 
 std::string job_run_dir(const std::string& work_dir, int64_t job_id) {
+  std::ifstream pointer(fs::path(job_dir_in(work_dir, job_id)) / "run_dir");
+  std::string recorded;
+  if (pointer && std::getline(pointer, recorded) && !recorded.empty()) return recorded;
   return (fs::path(job_dir_in(work_dir, job_id)) / "run").string();
+}
+
+std::string site_run_dir(const std::string& work_dir, const std::string& cluster, int64_t job_id) {
+  if (!is_valid_name(cluster)) throw UsageError("'" + cluster + "' is not a cluster name");
+  return (fs::path(work_dir) / "sites" / cluster / ("job" + std::to_string(job_id)) / "run").string();
 }
 
 std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
@@ -272,10 +281,23 @@ std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> tra
                                                                                               std::string work_dir) {
   return [base, work_dir](const JobRecord& job, const PlacementRecord& placement, size_t share) {
     TrainLaunch launch = base;
-    launch.run_dir = job_run_dir(work_dir, job.id);
+    if (base.sites) {
+      launch.site = placement.shares.at(share).cluster;
+      launch.run_dir = site_run_dir(work_dir, launch.site, job.id);
+      // The job's outputs are read at share 0's site (rank 0 writes them there).
+      if (share == 0) {
+        const fs::path pointer = fs::path(job_dir_in(work_dir, job.id)) / "run_dir";
+        fs::create_directories(pointer.parent_path());
+        std::ofstream(pointer.string() + ".tmp") << launch.run_dir << "\n";
+        fs::rename(pointer.string() + ".tmp", pointer);
+      }
+    } else {
+      launch.run_dir = job_run_dir(work_dir, job.id);
+    }
     launch.master_port = placement_port(work_dir, job.id, share);
-    // Before any share of a new placement starts: an older one still running somewhere can no longer commit.
-    if (share == 0) write_fence(launch.run_dir, placement_fence(job, placement));
+    // Before the placement's shares start: an older one still running somewhere can no longer commit. (Every
+    // site's folder with sites; this daemon reaches them all here.)
+    if (share == 0 || base.sites) write_fence(launch.run_dir, placement_fence(job, placement));
     launch.resume = newest_checkpoint_step(launch.run_dir) > 0;
     const std::string secret = job_secret_file(work_dir, job.id);
     return "export CROSSTRAIN_SECRET=\"$(cat " + shell_quote(secret) + ")\"\n" +

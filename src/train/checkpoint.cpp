@@ -6,6 +6,7 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/fence.h"
+#include "crosstrain/train/checkpoint_sites.h"
 
 namespace crosstrain::train {
 
@@ -72,9 +73,10 @@ std::vector<checkpoint::PieceRecord> gather_records(comm::Communicator& world,
 }  // namespace
 
 CheckpointWriter::CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async,
-                                   double timeout_s, checkpoint::StorageFaults faults, std::string fence)
+                                   double timeout_s, checkpoint::StorageFaults faults, std::string fence,
+                                   std::string site)
     : world_(world), run_dir_(std::move(run_dir)), keep_last_(keep_last), async_(async), timeout_s_(timeout_s),
-      faults_(faults), fence_(std::move(fence)) {}
+      faults_(faults), fence_(std::move(fence)), site_(std::move(site)) {}
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
@@ -105,6 +107,14 @@ std::string CheckpointWriter::commit() {
   if (!pending_) return "";
   if (thread_.joinable()) thread_.join();
   pending_ = false;
+  // Which ranks share storage: each site's first rank commits there.
+  const SiteMap sites = map_sites(world_, site_);
+  // Without a shared file system, every rank's piece file also goes to every other site (checksummed).
+  // Collective: every rank takes part, also one whose own write failed (the flag below fails the save then).
+  const std::string staging =
+      sites.sites() > 1 ? stage_piece_files(world_, sites, checkpoint::temp_checkpoint_dir(run_dir_, step_)) : "";
+  if (!staging.empty() && !error_)
+    error_ = std::make_exception_ptr(Error("staging the checkpoint between sites: " + staging));
   // A failed write on any rank fails the save everywhere (the flag rides on the records exchange).
   int failed = error_ ? 1 : 0;
   at::Tensor flag = at::full({1}, failed, at::kInt);
@@ -114,7 +124,7 @@ std::string CheckpointWriter::commit() {
   if (flag.item<int>() != 0) {
     // Every rank's writer has finished (the exchange above waits for them): the partial directory goes, so
     // a full disk is not left fuller.
-    if (world_.rank() == 0) checkpoint::discard_checkpoint_attempt(run_dir_, step_, faults_);
+    if (sites.leads(world_.rank())) checkpoint::discard_checkpoint_attempt(run_dir_, step_, faults_);
     // Nobody fails (and has the launcher stop the others) before the directory is gone.
     world_.barrier()->wait(storage_wait(timeout_s_));
     if (error_) {
@@ -128,7 +138,7 @@ std::string CheckpointWriter::commit() {
   }
   auto records = gather_records(world_, records_);
   std::string dir, failure;
-  if (world_.rank() == 0) {
+  if (sites.leads(world_.rank())) {
     // Fenced off (a newer placement owns the run folder): nothing of this one may become the job's state.
     failure = fence_refusal(run_dir_, fence_);
     if (!failure.empty()) {
@@ -146,7 +156,7 @@ std::string CheckpointWriter::commit() {
   world_.all_reduce(committed, comm::ReduceOp::Max)->wait(storage_wait(timeout_s_));
   if (!failure.empty()) throw Error(step + " failed: " + failure + "; any earlier checkpoint is kept");
   if (committed.item<int>() != 0) throw Error(step + " failed on rank 0" + kept);
-  return world_.rank() == 0 ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);
+  return sites.leads(world_.rank()) ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);
 }
 
 }  // namespace crosstrain::train

@@ -13,6 +13,7 @@
 #include <stdexcept>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/names.h"
 #include "crosstrain/train/sync_mode.h"
 
 #include "crosstrain/train/debug_fault.h"
@@ -193,6 +194,9 @@ std::vector<Field> run_model_data_fields(Config& c) {
                  "a file (mode 0600) holding the job secret peers must prove; CROSSTRAIN_SECRET takes precedence"),
       bool_field("run", "work_log", c.run.work_log,
                  "write RUN_DIR/work/cluster<K>.jsonl for ledger claims"),
+      string_field("run", "site", c.run.site,
+                 "the storage run.dir is on: ranks of different sites share no file system, and every site gets "
+                 "each checkpoint whole over the job's connections (\"\": one shared file system)"),
       string_field("run", "fence", c.run.fence,
                  "set by the scheduler: the placement that owns run.dir; a checkpoint commits only while RUN_DIR/FENCE "
                  "names it (\"\": no fencing)"),
@@ -522,6 +526,9 @@ void check_ranges(const Config& c) {
     throw UsageError(key + " = " + v.str() + " " + rule);
   };
   need(c.run.log_every >= 1, "run.log_every", c.run.log_every, "must be at least 1");
+  if (!c.run.site.empty() && !is_valid_name(c.run.site))
+    throw UsageError("run.site = \"" + c.run.site +
+                     "\" is not a name: 1 to 64 letters, digits, '.', '_' or '-', starting with a letter or digit");
   // The digest is of the gradient before the data-parallel reduction: ZeRO-2 and -3 reduce inside every
   // backward pass, so no such gradient exists there; the DLRM trainer has no work log.
   if (c.run.work_log && (c.parallel.zero >= 2 || c.model.arch == models::ModelArch::Dlrm))

@@ -85,6 +85,7 @@ TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) 
   TrainLaunch launch;
   launch.crosstrain = kBin;
   launch.rendezvous_timeout_s = 60;
+  launch.sites = true;  // each cluster has storage of its own: no run folder is shared
   LocalExecutor exec(work.string(), train_share_command(launch, work.string()), std::chrono::milliseconds(5000));
   Scheduler sched(two_cpus(root), store, exec, {}, [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -134,12 +135,24 @@ TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) 
   const auto rows = crosstrain::testing::read_metrics(run.string());
   ASSERT_EQ(static_cast<int64_t>(rows.size()), steps);
   for (int64_t i = 0; i < steps; ++i) ASSERT_EQ(rows[i]["step"].get<int64_t>(), i + 1);
-  EXPECT_EQ(newest_checkpoint_step(run.string()), steps) << "no final checkpoint";
+  // The final checkpoint is whole at both sites (each cluster wrote its half there, the halves crossed over the
+  // job's connections): either one could resume the job.
+  int64_t staged = 0;
+  for (const char* site : {"east", "west"}) {
+    const fs::path dir = site_run_dir(work.string(), site, id);
+    EXPECT_EQ(newest_checkpoint_step(dir.string()), steps) << site << " has no final checkpoint";
+    for (const auto& e : fs::directory_iterator(dir / "checkpoints" / "step_00000400"))
+      if (e.path().extension() == ".safetensors") staged += static_cast<int64_t>(fs::file_size(e.path()));
+  }
+  EXPECT_EQ(run, site_run_dir(work.string(), "east", id)) << "the job's outputs are read at share 0's site";
+  EXPECT_FALSE(fs::exists(job_dir / "run")) << "a shared run folder was used";
   bool shrunk = false, grew = false;
   for (const EventRow& e : store.events(id)) shrunk |= e.kind == "shrunk", grew |= e.kind == "grew";
   EXPECT_TRUE(shrunk && grew);
-  std::printf("shrink_s=%.2f grow_back_s=%.2f (loss at step %lld, join at step %lld)\n", shrink_s, grow_back_s,
-              static_cast<long long>(step_at_loss), static_cast<long long>(step_at_join));
+  // Each piece file of a checkpoint crossed to the other site once: half of what both sites hold.
+  std::printf("shrink_s=%.2f grow_back_s=%.2f staged_bytes_per_checkpoint=%lld (loss at step %lld, join at step %lld)\n",
+              shrink_s, grow_back_s, static_cast<long long>(staged / 2), static_cast<long long>(step_at_loss),
+              static_cast<long long>(step_at_join));
   fs::remove_all(root);
 }
 

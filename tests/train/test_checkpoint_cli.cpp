@@ -16,6 +16,7 @@
 #include "crosstrain/comm/backends/fake.h"
 #include "crosstrain/core/fence.h"
 #include "crosstrain/train/checkpoint.h"
+#include "crosstrain/train/checkpoint_sites.h"
 
 using namespace crosstrain::testing;
 namespace fs = std::filesystem;
@@ -585,3 +586,68 @@ void ctrl_c_in_drifting_mode(const std::string& mode, int every) {
 TEST(Checkpoints, CtrlCInSspStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("ssp", 5); }
 TEST(Checkpoints, CtrlCInAsyncStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("async", 0); }
 TEST(Checkpoints, CtrlCInGossipStopsEveryRankAfterTheSameStepAndSavesIt) { ctrl_c_in_drifting_mode("gossip", 4); }
+
+namespace {
+
+// Node `node` of a 2-node job (one rank each) whose run folder is on storage of its own (run.site): no file
+// system is shared. `sites = false`: the same folders, but run.site unset (as if they were one file system).
+std::vector<std::string> site_node(int node, int port, const std::string& dir, bool sites, int steps,
+                                   const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> train = tiny_args(dir, 1, steps);
+  train.erase(train.begin() + 3, train.begin() + 5);  // "--nproc 1": the launcher starts the rank
+  train.insert(train.end(), {"--set", "train.checkpoint_every=5", "--set", "train.eval_every=0"});
+  if (sites) train.insert(train.end(), {"--set", std::string("run.site=") + (node == 0 ? "east" : "west")});
+  train.insert(train.end(), extra.begin(), extra.end());
+  std::vector<std::string> args = {kBin, "run", "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "1",
+                                   "--cluster", std::to_string(node), "--master", "127.0.0.1:" + std::to_string(port),
+                                   "--"};
+  args.insert(args.end(), train.begin(), train.end());
+  return args;
+}
+
+std::string run_two_sites(const std::string& east, const std::string& west, bool sites, int steps) {
+  const int port = free_port();
+  Process node0(site_node(0, port, east, sites, steps)), node1(site_node(1, port, west, sites, steps));
+  auto r0 = node0.wait(milliseconds(120000));
+  auto r1 = node1.wait(milliseconds(30000));
+  if (r0.exit_code() == 0 && r1.exit_code() == 0) return "";
+  return r0.output + "\n--- node 1 ---\n" + r1.output;
+}
+
+}  // namespace
+
+// Two sites that share no file system (run.site): each rank writes its half of every checkpoint at its own site,
+// the halves cross over the job's connections, and both sites commit the whole checkpoint. Either site alone then
+// resumes the run (here west's, on one rank: the checkpoint reshards); the step-10 state is the same at both. Without
+// run.site the west folder holds only its rank's file and no manifest.
+TEST(Checkpoints, SitesWithoutASharedFileSystemEachCommitTheWholeCheckpoint) {
+  const std::string east = fresh_dir("ckpt_site_east"), west = fresh_dir("ckpt_site_west");
+  ASSERT_EQ(run_two_sites(east, west, true, 10), "");
+  for (const std::string& site : {east, west})
+    for (int64_t step : {5, 10}) {
+      const fs::path dir = crosstrain::checkpoint::final_checkpoint_dir(site, step);
+      EXPECT_TRUE(fs::exists(dir / "manifest.json")) << dir;
+      EXPECT_TRUE(fs::exists(dir / crosstrain::checkpoint::piece_file_name(0))) << dir;
+      EXPECT_TRUE(fs::exists(dir / crosstrain::checkpoint::piece_file_name(1))) << dir;
+    }
+  EXPECT_FALSE(fs::exists(fs::path(west) / "metrics.jsonl")) << "only rank 0's site writes the run's outputs";
+  // The same bytes at both sites.
+  const auto ten = [](const std::string& site, int rank) {
+    return crosstrain::train::file_checksum(
+        (fs::path(crosstrain::checkpoint::final_checkpoint_dir(site, 10)) / crosstrain::checkpoint::piece_file_name(rank))
+            .string());
+  };
+  for (int rank : {0, 1}) EXPECT_EQ(ten(east, rank), ten(west, rank)) << "rank " << rank;
+  // West alone resumes from its own copy.
+  std::vector<std::string> resume = tiny_args(west, 1, 12);
+  resume.insert(resume.end(), {"--set", "train.eval_every=0", "--resume"});
+  const auto r = run_process(resume, {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "step 10")) << r.output;
+  EXPECT_EQ(read_metrics(west).front()["step"].get<int64_t>(), 11) << "resumed after step 10";
+
+  // The control: the same folders without run.site leave west without a checkpoint it could load.
+  const std::string e2 = fresh_dir("ckpt_nosite_east"), w2 = fresh_dir("ckpt_nosite_west");
+  ASSERT_EQ(run_two_sites(e2, w2, false, 5), "");
+  EXPECT_FALSE(fs::exists(fs::path(crosstrain::checkpoint::final_checkpoint_dir(w2, 5)) / "manifest.json"));
+}

@@ -51,6 +51,7 @@ nlohmann::json records_to_json(const std::vector<PieceRecord>& records);
 std::vector<PieceRecord> records_from_json(const nlohmann::json& j);
 
 std::string step_dir_name(int64_t step);  // step_00000042
+std::string piece_file_name(int rank);   // rank-00003.safetensors: the file of one rank's pieces
 std::string temp_checkpoint_dir(const std::string& run_dir, int64_t step);
 std::string final_checkpoint_dir(const std::string& run_dir, int64_t step);
 

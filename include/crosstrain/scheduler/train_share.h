@@ -20,7 +20,11 @@ namespace crosstrain::scheduler {
 
 struct TrainLaunch {
   std::string crosstrain = "crosstrain";  // the binary the ranks run
-  std::string run_dir;                    // the job's run folder (every share's: a shared file system)
+  std::string run_dir;                    // the share's run folder (every share's, on a shared file system)
+  // Each cluster has storage of its own, shared with no other (issue 35): a share's run folder is its cluster's
+  // (site_run_dir) and run.site names it, so every checkpoint is committed whole at every site of the job.
+  bool sites = false;
+  std::string site;                       // sites: this share's cluster
   std::string master_host = "127.0.0.1";  // where share 0's node is reached
   int master_port = 0;                    // the job's rendezvous port, the same for every share
   int rendezvous_timeout_s = 300;         // shares may wait in their clusters' queues before they meet
@@ -67,7 +71,11 @@ int share_number(const std::string& stem);
 // Where an executor keeps a job: WORK_DIR/jobID holds each share's script, output and exit status
 // (shareK.sh, shareK.out, shareK.exit); WORK_DIR/jobID/run is the job's run folder, kept across re-placements.
 std::string job_dir_in(const std::string& work_dir, int64_t job_id);
+// The run folder where the job's outputs are read (metrics, checkpoints): WORK_DIR/jobID/run, or with sites the
+// folder of the placement's share 0 (its cluster's site_run_dir, recorded in WORK_DIR/jobID/run_dir).
 std::string job_run_dir(const std::string& work_dir, int64_t job_id);
+// With sites: WORK_DIR/sites/CLUSTER/jobID/run, the cluster's own storage (on one machine, a folder of its own).
+std::string site_run_dir(const std::string& work_dir, const std::string& cluster, int64_t job_id);
 
 // Each placement of a job is its own computation in the ledger: a re-placed job repeats the steps after its
 // checkpoint, and both placements did that work. The share's work log is work/CLUSTER.aATTEMPT.jsonl

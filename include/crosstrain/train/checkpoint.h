@@ -41,8 +41,10 @@ CheckpointState state_from_info(const checkpoint::CheckpointReader& reader);
 class CheckpointWriter {
  public:
   // `fence` (run.fence): the placement token this run's commits must find in RUN_DIR/FENCE ("": no fencing).
+  // `site` (run.site): the storage this rank's run_dir is on; ranks of different sites each get the whole
+  // checkpoint committed at their site (checkpoint_sites.h). "" on every rank: one shared file system.
   CheckpointWriter(comm::Communicator& world, std::string run_dir, int keep_last, bool async, double timeout_s,
-                   checkpoint::StorageFaults faults = {}, std::string fence = "");
+                   checkpoint::StorageFaults faults = {}, std::string fence = "", std::string site = "");
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -50,8 +52,9 @@ class CheckpointWriter {
   // Collective. Commits a pending save first.
   void save(int64_t step, std::vector<checkpoint::Piece> pieces, nlohmann::json info);
   bool pending() const { return pending_; }
-  // Collective: waits for this rank's files, gathers every rank's piece records, rank 0 writes the manifest
-  // and renames; then a barrier. Returns the committed directory. No-op without a pending save.
+  // Collective: waits for this rank's files, gathers every rank's piece records, stages the piece files to every
+  // other site (several sites only), and the first rank of each site writes the manifest there and renames; then
+  // all agree it held. Returns this rank's committed directory. No-op without a pending save.
   std::string commit();
 
  private:
@@ -61,7 +64,7 @@ class CheckpointWriter {
   bool async_;
   double timeout_s_;
   checkpoint::StorageFaults faults_;
-  std::string fence_;
+  std::string fence_, site_;
   bool pending_ = false;
   int64_t step_ = 0;
   nlohmann::json info_;

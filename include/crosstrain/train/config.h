@@ -27,6 +27,7 @@ struct RunConfig {
   std::string secret_file;        // a file (mode 0600) holding the job secret; CROSSTRAIN_SECRET takes precedence
   bool work_log = false;          // RUN_DIR/work/cluster<K>.jsonl for ledger claims (ledger/work_log.h)
   std::string fence;              // the placement owning run.dir (the scheduler's): commits need RUN_DIR/FENCE to match
+  std::string site;               // the storage run.dir is on ("": one file system for every rank; checkpoint_sites.h)
 };
 
 struct TrainConfig {

@@ -41,7 +41,7 @@ DlrmJob::DlrmJob(const Config& c, comm::Communicator& world, const TrainOptions&
     : c_(c), recording_(c, world, options.hang_doctor), world_(recording_.world()),
       talk_(world.rank() == 0 && !options.quiet), rank_(world.rank()), size_(world.size()),
       checkpoints_(world_, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
-                   c.comm.timeout_s, c.debug.checkpoint, c.run.fence) {
+                   c.comm.timeout_s, c.debug.checkpoint, c.run.fence, c.run.site) {
   local_batch_ = c_.train.global_batch / size_;
   if (rank_ == 0) std::filesystem::create_directories(c_.run.dir);
   source_ = make_ctr_source(c_);

@@ -194,7 +194,7 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
       dims_(dims), mesh_(world_, dims_.shape), dp_index_(mesh_.index(Axis::DP)),
       tp_index_(mesh_.index(Axis::TP)),
       checkpoints_(world_, c.run.dir, static_cast<int>(c.train.keep_checkpoints), c.train.async_checkpoint,
-                   c.comm.timeout_s, c.debug.checkpoint, c.run.fence),
+                   c.comm.timeout_s, c.debug.checkpoint, c.run.fence, c.run.site),
       dump_(options.dump), stragglers_(c.obs.straggler_margin, static_cast<int>(c.obs.straggler_windows), c.obs.straggler_min_ms / 1000) {
   splits_ = data::load_dataset(c.data, c.model.block_size);
   if (talk_ && !splits_.warning.empty()) std::fprintf(stderr, "crosstrain: warning: %s\n", splits_.warning.c_str());

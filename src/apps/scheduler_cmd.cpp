@@ -9,12 +9,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/interrupt.h"
+#include "crosstrain/core/names.h"
 #include "crosstrain/ledger/ledger.h"
 #include "crosstrain/scheduler/api_auth.h"
 #include "crosstrain/planner/cluster.h"
@@ -85,6 +87,27 @@ std::vector<scheduler::SlurmCluster> slurm_clusters(const SchedulerCli& cli, con
   return out;
 }
 
+// --quota USER=DEVICES, each user once.
+std::map<std::string, int> parse_quotas(const std::vector<std::string>& entries) {
+  std::map<std::string, int> quotas;
+  for (const std::string& e : entries) {
+    const auto eq = e.find('=');
+    const std::string user = e.substr(0, eq);
+    int devices = -1;
+    try {
+      size_t used = 0;
+      if (eq != std::string::npos) devices = std::stoi(e.substr(eq + 1), &used);
+      if (used != e.size() - eq - 1) devices = -1;
+    } catch (const std::exception&) {
+      devices = -1;
+    }
+    if (eq == std::string::npos || !is_valid_name(user) || devices < 0)
+      throw UsageError("scheduler: --quota '" + e + "' is not USER=DEVICES (a user name and a whole number >= 0)");
+    if (!quotas.emplace(user, devices).second) throw UsageError("scheduler: --quota names user '" + user + "' twice");
+  }
+  return quotas;
+}
+
 std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, const scheduler::Registry& registry) {
   if (cli.executor == "sim")
     return std::make_unique<WallClockSimulation>(scheduler::SimulatedExecutor::for_registry(registry));
@@ -147,7 +170,10 @@ int serve(const SchedulerCli& cli) {
   scheduler::StateStore store(cli.state);
   // The scheduler's clock is Unix time (its default): submission times and deadlines keep their meaning across
   // restarts of the daemon.
-  scheduler::Scheduler sched(std::move(registry), store, *executor);
+  scheduler::SchedulerOptions sched_options;
+  sched_options.quotas = parse_quotas(cli.quotas);
+  sched_options.preemption = !cli.no_preemption;
+  scheduler::Scheduler sched(std::move(registry), store, *executor, sched_options);
   // A real executor finds its running jobs again (Slurm's and the local executor's job folders); the simulation
   // has no memory across processes, so it takes back every job the store says is running, from the step it had
   // reached.
@@ -245,6 +271,8 @@ std::string spec_of(const SchedulerCli& cli) {
   spec.ranks = cli.ranks;
   spec.min_ranks = cli.min_ranks;
   spec.max_restarts = cli.max_restarts;
+  spec.user = cli.user;
+  spec.priority = cli.priority;
   spec.qos = {cli.deadline_s, cli.budget, cli.max_wan_gbps};
   if (!cli.recipe.empty()) {
     recipe_spec(cli, spec);
@@ -354,6 +382,10 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.serve->add_option("--max-local-ranks", cli.max_local_ranks,
                         "--executor local: the most ranks one job may start on this machine (0: two per core)")
       ->check(CLI::NonNegativeNumber);
+  cli.serve->add_option("--quota", cli.quotas, "USER=DEVICES: the most devices one user's jobs hold at once "
+                        "(repeat for each user; users not named have no limit)");
+  cli.serve->add_flag("--no-preemption", cli.no_preemption,
+                      "a job of higher priority waits instead of preempting running jobs of lower priority");
   cli.serve->add_flag("--site-storage", cli.site_storage,
                       "each cluster has storage of its own, shared with no other: a share's run folder is "
                       "WORK/sites/CLUSTER/jobID/run and every checkpoint is committed whole at every site (run.site)");
@@ -376,6 +408,9 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.submit->add_option("--set", cli.sets, "KEY=VALUE override of the recipe (repeatable)");
   cli.submit->add_option("--min-ranks", cli.min_ranks, "elastic: may start or continue on as few ranks as this");
   cli.submit->add_option("--max-restarts", cli.max_restarts, "place a failed gang again from its checkpoint this many times");
+  cli.submit->add_option("--user", cli.user, "who the job is for: quotas and accounting are per user")->capture_default_str();
+  cli.submit->add_option("--priority", cli.priority, "higher is placed first and may preempt lower (-1000..1000)")
+      ->capture_default_str();
   cli.submit->add_option("--global-batch", cli.global_batch, "sequences per step (default: the recipe's, else ranks)");
   cli.submit->add_option("--checkpoint-every", cli.checkpoint_every, "steps between checkpoints (where a re-placed job resumes)");
   cli.submit->add_option("--deadline-s", cli.deadline_s, "QoS: finish within this many seconds");

@@ -34,10 +34,13 @@ struct SchedulerCli {
   std::string tls_cert, tls_key;      // HTTPS; required to listen beyond loopback
   int max_local_ranks = 0;            // --executor local: most ranks of one job (0: two per core)
   bool site_storage = false;          // each cluster has storage of its own (WORK/sites/CLUSTER): run.site
+  std::vector<std::string> quotas;    // USER=DEVICES: most devices a user's jobs hold at once
+  bool no_preemption = false;
   // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
   std::string recipe;
   std::vector<std::string> sets;
-  int min_ranks = 0, max_restarts = 0;
+  int min_ranks = 0, max_restarts = 0, priority = 0;
+  std::string user = "default";
   int64_t global_batch = 0, checkpoint_every = 0;
   // job *
   std::string server = "http://127.0.0.1:8650", spec, name = "job", model = "gpt-small";

@@ -142,6 +142,15 @@ bool Scheduler::try_place(JobRecord& job) {
     ++stats_.refusals;
     return false;
   }
+  const auto quota = options_.quotas.find(job.spec.user);
+  if (quota != options_.quotas.end() && held_by(job.spec.user) + d.placement.present_ranks() > quota->second) {
+    job.reason = "user " + job.spec.user + "'s quota: holds " + std::to_string(held_by(job.spec.user)) + " of " +
+                 std::to_string(quota->second) + " devices, and this placement needs " +
+                 std::to_string(d.placement.present_ranks());
+    refused_at_[job.id] = freed_;
+    ++stats_.refusals;
+    return false;
+  }
   refused_at_.erase(job.id);
   if (!registry_.reserve(shares_of(d.placement)))
     throw Error("placement of job " + std::to_string(job.id) + " on " + describe(d.placement) +
@@ -317,6 +326,62 @@ void Scheduler::grow() {
   }
 }
 
+int Scheduler::held_by(const std::string& user) const {
+  int n = 0;
+  for (int64_t id : active_) {
+    const JobRecord& j = jobs_.at(id);
+    if (j.spec.user == user && j.placement) n += j.placement->present_ranks();
+  }
+  return n;
+}
+
+// The lower-priority jobs to stop, fewest first from the lowest priority (the newest of a priority first), until
+// the head's placement fits in what they free. Nothing is stopped unless it fits then.
+bool Scheduler::preempt_for(const JobRecord& head) {
+  std::vector<int64_t> lower;
+  for (int64_t id : active_) {
+    const JobRecord& j = jobs_.at(id);
+    if (j.placement && holds_devices(j.state) && j.spec.priority < head.spec.priority) lower.push_back(id);
+  }
+  std::sort(lower.begin(), lower.end(), [&](int64_t a, int64_t b) {
+    const JobRecord &x = jobs_.at(a), &y = jobs_.at(b);
+    return x.spec.priority != y.spec.priority ? x.spec.priority < y.spec.priority : x.updated_s > y.updated_s;
+  });
+  Registry trial = registry_;
+  std::vector<int64_t> victims;
+  for (int64_t id : lower) {
+    trial.release(shares_of(*jobs_.at(id).placement));
+    victims.push_back(id);
+    const Decision d = place(head.spec, progress_of(head, now()), trial, options_.placement, &cache_);
+    if (d.verdict != Verdict::Placed) continue;
+    const auto quota = options_.quotas.find(head.spec.user);
+    if (quota != options_.quotas.end() && held_by(head.spec.user) + d.placement.present_ranks() > quota->second)
+      return false;  // its own quota keeps it out, not the others
+    for (int64_t v : victims) preempt(jobs_.at(v), head);
+    return true;
+  }
+  return false;
+}
+
+// Checkpoint, then requeue: the executor's stop asks the ranks to stop (the trainer saves a checkpoint at the step
+// they agree on), and the job waits again to resume from its newest checkpoint.
+void Scheduler::preempt(JobRecord& victim, const JobRecord& head) {
+  const ExecStatus before = executor_.status(victim.id);
+  executor_.stop(victim.id);
+  const ExecStatus after = executor_.status(victim.id);
+  victim.step = std::max({victim.step, before.checkpoint_step, after.checkpoint_step});
+  release(victim);
+  victim.state = JobState::Queued;
+  victim.reason = "preempted by job " + std::to_string(head.id) + " (priority " + std::to_string(head.spec.priority) +
+                  " over " + std::to_string(victim.spec.priority) + "); resumes from step " + std::to_string(victim.step);
+  victim.updated_s = now();
+  StateStore::Transaction t(store_);
+  store_.update_job(victim);
+  store_.add_event(victim.updated_s, victim.id, "preempted", victim.reason);
+  t.commit();
+  queue_.push_back(victim.id);
+}
+
 int Scheduler::tick() {
   poll();
   grow();
@@ -327,6 +392,9 @@ int Scheduler::tick() {
   bool head_blocked = false;
   std::vector<int64_t> pass, waiting;
   pass.swap(queue_);  // a job whose start fails goes back to queue_, for the next pass
+  // Higher priority first; within a priority, the queue's order (re-placed jobs at its front, then FIFO).
+  std::stable_sort(pass.begin(), pass.end(),
+                   [&](int64_t a, int64_t b) { return jobs_.at(a).spec.priority > jobs_.at(b).spec.priority; });
   for (size_t k = 0; k < pass.size(); ++k) {
     JobRecord& job = jobs_.at(pass[k]);
     if (progress_of(job, now()).seconds_left <= 0) {
@@ -348,6 +416,15 @@ int Scheduler::tick() {
       if (job.id != blocked_head_) blocked_head_ = job.id, blocked_passes_ = 0;  // a new head: backfill again
     }
     waiting.push_back(job.id);
+  }
+  // The first waiting job, if only lower-priority jobs keep it out, preempts them and starts now.
+  if (options_.preemption && !waiting.empty() && fits_up_clusters(jobs_.at(waiting.front()))) {
+    JobRecord& head = jobs_.at(waiting.front());
+    if (preempt_for(head) && try_place(head)) {
+      start(head);
+      ++placed;
+      waiting.erase(waiting.begin());
+    }
   }
   waiting.insert(waiting.end(), queue_.begin(), queue_.end());
   queue_ = std::move(waiting);

@@ -33,6 +33,8 @@ json placement_json(const PlacementRecord& p) {
 json job_json(const JobRecord& j) {
   json out = {{"id", j.id},
               {"name", j.spec.name},
+              {"user", j.spec.user},
+              {"priority", j.spec.priority},
               {"state", to_string(j.state)},
               {"ranks", j.spec.ranks},
               {"steps", j.spec.steps},

@@ -101,6 +101,8 @@ std::string job_spec_to_json(const JobSpec& s) {
                                {"max_wan_gbps", s.qos.max_wan_gbps}}}};
   if (s.min_ranks > 0) j["min_ranks"] = s.min_ranks;
   if (s.max_restarts > 0) j["max_restarts"] = s.max_restarts;
+  if (s.user != "default") j["user"] = s.user;
+  if (s.priority != 0) j["priority"] = s.priority;
   if (!s.recipe.empty()) j["recipe"] = s.recipe;
   if (!s.overrides.empty()) j["set"] = s.overrides;
   return j.dump();
@@ -168,6 +170,12 @@ JobSpec job_spec_from_json(const std::string& text) {
   read(j, "min_ranks", s.min_ranks, "");
   read(j, "max_restarts", s.max_restarts, "");
   if (s.max_restarts < 0) throw UsageError("job spec: max_restarts = " + std::to_string(s.max_restarts) + " must be 0 or more");
+  read(j, "user", s.user, "");
+  read(j, "priority", s.priority, "");
+  check_name("job spec: user", s.user);
+  if (s.priority < -kMaxPriority || s.priority > kMaxPriority)
+    throw UsageError("job spec: priority = " + std::to_string(s.priority) + " must be between " +
+                     std::to_string(-kMaxPriority) + " and " + std::to_string(kMaxPriority));
   read(j, "recipe", s.recipe, "");
   read(j, "set", s.overrides, "");
   for (const std::string& o : s.overrides) {

@@ -168,6 +168,78 @@ TEST(GangScheduler, AnElasticJobShrinksWhenAClusterIsLostAndGrowsBackWhenItRetur
   EXPECT_EQ(rig.exec.partial_gangs(), 0);
 }
 
+// Priorities: a later job of higher priority is placed first; one that only lower-priority jobs keep out preempts
+// them (each stops, keeping its newest checkpoint, and waits again), and they resume once it is done.
+TEST(GangScheduler, HigherPriorityGoesFirstAndPreemptsLowerPriorityJobsWhichResumeFromTheirCheckpoint) {
+  Rig rig(temp_path("priority.db"));
+  JobSpec low = job("gpt2", 64, 100000);
+  low.name = "low";
+  JobSpec high = job("gpt2", 128, 200);
+  high.name = "high";
+  high.priority = 10;
+  const int64_t a = rig.sched.submit(low), b = rig.sched.submit(low);  // both clusters' 128 devices
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(a).state, JobState::Running);
+  ASSERT_EQ(rig.sched.job(b).state, JobState::Running);
+  rig.exec.advance(rig.sched.job(a).placement->step_s * 25.5);  // checkpoints every 10: step 20 is the newest
+  rig.sched.tick();
+  const int64_t h = rig.sched.submit(high);
+  rig.sched.tick();  // the head (priority 10) fits only if both low jobs go
+  ASSERT_EQ(rig.sched.job(h).state, JobState::Running) << rig.sched.job(h).reason;
+  for (int64_t id : {a, b}) {
+    const JobRecord& j = rig.sched.job(id);
+    EXPECT_EQ(j.state, JobState::Queued) << id;
+    EXPECT_GE(j.step, 10) << "preempted without keeping its checkpoint";
+    EXPECT_NE(j.reason.find("preempted by job " + std::to_string(h)), std::string::npos) << j.reason;
+    EXPECT_TRUE(has_event(rig.store, id, "preempted"));
+  }
+  EXPECT_EQ(rig.exec.overcommits(), 0);
+  // A job of the same priority as a running one never preempts it.
+  JobSpec peer = high;
+  peer.name = "peer";
+  const int64_t p = rig.sched.submit(peer);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(p).state, JobState::Queued);
+  EXPECT_EQ(rig.sched.job(h).state, JobState::Running);
+  // The high job ends; the peer (priority 10) goes before the preempted low jobs, which then resume.
+  rig.exec.advance(rig.sched.job(h).placement->step_s * 201);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(h).state, JobState::Done);
+  EXPECT_EQ(rig.sched.job(p).state, JobState::Running);
+  rig.exec.advance(rig.sched.job(p).placement->step_s * 201);
+  rig.sched.tick();
+  for (int64_t id : {a, b}) {
+    ASSERT_EQ(rig.sched.job(id).state, JobState::Running) << rig.sched.job(id).reason;
+    EXPECT_EQ(rig.exec.status(id).step, rig.sched.job(id).step) << "did not resume from its checkpoint";
+  }
+}
+
+// Quotas: a user's jobs hold at most their quota of devices at once; the rest waits saying so, while another
+// user's job runs on the free devices.
+TEST(GangScheduler, AUsersQuotaHoldsItsJobsBackButNotOtherUsers) {
+  const std::string path = temp_path("quota.db");
+  SimulatedExecutor exec = SimulatedExecutor::for_registry(testing::two_clusters(1));
+  StateStore store(path);
+  SchedulerOptions options;
+  options.quotas = {{"ann", 64}};
+  Scheduler sched(testing::two_clusters(1), store, exec, options, [&] { return exec.now(); });
+  JobSpec j = job("gpt2", 32, 100000);
+  j.user = "ann";
+  const int64_t a1 = sched.submit(j), a2 = sched.submit(j), a3 = sched.submit(j);
+  j.user = "bob";
+  const int64_t b1 = sched.submit(j);
+  sched.tick();
+  EXPECT_EQ(sched.job(a1).state, JobState::Running);
+  EXPECT_EQ(sched.job(a2).state, JobState::Running);
+  EXPECT_EQ(sched.job(a3).state, JobState::Queued);
+  EXPECT_NE(sched.job(a3).reason.find("user ann's quota: holds 64 of 64"), std::string::npos) << sched.job(a3).reason;
+  EXPECT_EQ(sched.job(b1).state, JobState::Running) << "another user's job waited behind ann's quota";
+  // One of ann's jobs ends: the waiting one starts.
+  sched.cancel(a1);
+  sched.tick();
+  EXPECT_EQ(sched.job(a3).state, JobState::Running) << sched.job(a3).reason;
+}
+
 TEST(GangScheduler, RestartRecoversEveryJobAndPlacementFromTheFile) {
   const std::string path = temp_path("restart.db");
   std::vector<JobRecord> before;

@@ -156,6 +156,53 @@ TEST(StateStore, RecipeJobSpecsRoundTripAndBadOnesAreRefused) {
     EXPECT_NE(std::string(e.what()).find("'train.lr' is not KEY=VALUE"), std::string::npos) << e.what();
   }
   EXPECT_THROW(job_spec_from_json(R"({"ranks": 4, "min_ranks": 5})"), UsageError);
+  // Who it is for and how it ranks (quotas, priorities), checked as they come in.
+  j.user = "ann";
+  j.priority = -7;
+  const JobSpec who = job_spec_from_json(job_spec_to_json(j));
+  EXPECT_EQ(who.user, "ann");
+  EXPECT_EQ(who.priority, -7);
+  EXPECT_EQ(job_spec_from_json(R"({"ranks": 1})").user, "default");
+  EXPECT_THROW(job_spec_from_json(R"({"ranks": 1, "user": "a b"})"), UsageError);
+  EXPECT_THROW(job_spec_from_json(R"({"ranks": 1, "priority": 1001})"), UsageError);
+}
+
+// A state file of schema 1 (before absent shares) opens and gains the column; its placements read as whole.
+TEST(StateStore, ASchemaOneFileIsMigrated) {
+  const std::string path = temp_path("v1.db");
+  {
+    StateStore s(path);
+    JobSpec spec;
+    spec.ranks = 2;
+    JobRecord j;
+    j.spec = spec;
+    j.state = JobState::Running;
+    PlacementRecord p;
+    p.shares = {{"a", 1, "dp=1 tp=1 pp=1"}, {"b", 1, "dp=1 tp=1 pp=1"}};
+    p.attempt = 1;
+    j.placement = p;
+    s.add_job(j);
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  // Schema 1's placement_shares: the same columns without `absent`.
+  ASSERT_EQ(sqlite3_exec(db,
+                         "CREATE TABLE old AS SELECT job_id, position, cluster, ranks, layout FROM placement_shares;"
+                         "DROP TABLE placement_shares; ALTER TABLE old RENAME TO placement_shares;"
+                         "PRAGMA user_version=1",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  StateStore s(path);
+  const auto jobs = s.jobs();
+  ASSERT_EQ(jobs.size(), 1u);
+  ASSERT_TRUE(jobs[0].placement);
+  ASSERT_EQ(jobs[0].placement->shares.size(), 2u);
+  EXPECT_FALSE(jobs[0].placement->shares[1].absent);
+  JobRecord j = jobs[0];
+  j.placement->shares[1].absent = true;
+  s.update_job(j);
+  EXPECT_TRUE(s.jobs()[0].placement->shares[1].absent) << "the migrated file does not keep an absent share";
 }
 
 TEST(StateStore, JobSpecJsonNamesTheBadField) {

@@ -24,8 +24,15 @@ struct Qos {
   double max_wan_gbps = -1;
 };
 
+// The range of JobSpec::priority.
+constexpr int kMaxPriority = 1000;
+
 struct JobSpec {
   std::string name = "job";
+  // Who the job is for (quotas and accounting are per user) and how it ranks: a waiting job of higher priority is
+  // placed first, and may preempt running jobs of lower priority (they save a checkpoint, stop and wait again).
+  std::string user = "default";
+  int priority = 0;  // -kMaxPriority .. kMaxPriority
   planner::ModelShape model;
   int ranks = 1;                  // devices wanted, all started together (a gang)
   // Elastic gang, as torchrun's --nnodes MIN:MAX: the job may start, or be re-placed after a loss, on as few as

@@ -63,6 +63,11 @@ struct SchedulerOptions {
   PlacementOptions placement;
   // Backfill behind a blocked head for at most this many passes; then the queue waits for the head (no starvation).
   int backfill_passes = 1000;
+  // Most devices each user's jobs may hold at once (JobSpec::user); a user not named has no limit.
+  std::map<std::string, int> quotas;
+  // A waiting job that only jobs of lower priority keep out preempts them: each saves a checkpoint as it stops
+  // (the trainer does on SIGTERM) and waits again, to resume from it.
+  bool preemption = true;
 };
 
 struct SchedulerStats {
@@ -122,6 +127,10 @@ class Scheduler {
   void shrink(JobRecord& job, size_t share, const std::string& why);
   // Starts absent shares again on clusters that are up and have room (each tick).
   void grow();
+  int held_by(const std::string& user) const;  // devices the user's jobs hold now
+  // Preempts jobs of lower priority than `head` when that lets it be placed; true when it did.
+  bool preempt_for(const JobRecord& head);
+  void preempt(JobRecord& victim, const JobRecord& head);
   void finish(JobRecord& job, JobState state, const std::string& reason);
   JobRecord& mutable_job(int64_t id);
   double now() const { return clock_(); }

@@ -199,13 +199,22 @@ void Scheduler::start(JobRecord& job) {
   }
   job.state = JobState::Running;
   job.updated_s = now();
+  for (ClusterShare& s : job.placement->shares)
+    if (!s.absent) s.started_s = job.updated_s;
   StateStore::Transaction t(store_);
   store_.update_job(job);
   store_.add_event(job.updated_s, job.id, "started", "");
   t.commit();
 }
 
+void Scheduler::account(const JobRecord& job, const ClusterShare& s) {
+  if (s.absent || s.started_s < 0 || job.state != JobState::Running) return;
+  store_.add_usage(job.spec.user, s.cluster, s.ranks * std::max(0.0, now() - s.started_s));
+}
+
 void Scheduler::release(JobRecord& job) {
+  if (job.placement)
+    for (const ClusterShare& s : job.placement->shares) account(job, s);
   if (job.placement) registry_.release(shares_of(*job.placement)), ++freed_;
   job.placement.reset();
   active_.erase(job.id);
@@ -283,6 +292,7 @@ bool Scheduler::goes_on_without(const JobRecord& job, size_t share) const {
 void Scheduler::shrink(JobRecord& job, size_t share, const std::string& why) {
   ClusterShare& s = job.placement->shares[share];
   executor_.stop_share(job.id, share);
+  account(job, s);
   registry_.release({{s.cluster, s.ranks}});
   ++freed_;
   s.absent = true;
@@ -317,6 +327,7 @@ void Scheduler::grow() {
       }
       grow_after_.erase({id, i});
       job.updated_s = now();
+      s.started_s = job.updated_s;
       StateStore::Transaction t(store_);
       store_.update_job(job);
       store_.add_event(job.updated_s, id, "grew",
@@ -324,6 +335,20 @@ void Scheduler::grow() {
       t.commit();
     }
   }
+}
+
+std::vector<StateStore::UsageRow> Scheduler::usage() const {
+  std::map<std::pair<std::string, std::string>, double> by;
+  for (const StateStore::UsageRow& r : store_.usage()) by[{r.user, r.cluster}] += r.device_s;
+  for (int64_t id : active_) {
+    const JobRecord& j = jobs_.at(id);
+    if (j.state != JobState::Running || !j.placement) continue;
+    for (const ClusterShare& s : j.placement->shares)
+      if (!s.absent && s.started_s >= 0) by[{j.spec.user, s.cluster}] += s.ranks * std::max(0.0, now() - s.started_s);
+  }
+  std::vector<StateStore::UsageRow> out;
+  for (const auto& [key, device_s] : by) out.push_back({key.first, key.second, device_s});
+  return out;
 }
 
 int Scheduler::held_by(const std::string& user) const {

@@ -260,6 +260,12 @@ void SchedulerService::routes() {
   server_->Get(R"(/api/jobs/(\d+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
     reply(res, 200, job_json(scheduler_.job(id_of(req))));
   }));
+  server_->Get("/api/usage", guarded([this](const httplib::Request&, httplib::Response& res) {
+    json out = json::array();
+    for (const auto& u : scheduler_.usage())
+      out.push_back({{"user", u.user}, {"cluster", u.cluster}, {"device_hours", u.device_s / 3600.0}});
+    reply(res, 200, out);
+  }));
   server_->Get(R"(/api/jobs/(\d+)/events)", guarded([this](const httplib::Request& req, httplib::Response& res) {
     scheduler_.job(id_of(req));  // 404 for an unknown job
     json out = json::array();

@@ -69,7 +69,9 @@ CREATE TABLE placements(job_id INTEGER PRIMARY KEY REFERENCES jobs(id), attempt 
                         step_s REAL NOT NULL, wan_gbps REAL NOT NULL, cost REAL NOT NULL);
 CREATE TABLE placement_shares(job_id INTEGER NOT NULL REFERENCES jobs(id), position INTEGER NOT NULL,
                               cluster TEXT NOT NULL, ranks INTEGER NOT NULL, layout TEXT NOT NULL,
-                              absent INTEGER NOT NULL DEFAULT 0, PRIMARY KEY(job_id, position));
+                              absent INTEGER NOT NULL DEFAULT 0, started_s REAL NOT NULL DEFAULT -1,
+                              PRIMARY KEY(job_id, position));
+CREATE TABLE usage(user TEXT NOT NULL, cluster TEXT NOT NULL, device_s REAL NOT NULL, PRIMARY KEY(user, cluster));
 CREATE TABLE events(id INTEGER PRIMARY KEY AUTOINCREMENT, time_s REAL NOT NULL, job_id INTEGER NOT NULL,
                     kind TEXT NOT NULL, detail TEXT NOT NULL);
 CREATE INDEX events_job ON events(job_id);
@@ -277,6 +279,15 @@ void StateStore::check_schema() {
     exec("PRAGMA user_version=2");
     t.commit();
   }
+  if (version < 3) {
+    // Version 2 kept no accounting: usage starts now (a share's start time is not known until it starts again).
+    Transaction t(*this);
+    exec("ALTER TABLE placement_shares ADD COLUMN started_s REAL NOT NULL DEFAULT -1");
+    exec("CREATE TABLE usage(user TEXT NOT NULL, cluster TEXT NOT NULL, device_s REAL NOT NULL, "
+         "PRIMARY KEY(user, cluster))");
+    exec("PRAGMA user_version=3");
+    t.commit();
+  }
 }
 
 void StateStore::create_schema() {
@@ -372,12 +383,14 @@ void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRe
   s.bind(5, p->inner_steps);
   s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).step();
   Statement share(db_,
-                  "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout, absent) VALUES(?, ?, ?, ?, ?, ?)",
+                  "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout, absent, started_s) "
+                  "VALUES(?, ?, ?, ?, ?, ?, ?)",
                   path_);
   for (size_t i = 0; i < p->shares.size(); ++i) {
     sqlite3_reset(share.raw());
     share.bind(1, job_id).bind(2, static_cast<int64_t>(i)).bind(3, p->shares[i].cluster);
-    share.bind(4, p->shares[i].ranks).bind(5, p->shares[i].layout).bind(6, p->shares[i].absent ? 1 : 0).step();
+    share.bind(4, p->shares[i].ranks).bind(5, p->shares[i].layout).bind(6, p->shares[i].absent ? 1 : 0);
+    share.bind(7, p->shares[i].started_s).step();
   }
 }
 
@@ -391,11 +404,29 @@ std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const 
   p.layout = s.text(1), p.sync = planner::parse_layout_sync(s.text(2));  // the words of describe()
   p.inner_steps = static_cast<int>(s.integer(3));
   p.step_s = s.real(4), p.wan_gbps = s.real(5), p.cost = s.real(6);
-  Statement sh(db_, "SELECT cluster, ranks, layout, absent FROM placement_shares WHERE job_id = ? ORDER BY position",
+  Statement sh(db_,
+               "SELECT cluster, ranks, layout, absent, started_s FROM placement_shares WHERE job_id = ? ORDER BY position",
                path_);
   sh.bind(1, job_id);
-  while (sh.step()) p.shares.push_back({sh.text(0), static_cast<int>(sh.integer(1)), sh.text(2), sh.integer(3) != 0});
+  while (sh.step())
+    p.shares.push_back({sh.text(0), static_cast<int>(sh.integer(1)), sh.text(2), sh.integer(3) != 0, sh.real(4)});
   return p;
+}
+
+void StateStore::add_usage(const std::string& user, const std::string& cluster, double device_s) {
+  if (device_s <= 0) return;
+  Statement s(db_,
+              "INSERT INTO usage(user, cluster, device_s) VALUES(?, ?, ?) "
+              "ON CONFLICT(user, cluster) DO UPDATE SET device_s = device_s + excluded.device_s",
+              path_);
+  s.bind(1, user).bind(2, cluster).bind(3, device_s).step();
+}
+
+std::vector<StateStore::UsageRow> StateStore::usage() const {
+  std::vector<UsageRow> rows;
+  Statement s(db_, "SELECT user, cluster, device_s FROM usage ORDER BY user, cluster", path_);
+  while (s.step()) rows.push_back({s.text(0), s.text(1), s.real(2)});
+  return rows;
 }
 
 void StateStore::add_event(double time_s, int64_t job_id, const std::string& kind, const std::string& detail) {

@@ -240,6 +240,31 @@ TEST(GangScheduler, AUsersQuotaHoldsItsJobsBackButNotOtherUsers) {
   EXPECT_EQ(sched.job(a3).state, JobState::Running) << sched.job(a3).reason;
 }
 
+// Accounting: device-seconds by user and cluster, while jobs run (so far) and after they end (kept in the file).
+TEST(GangScheduler, UsageIsAccountedByUserAndCluster) {
+  Rig rig(temp_path("usage.db"));
+  JobSpec j = job("gpt2", 32, 100);
+  j.user = "ann";
+  const int64_t id = rig.sched.submit(j);
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).state, JobState::Running);
+  const std::string cluster = rig.sched.job(id).placement->shares[0].cluster;
+  const double step_s = rig.sched.job(id).placement->step_s;
+  rig.exec.advance(50 * step_s);
+  auto now = rig.sched.usage();
+  ASSERT_EQ(now.size(), 1u);
+  EXPECT_EQ(now[0].user, "ann");
+  EXPECT_EQ(now[0].cluster, cluster);
+  EXPECT_NEAR(now[0].device_s, 32 * 50 * step_s, 1e-6 * now[0].device_s) << "a running job's use so far";
+  rig.exec.advance(60 * step_s);
+  rig.sched.tick();  // done after 100 steps
+  ASSERT_EQ(rig.sched.job(id).state, JobState::Done);
+  const auto kept = rig.store.usage();
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_NEAR(kept[0].device_s, 32 * 110 * step_s, 1e-6 * kept[0].device_s) << "from its start to its end";
+  EXPECT_NEAR(rig.sched.usage()[0].device_s, kept[0].device_s, 1e-9) << "an ended job no longer adds";
+}
+
 TEST(GangScheduler, RestartRecoversEveryJobAndPlacementFromTheFile) {
   const std::string path = temp_path("restart.db");
   std::vector<JobRecord> before;

@@ -189,7 +189,7 @@ TEST(StateStore, ASchemaOneFileIsMigrated) {
   ASSERT_EQ(sqlite3_exec(db,
                          "CREATE TABLE old AS SELECT job_id, position, cluster, ranks, layout FROM placement_shares;"
                          "DROP TABLE placement_shares; ALTER TABLE old RENAME TO placement_shares;"
-                         "PRAGMA user_version=1",
+                         "DROP TABLE usage; PRAGMA user_version=1",
                          nullptr, nullptr, nullptr),
             SQLITE_OK);
   sqlite3_close(db);

@@ -69,6 +69,7 @@ struct ClusterShare {
   // The job goes on without this share (its cluster was lost, or its processes failed) and holds none of its
   // devices; it is started again into the running job once its cluster is up (Scheduler: live shrink and grow).
   bool absent = false;
+  double started_s = -1;  // when this share last started (scheduler clock; -1: not known): in use since then
 };
 
 struct PlacementRecord {

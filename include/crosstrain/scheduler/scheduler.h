@@ -108,6 +108,8 @@ class Scheduler {
   const Registry& registry() const { return registry_; }
   const Executor& executor() const { return executor_; }  // the service reads each job's run folder through it
   const SchedulerStats& stats() const { return stats_; }
+  // Device-seconds by user and cluster: what jobs used up to their last release, and the shares running now so far.
+  std::vector<StateStore::UsageRow> usage() const;
   size_t queued() const { return queue_.size(); }
   // Jobs holding devices, by id.
   std::vector<int64_t> active() const { return {active_.begin(), active_.end()}; }
@@ -119,6 +121,8 @@ class Scheduler {
   bool fits_up_clusters(const JobRecord& job);  // on every device of the clusters now up (memoised per up-set)
   void start(JobRecord& job);
   void release(JobRecord& job);
+  // Adds the share's device-seconds since it started to its user's usage on its cluster (a running share only).
+  void account(const JobRecord& job, const ClusterShare& s);
   void poll();
   void restart(JobRecord& job, const ExecStatus& failure);
   // Live shrink and grow: whether the job goes on without share `share` (an executor that can, a live_elastic

@@ -25,7 +25,7 @@ struct sqlite3;
 
 namespace crosstrain::scheduler {
 
-constexpr int kStateSchemaVersion = 2;  // 2: placement_shares.absent
+constexpr int kStateSchemaVersion = 3;  // 2: placement_shares.absent; 3: started_s, usage
 
 struct ClusterRow {
   std::string name;
@@ -87,6 +87,13 @@ class StateStore {
   std::vector<JobRecord> jobs() const;  // every job with its placement, by id
   std::optional<JobRecord> job(int64_t id) const;
   std::vector<EventRow> events(int64_t job_id = -1) const;  // -1: all
+  // Accounting: device-seconds used, by user and cluster, added as jobs give devices back.
+  void add_usage(const std::string& user, const std::string& cluster, double device_s);
+  struct UsageRow {
+    std::string user, cluster;
+    double device_s = 0;
+  };
+  std::vector<UsageRow> usage() const;  // by user, then cluster
   // The newest job id (0 when none).
   int64_t last_job_id() const;
 

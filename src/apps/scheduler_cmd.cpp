@@ -116,6 +116,14 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
   scheduler::TrainLaunch launch;
   launch.crosstrain = own_binary();
   launch.master_host = cli.master_host;
+  for (const std::string& e : cli.cluster_hosts) {
+    const auto eq = e.find('=');
+    const std::string name = e.substr(0, eq), host = eq == std::string::npos ? "" : e.substr(eq + 1);
+    if (eq == std::string::npos || host.empty() || host.find_first_of(" \t'\"$;&|`") != std::string::npos)
+      throw UsageError("scheduler: --cluster-host '" + e + "' is not CLUSTER=ADDRESS");
+    registry.index_of(name);  // an unknown cluster: a UsageError naming the clusters
+    launch.cluster_hosts[name] = host;
+  }
   if (cli.ledger.empty() != cli.ledger_keys.empty())
     throw UsageError("scheduler: give --ledger FILE and --ledger-keys DIR together (DIR holds each cluster's "
                      "NAME.key and keys.json, from crosstrain ledger keygen)");
@@ -382,6 +390,8 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.serve->add_option("--max-local-ranks", cli.max_local_ranks,
                         "--executor local: the most ranks one job may start on this machine (0: two per core)")
       ->check(CLI::NonNegativeNumber);
+  cli.serve->add_option("--cluster-host", cli.cluster_hosts, "CLUSTER=ADDRESS: where that cluster's share nodes "
+                        "are reached (a job's rendezvous is on its first share's cluster; default --master-host)");
   cli.serve->add_option("--quota", cli.quotas, "USER=DEVICES: the most devices one user's jobs hold at once "
                         "(repeat for each user; users not named have no limit)");
   cli.serve->add_flag("--no-preemption", cli.no_preemption,

@@ -35,6 +35,7 @@ struct SchedulerCli {
   int max_local_ranks = 0;            // --executor local: most ranks of one job (0: two per core)
   bool site_storage = false;          // each cluster has storage of its own (WORK/sites/CLUSTER): run.site
   std::vector<std::string> quotas;    // USER=DEVICES: most devices a user's jobs hold at once
+  std::vector<std::string> cluster_hosts;  // CLUSTER=ADDRESS: where that cluster's share nodes are reached
   bool no_preemption = false;
   // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
   std::string recipe;

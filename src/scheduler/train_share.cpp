@@ -92,7 +92,9 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
   if (elastic) argv.insert(argv.end(), {"--max-restarts", std::to_string(launch.rank_restarts)});
   if (placement.shares.size() > 1) {
     if (launch.master_port <= 0) throw UsageError("a job across clusters needs a rendezvous port (TrainLaunch::master_port)");
-    argv.insert(argv.end(), {"--master", launch.master_host + ":" + std::to_string(launch.master_port), "--cluster",
+    const auto host = launch.cluster_hosts.find(placement.shares.front().cluster);
+    const std::string& master = host == launch.cluster_hosts.end() ? launch.master_host : host->second;
+    argv.insert(argv.end(), {"--master", master + ":" + std::to_string(launch.master_port), "--cluster",
                              std::to_string(share)});
   }
   argv.insert(argv.end(), {"--", launch.crosstrain, "train", job.spec.recipe});

@@ -166,6 +166,22 @@ TEST(TrainShare, OverridesOfALayoutAgreeWithThePlans) {
   }
 }
 
+// Real sites: the job's rendezvous is on share 0's cluster, reached at that cluster's address by every share.
+TEST(TrainShare, EveryShareMeetsAtTheAddressOfShareZerosCluster) {
+  TrainLaunch l = launch("/w/job7/run", "10.0.0.1", 29500);
+  l.cluster_hosts = {{"east", "10.77.0.1"}, {"west", "10.77.1.1"}};
+  for (size_t share : {0u, 1u}) {
+    const std::string argv = joined(train_share_argv(recipe_job(), two_shares(), share, l));
+    EXPECT_NE(argv.find("--master 10.77.0.1:29500"), std::string::npos) << argv;
+  }
+  PlacementRecord flipped = two_shares();
+  std::swap(flipped.shares[0], flipped.shares[1]);
+  EXPECT_NE(joined(train_share_argv(recipe_job(), flipped, 1, l)).find("--master 10.77.1.1:29500"), std::string::npos);
+  l.cluster_hosts.clear();
+  EXPECT_NE(joined(train_share_argv(recipe_job(), two_shares(), 1, l)).find("--master 10.0.0.1:29500"), std::string::npos)
+      << "a cluster not named: --master-host";
+}
+
 TEST(TrainShare, ShellLineQuotesEveryArgument) {
   EXPECT_EQ(shell_line({"a b", "it's", "$HOME"}), "'a b' 'it'\\''s' '$HOME'");
 }

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,9 @@ struct TrainLaunch {
   bool sites = false;
   std::string site;                       // sites: this share's cluster
   std::string master_host = "127.0.0.1";  // where share 0's node is reached
+  // Where each cluster's share node is reached, by cluster name: the job's rendezvous is on share 0's cluster, so a
+  // share reaches it at that cluster's address (master_host when the cluster is not named here).
+  std::map<std::string, std::string> cluster_hosts;
   int master_port = 0;                    // the job's rendezvous port, the same for every share
   int rendezvous_timeout_s = 300;         // shares may wait in their clusters' queues before they meet
   bool resume = false;                    // the run folder holds a checkpoint

@@ -82,12 +82,13 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
   if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
   check_even_shares(job, placement);
   const auto nodes = std::to_string(placement.shares.size());
-  // A live-elastic job (placement.live_elastic()) runs its launchers elastic: it starts with the shares that are
-  // there, trains on without a lost one, and a share started again joins it (--nnodes 1:N; the launcher restarts
-  // a share's failed ranks itself too).
+  // A live-elastic job (placement.live_elastic()) runs its launchers elastic: it starts once every share is there
+  // (--nnodes N:N: a share that comes up first does not train, and write the run's first outputs at its site,
+  // alone), trains on without a lost one (elastic.min_replicas = 1), and a share started again joins it; the
+  // launcher restarts a share's failed ranks itself too.
   const bool elastic = placement.live_elastic();
   std::vector<std::string> argv{launch.crosstrain, "run", "--nproc", std::to_string(placement.shares[share].ranks),
-                                "--nnodes", elastic ? "1:" + nodes : nodes, "--node-rank", std::to_string(share),
+                                "--nnodes", elastic ? nodes + ":" + nodes : nodes, "--node-rank", std::to_string(share),
                                 "--timeout", std::to_string(launch.rendezvous_timeout_s)};
   if (elastic) argv.insert(argv.end(), {"--max-restarts", std::to_string(launch.rank_restarts)});
   if (placement.shares.size() > 1) {

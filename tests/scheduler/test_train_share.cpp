@@ -61,7 +61,7 @@ TEST(TrainShare, EachShareIsALauncherNodeMeetingAtShareZero) {
   l.rendezvous_timeout_s = 120;
   const std::string west = joined(train_share_argv(recipe_job(), two_shares(), 1, l));
   EXPECT_EQ(west,
-            "/bin/crosstrain run --nproc 2 --nnodes 1:2 --node-rank 1 --timeout 120 --max-restarts 2 "
+            "/bin/crosstrain run --nproc 2 --nnodes 2:2 --node-rank 1 --timeout 120 --max-restarts 2 "
             "--master 10.0.0.1:29500 --cluster 1 "
             "-- /bin/crosstrain train /r/gpt-tiny.toml --set train.lr=0.001 --set run.dir=/w/job7/run "
             "--set train.steps=40 --set train.checkpoint_every=10 --set train.global_batch=16 "

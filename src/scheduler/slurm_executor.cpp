@@ -154,6 +154,16 @@ std::optional<std::string> SlurmExecutor::slurm_state(const SlurmCluster& c, con
   return std::nullopt;
 }
 
+// What the share's script recorded as its exit status ("" while it runs, or when it was killed before).
+std::string SlurmExecutor::exit_status_of(int64_t job_id, const std::string& cluster, const std::string& id) const {
+  for (const auto& e : fs::directory_iterator(job_dir(job_id)))
+    if (e.path().extension() == ".slurm" && read_file(e.path()) == cluster + " " + id) {
+      const fs::path exit_file = fs::path(e.path()).replace_extension(".exit");
+      if (fs::exists(exit_file)) return read_file(exit_file);
+    }
+  return "";
+}
+
 ExecStatus SlurmExecutor::status(int64_t job_id) {
   ExecStatus st;
   st.checkpoint_step = newest_checkpoint_step(run_dir(job_id));  // known even when a share failed or is lost
@@ -165,14 +175,11 @@ ExecStatus SlurmExecutor::status(int64_t job_id) {
   }
   int done = 0;
   for (const auto& [name, id] : ids) {
-    std::string share_exit;
+    const std::string share_exit = exit_status_of(job_id, name, id);
     int share = -1;
     for (const auto& e : fs::directory_iterator(job_dir(job_id)))
-      if (e.path().extension() == ".slurm" && read_file(e.path()) == name + " " + id) {
-        const fs::path exit_file = fs::path(e.path()).replace_extension(".exit");
-        if (fs::exists(exit_file)) share_exit = read_file(exit_file);
+      if (e.path().extension() == ".slurm" && read_file(e.path()) == name + " " + id)
         share = share_number(e.path().stem().string());
-      }
     st.failed_share = share;  // meaningful only with kind Failed
     if (!share_exit.empty()) {
       if (share_exit != "0") {
@@ -191,8 +198,15 @@ ExecStatus SlurmExecutor::status(int64_t job_id) {
       return st;
     }
     if (state->empty()) {
+      // The share may have ended between the look at its exit file and squeue's answer: look again.
+      const std::string late = exit_status_of(job_id, name, id);
+      if (late == "0") {
+        ++done;
+        continue;
+      }
       st.kind = ExecStatus::Failed;
-      st.detail = "share on " + name + " (Slurm job " + id + ") ended without an exit status (cancelled or lost)";
+      st.detail = "share on " + name + " (Slurm job " + id + ") " +
+                  (late.empty() ? "ended without an exit status (cancelled or lost)" : "exited with " + late);
       return st;
     }
     st.detail += name + ": " + *state + " ";

@@ -47,15 +47,10 @@ ProcessResult ct(std::vector<std::string> args) {
 std::vector<std::string> node_command(int node, int port, const std::string& run_dir, int steps,
                                       const std::vector<std::string>& extra) {
   std::vector<std::string> train = tiny_args(run_dir, 1, steps);
-  train.erase(train.begin() + 3, train.begin() + 5);  // "--nproc 1": the launcher starts the ranks
   train.insert(train.end(), {"--set", "run.work_log=true", "--set", "train.eval_every=0", "--set",
                              "train.checkpoint_every=1", "--set", "train.keep_checkpoints=0"});
   train.insert(train.end(), extra.begin(), extra.end());
-  std::vector<std::string> args = {kBin, "run", "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "1",
-                                   "--cluster", std::to_string(node), "--master", "127.0.0.1:" + std::to_string(port),
-                                   "--"};
-  args.insert(args.end(), train.begin(), train.end());
-  return args;
+  return two_node_run(node, port, train);
 }
 
 // Both nodes of a run; the output of both when one fails.

@@ -76,6 +76,21 @@ inline std::string fresh_dir(const std::string& name) {
 }
 
 // The tiny test model on the generated corpus, as --set overrides of the gpt-tiny recipe.
+// Node `node` of a 2-node job (`crosstrain run`, one rank, in cluster `node`) meeting at 127.0.0.1:PORT, running
+// `train` (a crosstrain command such as tiny_args'; its --nproc is the launcher's, so it is dropped).
+inline std::vector<std::string> two_node_run(int node, int port, std::vector<std::string> train) {
+  for (size_t i = 0; i + 1 < train.size(); ++i)
+    if (train[i] == "--nproc") {
+      train.erase(train.begin() + static_cast<std::ptrdiff_t>(i), train.begin() + static_cast<std::ptrdiff_t>(i) + 2);
+      break;
+    }
+  std::vector<std::string> args = {kBin, "run", "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "1",
+                                   "--cluster", std::to_string(node), "--master", "127.0.0.1:" + std::to_string(port),
+                                   "--"};
+  args.insert(args.end(), train.begin(), train.end());
+  return args;
+}
+
 inline std::vector<std::string> tiny_args(const std::string& dir, int nproc, int steps) {
   return {kBin, "train", kRecipes + "/gpt-tiny.toml", "--nproc", std::to_string(nproc),
           "--set", "run.dir=" + dir, "--set", "train.steps=" + std::to_string(steps),

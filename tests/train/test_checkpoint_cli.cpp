@@ -594,15 +594,10 @@ namespace {
 std::vector<std::string> site_node(int node, int port, const std::string& dir, bool sites, int steps,
                                    const std::vector<std::string>& extra = {}) {
   std::vector<std::string> train = tiny_args(dir, 1, steps);
-  train.erase(train.begin() + 3, train.begin() + 5);  // "--nproc 1": the launcher starts the rank
   train.insert(train.end(), {"--set", "train.checkpoint_every=5", "--set", "train.eval_every=0"});
   if (sites) train.insert(train.end(), {"--set", std::string("run.site=") + (node == 0 ? "east" : "west")});
   train.insert(train.end(), extra.begin(), extra.end());
-  std::vector<std::string> args = {kBin, "run", "--nnodes", "2", "--node-rank", std::to_string(node), "--nproc", "1",
-                                   "--cluster", std::to_string(node), "--master", "127.0.0.1:" + std::to_string(port),
-                                   "--"};
-  args.insert(args.end(), train.begin(), train.end());
-  return args;
+  return two_node_run(node, port, train);
 }
 
 std::string run_two_sites(const std::string& east, const std::string& west, bool sites, int steps) {

@@ -57,6 +57,7 @@ class SlurmExecutor : public Executor {
   // Slurm's state of a share ("RUNNING", "PENDING", ...; "" once Slurm no longer lists it; nullopt when the
   // cluster does not answer).
   std::optional<std::string> slurm_state(const SlurmCluster& c, const std::string& id);
+  std::string exit_status_of(int64_t job_id, const std::string& cluster, const std::string& id) const;
 
   std::vector<SlurmCluster> clusters_;
   std::string work_dir_;

@@ -166,13 +166,15 @@ SchedulerBenchResult run_scheduler_bench(const SchedulerBenchOptions& o) {
     r.failed += j->state == JobState::Failed;
     r.queued_at_end += j->state == JobState::Queued;
   }
-  // A "placed" event reads "east:8 + west:8 [LAYOUT] SYNC" (scheduler.cpp): the sync's word ends it.
-  const std::string diloco = planner::to_string(planner::LayoutSync::DiLoCo);
+  // A "placed" event reads "east:8 + west:8 [LAYOUT] SYNC (why each cluster)" (scheduler.cpp): the sync's word
+  // follows the layout's bracket.
+  const std::string diloco = std::string("] ") + planner::to_string(planner::LayoutSync::DiLoCo);
   for (const EventRow& e : store.events())
     if (e.kind == "placed") {
-      r.spanning += e.detail.find(" + ") != std::string::npos;
-      r.diloco += e.detail.size() >= diloco.size() &&
-                  e.detail.compare(e.detail.size() - diloco.size(), diloco.size(), diloco) == 0;
+      const std::string where = e.detail.substr(0, e.detail.find(" ("));
+      r.spanning += where.find(" + ") != std::string::npos;
+      r.diloco += where.size() >= diloco.size() &&
+                  where.compare(where.size() - diloco.size(), diloco.size(), diloco) == 0;
     }
   r.placements_per_s = r.placements / r.wall_s;
   r.decision_p50_ms = percentile(st.decision_s, 0.5) * 1e3;

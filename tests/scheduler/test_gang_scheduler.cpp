@@ -551,6 +551,10 @@ TEST(GangScheduler, BenchSmoke) {
   EXPECT_GT(r.decision_p95_ms, 0);
   EXPECT_FALSE(r.lost_cluster.empty());
   EXPECT_GT(r.displaced, 0);
+  // The counts read back from the placed events (their text grew a note on each cluster once, and counted nothing).
+  EXPECT_GT(r.spanning, 0);
+  EXPECT_GT(r.diloco, 0);
+  EXPECT_LE(r.diloco, r.spanning);
   const std::string line = r.line();
   for (const char* key : {"placements_per_s=", "decision_p95_ms=", "partial_gangs=0", "replace_after_loss_s="})
     EXPECT_NE(line.find(key), std::string::npos) << line;

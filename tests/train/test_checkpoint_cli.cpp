@@ -611,6 +611,17 @@ std::string run_two_sites(const std::string& east, const std::string& west, bool
 
 }  // namespace
 
+// Pure: ranks with the same site share storage; each site's lowest rank leads it.
+TEST(Checkpoints, SiteMapGroupsRanksBySiteAndLeadsEachWithItsLowestRank) {
+  const crosstrain::train::SiteMap m = crosstrain::train::site_map({5, 7, 5, 9, 7});
+  EXPECT_EQ(m.sites(), 3);
+  EXPECT_EQ(m.site_of, (std::vector<int>{0, 1, 0, 2, 1}));
+  EXPECT_EQ(m.leaders, (std::vector<int>{0, 1, 3}));
+  EXPECT_TRUE(m.leads(3));
+  EXPECT_FALSE(m.leads(4));
+  EXPECT_EQ(crosstrain::train::site_map({1, 1, 1}).sites(), 1) << "one shared file system";
+}
+
 // Two sites that share no file system (run.site): each rank writes its half of every checkpoint at its own site,
 // the halves cross over the job's connections, and both sites commit the whole checkpoint. Either site alone then
 // resumes the run (here west's, on one rank: the checkpoint reshards); the step-10 state is the same at both. Without

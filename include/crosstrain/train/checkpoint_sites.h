@@ -27,8 +27,9 @@ SiteMap site_map(const std::vector<int64_t>& site_hash_of_rank);
 SiteMap map_sites(comm::Communicator& world, const std::string& site);
 
 // Collective, once every rank's piece file of the save is in its site's `tmp_dir`: sends each to every other
-// site's leader (in chunks of at most 64 MiB), which writes it there and checks its FNV-1a checksum. Returns ""
-// or why this rank's part failed (a file it could not read or write, a checksum that does not match).
+// site's leader in chunks of at most 64 MiB (all the memory it takes), which writes it there and checks its
+// FNV-1a checksum. Returns "" or why this rank's part failed (a file it could not read or write, a checksum that
+// does not match).
 std::string stage_piece_files(comm::Communicator& world, const SiteMap& sites, const std::string& tmp_dir);
 
 // FNV-1a over a file's bytes (hex), as the stager checks them; "" when it cannot be read.

@@ -214,7 +214,10 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossTwoSlurmClustersShrinksAndGrowsLiveAndSur
   const auto submitted = job({"submit", "--recipe", kRecipe, "--name", "tiny", "--ranks", "4", "--min-ranks", "2",
                               "--steps", "1200", "--checkpoint-every", "10", "--set", "sync.inner_steps=5", "--set",
                               "train.eval_every=0", "--set", "train.sample_tokens=0", "--set", "run.log_every=10",
-                              "--set", "train.warmup_steps=5", "--set", "comm.timeout_s=20"});
+                              "--set", "train.warmup_steps=5", "--set", "comm.timeout_s=20",
+                              // Four ranks, two Slurm clusters and the daemon share 2 cores: 500 ms without a
+                              // heartbeat happens under that load, and would exclude a healthy cluster.
+                              "--set", "elastic.failure_timeout_ms=3000"});
   ASSERT_EQ(submitted.exit_code(), 0) << submitted.output;
   ASSERT_TRUE(contains(submitted.output, "job 1 queued")) << submitted.output;
 

@@ -3,13 +3,20 @@
 # munge daemon and key, slurmctld and one slurmd, all state under DIR, on ports PORT and PORT+1. Several can run
 # side by side (other DIR and PORT). Needs root and Debian's slurm-wlm and munge (scripts/install-deps.sh).
 #
-#   scripts/slurm_testbed.sh start DIR NAME PORT [CPUS]   # prints the SLURM_CONF to use; waits until the node is idle
+#   scripts/slurm_testbed.sh start DIR NAME PORT [CPUS] [--testbed TB cC-hH]
+#                                          # prints the SLURM_CONF to use; waits until the node is idle. With
+#                                          # --testbed the daemons (and so the jobs' processes) run in that host of
+#                                          # the emulated testbed (scripts/testbed), on its address and hostname;
+#                                          # `testbed up --uplink` lets this machine's sbatch and squeue reach it
 #   scripts/slurm_testbed.sh stop DIR                     # stops the daemons of DIR (idempotent)
 #   scripts/slurm_testbed.sh kill DIR                     # a power cut: SIGKILL to its jobs' processes and daemons
 #   SLURM_CONF=DIR/slurm.conf sbatch --wrap 'hostname'    # then: sbatch, srun, squeue, scancel, sinfo as usual
 set -euo pipefail
 
-usage() { sed -n '2,10p' "$0" >&2; exit 2; }
+usage() { sed -n '2,14p' "$0" >&2; exit 2; }
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Where the daemons run: this machine (nothing) or `testbed exec TB HOST --`; the name and address they use.
+IN_HOST=() HOST_NAME="" HOST_ADDR=127.0.0.1
 
 stop_pidfile() {
   local f=$1
@@ -67,12 +74,25 @@ power_cut() {
   stop "$dir"
 }
 
+# --testbed TB cC-hH: the daemons go into that host of the testbed (its namespace and hostname).
+use_testbed() {
+  local tb=$1 host=$2 line
+  [[ $tb =~ ^[A-Za-z0-9_]{1,24}$ && $host =~ ^c[0-9]+-h[0-9]+$ ]] ||
+    { echo "slurm_testbed: --testbed wants a testbed name and a host like c1-h0, got '$tb' '$host'" >&2; exit 2; }
+  line=$("$REPO/scripts/testbed" hosts "$tb" | awk -v h="$tb-$host" '$1 == h') ||
+    { echo "slurm_testbed: no testbed named '$tb' (scripts/testbed list)" >&2; exit 1; }
+  [[ -n $line ]] || { echo "slurm_testbed: testbed $tb has no host $host" >&2; exit 1; }
+  HOST_NAME=${line%% *}
+  HOST_ADDR=$(echo "$line" | cut -d' ' -f2)
+  IN_HOST=("$REPO/scripts/testbed" exec "$tb" "$host" --)
+}
+
 write_conf() {
   local dir=$1 name=$2 port=$3 cpus=$4 host
-  host=$(hostname)
+  host=${HOST_NAME:-$(hostname)}
   cat > "$dir/slurm.conf" <<CONF
 ClusterName=$name
-SlurmctldHost=$host(127.0.0.1)
+SlurmctldHost=$host($HOST_ADDR)
 SlurmctldPort=$port
 SlurmdPort=$((port + 1))
 AuthType=auth/munge
@@ -96,7 +116,7 @@ JobCompType=jobcomp/none
 AccountingStorageType=accounting_storage/none
 SlurmctldTimeout=10
 SlurmdTimeout=10
-NodeName=$name-node NodeHostname=$host NodeAddr=127.0.0.1 CPUs=$cpus RealMemory=2000 State=UNKNOWN
+NodeName=$name-node NodeHostname=$host NodeAddr=$HOST_ADDR CPUs=$cpus RealMemory=2000 State=UNKNOWN
 PartitionName=main Nodes=$name-node Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4
 CONF
 }
@@ -112,14 +132,20 @@ start() {
   chmod 700 "$dir/munge"
   head -c 1024 /dev/urandom > "$dir/munge/munge.key"
   chmod 600 "$dir/munge/munge.key"
-  munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
+  "${IN_HOST[@]}" munged --key-file="$dir/munge/munge.key" --socket="$dir/munge/munge.socket" --pid-file="$dir/munge/munged.pid" \
          --log-file="$dir/munge/munged.log" --seed-file="$dir/munge/seed" --force
   write_conf "$dir" "$name" "$port" "$cpus"
   export SLURM_CONF=$dir/slurm.conf
-  slurmctld -c -i
-  slurmd -N "$name-node"
+  "${IN_HOST[@]}" slurmctld -c -i
+  if ((${#IN_HOST[@]})); then
+    # `ip netns exec` gives the host a fresh /sys without the cgroup mounts slurmd needs: the machine's again.
+    "${IN_HOST[@]}" sh -c 'grep " /sys/fs/cgroup" /proc/1/mounts | while read -r src mnt type opts _; do
+        mkdir -p "$mnt" 2> /dev/null; mount -t "$type" -o "$opts" "$src" "$mnt"; done; exec "$@"' sh slurmd -N "$name-node"
+  else
+    slurmd -N "$name-node"
+  fi
   for _ in $(seq 200); do
-    if sinfo -h -o '%t' 2>/dev/null | grep -qx idle; then echo "SLURM_CONF=$dir/slurm.conf"; return 0; fi
+    if "${IN_HOST[@]}" sinfo -h -o '%t' 2>/dev/null | grep -qx idle; then echo "SLURM_CONF=$dir/slurm.conf"; return 0; fi
     sleep 0.1
   done
   echo "slurm_testbed: cluster $name did not come up within 20 s; see $dir/log" >&2
@@ -129,7 +155,17 @@ start() {
 
 [[ $# -ge 2 ]] || usage
 case $1 in
-  start) [[ $# -ge 4 ]] || usage; start "$2" "$3" "$4" "${5:-2}" ;;
+  start)
+    [[ $# -ge 4 ]] || usage
+    args=("$2" "$3" "$4")
+    shift 4
+    cpus=2
+    if [[ $# -gt 0 && $1 != --* ]]; then cpus=$1; shift; fi
+    if [[ $# -gt 0 ]]; then
+      [[ $1 == --testbed && $# -eq 3 ]] || usage
+      use_testbed "$2" "$3"
+    fi
+    start "${args[@]}" "$cpus" ;;
   stop) stop "$2" ;;
   kill) power_cut "$2" ;;
   *) usage ;;

@@ -16,9 +16,9 @@ void say(const std::string& line) { std::cerr << line + "\n" << std::flush; }
 
 }  // namespace
 
-ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
+ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size, int min_start_ranks,
                                      std::shared_ptr<comm::Rendezvous> store, StoreAddress remote, Standby standby)
-    : options_(options), world_size_(world_size), ranks_per_node_(ranks_per_node), remote_(std::move(remote)),
+    : options_(options), world_size_(world_size), min_start_ranks_(min_start_ranks), remote_(std::move(remote)),
       standby_(std::move(standby)) {
   if (!store) {
     if (!remote_.host.empty()) link_ = std::thread([this] { link_loop(); });
@@ -30,7 +30,7 @@ ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_siz
 elastic::CoordinatorOptions ElasticSupervisor::coordinator_options(bool takeover) {
   elastic::CoordinatorOptions c;
   c.world_size = world_size_;
-  c.min_start_ranks = options_.min_nnodes * ranks_per_node_;
+  c.min_start_ranks = min_start_ranks_;
   c.takeover = takeover;
   c.exclude = [this](const std::vector<std::pair<int, int>>& processes, const std::string&) {
     std::lock_guard<std::mutex> lock(mu_);

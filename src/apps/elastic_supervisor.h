@@ -47,10 +47,10 @@ struct StoreAddress {
 class ElasticSupervisor {
  public:
   // `store`: the rendezvous store this launcher hosts (node 0), or null: then it connects to `remote`.
-  // `ranks_per_node`: for --nnodes MIN:MAX.
+  // `min_start_ranks`: the ranks of --nnodes MIN:MAX's MIN nodes (the fewest that may start the job).
   // `standby`: node 1 hosts its store and starts a coordinator there once node 0's store has been unreachable for
   // kTakeoverAfter; the other nodes then report to it.
-  ElasticSupervisor(const ElasticLaunch& options, int world_size, int ranks_per_node,
+  ElasticSupervisor(const ElasticLaunch& options, int world_size, int min_start_ranks,
                     std::shared_ptr<comm::Rendezvous> store, StoreAddress remote = {}, Standby standby = {});
   ~ElasticSupervisor();
 
@@ -76,7 +76,7 @@ class ElasticSupervisor {
 
   ElasticLaunch options_;
   int world_size_;
-  int ranks_per_node_;
+  int min_start_ranks_;
   // Node 0's, or node 1's standby once node 0 stopped answering (set by the link thread, under mu_).
   std::unique_ptr<elastic::Coordinator> coordinator_;
   std::mutex mu_;

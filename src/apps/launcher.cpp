@@ -14,6 +14,8 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <numeric>
+#include <sstream>
 
 #include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/store/auth.h"
@@ -383,7 +385,7 @@ std::unique_ptr<ElasticSupervisor> elastic_supervisor(const LaunchOptions& o, in
   StoreAddress remote;
   if (!store) {
     remote = {o.master_addr, port, job, {}};
-    for (int local = 0; local < o.nproc; ++local) remote.ranks.push_back(o.node_rank * o.nproc + local);
+    for (int local = 0; local < o.nproc; ++local) remote.ranks.push_back(first_rank_of(o) + local);
   }
   Standby standby{o.standby_addr, o.standby_port, nullptr};
   if (o.standby_port > 0 && o.node_rank == 1) {
@@ -396,10 +398,43 @@ std::unique_ptr<ElasticSupervisor> elastic_supervisor(const LaunchOptions& o, in
       print_lines({comm::store::open_store_warning("crosstrain run", standby.store->listen_address())});
   }
   if (o.node_rank == 0) standby = Standby{};  // node 0's loss is what the standby is for
-  return std::make_unique<ElasticSupervisor>(o.elastic, world, o.nproc, std::move(store), remote, standby);
+  // The fewest ranks that may start it: those of the smallest MIN nodes.
+  std::vector<int> sizes = o.node_sizes.empty() ? std::vector<int>(o.nnodes, o.nproc) : o.node_sizes;
+  std::sort(sizes.begin(), sizes.end());
+  const int min_start = std::accumulate(sizes.begin(), sizes.begin() + std::min<int>(o.elastic.min_nnodes, o.nnodes), 0);
+  return std::make_unique<ElasticSupervisor>(o.elastic, world, min_start, std::move(store), remote, standby);
 }
 
 }  // namespace
+
+std::vector<int> parse_node_sizes(const std::string& text) {
+  std::vector<int> sizes;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    size_t used = 0;
+    int n = 0;
+    try {
+      n = std::stoi(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || n < 1 || n > kMaxWorld)
+      throw UsageError("--node-sizes '" + text + "' must be each node's ranks in node-rank order, like 2,1,1");
+    sizes.push_back(n);
+  }
+  if (sizes.empty() || text.back() == ',')
+    throw UsageError("--node-sizes '" + text + "' must be each node's ranks in node-rank order, like 2,1,1");
+  return sizes;
+}
+
+int world_of(const LaunchOptions& o) {
+  return o.node_sizes.empty() ? o.nproc * o.nnodes : std::accumulate(o.node_sizes.begin(), o.node_sizes.end(), 0);
+}
+
+int first_rank_of(const LaunchOptions& o) {
+  if (o.node_sizes.empty()) return o.node_rank * o.nproc;
+  return std::accumulate(o.node_sizes.begin(), o.node_sizes.begin() + o.node_rank, 0);
+}
 
 void parse_master(const std::string& text, std::string& host, int& port, const std::string& option) {
   auto colon = text.rfind(':');
@@ -428,12 +463,12 @@ int start_ranks(std::vector<Rank>& ranks, const LaunchOptions& o, int world, int
   for (int local = 0; local < o.nproc; ++local) {
     if (const int sig = pending_signal(); sig != 0) {
       stop_started(ranks);
-      std::cerr << "crosstrain run: got " << strsignal(sig) << " while starting rank " << o.node_rank * o.nproc + local
+      std::cerr << "crosstrain run: got " << strsignal(sig) << " while starting rank " << first_rank_of(o) + local
                 << "; stopped the " << local << " rank" << (local == 1 ? "" : "s") << " already started" << std::endl;
       return sig;
     }
     Rank& r = ranks[local];
-    r.rank = o.node_rank * o.nproc + local;
+    r.rank = first_rank_of(o) + local;
     r.local = local;
     try {
       start_rank(r, local, world, port, with_job);
@@ -450,6 +485,26 @@ int start_ranks(std::vector<Rank>& ranks, const LaunchOptions& o, int world, int
 
 }  // namespace
 
+namespace {
+
+void check_node_sizes(const LaunchOptions& o) {
+  if (o.node_sizes.empty()) return;
+  if (static_cast<int>(o.node_sizes.size()) != o.nnodes)
+    throw UsageError("--node-sizes gives " + std::to_string(o.node_sizes.size()) + " nodes but --nnodes is " +
+                     std::to_string(o.nnodes) + "; give every node's ranks");
+  if (o.node_sizes[static_cast<size_t>(o.node_rank)] != o.nproc)
+    throw UsageError("--node-sizes gives node " + std::to_string(o.node_rank) + " " +
+                     std::to_string(o.node_sizes[static_cast<size_t>(o.node_rank)]) + " ranks but --nproc is " +
+                     std::to_string(o.nproc) + "; they must agree");
+  int64_t world = 0;
+  for (int n : o.node_sizes) world += n;
+  if (world > kMaxWorld)
+    throw UsageError("--node-sizes adds up to " + std::to_string(world) + " ranks, more than crosstrain supports (" +
+                     std::to_string(kMaxWorld) + ")");
+}
+
+}  // namespace
+
 int launch(const LaunchOptions& o) {
   if (o.nproc < 1) throw UsageError("--nproc must be at least 1, got " + std::to_string(o.nproc));
   if (o.nnodes < 1) throw UsageError("--nnodes must be at least 1, got " + std::to_string(o.nnodes));
@@ -462,10 +517,11 @@ int launch(const LaunchOptions& o) {
     throw UsageError("--standby is for elastic jobs on several nodes (--max-restarts or --nnodes MIN:MAX, --nnodes "
                      "2 or more; node 1 hosts it) and needs a port other than 0; every launcher takes the same one");
 
-  if (o.nproc > kMaxWorld / o.nnodes)
+  check_node_sizes(o);
+  if (o.node_sizes.empty() && o.nproc > kMaxWorld / o.nnodes)
     throw UsageError("--nproc " + std::to_string(o.nproc) + " x --nnodes " + std::to_string(o.nnodes) +
                      " is more ranks than crosstrain supports (" + std::to_string(kMaxWorld) + ")");
-  const int world = o.nproc * o.nnodes;
+  const int world = world_of(o);
   // Node 0's store serves each rank of the job on a thread of its own (nnodes per local rank), plus one that accepts.
   RankNeeds needs = o.rank_needs;
   if (o.node_rank == 0) needs.tasks += o.nnodes;

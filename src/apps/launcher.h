@@ -18,6 +18,9 @@ struct LaunchOptions {
   int nproc = 1;                       // ranks on this node
   int nnodes = 1;
   int node_rank = 0;
+  // --node-sizes: the ranks of every node in node-rank order, when they differ (a scheduler's uneven shares);
+  // empty: nproc on every node. This node's entry is nproc.
+  std::vector<int> node_sizes;
   std::string master_addr = "127.0.0.1";
   int master_port = 0;                 // 0: a free port (single node only); 29500 when several nodes
   std::vector<std::string> command;    // program and arguments run once per rank
@@ -43,6 +46,12 @@ struct LaunchOptions {
 
 // Parses "HOST:PORT" (IPv6 as "[::1]:PORT") given to `option` (--master, --standby); throws UsageError.
 void parse_master(const std::string& text, std::string& host, int& port, const std::string& option = "--master");
+
+// The job's ranks (the sum of node_sizes, else nproc x nnodes) and this node's first rank.
+int world_of(const LaunchOptions& options);
+int first_rank_of(const LaunchOptions& options);
+// "2,1,1" -> {2, 1, 1}; throws UsageError naming --node-sizes unless every entry is a positive integer.
+std::vector<int> parse_node_sizes(const std::string& text);
 
 // Hosts the rendezvous store on node 0, runs the ranks with prefixed output, forwards SIGINT/SIGTERM,
 // and stops every rank when one fails. Returns the exit code for the launcher: 0, or the failed rank's.

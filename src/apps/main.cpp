@@ -62,6 +62,7 @@ struct RunCli {
   std::string master;
   std::string standby;
   std::string nnodes = "1";
+  std::string node_sizes;
   double timeout_s = 30;
   int cluster = -1;
 };
@@ -97,6 +98,8 @@ void add_run_command(CLI::App& app, RunCli& run) {
                       "elastic: restart failed ranks up to N times in all; the others train on meanwhile")
       ->check(CLI::NonNegativeNumber);
   run.cmd->add_option("--node-rank", run.launch.node_rank, "this node's index (0 hosts the rendezvous store)");
+  run.cmd->add_option("--node-sizes", run.node_sizes,
+                      "ranks of every node in node-rank order when they differ, e.g. 2,1,1 (the same on every launcher)");
   run.cmd->add_option("--master", run.master, "HOST:PORT of the rendezvous store on node 0 (default: a free local port)");
   run.cmd->add_option("--standby", run.standby,
                       "elastic, several nodes: HOST:PORT where node 1 keeps a standby store; its coordinator takes "
@@ -112,6 +115,7 @@ int run_launcher(RunCli& run) {
   if (!run.standby.empty())
     apps::parse_master(run.standby, run.launch.standby_addr, run.launch.standby_port, "--standby");
   parse_nnodes(run.nnodes, run.launch);
+  if (!run.node_sizes.empty()) run.launch.node_sizes = apps::parse_node_sizes(run.node_sizes);
   if (run.launch.elastic.max_restarts > 0) run.launch.elastic.enabled = true;
   run.launch.timeout = std::chrono::milliseconds(static_cast<int64_t>(run.timeout_s * 1000));
   if (run.cluster >= 0) run.launch.extra_env["CROSSTRAIN_CLUSTER"] = std::to_string(run.cluster);

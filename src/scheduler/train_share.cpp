@@ -25,13 +25,16 @@ namespace fs = std::filesystem;
 
 namespace {
 
-void check_even_shares(const JobRecord& job, const PlacementRecord& placement) {
+bool uneven_shares(const PlacementRecord& placement) {
   for (const ClusterShare& s : placement.shares)
-    if (s.ranks != placement.shares.front().ranks)
-      throw UsageError("job " + std::to_string(job.id) + ": shares of " + std::to_string(placement.shares.front().ranks) +
-                       " and " + std::to_string(s.ranks) + " ranks (" + s.cluster +
-                       "): the launcher needs the same ranks on every node of a recipe job; give ranks a multiple "
-                       "of the clusters' sizes");
+    if (s.ranks != placement.shares.front().ranks) return true;
+  return false;
+}
+
+std::string share_sizes(const PlacementRecord& placement) {
+  std::string sizes;
+  for (const ClusterShare& s : placement.shares) sizes += (sizes.empty() ? "" : ",") + std::to_string(s.ranks);
+  return sizes;
 }
 
 // The layout a placement runs: the whole job's (tp and pp are the same inside every cluster; data parallelism spans
@@ -44,7 +47,27 @@ planner::Layout placed_layout(const PlacementRecord& placement, bool work_log) {
   l.inner_steps = spans ? placement.inner_steps : 1;
   // The work log digests each rank's whole local gradient, which ZeRO-2 and -3 never hold: at most ZeRO-1.
   if (work_log) l.zero = std::min(l.zero, 1);
+  // Clusters of different sizes average whole parameters between them (their leaders do), which ZeRO shards.
+  if (l.sync == planner::LayoutSync::DiLoCo && uneven_shares(placement)) l.zero = 0;
   return l;
+}
+
+// Every choice of the planner's layout as `crosstrain train --set` overrides (shape, micro-batches, precision,
+// recompute, buckets, stages, sync across clusters), but the job's own batch.
+std::vector<std::string> layout_overrides(const JobRecord& job, const PlacementRecord& placement, bool work_log) {
+  const planner::Layout layout = placed_layout(placement, work_log);
+  std::vector<std::string> sets;
+  for (const std::string& s : layout.train_overrides(planner::OverrideScope::WholeRun)) {
+    // The job's own batch; plain sync is the recipe's to choose (its own mode for one cluster).
+    const bool own = s.rfind("train.global_batch=", 0) == 0 || s == "sync.mode=sync";
+    // An elastic job's clusters come and go: every live one keeps its ranks' even share instead.
+    const bool per_cluster = s.rfind("sync.cluster_batch=", 0) == 0 && placement.live_elastic();
+    if (!own && !per_cluster) sets.push_back(s);
+  }
+  sets.push_back("train.global_batch=" + std::to_string(job.spec.batch()));
+  if (layout.sync == planner::LayoutSync::DiLoCo && uneven_shares(placement))
+    sets.push_back("sync.cluster_ranks=" + share_sizes(placement));
+  return sets;
 }
 
 // The scheduler's decisions as `crosstrain train --set` overrides: the job's own steps and batch, then the layout
@@ -56,12 +79,10 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
       "run.dir=" + launch.run_dir,
       "train.steps=" + std::to_string(job.spec.steps),
       "train.checkpoint_every=" + std::to_string(job.spec.checkpoint_every),
-      "train.global_batch=" + std::to_string(job.spec.batch()),
       "obs.metrics_host=127.0.0.1",
       "run.fence=" + placement_fence(job, placement),
   };
-  const std::vector<std::string> layout =
-      placed_layout(placement, work_log).train_overrides(planner::OverrideScope::ShapeAndSync);
+  const std::vector<std::string> layout = layout_overrides(job, placement, work_log);
   sets.insert(sets.end(), layout.begin(), layout.end());
   if (work_log) sets.push_back("run.work_log=true");
   if (!launch.site.empty()) sets.push_back("run.site=" + launch.site);
@@ -80,7 +101,6 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
   if (job.spec.recipe.empty())
     throw UsageError("job " + std::to_string(job.id) + " has no recipe: submit it with --recipe FILE to run it");
   if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
-  check_even_shares(job, placement);
   const auto nodes = std::to_string(placement.shares.size());
   // A live-elastic job (placement.live_elastic()) runs its launchers elastic: it starts once every share is there
   // (--nnodes N:N: a share that comes up first does not train, and write the run's first outputs at its site,
@@ -91,6 +111,7 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
                                 "--nnodes", elastic ? nodes + ":" + nodes : nodes, "--node-rank", std::to_string(share),
                                 "--timeout", std::to_string(launch.rendezvous_timeout_s)};
   if (elastic) argv.insert(argv.end(), {"--max-restarts", std::to_string(launch.rank_restarts)});
+  if (uneven_shares(placement)) argv.insert(argv.end(), {"--node-sizes", share_sizes(placement)});
   if (placement.shares.size() > 1) {
     if (launch.master_port <= 0) throw UsageError("a job across clusters needs a rendezvous port (TrainLaunch::master_port)");
     const auto host = launch.cluster_hosts.find(placement.shares.front().cluster);

@@ -40,13 +40,16 @@ class DiLoCo : public StrategyBase {
   // the say. Each cluster scales its own pseudo-gradient, so the exchange stays a plain mean.
   DiLoCo(SyncSetup s, ClusterGroups g)
       : StrategyBase(std::move(s), std::move(g)),
-        weight_(outer_weight(parse_cluster_batch(s_.config.cluster_batch), g_.cluster)) {}
+        weight_(outer_weight(cluster_counts(), g_.cluster)) {}
 
   // Fragments of the attached tensors, each with its outer momentum (kept as views per tensor for checkpoints).
   void attached() override {
     // Sharded tensors (ZeRO): each rank exchanges its own slices with its counterparts; nothing to gather.
+    if (sharded_ && !g_.layout.balanced)
+      throw UsageError("DiLoCo across clusters of different sizes exchanges whole parameters, which ZeRO shards: "
+                       "set parallel.zero = 0");
     average_ = std::make_unique<CrossClusterAverage>(sharded_ ? nullptr : g_.local.get(), g_.cross,
-                                                     s_.config.compression, s_.timeout);
+                                                     s_.config.compression, s_.timeout, !g_.layout.balanced);
     // Fragments: consecutive parameters (in name order: layers stay together) of about equal size.
     const int64_t F = std::max<int64_t>(1, s_.config.fragments);
     int64_t total = 0;
@@ -163,6 +166,15 @@ class DiLoCo : public StrategyBase {
     pending_ = -1;
     ++stats_.exchanges;
     stats_.wan_bytes = average_->bytes();
+  }
+
+  // Each cluster's sequences per step, for the weights: sync.cluster_batch, else (clusters of different sizes,
+  // every rank the same batch) the ranks of each; empty for an even split.
+  std::vector<int64_t> cluster_counts() const {
+    std::vector<int64_t> counts = parse_cluster_batch(s_.config.cluster_batch);
+    if (counts.empty() && !g_.layout.balanced)
+      for (const auto& ranks : g_.layout.local) counts.push_back(static_cast<int64_t>(ranks.size()));
+    return counts;
   }
 
   double weight_;  // this cluster's pseudo-gradient factor in the outer mean (1: an even split)

@@ -4,6 +4,7 @@
 // (modes.h). Each mode's class lives in its own file: sync_every_step.cpp, diloco.cpp, server_sync.cpp and
 // gossip.cpp, on the shared base in strategy_base.h.
 #include "crosstrain/sync/strategy.h"
+#include "crosstrain/train/config.h"
 #include "crosstrain/train/sync_mode.h"
 
 #include <ATen/ATen.h>
@@ -35,6 +36,8 @@ ClusterGroups build_groups(const SyncSetup& s, bool split) {
   const bool plain = sync_traits(s.config).mode == SyncMode::Sync && !s.config.hierarchical;
   if (plain) {
     ids.assign(s.dp_size, 0);  // plain sync: nothing depends on clusters, so nothing is exchanged
+  } else if (!s.config.cluster_ranks.empty()) {
+    ids = sized_clusters(s.dp_size, parse_cluster_ranks(s.config.cluster_ranks));
   } else if (s.config.clusters > 0) {
     ids = block_clusters(s.dp_size, static_cast<int>(s.config.clusters));
   } else if (s.dp) {
@@ -68,6 +71,13 @@ ClusterGroups build_groups(const SyncSetup& s, bool split) {
       auto sub = s.dp->split(ranks);
       if (sub && ranks.size() > 1) g.own_cross = std::move(sub);
     }
+    g.cross = g.own_cross.get();
+  } else {
+    // Clusters of different sizes: their first ranks (the leaders) exchange whole buffers for the cluster.
+    std::vector<int> leaders;
+    for (const auto& ranks : g.layout.local) leaders.push_back(ranks.front());
+    auto sub = s.dp->split(leaders);
+    if (sub && leaders.size() > 1) g.own_cross = std::move(sub);
     g.cross = g.own_cross.get();
   }
   return g;
@@ -104,6 +114,19 @@ std::vector<int> block_clusters(int dp, int clusters) {
                      " data-parallel ranks");
   std::vector<int> ids;
   for (int r = 0; r < dp; ++r) ids.push_back(r / (dp / clusters));
+  return ids;
+}
+
+std::vector<int> sized_clusters(int dp, const std::vector<int64_t>& sizes) {
+  int64_t sum = 0;
+  std::string text;
+  for (int64_t n : sizes) sum += n, text += (text.empty() ? "" : ",") + std::to_string(n);
+  if (sizes.empty() || sum != dp)
+    throw UsageError("sync.cluster_ranks = \"" + text + "\" adds up to " + std::to_string(sum) + " ranks but the job has " +
+                     std::to_string(dp) + " data-parallel ranks; give each cluster's ranks in rank order");
+  std::vector<int> ids;
+  for (size_t c = 0; c < sizes.size(); ++c)
+    for (int64_t i = 0; i < sizes[c]; ++i) ids.push_back(static_cast<int>(c));
   return ids;
 }
 
@@ -169,7 +192,12 @@ void check_sync_config(const SyncConfig& c, int dp, int pp, int tp, int64_t zero
   };
   const SyncMode m = c.mode;
   need(c.clusters >= 0, "sync.clusters must be 0 (from the environment) or more");
-  need(c.clusters == 0 || dp % c.clusters == 0,
+  if (!c.cluster_ranks.empty()) {
+    sized_clusters(dp, parse_cluster_ranks(c.cluster_ranks));  // throws naming the key
+    need(zero == 0, "sync.cluster_ranks = \"" + c.cluster_ranks + "\" (clusters of different sizes) averages whole "
+                    "parameters across clusters: set parallel.zero = 0");
+  }
+  need(!c.cluster_ranks.empty() || c.clusters == 0 || dp % c.clusters == 0,
        "sync.clusters = " + std::to_string(c.clusters) + " must divide the " + std::to_string(dp) +
            " data-parallel ranks");
   need(c.inner_steps >= 1 && c.period >= 1, "sync.inner_steps and sync.period must be at least 1");
@@ -192,7 +220,8 @@ namespace {
 std::unique_ptr<SyncStrategy> build_strategy(SyncSetup s) {
   const SyncTraits traits = sync_traits(s.config);
   ClusterGroups g = build_groups(s, traits.cluster_groups);
-  if (traits.cluster_groups && !g.layout.balanced) {
+  // DiLoCo averages whole pseudo-gradients between clusters of any sizes (their leaders exchange them).
+  if (traits.cluster_groups && !g.layout.balanced && traits.mode != SyncMode::DiLoCo) {
     std::string sizes;
     for (const auto& l : g.layout.local) sizes += (sizes.empty() ? "" : ", ") + std::to_string(l.size());
     throw UsageError(std::string("sync.mode = ") + to_string(s.config.mode) + " needs the same number of data-parallel ranks in every cluster; got " +

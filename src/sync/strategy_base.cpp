@@ -33,8 +33,8 @@ void unflatten(const at::Tensor& flat, std::vector<at::Tensor>& params) {
 // ---- CrossClusterAverage --------------------------------------------------------------------------------------
 
 CrossClusterAverage::CrossClusterAverage(comm::Communicator* local, comm::Communicator* cross,
-                                         const std::string& codec, comm::Millis timeout)
-    : local_(local), cross_(cross), timeout_(timeout) {
+                                         const std::string& codec, comm::Millis timeout, bool whole)
+    : local_(local), cross_(cross), timeout_(timeout), whole_(whole) {
   if (codec != "none") codec_ = comm::make_codec(codec);
 }
 
@@ -59,6 +59,12 @@ void CrossClusterAverage::exchange(at::Tensor& piece, int64_t buffer_id) {
 }
 
 void CrossClusterAverage::gather(at::Tensor& flat, const at::Tensor& piece) {
+  if (local_ && whole_) {  // the leader (local rank 0) holds the average
+    at::Tensor all = piece.contiguous();
+    local_->broadcast(all, 0)->wait(timeout_);
+    flat.copy_(all.slice(0, 0, flat.numel()));
+    return;
+  }
   if (!local_) {
     flat.copy_(piece.slice(0, 0, flat.numel()));
     return;

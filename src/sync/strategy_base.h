@@ -61,13 +61,15 @@ struct ClusterGroups {
 
 // Averages a flat buffer over all replicas when every rank of a cluster holds the same buffer: each rank of a
 // cluster averages 1/L of it with its counterparts in the other clusters (the only traffic that crosses), then
-// the cluster all-gathers the pieces. Every rank ends with bit-identical values.
+// the cluster all-gathers the pieces. Every rank ends with bit-identical values. `whole`: clusters of different
+// sizes have no counterparts to pair; their leaders (`cross`, null elsewhere) average whole buffers and each
+// broadcasts the result inside its cluster.
 class CrossClusterAverage {
  public:
   CrossClusterAverage(comm::Communicator* local, comm::Communicator* cross, const std::string& codec,
-                      comm::Millis timeout);
-  int local_size() const { return local_ ? local_->size() : 1; }
-  int local_rank() const { return local_ ? local_->rank() : 0; }
+                      comm::Millis timeout, bool whole = false);
+  int local_size() const { return local_ && !whole_ ? local_->size() : 1; }
+  int local_rank() const { return local_ && !whole_ ? local_->rank() : 0; }
 
   // This rank's piece of `flat` (a copy, zero-padded to equal pieces).
   at::Tensor piece_of(const at::Tensor& flat) const;
@@ -82,6 +84,7 @@ class CrossClusterAverage {
   comm::Communicator* local_;
   comm::Communicator* cross_;
   comm::Millis timeout_;
+  bool whole_;
   std::unique_ptr<comm::Codec> codec_;
   comm::ErrorFeedback feedback_;
   int64_t bytes_ = 0;  // touched by one thread at a time (an exchange is joined before the next starts)

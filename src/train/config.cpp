@@ -286,6 +286,8 @@ std::vector<Field> sync_elastic_fields(Config& c) {
                  "streaming diloco: inner steps a fragment's exchange overlaps"),
       string_field("sync", "cluster_batch", c.sync.cluster_batch,
                  "diloco: sequences per step of each cluster, e.g. \"24,8\" (adds up to train.global_batch); \"\": even"),
+      string_field("sync", "cluster_ranks", c.sync.cluster_ranks,
+                 "diloco: data-parallel ranks of each cluster in rank order, e.g. \"2,1,1\"; \"\": sync.clusters blocks"),
       int_field("sync", "period", c.sync.period,
                  "gossip, async, ssp: steps between exchanges"),
       int_field("sync", "staleness", c.sync.staleness,
@@ -590,15 +592,16 @@ void check_ranges(const Config& c) {
   need(c.debug.checkpoint.save_delay_ms >= 0, "debug.fault_save_delay_ms", c.debug.checkpoint.save_delay_ms,
        "must be 0 (no delay) or more");
   check_cluster_batch(c);
+  check_cluster_ranks(c);
   if (c.model.arch == models::ModelArch::Dlrm) recsys::check_dlrm(c.dlrm);
 }
 
-std::vector<int64_t> parse_cluster_batch(const std::string& text) {
+namespace {
+
+// "24,8" -> {24, 8}; `usage` names the key when an item is not a positive integer.
+std::vector<int64_t> parse_counts(const std::string& text, const std::string& usage) {
   std::vector<int64_t> counts;
   if (text.empty()) return counts;
-  const std::string usage = "sync.cluster_batch = \"" + text +
-                            "\" must be positive sequence counts, one per cluster, like \"24,8\" (or \"\" for an "
-                            "even split)";
   std::stringstream in(text);
   for (std::string item; std::getline(in, item, ',');) {
     size_t used = 0;
@@ -613,6 +616,36 @@ std::vector<int64_t> parse_cluster_batch(const std::string& text) {
   }
   if (counts.empty() || text.back() == ',') throw UsageError(usage);
   return counts;
+}
+
+}  // namespace
+
+std::vector<int64_t> parse_cluster_batch(const std::string& text) {
+  return parse_counts(text, "sync.cluster_batch = \"" + text +
+                                "\" must be positive sequence counts, one per cluster, like \"24,8\" (or \"\" for an "
+                                "even split)");
+}
+
+std::vector<int64_t> parse_cluster_ranks(const std::string& text) {
+  return parse_counts(text, "sync.cluster_ranks = \"" + text +
+                                "\" must be positive rank counts, one per cluster in rank order, like \"2,1,1\" (or "
+                                "\"\" for sync.clusters equal blocks)");
+}
+
+void check_cluster_ranks(const Config& c) {
+  const std::vector<int64_t> ranks = parse_cluster_ranks(c.sync.cluster_ranks);
+  if (ranks.empty()) return;
+  const std::string key = "sync.cluster_ranks = \"" + c.sync.cluster_ranks + "\"";
+  if (c.sync.mode != SyncMode::DiLoCo)
+    throw UsageError(key + " needs sync.mode = \"diloco\" (clusters of different sizes meet only at outer steps); got \"" +
+                     to_string(c.sync.mode) + "\"");
+  if (c.sync.clusters > 0 && static_cast<int64_t>(ranks.size()) != c.sync.clusters)
+    throw UsageError(key + " gives " + std::to_string(ranks.size()) + " clusters but sync.clusters = " +
+                     std::to_string(c.sync.clusters) + "; give one count per cluster or set sync.clusters = 0");
+  const std::vector<int64_t> batch = parse_cluster_batch(c.sync.cluster_batch);
+  if (!batch.empty() && batch.size() != ranks.size())
+    throw UsageError(key + " gives " + std::to_string(ranks.size()) + " clusters but sync.cluster_batch = \"" +
+                     c.sync.cluster_batch + "\" " + std::to_string(batch.size()) + "; give one count per cluster in both");
 }
 
 void check_cluster_batch(const Config& c) {

@@ -172,6 +172,39 @@ TEST(Launcher, RunsGlooRanks) {
   EXPECT_TRUE(contains(res.output, "sum=3")) << res.output;
 }
 
+// Nodes of different sizes (a scheduler's uneven shares): every launcher is given each node's ranks, and the
+// ranks number on from the nodes before (node 1's single rank is rank 2 of 3).
+TEST(Launcher, NodesOfDifferentSizesMakeOneWorld) {
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  std::vector<std::unique_ptr<Process>> nodes;
+  for (int node : {0, 1})
+    nodes.push_back(std::make_unique<Process>(std::vector<std::string>{
+        kBin, "run", "--nproc", node == 0 ? "2" : "1", "--nnodes", "2", "--node-rank", std::to_string(node),
+        "--node-sizes", "2,1", "--master", master, "--", kWorker, "env"}));
+  std::string all;
+  for (auto& n : nodes) {
+    const auto res = n->wait(milliseconds(60000));
+    EXPECT_EQ(res.exit_code(), 0) << res.output;
+    all += res.output;
+  }
+  for (int r = 0; r < 3; ++r)
+    EXPECT_TRUE(contains(all, "[rank " + std::to_string(r) + "] source=torchrun variables rank=" + std::to_string(r) +
+                                  " world=3 local_rank=" + std::to_string(r == 2 ? 0 : r)))
+        << all;
+  EXPECT_TRUE(contains(all, "sum=3")) << all;
+  auto refused = [](std::vector<std::string> args, const std::string& expect) {
+    const auto res = run_process(args, {}, milliseconds(20000));
+    EXPECT_EQ(res.exit_code(), 2) << res.output;
+    EXPECT_TRUE(contains(res.output, expect)) << res.output;
+  };
+  refused({kBin, "run", "--nproc", "1", "--nnodes", "2", "--node-sizes", "2,1", "--master", master, "--", "true"},
+          "--node-sizes gives node 0 2 ranks but --nproc is 1");
+  refused({kBin, "run", "--nproc", "2", "--nnodes", "3", "--node-sizes", "2,1", "--master", master, "--", "true"},
+          "--node-sizes gives 2 nodes but --nnodes is 3");
+  refused({kBin, "run", "--nproc", "2", "--nnodes", "2", "--node-sizes", "2,x", "--master", master, "--", "true"},
+          "like 2,1,1");
+}
+
 TEST(Launcher, StartsUnderSrunVariables) {
   int port = free_port();
   std::vector<std::unique_ptr<Process>> procs;

@@ -413,6 +413,34 @@ TEST(ElasticCli, DiLoCoWithZeroInsideClustersHealsShardByShard) {
   expect_every_step_once(dir, 40);
 }
 
+// DiLoCo across clusters of different sizes (sync.cluster_ranks = 2,1, as the scheduler places uneven shares): the
+// 2-rank cluster loses a rank and leaves whole, the 1-rank cluster trains on alone, and when the 2-rank cluster
+// comes back both its ranks heal from the one rank of the other (whole copies: each receiving rank pairs with the
+// donor's rank at its position modulo the donor's size), with the same inner and outer state bit for bit.
+TEST(ElasticCli, DiLoCoClustersOfDifferentSizesLeaveAndHealAcrossSizes) {
+  const auto dir = fresh_dir("elastic-diloco-uneven");
+  auto r = run_process(elastic_args(dir, 3, 40, paced({"--max-restarts", "2", "--set", "debug.elastic_kill=1@6", "--set",
+                                                       "sync.mode=diloco", "--set", "sync.cluster_ranks=2,1", "--set",
+                                                       "sync.inner_steps=4", "--set", "train.global_batch=6"})),
+                       {}, milliseconds(120000));
+  ASSERT_EQ(r.exit_code(), 0) << r.output;
+  EXPECT_TRUE(contains(r.output, "(failure): 1 replica (1), 1 rank")) << r.output;
+  const int join = generation_with(r.output, "join");
+  ASSERT_GT(join, 2) << r.output;
+  for (const char* healed : {"rank 0: healed from replica 1:", "rank 1: healed from replica 1:"})
+    EXPECT_TRUE(contains(r.output, healed)) << r.output;
+  const auto d = digests(r.output).at(join);
+  const auto outer = outer_digests(r.output, join);
+  ASSERT_EQ(d.size(), 3u) << r.output;
+  ASSERT_EQ(outer.size(), 3u) << r.output;
+  for (int rank : {0, 1}) {
+    EXPECT_EQ(d.at(rank), d.at(2)) << "rank " << rank;
+    EXPECT_EQ(outer.at(rank), outer.at(2)) << "rank " << rank;
+  }
+  EXPECT_NE(d.at(2), digests(r.output).at(1).at(2));  // what the lone cluster trained on, not the initial state
+  expect_every_step_once(dir, 40);
+}
+
 // The modes whose replicas step alone: a worker killed mid-run leaves, the others go on, and it rejoins. gossip
 // pairs the live ranks (with two left, every round is the same pair); the joiner is a copy of the replica it
 // healed from. ssp and async re-shard their parameter server over the live workers, starting from the survivors'

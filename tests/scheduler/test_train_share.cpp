@@ -64,10 +64,12 @@ TEST(TrainShare, EachShareIsALauncherNodeMeetingAtShareZero) {
             "/bin/crosstrain run --nproc 2 --nnodes 2:2 --node-rank 1 --timeout 120 --max-restarts 2 "
             "--master 10.0.0.1:29500 --cluster 1 "
             "-- /bin/crosstrain train /r/gpt-tiny.toml --set train.lr=0.001 --set run.dir=/w/job7/run "
-            "--set train.steps=40 --set train.checkpoint_every=10 --set train.global_batch=16 "
-            "--set obs.metrics_host=127.0.0.1 --set run.fence=job7.a0 --set parallel.tp=1 --set parallel.pp=1 "
-            "--set parallel.zero=1 "
-            "--set sync.mode=diloco --set sync.inner_steps=5 --set sync.clusters=2 --set elastic.min_replicas=1")
+            "--set train.steps=40 --set train.checkpoint_every=10 "
+            "--set obs.metrics_host=127.0.0.1 --set run.fence=job7.a0 --set parallel.dp=4 --set parallel.tp=1 "
+            "--set parallel.pp=1 --set parallel.zero=1 --set parallel.schedule=1f1b --set parallel.chunks=1 "
+            "--set parallel.sequence_parallel=false --set train.micro_batches=1 --set train.precision=fp32 "
+            "--set train.recompute=none --set parallel.bucket_mb=1 --set sync.mode=diloco --set sync.inner_steps=5 "
+            "--set train.global_batch=16 --set sync.clusters=2 --set elastic.min_replicas=1")
       << "DiLoCo across clusters runs elastic: a lost cluster's share leaves, and joins again when started again";
   l.resume = true;
   const auto east = train_share_argv(recipe_job(), two_shares(), 0, l);
@@ -85,15 +87,24 @@ TEST(TrainShare, OneClusterRunsSynchronouslyWithoutARendezvousAddress) {
   EXPECT_NE(cmd.find("--nproc 2 --nnodes 1 --node-rank 0"), std::string::npos) << cmd;
 }
 
-TEST(TrainShare, UnevenSharesAndJobsWithoutARecipeAreRefused) {
+// Uneven shares (the placer fills the faster and fuller clusters first): each launcher learns every node's ranks,
+// and DiLoCo's clusters are blocks of those sizes, averaging whole parameters (no ZeRO).
+TEST(TrainShare, UnevenSharesNameEveryNodesRanksAndTheirClusters) {
   PlacementRecord p = two_shares();
+  p.shares[0].ranks = 3;
   p.shares[1].ranks = 1;
-  try {
-    train_share_argv(recipe_job(), p, 0, launch("/run", "h", 1));
-    ADD_FAILURE() << "uneven shares were accepted";
-  } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("same ranks on every node"), std::string::npos) << e.what();
-  }
+  const std::string east = joined(train_share_argv(recipe_job(), p, 0, launch("/run", "h", 1)));
+  EXPECT_NE(east.find("--nproc 3 --nnodes 2:2 --node-rank 0 "), std::string::npos) << east;
+  EXPECT_NE(east.find("--node-sizes 3,1 "), std::string::npos) << east;
+  EXPECT_NE(east.find("--set sync.cluster_ranks=3,1"), std::string::npos) << east;
+  EXPECT_NE(east.find("--set parallel.zero=0"), std::string::npos) << east;
+  EXPECT_EQ(east.find("parallel.zero=1"), std::string::npos) << east;
+  const std::string even = joined(train_share_argv(recipe_job(), two_shares(), 0, launch("/run", "h", 1)));
+  EXPECT_EQ(even.find("--node-sizes"), std::string::npos) << even;
+  EXPECT_EQ(even.find("cluster_ranks"), std::string::npos) << even;
+}
+
+TEST(TrainShare, AJobWithoutARecipeIsRefused) {
   JobRecord bare = recipe_job();
   bare.spec.recipe.clear();
   EXPECT_THROW(train_share_argv(bare, two_shares(), 0, launch("/run", "h", 1)), UsageError);
@@ -128,8 +139,9 @@ TEST(TrainShare, WithALedgerEachShareClaimsItsClustersWork) {
 }
 
 // The scheduler and `crosstrain plan` turn a layout into overrides through one bridge (Layout::train_overrides):
-// for every sync across clusters, what the scheduler sets of the shape and the sync is what plan prints, except
-// plan's sync.mode = "sync", which the scheduler leaves to the recipe.
+// every choice plan prints for a layout reaches the ranks (shape, micro-batches, precision, recompute, buckets,
+// sync), except the global batch (the job's own) and plan's sync.mode = "sync", which the scheduler leaves to
+// the recipe.
 // Every value a share's script is built from is one quoted shell word (names are checked when they come in; a
 // cluster name went into the script unquoted before, and ran as a command).
 TEST(TrainShare, TheScriptQuotesTheClusterAndItsFiles) {
@@ -153,16 +165,18 @@ TEST(TrainShare, OverridesOfALayoutAgreeWithThePlans) {
     const std::vector<std::string> argv = train_share_argv(recipe_job(), p, 0, launch("/run", "h", 1));
     std::set<std::string> scheduler, plan;
     for (size_t i = 1; i < argv.size(); ++i)
-      if (argv[i - 1] == "--set" && (argv[i].rfind("parallel.", 0) == 0 || argv[i].rfind("sync.", 0) == 0))
+      if (argv[i - 1] == "--set" && argv[i] != "train.lr=0.001" &&
+          (argv[i].rfind("parallel.", 0) == 0 || argv[i].rfind("sync.", 0) == 0 || argv[i].rfind("train.", 0) == 0))
         scheduler.insert(argv[i]);
     for (const std::string& o : l.train_overrides())
-      for (const char* key : {"parallel.tp=", "parallel.pp=", "parallel.zero=", "sync.mode=", "sync.inner_steps=",
-                              "sync.hierarchical="})
-        if (o.rfind(key, 0) == 0 && o != "sync.mode=sync") plan.insert(o);
-    // The clusters are the placement's, not the layout's: the scheduler names them for elastic DiLoCo.
+      if (o != "sync.mode=sync" && o.rfind("train.global_batch=", 0) != 0) plan.insert(o);
+    // The job's own steps, checkpoints and batch; the clusters are the placement's, not the layout's (the
+    // scheduler names them for elastic DiLoCo).
+    for (const char* own : {"train.steps=40", "train.checkpoint_every=10", "train.global_batch=16"}) plan.insert(own);
     if (sync == planner::LayoutSync::DiLoCo) plan.insert("sync.clusters=2");
     EXPECT_EQ(scheduler, plan) << planner::to_string(sync);
-    EXPECT_EQ(scheduler.count("parallel.tp=2"), 1u) << "the shape is always set";
+    for (const char* choice : {"parallel.tp=2", "train.micro_batches=4", "train.precision=bf16", "parallel.schedule=1f1b"})
+      EXPECT_EQ(scheduler.count(choice), 1u) << choice << " reaches the ranks";
   }
 }
 

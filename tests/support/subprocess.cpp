@@ -29,6 +29,9 @@ Process::Process(const std::vector<std::string>& argv, const std::map<std::strin
     dup2(fds[1], STDOUT_FILENO);
     dup2(fds[1], STDERR_FILENO);
     close(fds[0]);
+    // Only stdout and stderr hold the pipe: a daemon the command starts (and that closes its stdio) must not keep
+    // it open, or waiting for the output's end would wait for the daemon.
+    if (fds[1] > STDERR_FILENO) close(fds[1]);
     for (const auto& [k, v] : env) {
       if (v.empty()) unsetenv(k.c_str());
       else setenv(k.c_str(), v.c_str(), 1);

@@ -406,6 +406,53 @@ TEST(SyncClusterBatch, TheOuterStepWeighsEachClusterByItsShare) {
   }
 }
 
+// sync.cluster_ranks: clusters of different sizes (the scheduler's uneven shares). A cluster of 2 ranks with 2
+// sequences each is one replica of 4 sequences, so 3 ranks as clusters "2,1" land on the parameters of 2 ranks
+// whose clusters take 4 and 2 sequences: the leaders' whole-buffer exchange, its weights (2:1 by ranks) and the
+// broadcast inside the larger cluster all count.
+TEST(SyncClusterRanks, ClustersOfDifferentSizesMatchOneRankClustersWithTheirBatches) {
+  train::Config uneven = diloco("cr_uneven", 9);
+  uneven.train.global_batch = 6;
+  uneven.sync.clusters = 0;
+  uneven.sync.cluster_ranks = "2,1";
+  train::Config ref = diloco("cr_ref", 9);
+  ref.train.global_batch = 6;
+  ref.sync.cluster_batch = "4,2";
+  const Outcome got = train_with(uneven, 3), want = train_with(ref, 2);
+  EXPECT_EQ(got.local_batches, (std::vector<int64_t>{2, 2, 2}));
+  ASSERT_EQ(got.parameters.size(), want.parameters.size());
+  double worst = 0;
+  for (size_t i = 0; i < want.parameters.size(); ++i)
+    worst = std::max(worst, std::abs(double(got.parameters[i]) - want.parameters[i]));
+  EXPECT_LE(worst, 1e-5) << "largest parameter difference";
+  EXPECT_NEAR(got.val_loss, want.val_loss, 1e-4 * want.val_loss);
+  // Without the weights the smaller cluster's sequences would count double: another result.
+  train::Config unweighted = ref;
+  unweighted.sync.cluster_batch = "";
+  unweighted.run.dir += "_unweighted";
+  const Outcome other = train_with(unweighted, 2);
+  double apart = 0;
+  for (size_t i = 0; i < other.parameters.size(); ++i)
+    apart = std::max(apart, std::abs(double(other.parameters[i]) - want.parameters[i]));
+  EXPECT_GT(apart, 1e-4);
+}
+
+TEST(SyncClusterRanks, SizesMustAddUpAndRefuseZeroAndOtherModes) {
+  EXPECT_EQ(train::sized_clusters(4, {3, 1}), (std::vector<int>{0, 0, 0, 1}));
+  EXPECT_THROW(train::sized_clusters(4, {2, 1}), UsageError);
+  EXPECT_THROW(train::parse_cluster_ranks("2,0"), UsageError);
+  EXPECT_THROW(train::parse_cluster_ranks("2,"), UsageError);
+  train::SyncConfig s;
+  s.mode = train::SyncMode::DiLoCo;
+  s.cluster_ranks = "2,1";
+  EXPECT_NO_THROW(train::check_sync_config(s, 3, 1, 1, 0));
+  EXPECT_THROW(train::check_sync_config(s, 3, 1, 1, 1), UsageError) << "ZeRO shards what the leaders exchange whole";
+  EXPECT_THROW(train::check_sync_config(s, 4, 1, 1, 0), UsageError);
+  train::Config c = crosstrain::testing::tiny_config("cr_modes");
+  c.sync.cluster_ranks = "2,1";
+  EXPECT_THROW(train::check_cluster_ranks(c), UsageError) << "sync mode has no clusters of its own";
+}
+
 TEST(SyncClusterBatch, UnevenSharesResumeBetweenOuterStepsLikeTheUninterruptedRun) {
   auto config = [](const std::string& tag) {
     train::Config c = diloco(tag);

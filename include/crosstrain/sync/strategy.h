@@ -132,6 +132,8 @@ std::unique_ptr<SyncStrategy> make_sync_strategy(SyncSetup setup);
 ClusterLayout cluster_layout(const std::vector<int>& cluster_ids);
 // `clusters` consecutive blocks of `dp` ranks (dp divisible by clusters).
 std::vector<int> block_clusters(int dp, int clusters);
+// Consecutive blocks of the given sizes (sync.cluster_ranks); throws UsageError unless they add up to `dp`.
+std::vector<int> sized_clusters(int dp, const std::vector<int64_t>& sizes);
 // sync.cluster_batch: the sequences per step of each data-parallel rank (for data::DistributedSampler), cluster
 // c's count split evenly over its ranks; empty when `cluster_batch` is. Throws UsageError naming the key unless
 // there is one count per cluster, each divisible by its cluster's ranks x micro_batches.

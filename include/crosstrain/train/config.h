@@ -77,6 +77,9 @@ struct SyncConfig {
   // diloco: sequences per step of each cluster, e.g. "24,8" (a faster cluster takes more; the planner's
   // Layout::cluster_batch); adds up to train.global_batch. Empty: the global batch split evenly over the ranks.
   std::string cluster_batch;
+  // diloco: data-parallel ranks of each cluster in rank order, e.g. "2,1,1" (clusters of different sizes, as the
+  // scheduler places them); adds up to the data-parallel ranks. Empty: sync.clusters equal blocks (or the hints).
+  std::string cluster_ranks;
   int64_t period = 1;             // gossip, async, ssp: steps between exchanges
   int64_t staleness = 4;          // ssp: a rank runs at most this many steps ahead of the slowest
   int64_t slow_rank = -1;         // experiments: this rank sleeps slow_ms per step (a slower device)
@@ -167,8 +170,13 @@ void check_ranges(const Config& config);
 // sync.cluster_batch as counts (empty when the key is empty). Throws UsageError naming the key unless every
 // count is a positive integer.
 std::vector<int64_t> parse_cluster_batch(const std::string& text);
+// sync.cluster_ranks as counts, the same way (empty when the key is empty).
+std::vector<int64_t> parse_cluster_ranks(const std::string& text);
 // The checks of sync.cluster_batch that need no layout: sync.mode = diloco, the sum is train.global_batch, one
 // count per cluster where sync.clusters gives their number. check_ranges and the trainer run it.
 void check_cluster_batch(const Config& config);
+// The same for sync.cluster_ranks (diloco only; one count per cluster where sync.clusters or sync.cluster_batch
+// give their number); the sum is checked against the layout in check_sync_config.
+void check_cluster_ranks(const Config& config);
 
 }  // namespace crosstrain::train

@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <deque>
+#include <numeric>
 #include <set>
 
 #include "crosstrain/checkpoint/distributed.h"
@@ -23,6 +24,7 @@
 #include "crosstrain/obs/metrics_server.h"
 #include "crosstrain/obs/step_log.h"
 #include "crosstrain/train/loop.h"
+#include "crosstrain/sync/strategy.h"
 #include "crosstrain/train/sync_mode.h"
 #include "crosstrain/train/debug_fault.h"
 #include "../dlrm/job.h"  // the other family an elastic generation runs
@@ -66,26 +68,43 @@ int job_dp(const Config& c, int world) {
   return is_dlrm(c) ? world : models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world).dp();
 }
 
-// The unit that leaves and joins, in data-parallel ranks: one replica; with DiLoCo a whole cluster (its clusters
-// must stay balanced); with ZeRO the dp_shard ranks that shard one copy of the state (HSDP); DLRM, whose tables
-// are sharded over every rank, the whole job. check_elastic_config refuses the layouts where none of these is whole.
-int ranks_per_replica(const Config& c, int dp) {
-  if (is_dlrm(c)) return dp;
-  if (c.sync.mode == SyncMode::DiLoCo) return dp / static_cast<int>(std::max<int64_t>(1, c.sync.clusters));
-  return c.parallel.zero > 0 ? static_cast<int>(c.parallel.dp_shard) : 1;
+// The units that leave and join, in data-parallel ranks each, in rank order: one replica; with DiLoCo a whole
+// cluster (sync.clusters equal blocks, or sync.cluster_ranks of any sizes); with ZeRO the dp_shard ranks that
+// shard one copy of the state (HSDP); DLRM, whose tables are sharded over every rank, the whole job.
+// check_elastic_config refuses the layouts where none of these is whole.
+std::vector<int> replica_widths(const Config& c, int dp) {
+  if (is_dlrm(c)) return {dp};
+  if (c.sync.mode == SyncMode::DiLoCo && !c.sync.cluster_ranks.empty()) {
+    std::vector<int> widths;
+    for (int64_t n : parse_cluster_ranks(c.sync.cluster_ranks)) widths.push_back(static_cast<int>(n));
+    return widths;
+  }
+  int width = c.parallel.zero > 0 ? static_cast<int>(c.parallel.dp_shard) : 1;
+  if (c.sync.mode == SyncMode::DiLoCo) width = dp / static_cast<int>(std::max<int64_t>(1, c.sync.clusters));
+  return std::vector<int>(static_cast<size_t>(dp / std::max(1, width)), width);
 }
 
 int job_replicas(const Config& c, int world) {
-  const int dp = job_dp(c, world);
-  return dp / ranks_per_replica(c, dp);
+  return static_cast<int>(replica_widths(c, job_dp(c, world)).size());
 }
 
-// The config of a generation with `live` of the job's `slots` replicas: the per-replica batch stays.
-Config generation_config(const Config& c, int live, int slots, int width) {
+int sum_of(const std::vector<int>& v) { return std::accumulate(v.begin(), v.end(), 0); }
+
+// The config of a generation of the `live` replicas (their slots, ascending) of a job whose replicas are `widths`
+// data-parallel ranks wide: the per-rank batch stays.
+Config generation_config(const Config& c, const std::vector<int>& live, const std::vector<int>& widths) {
   Config g = c;
-  g.parallel.dp = live * width;
-  if (c.sync.mode == SyncMode::DiLoCo) g.sync.clusters = live;
-  g.train.global_batch = c.train.global_batch / slots * live;
+  std::vector<int> live_widths;
+  for (int slot : live) live_widths.push_back(widths.at(static_cast<size_t>(slot)));
+  g.parallel.dp = sum_of(live_widths);
+  if (c.sync.mode == SyncMode::DiLoCo) {
+    g.sync.clusters = static_cast<int64_t>(live.size());
+    if (!c.sync.cluster_ranks.empty()) {
+      g.sync.cluster_ranks.clear();
+      for (int w : live_widths) g.sync.cluster_ranks += (g.sync.cluster_ranks.empty() ? "" : ",") + std::to_string(w);
+    }
+  }
+  g.train.global_batch = c.train.global_batch / sum_of(widths) * g.parallel.dp;
   return g;
 }
 
@@ -120,7 +139,7 @@ class ElasticLoop {
  public:
   ElasticLoop(const Config& c, elastic::Membership& m, const TrainOptions& o, GemmPeak peak)
       : c_(c), m_(m), o_(o), peak_(std::move(peak)), slots_(job_replicas(c, m.world_size())),
-        width_(ranks_per_replica(c, job_dp(c, m.world_size()))),
+        widths_(replica_widths(c, job_dp(c, m.world_size()))),
         kill_(parse_debug_fault(c.debug.elastic_kill, "elastic_kill")),
         stop_(parse_debug_fault(c.debug.elastic_stop, "elastic_stop")),
         kill_at_vote_(parse_debug_fault(c.debug.elastic_kill_at_vote, "elastic_kill_at_vote")),
@@ -143,6 +162,14 @@ class ElasticLoop {
   void fail_over(const CommError& error);
   void finish();
   void note(const std::string& line) const;
+  // The replica (its slot in the full job) of data-parallel rank `dp` of this generation.
+  int replica_at(int dp) const {
+    for (int slot : gen_.replicas) {
+      dp -= widths_.at(static_cast<size_t>(slot));
+      if (dp < 0) return slot;
+    }
+    return -1;
+  }
   void fault_if_asked(int64_t step);
   void keep_state_before(int64_t step);
   void redo_missed_outputs(int64_t first);
@@ -154,7 +181,7 @@ class ElasticLoop {
   const TrainOptions& o_;
   const GemmPeak peak_;  // this process's own, measured before it registered
   const int slots_;
-  const int width_;  // data-parallel ranks per replica
+  const std::vector<int> widths_;  // data-parallel ranks of each replica of the full job
   const DebugFault kill_, stop_, kill_at_vote_, kill_at_outputs_, kill_in_heal_;
   const int64_t restarts_ = restart_count();  // read once, not on every step
   const bool first_incarnation_ = restarts_ == 0;
@@ -427,7 +454,7 @@ bool ElasticLoop::run_generation() {
   retire_generation();
   destroy_retired();
   current_.config =
-      std::make_unique<Config>(generation_config(c_, static_cast<int>(gen_.replicas.size()), slots_, width_));
+      std::make_unique<Config>(generation_config(c_, gen_.replicas, widths_));
   current_.world = m_.build_world(gen_);
   world_ = current_.world.get();
   const auto t_run = Clock::now();
@@ -436,8 +463,9 @@ bool ElasticLoop::run_generation() {
   RunStart start;
   start.refuse_old_run_dir = false;
   start.slot = m_.replica();
-  start.slots = slots_;
-  start.replica_width = width_;
+  start.first_slot = std::accumulate(widths_.begin(), widths_.begin() + m_.replica(), 0);
+  start.slots = sum_of(widths_);
+  start.replica_width = widths_.at(static_cast<size_t>(m_.replica()));
   start.peak = peak_;
   current_.run = make_job(*current_.config, *world_, start);
   run_ = current_.run.get();
@@ -501,7 +529,7 @@ void ElasticLoop::bootstrap_state() {
     if (behind.count(run_->dp_index()) && h.bytes > 0) {
       char line[200];
       std::snprintf(line, sizeof line, "healed from replica %lld: %lld bytes in %.4f s (heal_MBps=%.1f)",
-                    static_cast<long long>(donor / width_), static_cast<long long>(h.bytes), h.seconds,
+                    static_cast<long long>(replica_at(static_cast<int>(donor))), static_cast<long long>(h.bytes), h.seconds,
                     h.bytes / std::max(h.seconds, 1e-9) / 1e6);
       note(line);
     }
@@ -697,9 +725,10 @@ void check_elastic_config(const Config& c, int world) {
                      "\"gloo\" (MPI cannot shrink a communicator without the ULFM extension, which Debian's Open MPI "
                      "lacks); got \"" + c.comm.backend + "\"");
   const bool diloco = c.sync.mode == SyncMode::DiLoCo;
-  if (diloco && c.sync.clusters < 1)
+  if (diloco && c.sync.clusters < 1 && c.sync.cluster_ranks.empty())
     throw UsageError("elastic DiLoCo takes a whole cluster out and back in, and finds its clusters from "
-                     "sync.clusters (consecutive blocks of data-parallel ranks) for now: set sync.clusters");
+                     "sync.clusters (consecutive blocks of data-parallel ranks) or sync.cluster_ranks (blocks of the "
+                     "sizes given) for now: set one of them");
   if (diloco && c.sync.fragments > 1 && c.sync.overlap_steps > 0)
     throw UsageError("elastic streaming DiLoCo needs sync.overlap_steps = 0 for now: an exchange in flight across "
                      "steps would be lost with the generation that started it");
@@ -716,7 +745,8 @@ void check_elastic_config(const Config& c, int world) {
   if (c.elastic.heartbeat_ms < 10 || c.elastic.failure_timeout_ms < 2 * c.elastic.heartbeat_ms)
     throw UsageError("elastic.heartbeat_ms must be at least 10 and elastic.failure_timeout_ms at least twice it (got " +
                      std::to_string(c.elastic.heartbeat_ms) + " and " + std::to_string(c.elastic.failure_timeout_ms) + ")");
-  if (diloco && job_dp(c, world) % c.sync.clusters != 0)
+  if (diloco && !c.sync.cluster_ranks.empty()) sized_clusters(job_dp(c, world), parse_cluster_ranks(c.sync.cluster_ranks));
+  if (diloco && c.sync.cluster_ranks.empty() && job_dp(c, world) % c.sync.clusters != 0)
     throw UsageError("sync.clusters = " + std::to_string(c.sync.clusters) + " must divide the " +
                      std::to_string(job_dp(c, world)) + " data-parallel ranks");
   const int replicas = job_replicas(c, world);
@@ -735,9 +765,12 @@ elastic::MembershipOptions membership_options(const Config& c, int rank, int wor
     o.replica_size = world;
   } else {
     const parallel::ParallelDims dims = models::gpt_dims(c.model, c.parallel, c.train.micro_batches, world);
-    const int width = ranks_per_replica(c, dims.dp());
-    o.replica = dims.shape.coords(rank).dp / width;
-    o.replica_size = dims.pp() * dims.tp() * width;
+    const std::vector<int> widths = replica_widths(c, dims.dp());
+    const int dp = dims.shape.coords(rank).dp;
+    int first = 0;
+    o.replica = 0;
+    while (dp >= first + widths.at(static_cast<size_t>(o.replica))) first += widths[static_cast<size_t>(o.replica++)];
+    o.replica_size = dims.pp() * dims.tp() * widths[static_cast<size_t>(o.replica)];
   }
   o.timing.heartbeat_ms = static_cast<int>(c.elastic.heartbeat_ms);
   o.timing.failure_timeout_ms = static_cast<int>(c.elastic.failure_timeout_ms);

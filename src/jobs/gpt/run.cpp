@@ -211,8 +211,8 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   // Every rank of a data-parallel replica (all its stages and tensor-parallel ranks) reads the same batch.
   // Elastic: the slot in the full job and its global batch, so a replica keeps its share when others leave.
   replica_width_ = std::max(1, start.replica_width);
-  const int slot = start.slot >= 0 ? start.slot * replica_width_ + dp_index_ % replica_width_ : dp_index_;
-  const int slots = start.slots > 0 ? start.slots * replica_width_ : dims_.dp();
+  const int slot = start.slot >= 0 ? start.first_slot + position_in_replica() : dp_index_;
+  const int slots = start.slots > 0 ? start.slots : dims_.dp();
   sampler_ = std::make_unique<data::DistributedSampler>(c.run.seed, static_cast<int64_t>(splits_.train.size()),
                                                         c.model.block_size, c.train.global_batch / dims_.dp() * slots,
                                                         slot, slots, static_cast<int>(dims_.microbatches),
@@ -774,30 +774,58 @@ void Run::adopt(const LiveState& from) {
   optimizer_->sync_tensors_changed();
 }
 
+std::vector<std::vector<int>> Run::replica_groups() const {
+  if (sync_traits_.mode == SyncMode::DiLoCo) return sync_->layout().local;  // a replica is a cluster
+  std::vector<std::vector<int>> groups(static_cast<size_t>(dims_.dp() / replica_width_));
+  for (int r = 0; r < dims_.dp(); ++r) groups[static_cast<size_t>(r / replica_width_)].push_back(r);
+  return groups;
+}
+
+int Run::position_in_replica() const {
+  for (const auto& g : replica_groups()) {
+    const auto it = std::find(g.begin(), g.end(), dp_index_);
+    if (it != g.end()) return static_cast<int>(it - g.begin());
+  }
+  return dp_index_ % replica_width_;
+}
+
 HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
                          const std::function<void()>& midway) {
   HealStats stats;
   // A copy of the state is one data-parallel rank, or (HSDP) a group of them that shards it: each shard goes to
-  // the rank that holds the same shard in the receiving copies.
-  const int width = replica_width_, me = dp_index_;
+  // the rank that holds the same shard in the receiving copies. Replicas of different sizes (whole copies on
+  // every rank) pair each receiving rank with the donor's rank at its position modulo the donor's size.
+  const int me = dp_index_;
   comm::Communicator* dp = mesh_.group(Axis::DP);
-  donor = donor / width * width + me % width;  // the donor replica's rank in the same position
-  std::set<int> peers;
-  for (int r : receivers) peers.insert(r / width * width + me % width);
-  const bool receiving = peers.count(me) > 0;
+  const std::vector<std::vector<int>> groups = replica_groups();
+  auto replica_of = [&](int r) {
+    for (size_t g = 0; g < groups.size(); ++g)
+      if (std::find(groups[g].begin(), groups[g].end(), r) != groups[g].end()) return static_cast<int>(g);
+    throw Error("elastic: data-parallel rank " + std::to_string(r) + " is in no replica of this generation (a bug)");
+  };
+  const int donor_replica = replica_of(donor), mine = replica_of(me);
+  const std::vector<int>& from = groups[static_cast<size_t>(donor_replica)];
+  std::set<int> receiving_replicas;
+  for (int r : receivers) receiving_replicas.insert(replica_of(r));
   // A replica is behind or ahead as a whole (its ranks commit every step together, after the vote): a receiver in
   // the donor's own replica would mean its ranks disagree.
-  if (peers.count(donor))
+  if (receiving_replicas.count(donor_replica))
     throw Error("elastic: data-parallel rank " + std::to_string(donor) + " would heal itself: the ranks of replica " +
-                std::to_string(donor / width) + " hold different steps (a bug; please report it)");
-  if (!dp || (me != donor && !receiving)) return stats;
+                std::to_string(donor_replica) + " hold different steps (a bug; please report it)");
+  const bool receiving = receiving_replicas.count(mine) > 0, giving = mine == donor_replica;
+  std::set<int> peers;  // the giving rank's receivers
+  for (int g : receiving_replicas)
+    for (size_t i = 0; i < groups[static_cast<size_t>(g)].size(); ++i)
+      if (from[i % from.size()] == me) peers.insert(groups[static_cast<size_t>(g)][i]);
+  donor = from[static_cast<size_t>(position_in_replica()) % from.size()];  // this rank's own donor when receiving
+  if (!dp || (!giving && !receiving)) return stats;
   torch::NoGradGuard no_grad;
   // One flat buffer per dtype: a transfer per tensor would pay the per-message latency hundreds of times.
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   for (at::Tensor& t : state_tensors()) by_dtype[t.scalar_type()].push_back(t);
   at::Tensor scalars = at::tensor({next_step, optimizer_->step_count()}, at::kLong);
   auto transfer = [&](at::Tensor& t) {
-    if (me == donor) {
+    if (giving) {
       std::vector<comm::WorkPtr> sends;
       for (int peer : peers) sends.push_back(dp->send(t, peer, 0));
       comm::wait_all(sends);
@@ -812,20 +840,20 @@ HealStats Run::heal_from(int donor, const std::vector<int>& receivers, int64_t& 
     std::vector<at::Tensor> flat;
     for (const auto& t : tensors) {
       numel += t.numel();
-      if (me == donor) flat.push_back(t.reshape(-1));
+      if (giving) flat.push_back(t.reshape(-1));
     }
     // A receiver touches its pages now: page faults inside the transfer would halve the measured rate.
-    buffers.push_back(me == donor ? at::cat(flat) : at::zeros({numel}, at::TensorOptions().dtype(dtype)));
+    buffers.push_back(giving ? at::cat(flat) : at::zeros({numel}, at::TensorOptions().dtype(dtype)));
   }
   transfer(scalars);  // also lines the two sides up
-  if (me != donor && midway) midway();
+  if (!giving && midway) midway();
   const auto t0 = std::chrono::steady_clock::now();
   for (at::Tensor& buffer : buffers) {
     transfer(buffer);
     stats.bytes += buffer.numel() * static_cast<int64_t>(buffer.element_size());
   }
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  if (me == donor) return stats;
+  if (giving) return stats;
   size_t b = 0;
   for (auto& [dtype, tensors] : by_dtype) {
     int64_t offset = 0;

@@ -41,11 +41,12 @@ parallel::ParallelDims validate(const Config& c, int world);
 struct RunStart {
   bool resume = false;            // load the newest checkpoint of run.dir
   bool refuse_old_run_dir = true; // a run.dir with checkpoints needs resume (elastic: resumes by itself)
-  // Data order: this replica's slot among `slots` replicas (elastic: its slot in the full job, which keeps the
-  // sampler's order when replicas leave). -1: the mesh's own data-parallel index and size.
-  int slot = -1, slots = -1;
-  // Data-parallel ranks per replica (elastic: a copy of ZeRO's state under HSDP, or a DiLoCo cluster): rank i of a
-  // replica reads data slot `slot x replica_width + i` and heals from rank i of the donor replica.
+  // Data order (elastic: this replica's place in the full job, which keeps the sampler's order when replicas
+  // leave): rank i of replica `slot` reads data slot `first_slot + i` of `slots` (the full job's data-parallel
+  // ranks). -1: the mesh's own data-parallel index and size.
+  int slot = -1, first_slot = 0, slots = -1;
+  // Data-parallel ranks of this replica (elastic: a copy of ZeRO's state under HSDP, or a DiLoCo cluster, whose
+  // sizes may differ): rank i of a replica heals from rank i (modulo its size) of the donor replica.
   int replica_width = 1;
   GemmPeak peak;                  // measured once per process (elastic: before it joins); empty: measure now
 };
@@ -99,7 +100,9 @@ class Run : public Job {
   void adopt(const LiveState& from) override;
   // Replica `donor` sends its state and step to the `receivers` (data-parallel indices), point to point; the
   // other replicas take no part. A replica of several data-parallel ranks (RunStart::replica_width) heals rank by
-  // rank: rank i of the donor sends to rank i of each receiving replica (ZeRO: the same shard). Stats are the donor's (sent) or the receiver's (received). `midway` runs on a
+  // rank: rank i of the donor sends to rank i of each receiving replica (ZeRO: the same shard); replicas of
+  // different sizes (DiLoCo clusters, no ZeRO) pair rank i with the donor's rank i modulo its size. Stats are the
+  // donor's (sent) or the receiver's (received). `midway` runs on a
   // receiver between the step and the state (a test's fault: a joiner that dies while it heals).
   HealStats heal_from(int donor, const std::vector<int>& receivers, int64_t& next_step,
                       const std::function<void()>& midway = {}) override;
@@ -148,6 +151,9 @@ class Run : public Job {
   parallel::Mesh mesh_;
   int dp_index_, tp_index_;
   int replica_width_ = 1;  // RunStart::replica_width
+  // The data-parallel ranks of each replica of this generation: DiLoCo's clusters, else blocks of replica_width_.
+  std::vector<std::vector<int>> replica_groups() const;
+  int position_in_replica() const;  // this rank's index in its replica
   data::Splits splits_;
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::vector<int64_t> rank_batches_;  // sequences per step of each replica (sync.cluster_batch); empty: equal

@@ -112,8 +112,24 @@ LayoutCache::Entry Placer::best_layout(const Shares& shares, const std::vector<i
   return e;
 }
 
-// The fastest layout that fits: tp inside a host, pp, dp over the rest; ZeRO-1 and then recompute and ZeRO-3 only
-// when memory needs them.
+// Micro-batch counts worth trying for `per_replica` sequences through `pp` stages: the fewest (the largest
+// micro-batch, the best GEMMs) that a pipeline of pp stages can fill, then twice and four times as many (a smaller
+// pipeline bubble, less activation memory).
+namespace {
+std::vector<int> microbatch_counts(int64_t per_replica, int pp) {
+  std::vector<int> counts;
+  int first = 0;
+  for (int m = pp; m <= per_replica && first == 0; ++m)
+    if (per_replica % m == 0) first = m;
+  if (first == 0) return counts;
+  for (int m : {first, 2 * first, 4 * first})
+    if (m <= per_replica && per_replica % m == 0) counts.push_back(m);
+  return counts;
+}
+}  // namespace
+
+// The fastest layout that fits: tp inside a host, pp, dp over the rest; for each, the micro-batching and precision
+// the estimate finds fastest; ZeRO-1 and then recompute and ZeRO-3 only when memory needs them.
 LayoutCache::Entry Placer::search(const planner::ClusterFile& file, int ranks, const std::vector<int>& tps,
                                   const std::vector<int>& pps, planner::LayoutSync sync) {
   LayoutCache::Entry best;
@@ -129,25 +145,33 @@ LayoutCache::Entry Placer::search(const planner::ClusterFile& file, int ranks, c
       ++best.shapes;
       const struct { int zero; const char* recompute; } tries[] = {{1, "none"}, {1, "full"}, {3, "full"}};
       for (const auto& t : tries) {
-        planner::Layout l;
-        l.dp = dp, l.tp = tp, l.pp = pp;
-        l.zero = dp > 1 ? t.zero : 0;
-        l.recompute = t.recompute;
-        l.microbatches = static_cast<int>(job_.batch() / dp);
-        l.sync = sync;
-        l.inner_steps = sync == planner::LayoutSync::DiLoCo ? options_.diloco_inner_steps : 1;
-        try {
-          ++estimates_;
-          const planner::MemoryBreakdown mem = planner::estimate_memory(m, file, l);
-          if (!mem.fits) continue;
-          planner::EstimateOptions eo;
-          eo.memory = &mem;
-          const planner::Estimate est = planner::estimate(m, file, l, eo);
-          if (est.feasible && (!best.feasible || est.time.step_s < best.step_s)) best = {true, est.layout, est.time.step_s};
-          break;
-        } catch (const UsageError&) {
-          break;  // the layout cannot run this model at all (stages, heads): try the next shape
-        }
+        bool fits = false, runs = true;
+        for (int microbatches : microbatch_counts(job_.batch() / dp, pp))
+          for (const char* precision : {"bf16", "fp32"}) {
+            planner::Layout l;
+            l.dp = dp, l.tp = tp, l.pp = pp;
+            l.zero = dp > 1 ? t.zero : 0;
+            l.recompute = t.recompute;
+            l.microbatches = microbatches;
+            l.micro_batch = static_cast<int>(job_.batch() / dp / microbatches);
+            l.precision = precision;
+            l.sync = sync;
+            l.inner_steps = sync == planner::LayoutSync::DiLoCo ? options_.diloco_inner_steps : 1;
+            if (!runs) break;
+            try {
+              ++estimates_;
+              const planner::MemoryBreakdown mem = planner::estimate_memory(m, file, l);
+              if (!mem.fits) continue;
+              fits = true;
+              planner::EstimateOptions eo;
+              eo.memory = &mem;
+              const planner::Estimate est = planner::estimate(m, file, l, eo);
+              if (est.feasible && (!best.feasible || est.time.step_s < best.step_s)) best = {true, est.layout, est.time.step_s};
+            } catch (const UsageError&) {
+              runs = false;  // the layout cannot run this model at all (stages, heads): try the next shape
+            }
+          }
+        if (fits || !runs) break;
       }
     }
   }

@@ -45,6 +45,31 @@ TEST(Placement, OneClusterThatFitsRunsSyncThere) {
   EXPECT_NEAR(d.placement.cost, 32 * 2.0 * 1000 * d.placement.step_s / 3600, 1e-6 * d.placement.cost);
 }
 
+// The placement's layout is what the ranks run (train_share passes every choice): the precision the device runs
+// faster, and the largest micro-batch that fits (the fewest micro-batches; a pipeline takes at least its stages).
+TEST(Placement, PicksThePrecisionTheDeviceRunsFasterAndTheLargestMicroBatchThatFits) {
+  auto placed = [](const planner::DeviceType& device, const std::string& model, int ranks) {
+    Registry r;
+    r.add_cluster(testing::cluster("c", device.name, 1), device);
+    JobSpec j = job(model, ranks);
+    j.global_batch = 64;
+    const Decision d = place(j, fresh(j), r);
+    EXPECT_EQ(d.verdict, Verdict::Placed) << d.reason;
+    return planner::parse_layout(d.placement.layout);
+  };
+  const planner::Layout gpu = placed(testing::a100(), "gpt2", 8);
+  EXPECT_EQ(gpu.precision, "bf16") << "16x the fp32 rate";
+  EXPECT_EQ(gpu.global_batch(), 64);
+  planner::DeviceType cpu = testing::a100();
+  cpu.name = "cpu";
+  cpu.peak_flops = {{"fp32", 2e12}, {"bf16", 0.8e12}};  // no bf16 units: emulated, slower
+  const planner::Layout slow_bf16 = placed(cpu, "gpt2", 8);
+  EXPECT_EQ(slow_bf16.precision, "fp32");
+  EXPECT_EQ(slow_bf16.pp, 1);
+  EXPECT_EQ(slow_bf16.microbatches, 1) << "8 sequences per rank in one micro-batch: " << slow_bf16.describe();
+  EXPECT_EQ(slow_bf16.micro_batch, 8);
+}
+
 TEST(Placement, PrefersTheFasterClusterAndBestFitOnTies) {
   Registry r;
   r.add_cluster(testing::cluster("slow", "a100", 8), testing::a100());

@@ -181,7 +181,10 @@ int serve(const SchedulerCli& cli) {
   scheduler::SchedulerOptions sched_options;
   sched_options.quotas = parse_quotas(cli.quotas);
   sched_options.preemption = !cli.no_preemption;
-  scheduler::Scheduler sched(std::move(registry), store, *executor, sched_options);
+  // Slurm's answers take seconds (a dead controller the command timeout): asked without the scheduler's lock.
+  std::unique_ptr<scheduler::ObservedExecutor> observed;
+  if (cli.executor == "slurm") observed = std::make_unique<scheduler::ObservedExecutor>(*executor);
+  scheduler::Scheduler sched(std::move(registry), store, observed ? *observed : *executor, sched_options);
   // A real executor finds its running jobs again (Slurm's and the local executor's job folders); the simulation
   // has no memory across processes, so it takes back every job the store says is running, from the step it had
   // reached.
@@ -190,7 +193,8 @@ int serve(const SchedulerCli& cli) {
       if (const auto& job = sched.job(id); job.placement) executor->start(job, *job.placement);
   const int64_t tick_ms = cli.tick_ms > 0 ? cli.tick_ms : (cli.executor == "sim" ? 100 : 1000);
   // Each recipe job's run report comes from obs, which the scheduler layer cannot reach: report_cmd.h renders it.
-  const scheduler::ServiceOptions options = service_options(cli);
+  scheduler::ServiceOptions options = service_options(cli);
+  options.observed = observed.get();
   scheduler::SchedulerService service(sched, store, cli.host, cli.port, std::chrono::milliseconds(tick_ms), options);
   const std::string scheme = options.tls_cert.empty() ? "http" : "https";
   std::printf("crosstrain scheduler: %zu jobs recovered from %s; %s executor; serving %s://%s:%d/api (Ctrl-C stops)\n"

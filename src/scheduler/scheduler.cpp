@@ -557,6 +557,13 @@ JobRecord& Scheduler::mutable_job(int64_t id) {
   return it->second;
 }
 
+std::vector<int64_t> Scheduler::running() const {
+  std::vector<int64_t> ids;
+  for (int64_t id : active_)
+    if (jobs_.at(id).state == JobState::Running) ids.push_back(id);
+  return ids;
+}
+
 const JobRecord& Scheduler::job(int64_t id) const { return const_cast<Scheduler*>(this)->mutable_job(id); }
 
 std::vector<const JobRecord*> Scheduler::jobs() const {

@@ -210,6 +210,19 @@ void SchedulerService::tick_loop() {
   std::unique_lock<std::mutex> lock(stop_mutex_);
   while (!stopping_) {
     lock.unlock();
+    if (options_.observed) {
+      std::vector<int64_t> running;
+      {
+        std::lock_guard<std::mutex> guard(mutex_);
+        running = scheduler_.running();
+      }
+      try {
+        options_.observed->observe(running);  // the slow part (squeue, scontrol ping): the API answers meanwhile
+      } catch (const std::exception& e) {
+        std::lock_guard<std::mutex> guard(mutex_);
+        store_.add_event(0, 0, "observe-failed", e.what());
+      }
+    }
     {
       std::lock_guard<std::mutex> guard(mutex_);
       try {

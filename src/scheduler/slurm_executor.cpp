@@ -1,5 +1,6 @@
 #include "crosstrain/scheduler/slurm_executor.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -38,6 +39,26 @@ SlurmExecutor::SlurmExecutor(std::vector<SlurmCluster> clusters, std::string wor
     : clusters_(std::move(clusters)), work_dir_(std::move(work_dir)), command_(std::move(command)),
       timeout_(command_timeout) {
   fs::create_directories(work_dir_);
+  reaper_ = std::thread([this] { reap_loop(); });
+}
+
+SlurmExecutor::~SlurmExecutor() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closing_ = true;
+  }
+  wake_.notify_all();
+  reaper_.join();
+}
+
+bool SlurmExecutor::reachable(const std::string& cluster) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return unreachable_.count(cluster) == 0;
+}
+
+size_t SlurmExecutor::stopping() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stopping_.size();
 }
 
 const SlurmCluster& SlurmExecutor::cluster(const std::string& name) const {
@@ -98,7 +119,7 @@ void SlurmExecutor::stop_share(int64_t job_id, size_t share) {
   if (!fs::exists(stem + ".slurm")) return;
   std::istringstream in(read_file(stem + ".slurm"));
   std::string name, id;
-  if (in >> name >> id && !unreachable_.count(name))
+  if (in >> name >> id && reachable(name))
     run_command({"scancel", "--full", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
   std::error_code ec;
   fs::rename(stem + ".slurm", stem + ".slurm.gone", ec);
@@ -120,33 +141,58 @@ std::map<std::string, std::string> SlurmExecutor::slurm_ids(int64_t job_id) cons
 }
 
 void SlurmExecutor::stop(int64_t job_id) {
-  const auto ids = slurm_ids(job_id);
-  for (const auto& [name, id] : ids) {
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [name, id] : slurm_ids(job_id)) {
     // A lost cluster cannot be asked; its job ends with it.
-    if (!unreachable_.count(name)) run_command({"scancel", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
+    if (!reachable(name)) continue;
+    run_command({"scancel", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_.push_back({cluster(name).conf, id, now, false});
   }
-  // Wait until the reachable clusters no longer list the shares (SIGKILL after half the grace): a re-placed job
-  // must not meet the old gang's ranks still writing to its run folder.
-  const auto start = std::chrono::steady_clock::now();
-  bool killed = false;
-  for (const auto& [name, id] : ids) {
-    for (;;) {
-      const std::optional<std::string> state = slurm_state(cluster(name), id);
-      if (!state || state->empty()) break;  // gone, or a cluster that does not answer
-      const auto waited = std::chrono::steady_clock::now() - start;
-      if (waited > stop_grace_) break;
-      if (!killed && waited > stop_grace_ / 2) {
-        run_command({"scancel", "--signal=KILL", "--full", id}, {{"SLURM_CONF", cluster(name).conf}}, timeout_);
-        killed = true;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  wake_.notify_all();
+}
+
+bool SlurmExecutor::reap_once(Stopping& s) const {
+  const CommandResult r = run_command({"squeue", "-h", "-j", s.id, "-o", "%T"}, {{"SLURM_CONF", s.conf}}, timeout_);
+  if (!r.ok() || first_line(r.output).empty()) return true;  // gone (or its cluster no longer answers)
+  const auto waited = std::chrono::steady_clock::now() - s.since;
+  if (waited > stop_grace_) return true;
+  if (!s.killed && waited > stop_grace_ / 2) {
+    run_command({"scancel", "--signal=KILL", "--full", s.id}, {{"SLURM_CONF", s.conf}}, timeout_);
+    s.killed = true;
+  }
+  return false;
+}
+
+void SlurmExecutor::reap_loop() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!closing_) {
+    if (stopping_.empty()) {
+      wake_.wait(lock, [this] { return closing_ || !stopping_.empty(); });
+      continue;
     }
+    std::vector<Stopping> watch = stopping_;
+    lock.unlock();
+    std::vector<std::string> gone;
+    for (Stopping& s : watch)
+      if (reap_once(s)) gone.push_back(s.id + "@" + s.conf);
+    lock.lock();
+    // Entries added meanwhile stay; the watched ones take their new state.
+    for (Stopping& s : stopping_)
+      for (const Stopping& w : watch)
+        if (w.id == s.id && w.conf == s.conf) s.killed = w.killed;
+    stopping_.erase(std::remove_if(stopping_.begin(), stopping_.end(),
+                                   [&](const Stopping& s) {
+                                     return std::find(gone.begin(), gone.end(), s.id + "@" + s.conf) != gone.end();
+                                   }),
+                    stopping_.end());
+    wake_.wait_for(lock, std::chrono::milliseconds(200), [this] { return closing_; });
   }
 }
 
 std::optional<std::string> SlurmExecutor::slurm_state(const SlurmCluster& c, const std::string& id) {
   // A controller that did not answer its last ping is not asked again: squeue retries a dead one for 18 s.
-  if (unreachable_.count(c.name)) return std::nullopt;
+  if (!reachable(c.name)) return std::nullopt;
   const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%T"}, {{"SLURM_CONF", c.conf}}, timeout_);
   if (r.ok()) return first_line(r.output);
   // squeue also fails for a job id the controller has already purged; that one ended, unlike an unreachable cluster.
@@ -222,6 +268,7 @@ std::vector<std::string> SlurmExecutor::lost_clusters() {
     const CommandResult r = run_command({"scontrol", "ping"}, {{"SLURM_CONF", c.conf}}, timeout_);
     if (!r.ok() || r.output.find("UP") == std::string::npos) lost.push_back(c.name);
   }
+  std::lock_guard<std::mutex> lock(mutex_);
   unreachable_ = {lost.begin(), lost.end()};
   return lost;
 }

@@ -6,11 +6,14 @@
 #include <httplib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
+#include <thread>
 #include <nlohmann/json.hpp>
 #include <sodium.h>
 
@@ -502,4 +505,98 @@ TEST(SchedulerServiceInput, TenThousandRandomAndMalformedRequestsLeaveTheDaemonU
   }
 }
 
+}  // namespace crosstrain::scheduler
+
+namespace crosstrain::scheduler {
+namespace {
+
+// Slurm-like answers: each status() and lost_clusters() takes `delay` (a controller that answers slowly); what it
+// answers can be changed by the test.
+class SlowExecutor : public Executor {
+ public:
+  void start(const JobRecord&, const PlacementRecord&) override { ++starts; }
+  void stop(int64_t) override {}
+  ExecStatus status(int64_t) override {
+    std::this_thread::sleep_for(delay);
+    std::lock_guard<std::mutex> lock(m);
+    return answer;
+  }
+  std::vector<std::string> lost_clusters() override {
+    std::this_thread::sleep_for(delay);
+    return {};
+  }
+  std::chrono::milliseconds delay{0};
+  std::mutex m;
+  ExecStatus answer{ExecStatus::Running, 0, 0, "running", -1};
+  std::atomic<int> starts{0};
+};
+
+// The executor's slow questions are asked without the service's lock: while the ticker waits 3 s for an answer,
+// the API answers at once; the scheduler then acts on what was observed (the job ends done).
+TEST(ObservedExecutor, TheApiAnswersWhileTheExecutorIsAskedAndTheTickActsOnTheAnswer) {
+  const fs::path dir = fresh_dir();
+  SlowExecutor slow;
+  ObservedExecutor observed(slow);
+  StateStore store((dir / "state.db").string());
+  Scheduler sched(testing::two_clusters(10), store, observed);
+  sched.submit(spec("slowly-observed"));
+  sched.tick();
+  ASSERT_EQ(sched.job(1).state, JobState::Running);
+  slow.delay = std::chrono::milliseconds(3000);
+  ServiceOptions options;
+  options.observed = &observed;
+  SchedulerService service(sched, store, "127.0.0.1", 0, std::chrono::milliseconds(100), options);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // the ticker is inside its first observation
+  httplib::Client client("127.0.0.1", service.port());
+  client.set_read_timeout(10);
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = client.Get("/api/jobs/1");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(r->status, 200);
+    EXPECT_LT(s, 1.0) << "the API waited for the executor";
+  }
+  {
+    std::lock_guard<std::mutex> lock(slow.m);
+    slow.answer = {ExecStatus::Done, 1000, 1000, "done", -1};
+  }
+  slow.delay = std::chrono::milliseconds(0);
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(15);
+  std::string state;
+  while (state != "done" && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    const auto r = client.Get("/api/jobs/1");
+    if (r && r->status == 200) state = json::parse(r->body).value("state", "");
+  }
+  EXPECT_EQ(state, "done");
+  service.stop();
+  fs::remove_all(dir);
+}
+
+// An answer about a job that started or stopped while it was being asked says nothing about it now: dropped.
+TEST(ObservedExecutor, AnAnswerOlderThanTheJobsLastChangeIsDropped) {
+  SlowExecutor slow;
+  ObservedExecutor observed(slow);
+  EXPECT_EQ(observed.status(7).kind, ExecStatus::Unknown) << "not observed yet";
+  slow.answer = {ExecStatus::Failed, 30, 20, "share 1 exited with 1", 1};
+  slow.delay = std::chrono::milliseconds(500);
+  std::thread ticker([&] { observed.observe({7}); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  JobRecord job;
+  job.id = 7;
+  observed.start(job, PlacementRecord{});  // the job starts again while the failure is being reported
+  ticker.join();
+  EXPECT_EQ(observed.status(7).kind, ExecStatus::Unknown) << observed.status(7).detail;
+  slow.delay = std::chrono::milliseconds(0);
+  observed.observe({7});
+  EXPECT_EQ(observed.status(7).kind, ExecStatus::Failed);
+  EXPECT_EQ(observed.status(7).checkpoint_step, 20);
+  observed.stop(7);
+  EXPECT_EQ(observed.status(7).kind, ExecStatus::Unknown);
+  EXPECT_EQ(observed.status(7).checkpoint_step, 20) << "its newest checkpoint stays known";
+  EXPECT_EQ(slow.starts.load(), 1);
+}
+
+}  // namespace
 }  // namespace crosstrain::scheduler

@@ -145,6 +145,29 @@ TEST_F(TwoSlurmClusters, StopCancelsEveryShareAndANewExecutorFindsTheJob) {
   for (const auto& [name, id] : e.slurm_ids(3)) EXPECT_EQ(settled(name, id), "") << name;
 }
 
+// stop() cancels and returns: the daemon's lock is not held while shares end. A share that ignores SIGTERM is
+// watched by the executor's reaper, which sends SIGKILL after half the grace; then no cluster lists it.
+TEST_F(TwoSlurmClusters, StopReturnsAtOnceAndTheReaperKillsAShareThatIgnoresTerm) {
+  auto e = executor([](const JobRecord&, const PlacementRecord&, size_t) {
+    return "trap '' TERM; while true; do sleep 0.2; done";
+  });
+  e.set_stop_grace(milliseconds(4000));
+  e.start(job(5), gang(1, 1));
+  const auto running_until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (e.status(5).detail.find("east: RUNNING west: RUNNING") == std::string::npos &&
+         std::chrono::steady_clock::now() < running_until)
+    std::this_thread::sleep_for(milliseconds(200));
+  ASSERT_NE(e.status(5).detail.find("east: RUNNING west: RUNNING"), std::string::npos) << e.status(5).detail;
+  const auto t0 = std::chrono::steady_clock::now();
+  e.stop(5);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 3.0);
+  EXPECT_GT(e.stopping(), 0u) << "the shares ignore SIGTERM: still listed, watched";
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (e.stopping() > 0 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(milliseconds(200));
+  EXPECT_EQ(e.stopping(), 0u);
+  for (const auto& [name, id] : e.slurm_ids(5)) EXPECT_EQ(settled(name, id), "") << name << " still lists it";
+}
+
 TEST_F(TwoSlurmClusters, AStoppedControllerIsReportedLost) {
   auto e = executor([](const JobRecord&, const PlacementRecord&, size_t) { return "true"; });
   EXPECT_TRUE(e.lost_clusters().empty());

@@ -105,6 +105,8 @@ class Scheduler {
   // Whether the clusters now up could hold the job if they were empty (false: it waits for a lost one to return).
   bool could_run(int64_t id) { return fits_up_clusters(mutable_job(id)); }
   std::vector<const JobRecord*> jobs() const;
+  // The jobs running now (what an ObservedExecutor is asked to observe).
+  std::vector<int64_t> running() const;
   const Registry& registry() const { return registry_; }
   const Executor& executor() const { return executor_; }  // the service reads each job's run folder through it
   const SchedulerStats& stats() const { return stats_; }

@@ -40,6 +40,7 @@
 #include <thread>
 
 #include "crosstrain/scheduler/api_auth.h"
+#include "crosstrain/scheduler/observed_executor.h"
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/state_store.h"
 
@@ -63,6 +64,10 @@ struct ServiceOptions {
   ClusterKeys cluster_keys;
   // HTTPS (PEM files) when both are given.
   std::string tls_cert, tls_key;
+  // The scheduler's executor, when it is an ObservedExecutor: the ticker observes the running jobs through it
+  // before each tick, without the scheduler's lock (the API answers meanwhile). Null: the tick asks the executor
+  // itself, under the lock (fast executors: the simulation, local processes).
+  ObservedExecutor* observed = nullptr;
 };
 
 class SchedulerService {

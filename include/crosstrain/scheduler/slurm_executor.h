@@ -8,11 +8,14 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "crosstrain/scheduler/scheduler.h"
@@ -35,10 +38,18 @@ class SlurmExecutor : public Executor {
  public:
   SlurmExecutor(std::vector<SlurmCluster> clusters, std::string work_dir, ShareCommand command,
                 std::chrono::milliseconds command_timeout = std::chrono::milliseconds(10000));
+  ~SlurmExecutor() override;
+  SlurmExecutor(const SlurmExecutor&) = delete;
+  SlurmExecutor& operator=(const SlurmExecutor&) = delete;
   void start(const JobRecord& job, const PlacementRecord& placement) override;
-  // scancel every share, then wait (at most 20 s; SIGKILL after 10) until the clusters that answer no longer list
-  // them.
+  // scancel every share and return; a thread of the executor's watches them until the clusters that answer no
+  // longer list them, and sends SIGKILL to those still listed after half the grace (20 s). A job started again
+  // meanwhile cannot meet them: its shares are other Slurm jobs, and its placement's fence (run.fence) keeps the
+  // old ranks from committing a checkpoint.
   void stop(int64_t job_id) override;
+  void set_stop_grace(std::chrono::milliseconds grace) { stop_grace_ = grace; }
+  // Shares stop() cancelled that a cluster still lists (the reaper's watch list).
+  size_t stopping() const;
   ExecStatus status(int64_t job_id) override;
   std::vector<std::string> lost_clusters() override;
   std::string run_dir(int64_t job_id) const override;  // WORK_DIR/jobID/run (train_share.h)
@@ -63,8 +74,24 @@ class SlurmExecutor : public Executor {
   std::string work_dir_;
   ShareCommand command_;
   std::chrono::milliseconds timeout_;
-  std::chrono::milliseconds stop_grace_{20000};  // stop(): how long to wait for cancelled shares to end
-  std::set<std::string> unreachable_;            // clusters whose controller missed the last ping
+  std::chrono::milliseconds stop_grace_{20000};  // stop(): how long to watch cancelled shares before giving up
+  bool reachable(const std::string& cluster) const;
+
+  // Cancelled shares, watched by reap_loop() until they end.
+  struct Stopping {
+    std::string conf, id;
+    std::chrono::steady_clock::time_point since;
+    bool killed = false;
+  };
+  void reap_loop();
+  bool reap_once(Stopping& s) const;  // true once the share is gone (or given up on)
+
+  mutable std::mutex mutex_;           // guards unreachable_ and stopping_: status() runs beside start() and stop()
+  std::set<std::string> unreachable_;  // clusters whose controller missed the last ping
+  std::vector<Stopping> stopping_;
+  bool closing_ = false;
+  std::condition_variable wake_;
+  std::thread reaper_;
 };
 
 }  // namespace crosstrain::scheduler

@@ -1,0 +1,52 @@
+// An executor whose slow questions are asked without the scheduler's lock. The daemon's service holds one lock
+// over the scheduler while it ticks and while it answers the API; asking Slurm whether a cluster and each job are
+// alive (scontrol ping, squeue: up to the command timeout each, retried for a dead controller) inside that lock kept
+// every API request waiting. ObservedExecutor answers status() and lost_clusters() from its last observation, which
+// the service's ticker makes (observe()) before it takes the lock; start, stop and the share changes go straight
+// to the executor it wraps, and forget what was observed of that job (an observation made before a job started
+// again says nothing about the new start). The Kubernetes way: decisions on observed state, observed apart. The
+// wrapped executor must answer status() and lost_clusters() on one thread while it acts on another (the Slurm
+// executor does: its files are replaced whole, its set of unreachable clusters is guarded).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "crosstrain/scheduler/scheduler.h"
+
+namespace crosstrain::scheduler {
+
+class ObservedExecutor : public Executor {
+ public:
+  explicit ObservedExecutor(Executor& inner) : inner_(inner) {}
+
+  // Asks the wrapped executor about the clusters and the jobs `running` (the scheduler's, read under its lock by
+  // the caller); keeps the answers for status() and lost_clusters(). Call it without the scheduler's lock, from one
+  // thread at a time (the service's ticker).
+  void observe(const std::vector<int64_t>& running);
+
+  void start(const JobRecord& job, const PlacementRecord& placement) override;
+  void stop(int64_t job_id) override;
+  // The last observation of the job (kind Unknown before the first, or after the job was started or stopped since:
+  // its newest checkpoint and step stay known).
+  ExecStatus status(int64_t job_id) override;
+  std::vector<std::string> lost_clusters() override;
+  std::string run_dir(int64_t job_id) const override { return inner_.run_dir(job_id); }
+  bool changes_shares() const override { return inner_.changes_shares(); }
+  void stop_share(int64_t job_id, size_t share) override;
+  void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
+
+ private:
+  void forget(int64_t job_id);  // the job changed: what was seen of it no longer holds
+
+  Executor& inner_;
+  mutable std::mutex seen_mutex_;
+  std::map<int64_t, ExecStatus> seen_;
+  std::map<int64_t, uint64_t> changes_;  // per job: bumped by every start or stop, so a stale answer is dropped
+  std::vector<std::string> lost_;
+};
+
+}  // namespace crosstrain::scheduler

@@ -306,6 +306,8 @@ std::vector<Field> sync_elastic_fields(Config& c) {
                  "train on while at least this many replicas are live"),
       int_field("elastic", "max_restarts", c.elastic.max_restarts,
                  "the launcher restarts failed ranks this many times in all"),
+      bool_field("elastic", "join_at_outer_steps", c.elastic.join_at_outer_steps,
+                 "diloco: take a joining cluster in right after an outer step, not at the next step"),
       string_field("elastic", "overlap_votes", c.elastic.overlap_votes,
                  "auto, always or never: cast each step's vote while the next step computes (always: replicas of "
                  "several ranks keep a copy of the state to go back to; auto: only where no copy is needed)"),

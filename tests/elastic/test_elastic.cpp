@@ -377,6 +377,12 @@ TEST(ElasticCli, DiLoCoGoesOnWithoutAKilledClusterAndTakesItBackWithTheSameOuter
   const int join = generation_with(j.output, "join");
   ASSERT_GT(join, 2) << j.output;
   EXPECT_TRUE(contains(j.output, "rank 2: healed from replica 0:")) << j.output;
+  // It joined right after an outer step (every 4 steps: 4, 8, 12, ...), not at whichever step came next.
+  std::smatch from;
+  ASSERT_TRUE(std::regex_search(j.output, from, std::regex("generation " + std::to_string(join) +
+                                                           R"( \(join\): 3 of 3 replicas train from step (\d+))")))
+      << j.output;
+  EXPECT_EQ((std::stoi(from[1]) - 1) % 4, 0) << "joined at step " << from[1];
   const auto outer = outer_digests(j.output, join);
   ASSERT_EQ(outer.size(), 3u) << j.output;
   EXPECT_EQ(outer.at(2), outer.at(0));

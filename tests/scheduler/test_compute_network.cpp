@@ -245,7 +245,7 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossThreeSlurmClustersOnEmulatedLinksShrinksA
   const auto submitted = job({"submit", "--recipe", kRecipe, "--name", "tiny", "--ranks", "4", "--min-ranks", "2", "--global-batch", "12",
                               "--steps", "500", "--checkpoint-every", "50", "--set", "sync.inner_steps=5", "--set",
                               "train.eval_every=0", "--set", "train.sample_tokens=0", "--set", "run.log_every=10",
-                              "--set", "train.warmup_steps=5", "--set", "comm.timeout_s=20",
+                              "--set", "train.warmup_steps=5", "--set", "comm.timeout_s=60",
                               // Four ranks, three Slurm clusters and the daemon share 2 cores, and a checkpoint's
                               // staging fills the wide-area links (heartbeats queue behind it): 500 ms without a
                               // heartbeat happens, and would exclude a healthy cluster.

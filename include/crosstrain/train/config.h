@@ -103,6 +103,10 @@ struct ElasticConfig {
   // pipeline, HSDP, a DiLoCo cluster) keeps a copy of each rank's model and optimizer state from before the
   // update, to go back to if the step aborts. "never": every rank waits for the step's fate before its update.
   std::string overlap_votes = "auto";
+  // DiLoCo: a joining cluster is taken in right after an outer step (INTELLECT-1's way), when every cluster holds
+  // the just-averaged parameters, rather than at the next step with a copy of one cluster's inner phase. The
+  // members go on in their generation until then (at most sync.inner_steps steps).
+  bool join_at_outer_steps = true;
 };
 
 struct DebugConfig {

@@ -108,6 +108,9 @@ class Job {
   // This rank's live state, to continue at `next_step` (references into the job); invalid (no tensors) for a
   // family whose state no other replica holds (DLRM's table shards: a failure goes back to the checkpoint).
   virtual LiveState live_state(int64_t next_step) = 0;
+  // Whether the replicas agree after the step just trained (DiLoCo: it took an outer step; every step for the
+  // modes that agree each step): elastic joins may wait for it (elastic.join_at_outer_steps).
+  virtual bool at_sync_boundary() const { return true; }
   // This rank's data-parallel index in the generation: heals are addressed by it.
   virtual int dp_index() const { return 0; }
   // Loads the newest checkpoint of run.dir (no live replica holds the state); start_step() follows it.

@@ -579,6 +579,9 @@ bool ElasticLoop::train_steps() {
     // A join named at the last step is not switched to: the run is over (a generation past the last step would
     // only do that step's outputs again), and the joiners learn that the job finished.
     if (d.next_generation <= gen_.id || step >= c_.train.steps) return true;
+    // A join (a failure aborts instead) waits for the next outer step where asked: every member reads the same
+    // decisions and takes the same outer steps, so all switch after the same step.
+    if (c_.elastic.join_at_outer_steps && !run_->at_sync_boundary()) return true;
     switch_to_ = d.next_generation;
     return false;
   };

@@ -512,6 +512,7 @@ StepRecord Run::train_step(int64_t step, const std::function<void()>& before_com
   const auto t0 = Clock::now();
   const double blocked_before = recording_.recorder().blocked_seconds(), sync_before = sync_->stats().blocked_s;
   step_ = step;
+  exchanges_before_step_ = sync_->stats().exchanges;
   recording_.recorder().set_step(step);
   StepRecord rec;
   {
@@ -777,6 +778,12 @@ void Run::adopt(const LiveState& from) {
   for (size_t i = 0; i < mine.size(); ++i) mine[i].copy_(from.tensors[i]);
   optimizer_->set_step_count(from.optimizer_steps);
   optimizer_->sync_tensors_changed();
+}
+
+bool Run::at_sync_boundary() const {
+  // Streaming DiLoCo syncs a fragment at a time: no step has every parameter agreed, so any step will do.
+  if (sync_traits_.mode != SyncMode::DiLoCo || c_.sync.fragments > 1) return true;
+  return sync_->stats().exchanges > exchanges_before_step_;
 }
 
 std::vector<std::vector<int>> Run::replica_groups() const {

@@ -112,6 +112,7 @@ class Run : public Job {
   // shares); "" when it keeps none.
   std::string sync_state_digest() override;
   int dp_index() const override { return dp_index_; }
+  bool at_sync_boundary() const override;
   // The sync strategy starts again from the loaded state (ssp and async: the servers and the last pull).
   void load_latest_checkpoint() override {
     resume();
@@ -151,6 +152,7 @@ class Run : public Job {
   parallel::Mesh mesh_;
   int dp_index_, tp_index_;
   int replica_width_ = 1;  // RunStart::replica_width
+  int64_t exchanges_before_step_ = 0;  // the sync strategy's exchanges when the current step began
   // The data-parallel ranks of each replica of this generation: DiLoCo's clusters, else blocks of replica_width_.
   std::vector<std::vector<int>> replica_groups() const;
   int position_in_replica() const;  // this rank's index in its replica

@@ -126,6 +126,16 @@ std::vector<int> microbatch_counts(int64_t per_replica, int pp) {
     if (m <= per_replica && per_replica % m == 0) counts.push_back(m);
   return counts;
 }
+// bf16 where every device runs it at least as fast as fp32 (it also halves activations: nothing to weigh);
+// both where some device runs fp32 faster (CPUs without bf16 units), for the estimate to choose.
+std::vector<const char*> precisions_for(const planner::ClusterFile& file) {
+  for (const auto& c : file.clusters) {
+    const auto& peak = file.device_of(c).peak_flops;
+    const auto fp32 = peak.find("fp32"), bf16 = peak.find("bf16");
+    if (fp32 != peak.end() && (bf16 == peak.end() || bf16->second < fp32->second)) return {"bf16", "fp32"};
+  }
+  return {"bf16"};
+}
 }  // namespace
 
 // The fastest layout that fits: tp inside a host, pp, dp over the rest; for each, the micro-batching and precision
@@ -134,6 +144,7 @@ LayoutCache::Entry Placer::search(const planner::ClusterFile& file, int ranks, c
                                   const std::vector<int>& pps, planner::LayoutSync sync) {
   LayoutCache::Entry best;
   const planner::ModelShape& m = job_.model;
+  const std::vector<const char*> precisions = precisions_for(file);
   for (int tp : tps) {
     bool host_ok = m.heads % tp == 0 && ranks % tp == 0;
     for (const auto& c : file.clusters) host_ok = host_ok && c.devices_per_host % tp == 0;
@@ -147,7 +158,7 @@ LayoutCache::Entry Placer::search(const planner::ClusterFile& file, int ranks, c
       for (const auto& t : tries) {
         bool fits = false, runs = true;
         for (int microbatches : microbatch_counts(job_.batch() / dp, pp))
-          for (const char* precision : {"bf16", "fp32"}) {
+          for (const char* precision : precisions) {
             planner::Layout l;
             l.dp = dp, l.tp = tp, l.pp = pp;
             l.zero = dp > 1 ? t.zero : 0;

@@ -151,6 +151,27 @@ bool is_loopback(const std::string& host) {
 }
 
 // Tokens, cluster keys and TLS of the daemon's API (scheduler/api_auth.h).
+// The ledger's verified entries, totalled per computation and cluster, for the usage the API reports. Read on each
+// request: it is the clusters' own record, appended to by their shares as they train.
+scheduler::LedgerClaims read_ledger_claims(const std::string& ledger, const std::string& keys_json) {
+  scheduler::LedgerClaims out;
+  if (!std::filesystem::exists(ledger)) {
+    out.message = "no entries yet";
+    return out;
+  }
+  const scheduler::LedgerVerifyReport report = scheduler::verify_ledger(ledger, scheduler::read_public_keys(keys_json));
+  out.verified = report.ok;
+  out.message = report.message();
+  std::map<std::pair<std::string, std::string>, scheduler::LedgerClaim> totals;
+  for (const scheduler::LedgerEntry& e : report.parsed) {
+    scheduler::LedgerClaim& c = totals[{e.job, e.cluster}];
+    c.job = e.job, c.cluster = e.cluster;
+    c.steps += e.steps, c.tokens += e.tokens, c.flops += e.flops;
+  }
+  for (auto& [key, claim] : totals) out.claims.push_back(std::move(claim));
+  return out;
+}
+
 scheduler::ServiceOptions service_options(const SchedulerCli& cli) {
   scheduler::ServiceOptions o;
   o.report_html = report_page;
@@ -164,6 +185,11 @@ scheduler::ServiceOptions service_options(const SchedulerCli& cli) {
     for (const auto& [name, key] : scheduler::read_public_keys(keys)) o.cluster_keys[name] = key;
   o.tls_cert = cli.tls_cert;
   o.tls_key = cli.tls_key;
+  if (!cli.ledger.empty()) {
+    const std::string ledger = std::filesystem::absolute(cli.ledger).string();
+    const std::string keys_json = (std::filesystem::absolute(cli.ledger_keys) / "keys.json").string();
+    o.ledger_claims = [ledger, keys_json] { return read_ledger_claims(ledger, keys_json); };
+  }
   if (!is_loopback(cli.host) && o.tls_cert.empty())
     throw UsageError("scheduler: --host " + cli.host + " listens beyond this machine: give --tls-cert and --tls-key "
                      "so that tokens and jobs do not cross the network in the clear (or keep --host 127.0.0.1)");

@@ -34,8 +34,9 @@ constexpr const char* kBody = R"HTML(<body data-status="loading">
 <tbody></tbody></table>
 <h2>Jobs (queue and placements)</h2><table id="jobs"><thead><tr><th>id</th><th>name</th><th>state</th><th>ranks</th>
 <th>placement</th><th>sync</th><th>progress</th><th>attempts</th><th>note</th></tr></thead><tbody></tbody></table>
-<h2>Usage (device-hours by user and cluster)</h2><table id="usage"><thead><tr><th>user</th><th>cluster</th>
-<th>device-hours</th></tr></thead><tbody></tbody></table>
+<h2>Usage (device-hours by user and cluster; steps, tokens and FLOPs as the clusters signed them in the ledger)</h2>
+<table id="usage"><thead><tr><th>user</th><th>cluster</th><th>device-hours</th><th>steps</th><th>tokens</th>
+<th>PFLOP</th><th>ledger</th></tr></thead><tbody></tbody></table>
 <h2>Live metrics of job <span id="metrics-job">-</span></h2>
 <div id="metrics" class="empty" data-rows="0" data-chart="none">
 <div class="figures"><span>step <b id="m-step">-</b></span><span>loss <b id="m-loss">-</b></span>
@@ -71,7 +72,8 @@ async function refresh() {
   try {
     const [clusters, jobs, usage] = await Promise.all([api('/api/clusters').then(r => r.json()),
       api('/api/jobs').then(r => r.json()), api('/api/usage').then(r => r.json())]);
-    fill('usage', usage.map(u => row([cell(u.user), cell(u.cluster), cell(u.device_hours.toFixed(3))])));
+    fill('usage', usage.map(u => row([cell(u.user), cell(u.cluster), cell(u.device_hours.toFixed(3)), cell(u.steps),
+      cell(u.tokens), cell((u.flops / 1e15).toFixed(3)), cell(u.ledger || '-')])));
     fill('clusters', clusters.clusters.map(c => row([cell(c.name), cell(c.device), cell(c.devices), cell(c.devices - c.free),
       cell(c.up ? 'up' : 'lost', c.up ? 'up' : 'down'), cell(c.price_per_device_hour.toFixed(2)), cell(c.power_w + ' W')])));
     fill('links', clusters.links.map(l => row([cell(l.a + ' - ' + l.b), cell((l.bandwidth_Bps * 8 / 1e9).toFixed(1) + ' Gbit/s'),

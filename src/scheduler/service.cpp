@@ -1,4 +1,5 @@
 #include "crosstrain/scheduler/service.h"
+#include "crosstrain/scheduler/train_share.h"
 
 #include <httplib.h>
 #include <sys/socket.h>
@@ -7,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <nlohmann/json.hpp>
 
@@ -273,12 +275,36 @@ void SchedulerService::routes() {
   server_->Get(R"(/api/jobs/(\d+))", guarded([this](const httplib::Request& req, httplib::Response& res) {
     reply(res, 200, job_json(scheduler_.job(id_of(req))));
   }));
-  server_->Get("/api/usage", guarded([this](const httplib::Request&, httplib::Response& res) {
-    json out = json::array();
-    for (const auto& u : scheduler_.usage())
-      out.push_back({{"user", u.user}, {"cluster", u.cluster}, {"device_hours", u.device_s / 3600.0}});
-    reply(res, 200, out);
-  }));
+  // Device-hours from the scheduler's own accounting; with a ledger, the steps, tokens and FLOPs each cluster
+  // signed for each user's jobs (read and verified outside the lock: a long ledger takes a while).
+  server_->Get("/api/usage", [this](const httplib::Request& req, httplib::Response& res) {
+    answer(req, res, [&](const httplib::Request&, httplib::Response&) {
+      const LedgerClaims ledger = options_.ledger_claims ? options_.ledger_claims() : LedgerClaims{};
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::map<std::pair<std::string, std::string>, json> rows;  // (user, cluster)
+      auto row = [&](const std::string& user, const std::string& cluster) -> json& {
+        json& r = rows[{user, cluster}];
+        if (r.is_null())
+          r = {{"user", user}, {"cluster", cluster}, {"device_hours", 0.0}, {"steps", 0}, {"tokens", 0}, {"flops", 0.0}};
+        return r;
+      };
+      for (const auto& u : scheduler_.usage()) row(u.user, u.cluster)["device_hours"] = u.device_s / 3600.0;
+      for (const LedgerClaim& c : ledger.claims) {
+        const int64_t id = job_of_ledger_job(c.job);
+        const bool ours = id > 0 && scheduler_.has_job(id);
+        json& r = row(ours ? scheduler_.job(id).spec.user : "(not a job of this scheduler)", c.cluster);
+        r["steps"] = r["steps"].get<int64_t>() + c.steps;
+        r["tokens"] = r["tokens"].get<int64_t>() + c.tokens;
+        r["flops"] = r["flops"].get<double>() + c.flops;
+      }
+      json out = json::array();
+      for (auto& [key, r] : rows) {
+        if (options_.ledger_claims) r["ledger"] = ledger.verified ? "verified" : "refused: " + ledger.message;
+        out.push_back(std::move(r));
+      }
+      reply(res, 200, out);
+    });
+  });
   server_->Get(R"(/api/jobs/(\d+)/events)", guarded([this](const httplib::Request& req, httplib::Response& res) {
     scheduler_.job(id_of(req));  // 404 for an unknown job
     json out = json::array();

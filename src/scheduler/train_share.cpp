@@ -215,6 +215,15 @@ std::string work_log_name(const PlacementRecord& placement, size_t share) {
   return placement.shares[share].cluster + ".a" + std::to_string(placement.attempt);
 }
 
+int64_t job_of_ledger_job(const std::string& name) {
+  const size_t attempt = name.rfind(".a"), dash = name.rfind('-', attempt);
+  if (attempt == std::string::npos || dash == std::string::npos || dash + 1 >= attempt) return -1;
+  const std::string id = name.substr(dash + 1, attempt - dash - 1);
+  const std::string n = name.substr(attempt + 2);
+  const auto digits = [](const std::string& s) { return !s.empty() && s.size() < 18 && s.find_first_not_of("0123456789") == std::string::npos; };
+  return digits(id) && digits(n) ? std::stoll(id) : -1;
+}
+
 std::string ledger_job(const JobRecord& job, const PlacementRecord& placement) {
   return job.spec.name + "-" + std::to_string(job.id) + ".a" + std::to_string(placement.attempt);
 }

@@ -337,6 +337,24 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossThreeSlurmClustersOnEmulatedLinksShrinksA
   for (std::string line; std::getline(metrics, line);) steps.push_back(json::parse(line)["step"].get<int64_t>());
   ASSERT_EQ(steps.size(), 500u);
   for (size_t i = 0; i < steps.size(); ++i) ASSERT_EQ(steps[i], static_cast<int64_t>(i + 1)) << "a step repeated or lost";
+  // The accounting: what each cluster signed in the ledger, for the job's user, beside the device-hours.
+  {
+    httplib::Client c("127.0.0.1", api_port_);
+    c.set_read_timeout(30, 0);
+    const auto r = c.Get("/api/usage", httplib::Headers{{"Authorization", "Bearer " + token(crosstrain::scheduler::ApiRole::Read)}});
+    ASSERT_TRUE(r && r->status == 200);
+    const json rows = json::parse(r->body);
+    for (const std::string& name : kClusters) {
+      bool found = false;
+      for (const auto& row : rows)
+        if (row["cluster"] == name && row["user"] == j["user"]) {
+          found = true;
+          EXPECT_GT(row["tokens"].get<int64_t>(), 0) << row.dump();
+          EXPECT_EQ(row["ledger"], "verified") << row.dump();
+        }
+      EXPECT_TRUE(found) << name << " has no usage: " << rows.dump();
+    }
+  }
   check_the_ledger();
   // The timeline, for the record (docs/scheduler.md quotes it).
   std::printf("checkpoint before the loss: step %lld\nbytes across the wide-area links: %s%s",

@@ -574,6 +574,38 @@ TEST(ObservedExecutor, TheApiAnswersWhileTheExecutorIsAskedAndTheTickActsOnTheAn
   fs::remove_all(dir);
 }
 
+// The usage joins the ledger's claims (what each cluster signed, per computation) to the jobs' users: job 2's
+// claims count for its user on each cluster; a computation the scheduler never ran is shown apart; a ledger that
+// does not verify says so on every row.
+TEST(SchedulerServiceRun, UsageJoinsTheLedgersClaimsToTheJobsUsers) {
+  auto claims = std::make_shared<LedgerClaims>();
+  claims->message = "ok: 3 entries";
+  claims->claims = {{"trains-2.a1", "a", 10, 15360, 2e12}, {"trains-2.a2", "a", 5, 7680, 1e12},
+                    {"trains-2.a1", "b", 10, 15360, 2e12}, {"elsewhere-99.a1", "b", 1, 100, 1e9}};
+  ServiceOptions options;
+  options.ledger_claims = [claims] { return *claims; };
+  Rig rig(std::move(options));
+  const std::string user = rig.sched.job(2).spec.user;
+  auto find = [](const json& rows, const std::string& who, const std::string& cluster) {
+    for (const auto& r : rows)
+      if (r["user"] == who && r["cluster"] == cluster) return r;
+    return json();
+  };
+  json rows = rig.get_json("/api/usage", 200);
+  const json a = find(rows, user, "a"), b = find(rows, user, "b");
+  ASSERT_FALSE(a.is_null()) << rows.dump();
+  EXPECT_EQ(a["steps"], 15);
+  EXPECT_EQ(a["tokens"], 23040);
+  EXPECT_DOUBLE_EQ(a["flops"].get<double>(), 3e12);
+  EXPECT_EQ(b["tokens"], 15360) << rows.dump();
+  EXPECT_EQ(a["ledger"], "verified");
+  EXPECT_EQ(find(rows, "(not a job of this scheduler)", "b")["tokens"], 100) << rows.dump();
+  claims->verified = false;
+  claims->message = "line 3: the signature does not match";
+  rows = rig.get_json("/api/usage", 200);
+  EXPECT_EQ(find(rows, user, "a")["ledger"], "refused: line 3: the signature does not match") << rows.dump();
+}
+
 // An answer about a job that started or stopped while it was being asked says nothing about it now: dropped.
 TEST(ObservedExecutor, AnAnswerOlderThanTheJobsLastChangeIsDropped) {
   SlowExecutor slow;

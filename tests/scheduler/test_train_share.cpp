@@ -196,6 +196,17 @@ TEST(TrainShare, EveryShareMeetsAtTheAddressOfShareZerosCluster) {
       << "a cluster not named: --master-host";
 }
 
+TEST(TrainShare, ALedgerJobNameLeadsBackToItsJob) {
+  JobRecord j = recipe_job();
+  j.spec.name = "my-run";
+  PlacementRecord p = two_shares();
+  p.attempt = 3;
+  EXPECT_EQ(ledger_job(j, p), "my-run-7.a3");
+  EXPECT_EQ(job_of_ledger_job(ledger_job(j, p)), 7);
+  for (const char* foreign : {"tiny-7", "x.a1", "tiny-.a1", "tiny-7.a", "tiny-7x.a1", "tiny-99999999999999999999.a1"})
+    EXPECT_EQ(job_of_ledger_job(foreign), -1) << foreign;
+}
+
 TEST(TrainShare, ShellLineQuotesEveryArgument) {
   EXPECT_EQ(shell_line({"a b", "it's", "$HOME"}), "'a b' 'it'\\''s' '$HOME'");
 }

@@ -102,6 +102,7 @@ class Scheduler {
   void set_link(const std::string& a, const std::string& b, const comm::Link& link);
 
   const JobRecord& job(int64_t id) const;  // throws UsageError for an unknown id
+  bool has_job(int64_t id) const { return jobs_.count(id) > 0; }
   // Whether the clusters now up could hold the job if they were empty (false: it waits for a lost one to return).
   bool could_run(int64_t id) { return fits_up_clusters(mutable_job(id)); }
   std::vector<const JobRecord*> jobs() const;

@@ -52,6 +52,19 @@ struct Response;
 
 namespace crosstrain::scheduler {
 
+// What a ledger holds, per computation (its ledger job name, train_share.h's ledger_job) and cluster: the totals of
+// the verified entries. `message`: the verification's verdict ("ok: N entries", or the first bad line).
+struct LedgerClaim {
+  std::string job, cluster;
+  int64_t steps = 0, tokens = 0;
+  double flops = 0;
+};
+struct LedgerClaims {
+  bool verified = true;
+  std::string message;
+  std::vector<LedgerClaim> claims;
+};
+
 struct ServiceOptions {
   // The HTML report of a run folder. The apps pass obs's report (this layer cannot reach obs); empty: the report
   // endpoint answers 404 saying so.
@@ -64,6 +77,10 @@ struct ServiceOptions {
   ClusterKeys cluster_keys;
   // HTTPS (PEM files) when both are given.
   std::string tls_cert, tls_key;
+  // The ledger's verified claims (the apps read and verify it: this layer cannot reach the ledger), joined to the
+  // jobs' users in GET /api/usage: what each user's jobs trained on each cluster, as the clusters signed it. Empty:
+  // the usage holds device-hours only.
+  std::function<LedgerClaims()> ledger_claims;
   // The scheduler's executor, when it is an ObservedExecutor: the ticker observes the running jobs through it
   // before each tick, without the scheduler's lock (the API answers meanwhile). Null: the tick asks the executor
   // itself, under the lock (fast executors: the simulation, local processes).

@@ -85,6 +85,8 @@ std::string site_run_dir(const std::string& work_dir, const std::string& cluster
 // checkpoint, and both placements did that work. The share's work log is work/CLUSTER.aATTEMPT.jsonl
 // (CROSSTRAIN_WORK_LOG_NAME), and its claims are for job NAME-ID.aATTEMPT.
 std::string work_log_name(const PlacementRecord& placement, size_t share);
+// The scheduler's job id in a ledger job name ("tiny-7.a2" -> 7); -1 for a name the scheduler did not make.
+int64_t job_of_ledger_job(const std::string& ledger_job);
 std::string ledger_job(const JobRecord& job, const PlacementRecord& placement);
 
 // The batch script of share `share`: the CROSSTRAIN_* variables (slurm_executor.h), the command, then its exit

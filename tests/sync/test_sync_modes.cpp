@@ -427,9 +427,8 @@ TEST(SyncClusterRanks, ClustersOfDifferentSizesMatchOneRankClustersWithTheirBatc
   EXPECT_LE(worst, 1e-5) << "largest parameter difference";
   EXPECT_NEAR(got.val_loss, want.val_loss, 1e-4 * want.val_loss);
   // Without the weights the smaller cluster's sequences would count double: another result.
-  train::Config unweighted = ref;
-  unweighted.sync.cluster_batch = "";
-  unweighted.run.dir += "_unweighted";
+  train::Config unweighted = diloco("cr_unweighted", 9);
+  unweighted.train.global_batch = 6;
   const Outcome other = train_with(unweighted, 2);
   double apart = 0;
   for (size_t i = 0; i < other.parameters.size(); ++i)

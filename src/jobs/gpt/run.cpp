@@ -277,19 +277,21 @@ Run::Run(const Config& c, const parallel::ParallelDims& dims, comm::Communicator
   // Every rank measured its own; the mean makes MFU one number. A configured peak is the same everywhere: no
   // collective (an elastic generation's set-up pays each one across the wide-area link).
   if (c.train.peak_flops_per_rank <= 0) peak_flops_ = all_reduce(&world_, peak_flops_, comm::ReduceOp::Avg);
-  if (c.run.work_log) {
-    // A replica's tokens count once: on its first stage's tensor-parallel rank 0.
-    const bool counts = tp_index_ == 0 && mesh_.index(Axis::PP) == 0;
-    work_log_ = WorkLog::open(world_, c.run.dir, cluster_of_this_node(c.sync.topology),
-                              counts ? sampler_->local_batch() * c.model.block_size : 0);
-    // The cluster's claims (`crosstrain ledger claim`) read the model's FLOPs per token from the run's config: at
-    // a site of its own (run.site) rank 0's copy is elsewhere, so the writer of the work log leaves one beside it.
-    const std::filesystem::path config = std::filesystem::path(c.run.dir) / "config.toml";
-    if (work_log_->writes() && !c.run.site.empty() && !std::filesystem::exists(config))
-      std::ofstream(config) << to_toml(c);
-    wan_bytes_logged_ = sync_->stats().wan_bytes;
-  }
+  if (c.run.work_log) open_work_log(c);
   start_trace(start);
+}
+
+void Run::open_work_log(const Config& c) {
+  // A replica's tokens count once: on its first stage's tensor-parallel rank 0.
+  const bool counts = tp_index_ == 0 && mesh_.index(Axis::PP) == 0;
+  work_log_ = WorkLog::open(world_, c.run.dir, cluster_of_this_node(c.sync.topology),
+                            counts ? sampler_->local_batch() * c.model.block_size : 0);
+  // The cluster's claims (`crosstrain ledger claim`) read the model's FLOPs per token from the run's config: at a
+  // site of its own (run.site) rank 0's copy is elsewhere, so the writer of the work log leaves one beside it.
+  const std::filesystem::path config = std::filesystem::path(c.run.dir) / "config.toml";
+  if (work_log_->writes() && !c.run.site.empty() && !std::filesystem::exists(config))
+    std::ofstream(config) << to_toml(c);
+  wan_bytes_logged_ = sync_->stats().wan_bytes;
 }
 
 Run::~Run() {

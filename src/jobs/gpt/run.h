@@ -156,6 +156,7 @@ class Run : public Job {
   // The data-parallel ranks of each replica of this generation: DiLoCo's clusters, else blocks of replica_width_.
   std::vector<std::vector<int>> replica_groups() const;
   int position_in_replica() const;  // this rank's index in its replica
+  void open_work_log(const Config& c);  // run.work_log: this rank's cluster's log of the steps it trained
   data::Splits splits_;
   std::unique_ptr<data::DistributedSampler> sampler_;
   std::vector<int64_t> rank_batches_;  // sequences per step of each replica (sync.cluster_batch); empty: equal

@@ -35,14 +35,16 @@ std::string slurp(const fs::path& p) {
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// Two clusters of one CPU each, joined by a slow link: a 2-rank job spans both, and DiLoCo is the layout.
-Registry two_cpus(const fs::path& dir) {
+// Two clusters of `east` and one CPU, joined by a slow link: a job of east + 1 ranks spans both, and DiLoCo is the
+// layout.
+Registry two_cpus(const fs::path& dir, int east = 1) {
   const fs::path file = dir / "clusters.toml";
   std::ofstream out(file);
   out << "name = \"two-local-clusters\"\n[devices.cpu]\npeak_tflops = { fp32 = 0.05, bf16 = 0.05 }\nmemory_gb = 8\n"
          "memory_bandwidth_gbs = 20\npower_w = 15\ngemm_efficiency = 0.5\nprice_per_hour = 0.1\n";
   for (const char* name : {"east", "west"})
-    out << "[[clusters]]\nname = \"" << name << "\"\ndevice = \"cpu\"\nhosts = 1\ndevices_per_host = 1\n"
+    out << "[[clusters]]\nname = \"" << name << "\"\ndevice = \"cpu\"\nhosts = 1\ndevices_per_host = "
+        << (std::string(name) == "east" ? east : 1) << "\n"
         << "[clusters.links.host]\nlatency_us = 5\nbandwidth_gbps = 40\n"
         << "[clusters.links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n";
   out << "[links.wan]\nlatency_us = 20000\nbandwidth_gbps = 0.05\n";
@@ -78,8 +80,15 @@ bool tick_until(Scheduler& s, double seconds, F done) {
   return false;
 }
 
-TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) {
-  const fs::path root = crosstrain::testing::scratch_dir("live-elastic");
+struct LiveFigures {
+  double shrink_s = 0, grow_back_s = 0;
+  int64_t staged = 0, step_at_loss = 0, step_at_join = 0;
+};
+
+// The job across east (`east` CPUs) and west (one): west's power goes mid-run and comes back; the job trains on
+// and grows back, and ends done with every step once, `f` filled in (the test fails on the way otherwise).
+void lose_and_regain_west(const std::string& tag, int east, JobSpec job, const std::string& shares, LiveFigures& f) {
+  const fs::path root = crosstrain::testing::scratch_dir(tag);
   const fs::path work = root / "work";
   StateStore store((root / "state.db").string());
   TrainLaunch launch;
@@ -87,14 +96,19 @@ TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) 
   launch.rendezvous_timeout_s = 60;
   launch.sites = true;  // each cluster has storage of its own: no run folder is shared
   LocalExecutor exec(work.string(), train_share_command(launch, work.string()), std::chrono::milliseconds(5000));
-  Scheduler sched(two_cpus(root), store, exec, {}, [] {
+  Scheduler sched(two_cpus(root, east), store, exec, {}, [] {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   });
-  const int64_t steps = 400;
-  const int64_t id = sched.submit(tiny_job(steps));
+  const int64_t steps = job.steps;
+  const int64_t id = sched.submit(job);
   sched.tick();
-  ASSERT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
-  ASSERT_TRUE(sched.job(id).placement->live_elastic()) << sched.job(id).placement->layout;
+  EXPECT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  if (sched.job(id).state != JobState::Running) return;
+  std::string placed;
+  for (const ClusterShare& sh : sched.job(id).placement->shares)
+    placed += (placed.empty() ? "" : " + ") + sh.cluster + ":" + std::to_string(sh.ranks);
+  EXPECT_EQ(placed, shares);
+  EXPECT_TRUE(sched.job(id).placement->live_elastic()) << sched.job(id).placement->layout;
   const fs::path job_dir = job_dir_in(work.string(), id), run = job_run_dir(work.string(), id);
   const auto logged = [&] { return crosstrain::testing::last_logged_step(run.string()); };
   ASSERT_TRUE(tick_until(sched, 120, [&] { return logged() >= 40; })) << slurp(job_dir / "share0.out");
@@ -111,7 +125,7 @@ TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) 
   ASSERT_TRUE(sched.job(id).placement->shares[1].absent);
   ASSERT_TRUE(tick_until(sched, 60, [&] { return logged() > step_at_loss + 1; }))
       << "the job did not go on without west\n" << slurp(job_dir / "share0.out");
-  const double shrink_s = seconds_since(lost_at);
+  f.shrink_s = seconds_since(lost_at);
 
   // West returns (it registers again): its share starts into the running job and joins it.
   ASSERT_TRUE(tick_until(sched, 30, [&] { return logged() > step_at_loss + 30; }));
@@ -121,7 +135,7 @@ TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) 
       << "west never joined\n" << slurp(job_dir / "share0.out") << slurp(job_dir / "share1.out");
   const int64_t step_at_join = logged();
   ASSERT_TRUE(tick_until(sched, 60, [&] { return logged() > step_at_join; }));
-  const double grow_back_s = seconds_since(up_at);
+  f.grow_back_s = seconds_since(up_at);
   EXPECT_FALSE(sched.job(id).placement->shares[1].absent);
 
   ASSERT_TRUE(tick_until(sched, 240, [&] { return finished(sched.job(id).state); }))
@@ -141,7 +155,9 @@ TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) 
   for (const char* site : {"east", "west"}) {
     const fs::path dir = site_run_dir(work.string(), site, id);
     EXPECT_EQ(newest_checkpoint_step(dir.string()), steps) << site << " has no final checkpoint";
-    for (const auto& e : fs::directory_iterator(dir / "checkpoints" / "step_00000400"))
+    char name[32];
+    std::snprintf(name, sizeof name, "step_%08lld", static_cast<long long>(steps));
+    for (const auto& e : fs::directory_iterator(dir / "checkpoints" / name))
       if (e.path().extension() == ".safetensors") staged += static_cast<int64_t>(fs::file_size(e.path()));
   }
   EXPECT_EQ(run, site_run_dir(work.string(), "east", id)) << "the job's outputs are read at share 0's site";
@@ -150,10 +166,29 @@ TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) 
   for (const EventRow& e : store.events(id)) shrunk |= e.kind == "shrunk", grew |= e.kind == "grew";
   EXPECT_TRUE(shrunk && grew);
   // Each piece file of a checkpoint crossed to the other site once: half of what both sites hold.
-  std::printf("shrink_s=%.2f grow_back_s=%.2f staged_bytes_per_checkpoint=%lld (loss at step %lld, join at step %lld)\n",
-              shrink_s, grow_back_s, static_cast<long long>(staged / 2), static_cast<long long>(step_at_loss),
-              static_cast<long long>(step_at_join));
+  f.staged = staged / 2;
+  f.step_at_loss = step_at_loss;
+  f.step_at_join = step_at_join;
   fs::remove_all(root);
+}
+
+TEST(LiveElastic, AJobGoesOnWithoutALostClusterAndGrowsBackOntoItWhenItReturns) {
+  LiveFigures f;
+  lose_and_regain_west("live-elastic", 1, tiny_job(400), "east:1 + west:1", f);
+  std::printf("shrink_s=%.2f grow_back_s=%.2f staged_bytes_per_checkpoint=%lld (loss at step %lld, join at step %lld)\n",
+              f.shrink_s, f.grow_back_s, static_cast<long long>(f.staged), static_cast<long long>(f.step_at_loss),
+              static_cast<long long>(f.step_at_join));
+}
+
+// Uneven shares (east 2 ranks, west 1): the launchers get each node's size, DiLoCo's clusters are blocks of those
+// sizes, and the 1-rank cluster leaves and rejoins the running job the same way.
+TEST(LiveElastic, UnevenSharesGoOnWithoutALostClusterAndGrowBack) {
+  JobSpec job = tiny_job(240);
+  job.ranks = 3;
+  job.global_batch = 6;
+  LiveFigures f;
+  lose_and_regain_west("live-elastic-uneven", 2, job, "east:2 + west:1", f);
+  EXPECT_GT(f.step_at_join, f.step_at_loss);
 }
 
 }  // namespace

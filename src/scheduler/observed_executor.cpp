@@ -47,6 +47,11 @@ void ObservedExecutor::start_share(const JobRecord& job, const PlacementRecord& 
   inner_.start_share(job, placement, share);
 }
 
+void ObservedExecutor::forget_lost() {
+  std::lock_guard<std::mutex> lock(seen_mutex_);
+  lost_.clear();
+}
+
 ExecStatus ObservedExecutor::status(int64_t job_id) {
   std::lock_guard<std::mutex> lock(seen_mutex_);
   const auto it = seen_.find(job_id);

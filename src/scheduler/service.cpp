@@ -212,11 +212,13 @@ void SchedulerService::tick_loop() {
   std::unique_lock<std::mutex> lock(stop_mutex_);
   while (!stopping_) {
     lock.unlock();
+    int64_t epoch = 0;
     if (options_.observed) {
       std::vector<int64_t> running;
       {
         std::lock_guard<std::mutex> guard(mutex_);
         running = scheduler_.running();
+        epoch = scheduler_.up_epoch();
       }
       try {
         options_.observed->observe(running);  // the slow part (squeue, scontrol ping): the API answers meanwhile
@@ -227,6 +229,8 @@ void SchedulerService::tick_loop() {
     }
     {
       std::lock_guard<std::mutex> guard(mutex_);
+      // A cluster registered again while it was being asked about: what was seen of it is from before.
+      if (options_.observed && scheduler_.up_epoch() != epoch) options_.observed->forget_lost();
       try {
         scheduler_.tick();
       } catch (const std::exception& e) {

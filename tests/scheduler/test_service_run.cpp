@@ -516,16 +516,27 @@ class SlowExecutor : public Executor {
  public:
   void start(const JobRecord&, const PlacementRecord&) override { ++starts; }
   void stop(int64_t) override {}
+  // Each answer is what held when the question came; it arrives `delay` later.
   ExecStatus status(int64_t) override {
-    std::this_thread::sleep_for(delay);
-    std::lock_guard<std::mutex> lock(m);
-    return answer;
+    ExecStatus now;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      now = answer;
+    }
+    std::this_thread::sleep_for(delay.load());
+    return now;
   }
   std::vector<std::string> lost_clusters() override {
-    std::this_thread::sleep_for(delay);
-    return {};
+    std::vector<std::string> now;
+    {
+      std::lock_guard<std::mutex> lock(m);
+      now = lost;
+    }
+    std::this_thread::sleep_for(delay.load());
+    return now;
   }
-  std::chrono::milliseconds delay{0};
+  std::atomic<std::chrono::milliseconds> delay{std::chrono::milliseconds(0)};
+  std::vector<std::string> lost;
   std::mutex m;
   ExecStatus answer{ExecStatus::Running, 0, 0, "running", -1};
   std::atomic<int> starts{0};
@@ -606,12 +617,58 @@ TEST(SchedulerServiceRun, UsageJoinsTheLedgersClaimsToTheJobsUsers) {
   EXPECT_EQ(find(rows, user, "a")["ledger"], "refused: line 3: the signature does not match") << rows.dump();
 }
 
+// A cluster that registers again while the ticker is asking about the clusters: the answer, from before, said it
+// was lost; the tick does not mark it lost once more.
+TEST(ObservedExecutor, AClusterThatRegistersAgainMeanwhileStaysUp) {
+  const fs::path dir = fresh_dir();
+  SlowExecutor slow;
+  slow.lost = {"b"};
+  ObservedExecutor observed(slow);
+  StateStore store((dir / "state.db").string());
+  Scheduler sched(testing::two_clusters(10), store, observed);
+  ServiceOptions options;
+  options.observed = &observed;
+  SchedulerService service(sched, store, "127.0.0.1", 0, std::chrono::milliseconds(50), options);
+  httplib::Client client("127.0.0.1", service.port());
+  client.set_read_timeout(10);
+  auto b_up = [&] {
+    const auto r = client.Get("/api/clusters");
+    const json all = json::parse(r->body);
+    for (const auto& c : all["clusters"])
+      if (c["name"] == "b") return c["up"].get<bool>();
+    return true;
+  };
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (b_up() && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_FALSE(b_up()) << "b was never marked lost: " << client.Get("/api/clusters")->body;
+  // b's controller answers again, but the ticker's next question is slow: b registers while it is being asked.
+  slow.delay = std::chrono::milliseconds(1500);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  {
+    std::lock_guard<std::mutex> lock(slow.m);
+    slow.lost.clear();
+  }
+  std::string toml;
+  for (const ClusterRow& row : store.clusters())
+    if (row.name == "b") toml = row.spec_toml;
+  const auto registered = client.Post("/api/clusters", toml, "application/toml");
+  ASSERT_TRUE(registered) << httplib::to_string(registered.error());
+  ASSERT_EQ(registered->status, 200) << registered->body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(4000));  // the stale answer, then fresh ones
+  EXPECT_TRUE(b_up()) << "b was marked lost again from an answer older than its registration";
+  int lost_events = 0;
+  for (const EventRow& e : store.events(0)) lost_events += e.kind == "cluster-lost";
+  EXPECT_EQ(lost_events, 1);
+  service.stop();
+  fs::remove_all(dir);
+}
+
 // An answer about a job that started or stopped while it was being asked says nothing about it now: dropped.
 TEST(ObservedExecutor, AnAnswerOlderThanTheJobsLastChangeIsDropped) {
   SlowExecutor slow;
   ObservedExecutor observed(slow);
   EXPECT_EQ(observed.status(7).kind, ExecStatus::Unknown) << "not observed yet";
-  slow.answer = {ExecStatus::Failed, 30, 20, "share 1 exited with 1", 1};
+  slow.answer = {ExecStatus::Failed, 30, 20, "share 1 exited with 1", 1};  // before any question: no lock needed
   slow.delay = std::chrono::milliseconds(500);
   std::thread ticker([&] { observed.observe({7}); });
   std::this_thread::sleep_for(std::chrono::milliseconds(200));

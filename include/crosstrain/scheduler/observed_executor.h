@@ -27,6 +27,9 @@ class ObservedExecutor : public Executor {
   // the caller); keeps the answers for status() and lost_clusters(). Call it without the scheduler's lock, from one
   // thread at a time (the service's ticker).
   void observe(const std::vector<int64_t>& running);
+  // Forgets which clusters were seen lost (a cluster registered again while they were being asked: the next
+  // observation asks again rather than have the scheduler mark it lost once more).
+  void forget_lost();
 
   void start(const JobRecord& job, const PlacementRecord& placement) override;
   void stop(int64_t job_id) override;

@@ -108,6 +108,9 @@ class Scheduler {
   std::vector<const JobRecord*> jobs() const;
   // The jobs running now (what an ObservedExecutor is asked to observe).
   std::vector<int64_t> running() const;
+  // Changes whenever a cluster goes down, comes up or is added: an observation of the clusters made across a
+  // change says nothing of the cluster that came back.
+  int64_t up_epoch() const { return up_epoch_; }
   const Registry& registry() const { return registry_; }
   const Executor& executor() const { return executor_; }  // the service reads each job's run folder through it
   const SchedulerStats& stats() const { return stats_; }

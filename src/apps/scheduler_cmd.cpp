@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -188,7 +189,28 @@ scheduler::ServiceOptions service_options(const SchedulerCli& cli) {
   if (!cli.ledger.empty()) {
     const std::string ledger = std::filesystem::absolute(cli.ledger).string();
     const std::string keys_json = (std::filesystem::absolute(cli.ledger_keys) / "keys.json").string();
-    o.ledger_claims = [ledger, keys_json] { return read_ledger_claims(ledger, keys_json); };
+    // Verified again only when the file changed (size or time): the dashboard asks every 2 s, and verifying checks
+    // every entry's signature.
+    struct Cache {
+      std::mutex mutex;
+      std::uintmax_t size = 0;
+      std::filesystem::file_time_type time{};
+      bool filled = false;
+      scheduler::LedgerClaims claims;
+    };
+    auto cache = std::make_shared<Cache>();
+    o.ledger_claims = [ledger, keys_json, cache] {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(ledger, ec);
+      const auto time = ec ? std::filesystem::file_time_type{} : std::filesystem::last_write_time(ledger, ec);
+      std::lock_guard<std::mutex> lock(cache->mutex);
+      if (!ec && cache->filled && cache->size == size && cache->time == time) return cache->claims;
+      cache->claims = read_ledger_claims(ledger, keys_json);
+      cache->filled = !ec;
+      cache->size = ec ? 0 : size;
+      cache->time = time;
+      return cache->claims;
+    };
   }
   if (!is_loopback(cli.host) && o.tls_cert.empty())
     throw UsageError("scheduler: --host " + cli.host + " listens beyond this machine: give --tls-cert and --tls-key "

@@ -13,6 +13,8 @@ void ObservedExecutor::observe(const std::vector<int64_t>& running) {
   for (const auto& [id, change] : asked) answers[id] = inner_.status(id);
   std::lock_guard<std::mutex> lock(seen_mutex_);
   lost_ = std::move(lost);
+  // Jobs no longer running are not asked about again: what was seen of them goes (the map stays the running set).
+  for (auto it = seen_.begin(); it != seen_.end();) it = asked.count(it->first) ? std::next(it) : seen_.erase(it);
   for (auto& [id, status] : answers)
     if (changes_[id] == asked[id]) seen_[id] = std::move(status);  // else the job started or stopped meanwhile
 }

@@ -120,8 +120,9 @@ std::vector<int> block_clusters(int dp, int clusters) {
 std::vector<int> sized_clusters(int dp, const std::vector<int64_t>& sizes) {
   int64_t sum = 0;
   std::string text;
-  for (int64_t n : sizes) sum += n, text += (text.empty() ? "" : ",") + std::to_string(n);
-  if (sizes.empty() || sum != dp)
+  bool fits = true;  // each count at most dp: the sum cannot overflow, and the ids below stay bounded
+  for (int64_t n : sizes) fits &= n <= dp, sum += std::min<int64_t>(n, dp), text += (text.empty() ? "" : ",") + std::to_string(n);
+  if (sizes.empty() || !fits || sum != dp)
     throw UsageError("sync.cluster_ranks = \"" + text + "\" adds up to " + std::to_string(sum) + " ranks but the job has " +
                      std::to_string(dp) + " data-parallel ranks; give each cluster's ranks in rank order");
   std::vector<int> ids;

@@ -4,6 +4,7 @@
 #include <torch/torch.h>
 
 #include <fstream>
+#include <limits>
 #include <mutex>
 #include <nlohmann/json.hpp>
 
@@ -439,6 +440,7 @@ TEST(SyncClusterRanks, ClustersOfDifferentSizesMatchOneRankClustersWithTheirBatc
 TEST(SyncClusterRanks, SizesMustAddUpAndRefuseZeroAndOtherModes) {
   EXPECT_EQ(train::sized_clusters(4, {3, 1}), (std::vector<int>{0, 0, 0, 1}));
   EXPECT_THROW(train::sized_clusters(4, {2, 1}), UsageError);
+  EXPECT_THROW(train::sized_clusters(4, {std::numeric_limits<int64_t>::max(), 1}), UsageError) << "no overflow";
   EXPECT_THROW(train::parse_cluster_ranks("2,0"), UsageError);
   EXPECT_THROW(train::parse_cluster_ranks("2,"), UsageError);
   train::SyncConfig s;

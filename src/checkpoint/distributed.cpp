@@ -282,9 +282,10 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
 }
 
 std::string commit_checkpoint(const std::string& run_dir, int64_t step, const std::vector<PieceRecord>& records,
-                              const nlohmann::json& info, int keep_last, const StorageFaults& faults) {
+                              const nlohmann::json& info, int keep_last, const StorageFaults& faults,
+                              const std::string& source_dir) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
-  const fs::path tmp = temp_checkpoint_dir(run_dir, step);
+  const fs::path tmp = source_dir.empty() ? fs::path(temp_checkpoint_dir(run_dir, step)) : fs::path(source_dir);
   const fs::path final_dir = final_checkpoint_dir(run_dir, step);
   fs::create_directories(tmp);
   // Files of an earlier, interrupted attempt at this step (another layout) are not part of this checkpoint.
@@ -304,7 +305,12 @@ std::string commit_checkpoint(const std::string& run_dir, int64_t step, const st
     replacing = set_aside(final_dir);
   } catch (const std::exception&) {
     // Uncommitted, the directory is no checkpoint, only used space (which may be what ran out).
-    discard_checkpoint_attempt(run_dir, step, faults);
+    if (source_dir.empty()) {
+      discard_checkpoint_attempt(run_dir, step, faults);
+    } else {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
     throw;
   }
   publish(tmp, final_dir, replacing, faults);

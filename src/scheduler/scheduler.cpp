@@ -186,15 +186,9 @@ void Scheduler::start(JobRecord& job) {
   try {
     executor_.start(job, *job.placement);
   } catch (const std::exception& e) {
-    // The executor started nothing: give the devices back and wait for the next pass.
-    release(job);
-    job.state = JobState::Queued;
-    job.reason = std::string("start failed: ") + e.what();
     StateStore::Transaction t(store_);
-    store_.update_job(job);
-    store_.add_event(now(), job.id, "start-failed", e.what());
+    requeue_unstarted(job, e.what());
     t.commit();
-    queue_.push_back(job.id);
     return;
   }
   job.state = JobState::Running;
@@ -205,6 +199,33 @@ void Scheduler::start(JobRecord& job) {
   store_.update_job(job);
   store_.add_event(job.updated_s, job.id, "started", "");
   t.commit();
+}
+
+// The executor started nothing: give the devices back and wait for the next pass (no restart is used).
+void Scheduler::requeue_unstarted(JobRecord& job, const std::string& why) {
+  release(job);
+  job.state = JobState::Queued;
+  job.reason = "start failed: " + why;
+  job.updated_s = now();
+  store_.update_job(job);
+  store_.add_event(job.updated_s, job.id, "start-failed", why);
+  queue_.push_back(job.id);
+}
+
+// A share started again to grow the job did not start (reported later by an executor that starts in the
+// background): it stays absent, its devices go back, and it is tried again in a while, as when start_share throws.
+void Scheduler::share_unstarted(JobRecord& job, size_t share, const std::string& why) {
+  ClusterShare& s = job.placement->shares[share];
+  if (s.absent) return;
+  executor_.stop_share(job.id, share);
+  s.absent = true;
+  s.started_s = -1;
+  registry_.release({{s.cluster, s.ranks}});
+  ++freed_;
+  grow_after_[{job.id, share}] = now() + 10;
+  job.updated_s = now();
+  store_.update_job(job);
+  store_.add_event(job.updated_s, job.id, "grow-failed", s.cluster + ": " + why);
 }
 
 void Scheduler::account(const JobRecord& job, const ClusterShare& s) {
@@ -240,6 +261,11 @@ void Scheduler::poll() {
     if (s.kind == ExecStatus::Done) {
       job.step = job.spec.steps;
       finish(job, JobState::Done, "");
+    } else if (s.kind == ExecStatus::Failed && s.start_failed && s.failed_share > 0 && job.placement &&
+               static_cast<size_t>(s.failed_share) < job.placement->shares.size()) {
+      share_unstarted(job, static_cast<size_t>(s.failed_share), s.detail);
+    } else if (s.kind == ExecStatus::Failed && s.start_failed) {
+      requeue_unstarted(job, s.detail);
     } else if (s.kind == ExecStatus::Failed && s.failed_share > 0 &&
                goes_on_without(job, static_cast<size_t>(s.failed_share))) {
       // The rest of an elastic job trains on without it; it is started again while restarts are left.

@@ -1,12 +1,18 @@
 #include "crosstrain/train/checkpoint.h"
 
 #include <ATen/ATen.h>
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <set>
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/fence.h"
 #include "crosstrain/train/checkpoint_sites.h"
+#include "crosstrain/train/site_stager.h"
 
 namespace crosstrain::train {
 
@@ -16,6 +22,21 @@ namespace {
 // than a collective should, so these waits get at least ten minutes.
 comm::Millis storage_wait(double timeout_s) {
   return comm::Millis(static_cast<int64_t>(std::max(600.0, timeout_s) * 1000));
+}
+
+// The staging description, synced: the stager of the next placement may find it after a power cut.
+void write_json_synced(const std::filesystem::path& path, const nlohmann::json& j) {
+  {
+    std::ofstream out(path);
+    out << j.dump() << "\n";
+    if (!out.flush()) throw Error("cannot write " + path.string());
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || ::fsync(fd) != 0) {
+    if (fd >= 0) ::close(fd);
+    throw Error("cannot sync " + path.string());
+  }
+  ::close(fd);
 }
 
 }  // namespace
@@ -80,6 +101,7 @@ CheckpointWriter::CheckpointWriter(comm::Communicator& world, std::string run_di
 
 CheckpointWriter::~CheckpointWriter() {
   if (thread_.joinable()) thread_.join();
+  stager_.reset();  // stops its thread before the communicator it was carved from may go
 }
 
 void CheckpointWriter::save(int64_t step, std::vector<checkpoint::Piece> pieces, nlohmann::json info) {
@@ -109,36 +131,40 @@ std::string CheckpointWriter::commit() {
   pending_ = false;
   // Which ranks share storage: each site's first rank commits there.
   const SiteMap sites = map_sites(world_, site_);
-  // Without a shared file system, every rank's piece file also goes to every other site (checksummed).
-  // Collective: every rank takes part, also one whose own write failed (the flag below fails the save then).
-  const std::string staging =
-      sites.sites() > 1 ? stage_piece_files(world_, sites, checkpoint::temp_checkpoint_dir(run_dir_, step_)) : "";
-  if (!staging.empty() && !error_)
-    error_ = std::make_exception_ptr(Error("staging the checkpoint between sites: " + staging));
-  // A failed write on any rank fails the save everywhere (the flag rides on the records exchange).
-  int failed = error_ ? 1 : 0;
-  at::Tensor flag = at::full({1}, failed, at::kInt);
+  if (sites.sites() > 1) ensure_stager(sites);
+  // Without a shared file system every rank's file goes to the other sites, checked against its checksum.
+  const std::vector<StagedFile> files = sites.sites() > 1 ? gather_file_sums() : std::vector<StagedFile>{};
+  agree_written(sites);
+  auto records = gather_records(world_, records_);
+  return sites.sites() > 1 ? hand_to_stager(sites, records, files) : commit_here(records);
+}
+
+// A failed write on any rank fails the save everywhere; the partial directory goes, so a full disk is not left
+// fuller. Collective: every rank takes part, also one whose own write failed.
+void CheckpointWriter::agree_written(const SiteMap& sites) {
+  at::Tensor flag = at::full({1}, error_ ? 1 : 0, at::kInt);
   world_.all_reduce(flag, comm::ReduceOp::Max)->wait();
+  if (flag.item<int>() == 0) return;
   const std::string step = "checkpoint of step " + std::to_string(step_);
   const std::string kept = "; its partial files were removed and any earlier checkpoint is kept";
-  if (flag.item<int>() != 0) {
-    // Every rank's writer has finished (the exchange above waits for them): the partial directory goes, so
-    // a full disk is not left fuller.
-    if (sites.leads(world_.rank())) checkpoint::discard_checkpoint_attempt(run_dir_, step_, faults_);
-    // Nobody fails (and has the launcher stop the others) before the directory is gone.
-    world_.barrier()->wait(storage_wait(timeout_s_));
-    if (error_) {
-      try {
-        std::rethrow_exception(error_);
-      } catch (const std::exception& e) {
-        throw Error(step + " failed: " + e.what() + kept);
-      }
+  // Every rank's writer has finished (the exchange above waits for them): each site's first rank removes it there.
+  if (sites.leads(world_.rank())) checkpoint::discard_checkpoint_attempt(run_dir_, step_, faults_);
+  // Nobody fails (and has the launcher stop the others) before the directory is gone.
+  world_.barrier()->wait(storage_wait(timeout_s_));
+  if (error_) {
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      throw Error(step + " failed: " + e.what() + kept);
     }
-    throw Error(step + " failed on another rank" + kept);
   }
-  auto records = gather_records(world_, records_);
+  throw Error(step + " failed on another rank" + kept);
+}
+
+std::string CheckpointWriter::commit_here(const std::vector<checkpoint::PieceRecord>& records) {
+  const std::string step = "checkpoint of step " + std::to_string(step_);
   std::string dir, failure;
-  if (sites.leads(world_.rank())) {
+  if (world_.rank() == 0) {
     // Fenced off (a newer placement owns the run folder): nothing of this one may become the job's state.
     failure = fence_refusal(run_dir_, fence_);
     if (!failure.empty()) {
@@ -155,8 +181,99 @@ std::string CheckpointWriter::commit() {
   at::Tensor committed = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
   world_.all_reduce(committed, comm::ReduceOp::Max)->wait(storage_wait(timeout_s_));
   if (!failure.empty()) throw Error(step + " failed: " + failure + "; any earlier checkpoint is kept");
-  if (committed.item<int>() != 0) throw Error(step + " failed on rank 0" + kept);
-  return sites.leads(world_.rank()) ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);
+  if (committed.item<int>() != 0)
+    throw Error(step + " failed on rank 0; its partial files were removed and any earlier checkpoint is kept");
+  return world_.rank() == 0 ? dir : checkpoint::final_checkpoint_dir(run_dir_, step_);
 }
+
+// Every rank's piece file of the save, on every rank: its size (0: none) and checksum.
+std::vector<StagedFile> CheckpointWriter::gather_file_sums() {
+  const std::string own =
+      (std::filesystem::path(checkpoint::temp_checkpoint_dir(run_dir_, step_)) / checkpoint::piece_file_name(world_.rank()))
+          .string();
+  int64_t size = 0;
+  uint64_t sum = 0;
+  if (!error_ && std::filesystem::exists(own)) {
+    const std::string hex = file_checksum(own, &size);
+    if (hex.empty()) error_ = std::make_exception_ptr(Error("cannot read " + own + " to send it to the other sites"));
+    else sum = std::stoull(hex, nullptr, 16);
+  }
+  at::Tensor all = at::empty({2 * world_.size()}, at::kLong);
+  world_.all_gather(at::tensor({size, static_cast<int64_t>(sum)}, at::kLong), all)->wait();
+  std::vector<StagedFile> files;
+  for (int r = 0; r < world_.size(); ++r) {
+    const int64_t* v = all.data_ptr<int64_t>() + 2 * r;
+    files.push_back(StagedFile{v[0], Fnv1a::hex(static_cast<uint64_t>(v[1]))});
+  }
+  return files;
+}
+
+// Collective. Each site's leader describes the checkpoint (staging.json) beside its site's files and hands it to
+// its stager; training goes on while the files cross. Returns the directory the checkpoint will have.
+std::string CheckpointWriter::hand_to_stager(const SiteMap& sites, const std::vector<checkpoint::PieceRecord>& records,
+                                             const std::vector<StagedFile>& files) {
+  namespace fs = std::filesystem;
+  std::string failure;
+  if (sites.leads(world_.rank())) {
+    try {
+      const fs::path tmp = checkpoint::temp_checkpoint_dir(run_dir_, step_);
+      nlohmann::json listed = nlohmann::json::object();
+      std::set<std::string> ours;  // this site's ranks' files: the rest arrive
+      for (int r = 0; r < world_.size(); ++r) {
+        if (files[r].size <= 0) continue;
+        listed[checkpoint::piece_file_name(r)] = {files[r].size, files[r].checksum};
+        if (sites.site_of[r] == sites.site_of[world_.rank()]) ours.insert(checkpoint::piece_file_name(r));
+      }
+      fs::create_directories(tmp);
+      for (const auto& entry : fs::directory_iterator(tmp))  // an earlier attempt's files are not this save's
+        if (!ours.count(entry.path().filename().string())) fs::remove_all(entry.path());
+      nlohmann::json info = info_;
+      info["site_files"] = listed;
+      write_json_synced(tmp / kStagingFile, {{"step", step_}, {"records", checkpoint::records_to_json(records)},
+                                             {"info", info}, {"files", listed}});
+      stager_->adopt(step_);
+    } catch (const std::exception& e) {
+      failure = e.what();
+    }
+  }
+  at::Tensor flag = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
+  world_.all_reduce(flag, comm::ReduceOp::Max)->wait(storage_wait(timeout_s_));
+  const std::string step = "checkpoint of step " + std::to_string(step_);
+  if (!failure.empty()) throw Error(step + " could not be handed to the stager: " + failure);
+  if (flag.item<int>() != 0) throw Error(step + " could not be handed to another site's stager");
+  return checkpoint::final_checkpoint_dir(run_dir_, step_);
+}
+
+// Collective, the first time the ranks find themselves at several sites: the leaders' group and this site's
+// stager, which first resumes what an earlier placement left half staged.
+void CheckpointWriter::ensure_stager(const SiteMap& sites) {
+  if (stager_checked_) return;
+  stager_checked_ = true;
+  std::unique_ptr<comm::Communicator> leaders = world_.split(sites.leaders);
+  if (!leaders) return;
+  StagerOptions options;
+  options.run_dir = run_dir_;
+  options.keep_last = keep_last_;
+  options.fence = fence_;
+  options.faults = faults_;
+  if (stage_chunk_bytes_ > 0) options.chunk_bytes = stage_chunk_bytes_;
+  stager_ = std::make_unique<SiteStager>(std::move(leaders), std::move(options));
+  stager_->resume();
+}
+
+void CheckpointWriter::drain() {
+  if (!stager_checked_) return;  // every rank alike: set by the same collective commit
+  const std::string failure = stager_ ? stager_->drain() : "";
+  at::Tensor flag = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
+  // The leaders may still be moving the last checkpoint across slow links: the others wait up to an hour.
+  world_.all_reduce(flag, comm::ReduceOp::Max)->wait(comm::Millis(3600 * 1000));
+  if (flag.item<int>() == 0) return;
+  throw Error("the checkpoints did not reach every site (" +
+              (failure.empty() ? std::string("staging stopped at another site") : failure) +
+              "); each site keeps the newest checkpoint that reached it whole, and the job's next placement resumes "
+              "the files cut off");
+}
+
+StagingStats CheckpointWriter::staging_stats() const { return stager_ ? stager_->stats() : StagingStats{}; }
 
 }  // namespace crosstrain::train

@@ -138,6 +138,7 @@ void TrainLoop::finish_stopped(Job& job, bool leader) {
   // Keep the work: the state after the last step done, unless that step saved on schedule already.
   const int64_t last = result_.stopped_after, every = c_.train.checkpoint_every;
   if (last >= first_step_ && !(every > 0 && last % every == 0)) saved = job.save_now(last);
+  job.drain_checkpoints();
   if (leader && !options_.quiet) progress_.finish();
   say_saved(saved, leader);
   job.flush_trace();
@@ -146,6 +147,7 @@ void TrainLoop::finish_stopped(Job& job, bool leader) {
 
 void TrainLoop::finish(Job& job, bool leader) {
   job.commit_pending();
+  job.drain_checkpoints();
   job.finish();
   job.flush_trace();
   const bool talk = leader && !options_.quiet;

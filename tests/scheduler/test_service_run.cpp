@@ -514,8 +514,20 @@ namespace {
 // answers can be changed by the test.
 class SlowExecutor : public Executor {
  public:
-  void start(const JobRecord&, const PlacementRecord&) override { ++starts; }
-  void stop(int64_t) override {}
+  void start(const JobRecord& job, const PlacementRecord&) override {
+    std::this_thread::sleep_for(start_delay.load());
+    note("start " + std::to_string(job.id));
+    if (fail_starts.load() > 0) {
+      --fail_starts;
+      throw Error("sbatch: error: Batch job submission failed: Unable to contact slurm controller");
+    }
+    ++starts;
+  }
+  void stop(int64_t id) override { note("stop " + std::to_string(id)); }
+  void note(const std::string& what) {
+    std::lock_guard<std::mutex> lock(m);
+    actions.push_back(what);
+  }
   // Each answer is what held when the question came; it arrives `delay` later.
   ExecStatus status(int64_t) override {
     ExecStatus now;
@@ -540,6 +552,9 @@ class SlowExecutor : public Executor {
   std::mutex m;
   ExecStatus answer{ExecStatus::Running, 0, 0, "running", -1};
   std::atomic<int> starts{0};
+  std::atomic<std::chrono::milliseconds> start_delay{std::chrono::milliseconds(0)};  // an sbatch that takes its time
+  std::atomic<int> fail_starts{0};  // the next starts that fail
+  std::vector<std::string> actions;
 };
 
 // The executor's slow questions are asked without the service's lock: while the ticker waits 3 s for an answer,
@@ -676,15 +691,86 @@ TEST(ObservedExecutor, AnAnswerOlderThanTheJobsLastChangeIsDropped) {
   job.id = 7;
   observed.start(job, PlacementRecord{});  // the job starts again while the failure is being reported
   ticker.join();
+  ASSERT_TRUE(observed.settle(std::chrono::milliseconds(5000)));
   EXPECT_EQ(observed.status(7).kind, ExecStatus::Unknown) << observed.status(7).detail;
   slow.delay = std::chrono::milliseconds(0);
   observed.observe({7});
   EXPECT_EQ(observed.status(7).kind, ExecStatus::Failed);
   EXPECT_EQ(observed.status(7).checkpoint_step, 20);
   observed.stop(7);
+  ASSERT_TRUE(observed.settle(std::chrono::milliseconds(5000)));
   EXPECT_EQ(observed.status(7).kind, ExecStatus::Unknown);
   EXPECT_EQ(observed.status(7).checkpoint_step, 20) << "its newest checkpoint stays known";
   EXPECT_EQ(slow.starts.load(), 1);
+}
+
+// Starting a job (sbatch per share) happens on the observed executor's thread, not under the service's lock: while
+// a start takes 3 s the API answers at once and the job reads as being started; the starts and stops are made in the
+// order the scheduler decided them.
+TEST(ObservedExecutor, StartsAndStopsAreMadeOffTheLockInTheOrderDecided) {
+  const fs::path dir = fresh_dir();
+  SlowExecutor slow;
+  slow.start_delay = std::chrono::milliseconds(3000);
+  ObservedExecutor observed(slow);
+  StateStore store((dir / "state.db").string());
+  Scheduler sched(testing::two_clusters(10), store, observed);
+  sched.submit(spec("started-aside"));
+  ServiceOptions options;
+  options.observed = &observed;
+  SchedulerService service(sched, store, "127.0.0.1", 0, std::chrono::milliseconds(50), options);
+  httplib::Client client("127.0.0.1", service.port());
+  client.set_read_timeout(10);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // placed; its start is under way
+  EXPECT_EQ(observed.status(1).kind, ExecStatus::Unknown);
+  EXPECT_EQ(observed.status(1).detail, "being started or stopped");
+  for (int i = 0; i < 3; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto r = client.Get("/api/jobs/1");
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_TRUE(r) << httplib::to_string(r.error());
+    EXPECT_EQ(json::parse(r->body).value("state", ""), "running");
+    EXPECT_LT(s, 1.0) << "the API waited for the start";
+  }
+  service.stop();
+  slow.start_delay = std::chrono::milliseconds(0);
+  JobRecord job;
+  job.id = 2;
+  observed.start(job, PlacementRecord{});
+  observed.stop(2);
+  observed.start(job, PlacementRecord{});
+  ASSERT_TRUE(observed.settle(std::chrono::milliseconds(10000)));
+  std::lock_guard<std::mutex> lock(slow.m);
+  EXPECT_EQ(slow.actions, (std::vector<std::string>{"start 1", "start 2", "stop 2", "start 2"}));
+  fs::remove_all(dir);
+}
+
+// A start that fails on the executor's thread (a controller that does not answer sbatch) is reported by the next
+// status and puts the job back in the queue, as a start that throws does, without using one of its restarts; the
+// next pass starts it.
+TEST(ObservedExecutor, AStartThatFailsQueuesTheJobAgainWithoutUsingARestart) {
+  const fs::path dir = fresh_dir();
+  SlowExecutor slow;
+  slow.fail_starts = 1;
+  ObservedExecutor observed(slow);
+  StateStore store((dir / "state.db").string());
+  Scheduler sched(testing::two_clusters(10), store, observed);
+  sched.submit(spec("unlucky"));
+  sched.tick();
+  ASSERT_EQ(sched.job(1).state, JobState::Running) << "started in the background";
+  ASSERT_TRUE(observed.settle(std::chrono::milliseconds(5000)));
+  sched.tick();  // reads the failure, queues it again; the same pass places it once more
+  ASSERT_TRUE(observed.settle(std::chrono::milliseconds(5000)));
+  int failed = 0;
+  for (const EventRow& e : store.events(1))
+    if (e.kind == "start-failed") {
+      ++failed;
+      EXPECT_NE(e.detail.find("Unable to contact slurm controller"), std::string::npos) << e.detail;
+    }
+  EXPECT_EQ(failed, 1);
+  EXPECT_EQ(sched.job(1).restarts, 0);
+  EXPECT_EQ(sched.job(1).state, JobState::Running);
+  EXPECT_EQ(slow.starts.load(), 1);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -73,8 +73,10 @@ std::vector<PieceRecord> write_pieces(const std::string& tmp_dir, int rank, cons
 // `keep_last` checkpoints (0 keeps all). Returns the final directory. A failure before the rename (a full
 // disk) removes the temporary directory and throws Error naming the file and the errno; a failed rename keeps
 // any earlier checkpoint of this step and leaves the new one, complete, in the temporary directory.
+// `source_dir`: where the files are, when not the step's temporary directory (a site's staged copy).
 std::string commit_checkpoint(const std::string& run_dir, int64_t step, const std::vector<PieceRecord>& records,
-                              const nlohmann::json& info, int keep_last, const StorageFaults& faults = {});
+                              const nlohmann::json& info, int keep_last, const StorageFaults& faults = {},
+                              const std::string& source_dir = "");
 
 // The newest complete checkpoint of a run (a step_N directory with a manifest), if any.
 std::optional<std::string> latest_checkpoint(const std::string& run_dir);

@@ -34,6 +34,9 @@ struct ExecStatus {
   int64_t checkpoint_step = 0;  // newest complete checkpoint
   std::string detail;
   int failed_share = -1;        // Failed: the share that failed (its position in the placement), -1: not known
+  // Failed: the executor could not start the job (or share `failed_share` of it, to grow); nothing of it runs.
+  // An executor that starts in the background (ObservedExecutor) reports so here instead of throwing from start().
+  bool start_failed = false;
 };
 
 // What runs the ranks: Slurm, local processes, or a simulation. start() must start every share or throw (and
@@ -130,6 +133,8 @@ class Scheduler {
   // Adds the share's device-seconds since it started to its user's usage on its cluster (a running share only).
   void account(const JobRecord& job, const ClusterShare& s);
   void poll();
+  void requeue_unstarted(JobRecord& job, const std::string& why);
+  void share_unstarted(JobRecord& job, size_t share, const std::string& why);
   void restart(JobRecord& job, const ExecStatus& failure);
   // Live shrink and grow: whether the job goes on without share `share` (an executor that can, a live_elastic
   // placement, not share 0, which hosts the job's rendezvous and membership, and another share still running).

@@ -13,6 +13,7 @@
 
 #include <exception>
 #include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -21,6 +22,8 @@
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/comm/communicator.h"
 #include "crosstrain/data/sampler.h"
+#include "crosstrain/train/checkpoint_sites.h"
+#include "crosstrain/train/site_stager.h"
 
 namespace crosstrain::train {
 
@@ -52,10 +55,18 @@ class CheckpointWriter {
   // Collective. Commits a pending save first.
   void save(int64_t step, std::vector<checkpoint::Piece> pieces, nlohmann::json info);
   bool pending() const { return pending_; }
-  // Collective: waits for this rank's files, gathers every rank's piece records, stages the piece files to every
-  // other site (several sites only), and the first rank of each site writes the manifest there and renames; then
-  // all agree it held. Returns this rank's committed directory. No-op without a pending save.
+  // Collective: waits for this rank's files and gathers every rank's piece records; then rank 0 writes the
+  // manifest and renames, and all agree it held. At several sites (run.site) each site's leader hands the save to
+  // its stager instead (site_stager.h), which gathers the other sites' files in the background and commits the
+  // site's copy once it is whole. Returns this rank's (future) checkpoint directory. No-op without a pending save.
   std::string commit();
+  // Collective, at the end of a run: waits until the checkpoints handed to the stagers have reached every site.
+  // Throws Error when staging stopped (a site's copy then stays as far as it got, for the next placement).
+  void drain();
+  // This rank's stager's counts (zero where it leads no site, or with one shared file system).
+  StagingStats staging_stats() const;
+  // Tests: the stagers' message size (0: theirs).
+  void set_stage_chunk_bytes(int64_t bytes) { stage_chunk_bytes_ = bytes; }
 
  private:
   comm::Communicator& world_;
@@ -71,6 +82,16 @@ class CheckpointWriter {
   std::thread thread_;
   std::vector<checkpoint::PieceRecord> records_;
   std::exception_ptr error_;
+  bool stager_checked_ = false;  // the sites were looked at (a multi-site commit happened)
+  int64_t stage_chunk_bytes_ = 0;
+  std::unique_ptr<SiteStager> stager_;
+
+  void agree_written(const SiteMap& sites);
+  std::string commit_here(const std::vector<checkpoint::PieceRecord>& records);
+  std::vector<StagedFile> gather_file_sums();
+  std::string hand_to_stager(const SiteMap& sites, const std::vector<checkpoint::PieceRecord>& records,
+                             const std::vector<StagedFile>& files);
+  void ensure_stager(const SiteMap& sites);
 };
 
 }  // namespace crosstrain::train

@@ -1,11 +1,13 @@
 // Checkpoints across sites without a shared file system (run.site, issue 35). Each rank names the site whose
 // storage its run.dir is on; ranks of one site share it, ranks of different sites do not. A checkpoint is then
-// committed at every site: each rank's piece file goes from its site to the first rank (the leader) of every other
-// site over the job's own communicator (sealed where it crosses clusters, comm.encrypt), which checks it against
-// the sender's checksum and writes it into its site's temporary directory; then each leader commits its site's
-// copy. Whichever site survives holds the newest checkpoint, complete.
+// committed at every site: each rank writes its piece file at its own site, and each site's first rank (its
+// leader) gathers the other sites' files in the background (site_stager.h) over a group of the leaders carved
+// from the job's own communicator (sealed where it crosses clusters, comm.encrypt), checking every file against
+// its writer's checksum, and commits its site's copy once it is whole. Whichever site survives holds the newest
+// checkpoint that reached it whole.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -26,13 +28,24 @@ SiteMap site_map(const std::vector<int64_t>& site_hash_of_rank);
 // Collective: every rank's run.site, all-gathered.
 SiteMap map_sites(comm::Communicator& world, const std::string& site);
 
-// Collective, once every rank's piece file of the save is in its site's `tmp_dir`: sends each to every other
-// site's leader in chunks of at most 64 MiB (all the memory it takes), which writes it there and checks its
-// FNV-1a checksum. Returns "" or why this rank's part failed (a file it could not read or write, a checksum that
-// does not match).
-std::string stage_piece_files(comm::Communicator& world, const SiteMap& sites, const std::string& tmp_dir);
+// FNV-1a, fed a chunk at a time: the checksum every staged file is checked against.
+class Fnv1a {
+ public:
+  void add(const uint8_t* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      h_ ^= p[i];
+      h_ *= 1099511628211ULL;
+    }
+  }
+  uint64_t value() const { return h_; }
+  std::string hex() const;
+  static std::string hex(uint64_t value);
 
-// FNV-1a over a file's bytes (hex), as the stager checks them; "" when it cannot be read.
-std::string file_checksum(const std::string& path);
+ private:
+  uint64_t h_ = 1469598103934665603ULL;
+};
+
+// FNV-1a over a file's bytes (hex), as the stager checks them; "" when it cannot be read. With `size`, its size.
+std::string file_checksum(const std::string& path, int64_t* size = nullptr);
 
 }  // namespace crosstrain::train

@@ -92,6 +92,9 @@ class Job {
   // Saves the state after `step` now, whatever the schedule, and commits it (a run stopped between steps keeps
   // its work). Collective, like checkpoint().
   virtual std::string save_now(int64_t step) = 0;
+  // Collective, once the run's last save is committed: waits until its checkpoints have reached every site
+  // (run.site, site_stager.h); throws Error when they could not.
+  virtual void drain_checkpoints() {}
 
   // The step's metrics row: the loop has filled the common fields (step, loss, lr, throughput, times, the
   // evaluation, local_batch, peak_rss_bytes); the family adds its own. `elapsed_s`: since the run started.

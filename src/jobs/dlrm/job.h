@@ -38,6 +38,7 @@ class DlrmJob : public Job {
   Evaluation evaluate() override;
   std::string checkpoint(int64_t step) override;
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
+  void drain_checkpoints() override { checkpoints_.drain(); }
   std::string save_now(int64_t step) override;
   void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
   void flush_trace() override;

@@ -71,6 +71,7 @@ class Run : public Job {
   void add_metrics(obs::StepMetrics& m, const StepRecord& rec, double elapsed_s) override;
   void print_header() const override;
   std::string commit_pending() override { return checkpoints_.pending() ? checkpoints_.commit() : ""; }
+  void drain_checkpoints() override { checkpoints_.drain(); }
   std::string save_now(int64_t step) override;
   void set_step(int64_t step) override;
   StopCheck stop_check() const override { return sync_traits_.stop_check; }

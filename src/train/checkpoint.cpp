@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -263,15 +264,27 @@ void CheckpointWriter::ensure_stager(const SiteMap& sites) {
 
 void CheckpointWriter::drain() {
   if (!stager_checked_) return;  // every rank alike: set by the same collective commit
-  const std::string failure = stager_ ? stager_->drain() : "";
-  at::Tensor flag = at::full({1}, failure.empty() ? 0 : 1, at::kInt);
-  // The leaders may still be moving the last checkpoint across slow links: the others wait up to an hour.
-  world_.all_reduce(flag, comm::ReduceOp::Max)->wait(comm::Millis(3600 * 1000));
-  if (flag.item<int>() == 0) return;
-  throw Error("the checkpoints did not reach every site (" +
-              (failure.empty() ? std::string("staging stopped at another site") : failure) +
-              "); each site keeps the newest checkpoint that reached it whole, and the job's next placement resumes "
-              "the files cut off");
+  if (stager_) stager_->drain();
+  // The leaders may move the last checkpoint over slow links for minutes; a collective waits only the group's
+  // timeout, so all ranks ask each other every second (short all-reduces) until no stager is busy, for up to an hour.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::hours(1);
+  std::string failure;
+  for (;;) {
+    std::optional<std::string> state = stager_ ? stager_->drained(std::chrono::seconds(1)) : std::optional<std::string>("");
+    if (state && !state->empty()) failure = *state;
+    const bool late = std::chrono::steady_clock::now() > deadline;
+    at::Tensor flags = at::tensor({state ? 0 : 1, failure.empty() ? 0 : 1, late ? 1 : 0}, at::kInt);
+    world_.all_reduce(flags, comm::ReduceOp::Max)->wait();
+    const auto* f = flags.data_ptr<int>();
+    if (f[1] != 0 || (f[0] != 0 && f[2] != 0))
+      throw Error("the checkpoints did not reach every site (" +
+                  (!failure.empty() ? failure
+                   : f[1] != 0      ? std::string("staging stopped at another site")
+                                    : std::string("still moving after an hour")) +
+                  "); each site keeps the newest checkpoint that reached it whole, and the job's next placement "
+                  "resumes the files cut off");
+    if (f[0] == 0) return;
+  }
 }
 
 StagingStats CheckpointWriter::staging_stats() const { return stager_ ? stager_->stats() : StagingStats{}; }

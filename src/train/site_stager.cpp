@@ -25,6 +25,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr int kStageTag = 0x57a6e;
+constexpr int kReportTag = 0x57a6f;
 constexpr int kMaxRounds = 64;
 constexpr int64_t kMaxReportBytes = int64_t{8} << 20;
 constexpr size_t kReportedCommitted = 2;  // the newest committed steps a site reports (the holders of last resort)
@@ -115,7 +116,7 @@ std::optional<StepHolding> staging_holding(const fs::path& dir, int64_t step) {
 }
 
 // This site's report; copies older than its newest committed checkpoint are removed first (never needed again).
-SiteInventory scan(const fs::path& root) {
+SiteInventory scan(const fs::path& root, const std::string& run_dir) {
   std::vector<StepHolding> committed, staging;
   std::vector<std::pair<int64_t, fs::path>> staging_dirs;
   std::error_code ec;
@@ -145,6 +146,11 @@ SiteInventory scan(const fs::path& root) {
   SiteInventory inventory;
   for (size_t i = 0; i < committed.size() && i < kReportedCommitted; ++i) inventory.steps.push_back(committed[i]);
   for (size_t i = 0; i < staging.size() && i < kReportedStaging; ++i) inventory.steps.push_back(staging[i]);
+  for (const std::string& name : kStagedOutputs) {
+    int64_t size = 0;
+    const std::string sum = file_checksum((fs::path(run_dir) / name).string(), &size);
+    if (!sum.empty()) inventory.outputs[name] = StagedFile{size, sum};
+  }
   return inventory;
 }
 
@@ -201,14 +207,19 @@ SiteStager::~SiteStager() {
 void SiteStager::adopt(int64_t step) { post({Kind::Adopt, step}); }
 void SiteStager::resume() { post({Kind::Resume, 0}); }
 
-std::string SiteStager::drain() {
-  std::unique_lock<std::mutex> lock(mu_);
-  const int64_t target = ++posted_;
+void SiteStager::drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drain_target_ = ++posted_;
   events_.push_back({Kind::Drain, 0});
   cv_.notify_all();
-  // Every wait of the thread is bounded (its rounds' timeouts), so this ends; it looks again every second.
-  while (done_ < target && !ended_) cv_.wait_for(lock, std::chrono::seconds(1));
-  return done_ >= target ? "" : failure_;
+}
+
+std::optional<std::string> SiteStager::drained(std::chrono::milliseconds patience) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, patience, [&] { return done_ >= drain_target_ || ended_; });
+  if (done_ >= drain_target_) return "";
+  if (ended_) return failure_;
+  return std::nullopt;
 }
 
 StagingStats SiteStager::stats() const {
@@ -268,17 +279,23 @@ void SiteStager::handle(const Event& e) {
 void SiteStager::series() {
   const fs::path root = fs::path(o_.run_dir) / "checkpoints";
   SiteLock lock(root, std::chrono::seconds(120));
-  std::vector<Transfer> previous;
+  Series state;
   for (int r = 0; r < kMaxRounds && !stop_; ++r)
-    if (!round(previous)) break;
+    if (!round(state)) break;
 }
 
 // One round: reports, the plan, its transfers, then this site's commits. False once there is nothing more to do
 // (or the plan is the last round's: the same transfers failed again, e.g. a file that arrives changed).
-bool SiteStager::round(std::vector<Transfer>& previous) {
-  const std::vector<SiteInventory> all = exchange(scan(fs::path(o_.run_dir) / "checkpoints"));
+bool SiteStager::round(Series& series) {
+  const std::vector<SiteInventory> all = exchange(scan(fs::path(o_.run_dir) / "checkpoints", o_.run_dir));
   std::vector<Transfer> plan = plan_staging(all);
-  if (plan.empty() || plan == previous) {
+  // Once the checkpoints are where they can go, the run's outputs follow, once per series.
+  const bool outputs = plan.empty() && !series.outputs_sent;
+  if (outputs) {
+    plan = plan_outputs(all);
+    series.outputs_sent = true;
+  }
+  if (plan.empty() || plan == series.previous) {
     chunks_in_flight_ = 0;
     commit_whole_copies();
     return false;
@@ -290,34 +307,45 @@ bool SiteStager::round(std::vector<Transfer>& previous) {
   chunks_in_flight_ = 0;
   for (const Transfer& t : plan)
     chunks_in_flight_ += (t.whole.size - t.offset + o_.chunk_bytes - 1) / o_.chunk_bytes;
-  for (const Transfer& t : plan) move(t);
+  // A transfer's first chunk waits for the transfers before it (its peers may be busy in them), a chunk's time each.
+  int64_t before = 0;
+  for (const Transfer& t : plan) {
+    move(t, leaders_->timeout() * (1 + before));
+    before += (t.whole.size - t.offset + o_.chunk_bytes - 1) / o_.chunk_bytes;
+  }
   commit_whole_copies();
-  previous = std::move(plan);
-  return true;
+  series.previous = std::move(plan);
+  return !outputs;
 }
 
-// Every leader's report, on every leader: lengths, then the padded texts. Peers' reports are checked.
+// Every leader's report, on every leader, through the first leader. Point to point, because its waits are the
+// ones given (a collective's are the group's timeout): a leader may wait here while the others still move the last
+// round's files over a slow link. Peers' reports are checked.
 std::vector<SiteInventory> SiteStager::exchange(const SiteInventory& mine) {
-  const std::string text = inventory_to_json(mine).dump();
   const int n = leaders_->size();
-  at::Tensor lengths = at::empty({n}, at::kLong);
-  wait(leaders_->all_gather(at::full({1}, static_cast<int64_t>(text.size()), at::kLong), lengths), round_timeout());
-  const int64_t longest = lengths.max().item<int64_t>();
-  if (longest > kMaxReportBytes || lengths.min().item<int64_t>() < 0)
-    throw Error("a site's checkpoint report is " + std::to_string(longest) + " bytes (at most 8 MiB)");
-  at::Tensor bytes = at::zeros({longest}, at::kByte);
-  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
-  at::Tensor all = at::empty({longest * n}, at::kByte);
-  wait(leaders_->all_gather(bytes, all), leaders_->timeout());
+  std::vector<std::string> texts(n);
+  texts[me_] = inventory_to_json(mine).dump();
+  if (me_ == 0) {
+    for (int s = 1; s < n; ++s) texts[s] = receive_text(s, round_timeout());
+    const std::string all = nlohmann::json(texts).dump();
+    for (int s = 1; s < n; ++s) send_text(all, s, leaders_->timeout());
+  } else {
+    send_text(texts[me_], 0, round_timeout());
+    try {
+      texts = nlohmann::json::parse(receive_text(0, round_timeout())).get<std::vector<std::string>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("the first site's list of checkpoint reports is no list of texts: " + std::string(e.what()));
+    }
+    if (static_cast<int>(texts.size()) != n) throw Error("the first site's list of checkpoint reports is not one a site");
+  }
   std::vector<SiteInventory> out;
   for (int s = 0; s < n; ++s) {
     if (s == me_) {
       out.push_back(mine);
       continue;
     }
-    const char* begin = reinterpret_cast<const char*>(all.data_ptr<uint8_t>()) + s * longest;
     try {
-      out.push_back(inventory_from_json(nlohmann::json::parse(begin, begin + lengths[s].item<int64_t>())));
+      out.push_back(inventory_from_json(nlohmann::json::parse(texts[s])));
     } catch (const nlohmann::json::exception& e) {
       throw Error("site " + std::to_string(s) + "'s checkpoint report is no JSON: " + e.what());
     }
@@ -325,17 +353,37 @@ std::vector<SiteInventory> SiteStager::exchange(const SiteInventory& mine) {
   return out;
 }
 
-void SiteStager::move(const Transfer& t) {
-  if (me_ == t.from) send_file(t);
-  if (me_ == t.to) receive_file(t);
+void SiteStager::send_text(const std::string& text, int to, comm::Millis first_wait) {
+  at::Tensor length = at::full({1}, static_cast<int64_t>(text.size()), at::kLong);
+  wait(leaders_->send(length, to, kReportTag), first_wait);
+  at::Tensor bytes = at::empty({std::max<int64_t>(1, static_cast<int64_t>(text.size()))}, at::kByte);
+  std::copy(text.begin(), text.end(), bytes.data_ptr<uint8_t>());
+  wait(leaders_->send(bytes, to, kReportTag), leaders_->timeout());
 }
 
-void SiteStager::send_file(const Transfer& t) {
-  fs::path path = fs::path(staging_dir(o_.run_dir, t.step)) / t.file;
+std::string SiteStager::receive_text(int from, comm::Millis first_wait) {
+  at::Tensor length = at::empty({1}, at::kLong);
+  wait(leaders_->recv(length, from, kReportTag), first_wait);
+  const int64_t n = length.item<int64_t>();
+  if (n < 0 || n > kMaxReportBytes * leaders_->size())
+    throw Error("site " + std::to_string(from) + " announced a checkpoint report of " + std::to_string(n) + " bytes");
+  at::Tensor bytes = at::empty({std::max<int64_t>(1, n)}, at::kByte);
+  wait(leaders_->recv(bytes, from, kReportTag), leaders_->timeout());
+  const char* p = reinterpret_cast<const char*>(bytes.data_ptr<uint8_t>());
+  return std::string(p, p + n);
+}
+
+void SiteStager::move(const Transfer& t, comm::Millis first_wait) {
+  if (me_ == t.from) send_file(t, first_wait);
+  if (me_ == t.to) receive_file(t, first_wait);
+}
+
+void SiteStager::send_file(const Transfer& t, comm::Millis first_wait) {
+  fs::path path = t.step < 0 ? fs::path(o_.run_dir) / t.file : fs::path(staging_dir(o_.run_dir, t.step)) / t.file;
   if (!fs::exists(path)) path = fs::path(checkpoint::final_checkpoint_dir(o_.run_dir, t.step)) / t.file;
   std::ifstream in(path, std::ios::binary);
   in.seekg(t.offset);
-  at::Tensor chunk = at::zeros({std::min(o_.chunk_bytes, t.whole.size - t.offset)}, at::kByte);
+  at::Tensor chunk = at::zeros({std::max<int64_t>(1, std::min(o_.chunk_bytes, t.whole.size - t.offset))}, at::kByte);
   int64_t chunks = 0;
   for (int64_t at = t.offset; at < t.whole.size; at += o_.chunk_bytes, ++chunks) {
     if (o_.faults.stage_cut_chunks >= 0 && chunks == o_.faults.stage_cut_chunks)
@@ -344,19 +392,44 @@ void SiteStager::send_file(const Transfer& t) {
     at::Tensor piece = chunk.narrow(0, 0, len);
     // A file that shrank or went missing since the report still sends its length (the receiver's checksum fails).
     in.read(reinterpret_cast<char*>(piece.data_ptr<uint8_t>()), len);
-    wait(leaders_->send(piece, t.to, kStageTag), leaders_->timeout());
+    wait(leaders_->send(piece, t.to, kStageTag), chunks == 0 ? first_wait : leaders_->timeout());
     std::lock_guard<std::mutex> lock(mu_);
     stats_.bytes_sent += len;
   }
 }
 
-void SiteStager::receive_file(const Transfer& t) {
+void SiteStager::receive_file(const Transfer& t, comm::Millis first_wait) {
+  std::error_code ec;
+  if (t.step < 0) {
+    // An output, written in place (readers drop a torn last line); when it does not check, it starts over.
+    const fs::path path = fs::path(o_.run_dir) / t.file;
+    const std::string failure = receive_into(t, path, first_wait);
+    if (failure.empty()) return;
+    fs::resize_file(path, 0, ec);
+    std::fprintf(stderr, "checkpoint staging: %s from site %d %s; it will be sent whole\n", t.file.c_str(), t.from,
+                 failure.c_str());
+    return;
+  }
   const fs::path dir = staging_dir(o_.run_dir, t.step), part = dir / (t.file + ".part");
-  const int fd = ::open(part.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("cannot open " + part.string() + ": " + std::strerror(errno));
-  std::optional<Fnv1a> sum = ::ftruncate(fd, t.offset) == 0 ? sum_of_prefix(part, t.offset) : std::nullopt;
+  const std::string failure = receive_into(t, part, first_wait);
+  if (failure.empty()) {
+    fs::rename(part, dir / t.file);
+    return;
+  }
+  // Next round sends it again, from the start (the plan repeats only if nothing else changed: then it stops).
+  fs::remove(part, ec);
+  std::fprintf(stderr, "checkpoint staging: %s of step %lld from site %d %s; it will be sent again\n", t.file.c_str(),
+               static_cast<long long>(t.step), t.from, failure.c_str());
+}
+
+// Receives `t` into `path` after its first t.offset bytes (kept). Returns "" once the whole file matches its
+// checksum, else what went wrong.
+std::string SiteStager::receive_into(const Transfer& t, const fs::path& path, comm::Millis first_wait) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("cannot open " + path.string() + ": " + std::strerror(errno));
+  std::optional<Fnv1a> sum = ::ftruncate(fd, t.offset) == 0 ? sum_of_prefix(path, t.offset) : std::nullopt;
   bool written = sum.has_value() && ::lseek(fd, t.offset, SEEK_SET) == t.offset;
-  at::Tensor chunk = at::empty({std::min(o_.chunk_bytes, t.whole.size - t.offset)}, at::kByte);
+  at::Tensor chunk = at::empty({std::max<int64_t>(1, std::min(o_.chunk_bytes, t.whole.size - t.offset))}, at::kByte);
   int64_t chunks = 0;
   for (int64_t at = t.offset; at < t.whole.size; at += o_.chunk_bytes, ++chunks) {
     if (o_.faults.stage_cut_chunks >= 0 && chunks == o_.faults.stage_cut_chunks) {
@@ -366,31 +439,24 @@ void SiteStager::receive_file(const Transfer& t) {
     }
     const int64_t len = std::min(o_.chunk_bytes, t.whole.size - at);
     at::Tensor piece = chunk.narrow(0, 0, len);
-    wait(leaders_->recv(piece, t.from, kStageTag), leaders_->timeout());
+    wait(leaders_->recv(piece, t.from, kStageTag), chunks == 0 ? first_wait : leaders_->timeout());
     if (sum) sum->add(piece.data_ptr<uint8_t>(), static_cast<size_t>(len));
     written = written && write_all(fd, piece.data_ptr<uint8_t>(), static_cast<size_t>(len));
   }
   written = written && ::fsync(fd) == 0;
   written = ::close(fd) == 0 && written;
-  std::error_code ec;
-  if (!written || !sum || sum->hex() != t.whole.checksum) {
-    // Next round sends it again, from the start (the plan repeats only if nothing else changed: then it stops).
-    fs::remove(part, ec);
-    std::fprintf(stderr, "checkpoint staging: %s of step %lld from site %d %s; it will be sent again\n",
-                 t.file.c_str(), static_cast<long long>(t.step), t.from,
-                 written ? "arrived changed (its checksum does not match)" : "could not be written here");
-    return;
-  }
-  fs::rename(part, dir / t.file);
+  if (!written) return "could not be written here";
+  if (!sum || sum->hex() != t.whole.checksum) return "arrived changed (its checksum does not match)";
   std::lock_guard<std::mutex> lock(mu_);
   stats_.bytes_received += t.whole.size - t.offset;
   stats_.bytes_resumed += t.offset;
+  return "";
 }
 
 // Each staged copy that is whole becomes this site's checkpoint, unless a newer placement fenced the run off it.
 void SiteStager::commit_whole_copies() {
   const fs::path root = fs::path(o_.run_dir) / "checkpoints";
-  for (const StepHolding& h : scan(root).steps) {
+  for (const StepHolding& h : scan(root, o_.run_dir).steps) {
     if (h.committed || !h.complete()) continue;
     const std::string dir = staging_dir(o_.run_dir, h.step);
     const std::string refusal = fence_refusal(o_.run_dir, o_.fence);

@@ -108,6 +108,19 @@ std::vector<Transfer> plan_staging(const std::vector<SiteInventory>& sites) {
   return by_step.rbegin()->second;  // sites in order, then files in name order (the loops' order)
 }
 
+std::vector<Transfer> plan_outputs(const std::vector<SiteInventory>& sites) {
+  std::vector<Transfer> out;
+  if (sites.empty()) return out;
+  for (const auto& [name, whole] : sites[0].outputs)
+    for (int to = 1; to < static_cast<int>(sites.size()); ++to) {
+      const auto held = sites[to].outputs.find(name);
+      if (held != sites[to].outputs.end() && held->second == whole) continue;
+      const int64_t offset = held != sites[to].outputs.end() && held->second.size < whole.size ? held->second.size : 0;
+      out.push_back(Transfer{-1, name, 0, to, offset, whole});
+    }
+  return out;
+}
+
 bool is_piece_file_name(const std::string& name) {
   const std::string prefix = "rank-", suffix = ".safetensors";
   if (name.size() <= prefix.size() + suffix.size() || name.size() > prefix.size() + 9 + suffix.size()) return false;
@@ -125,7 +138,9 @@ nlohmann::json inventory_to_json(const SiteInventory& inventory) {
     for (const auto& [name, bytes] : h.have) have[name] = bytes;
     steps.push_back({{"step", h.step}, {"committed", h.committed}, {"files", files}, {"have", have}});
   }
-  return {{"steps", steps}};
+  nlohmann::json outputs = nlohmann::json::object();
+  for (const auto& [name, f] : inventory.outputs) outputs[name] = {f.size, f.checksum};
+  return {{"steps", steps}, {"outputs", outputs}};
 }
 
 SiteInventory inventory_from_json(const nlohmann::json& j) {
@@ -134,6 +149,15 @@ SiteInventory inventory_from_json(const nlohmann::json& j) {
   SiteInventory inventory;
   try {
     for (const nlohmann::json& s : j["steps"]) inventory.steps.push_back(holding_from_json(s));
+    const nlohmann::json& outputs = j.value("outputs", nlohmann::json::object());
+    if (!outputs.is_object()) refuse("outputs are not an object");
+    for (const auto& [name, f] : outputs.items()) {
+      if (std::find(kStagedOutputs.begin(), kStagedOutputs.end(), name) == kStagedOutputs.end())
+        refuse("'" + name.substr(0, 64) + "' is no output that is staged");
+      if (!f.is_array() || f.size() != 2 || !f[1].is_string() || !is_checksum(f[1].get<std::string>()))
+        refuse(name + ": no [size, checksum]");
+      inventory.outputs[name] = StagedFile{bounded(f[0], 0, kMaxFileBytes, name + "'s size"), f[1].get<std::string>()};
+    }
   } catch (const nlohmann::json::exception& e) {
     refuse(e.what());
   }

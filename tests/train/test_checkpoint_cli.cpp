@@ -623,7 +623,8 @@ TEST(Checkpoints, SiteMapGroupsRanksBySiteAndLeadsEachWithItsLowestRank) {
 }
 
 // Two sites that share no file system (run.site): each rank writes its half of every checkpoint at its own site,
-// the halves cross over the job's connections, and both sites commit the whole checkpoint. Either site alone then
+// the halves cross over the job's connections (in the background), and both sites commit the whole checkpoint; the
+// run's metrics follow. Either site alone then
 // resumes the run (here west's, on one rank: the checkpoint reshards); the step-10 state is the same at both. Without
 // run.site the west folder holds only its rank's file and no manifest.
 TEST(Checkpoints, SitesWithoutASharedFileSystemEachCommitTheWholeCheckpoint) {
@@ -636,7 +637,10 @@ TEST(Checkpoints, SitesWithoutASharedFileSystemEachCommitTheWholeCheckpoint) {
       EXPECT_TRUE(fs::exists(dir / crosstrain::checkpoint::piece_file_name(0))) << dir;
       EXPECT_TRUE(fs::exists(dir / crosstrain::checkpoint::piece_file_name(1))) << dir;
     }
-  EXPECT_FALSE(fs::exists(fs::path(west) / "metrics.jsonl")) << "only rank 0's site writes the run's outputs";
+  // Rank 0 writes the run's outputs at its site; they follow the checkpoints to the other (the same bytes).
+  EXPECT_EQ(crosstrain::train::file_checksum((fs::path(west) / "metrics.jsonl").string()),
+            crosstrain::train::file_checksum((fs::path(east) / "metrics.jsonl").string()));
+  EXPECT_EQ(read_metrics(west).size(), 10u) << "the staged metrics hold all 10 steps";
   // The same bytes at both sites.
   const auto ten = [](const std::string& site, int rank) {
     return crosstrain::train::file_checksum(
@@ -650,7 +654,10 @@ TEST(Checkpoints, SitesWithoutASharedFileSystemEachCommitTheWholeCheckpoint) {
   const auto r = run_process(resume, {}, milliseconds(120000));
   ASSERT_EQ(r.exit_code(), 0) << r.output;
   EXPECT_TRUE(contains(r.output, "step 10")) << r.output;
-  EXPECT_EQ(read_metrics(west).front()["step"].get<int64_t>(), 11) << "resumed after step 10";
+  // Resumed after step 10, on the history staged from east: every step once.
+  const auto rows = read_metrics(west);
+  ASSERT_EQ(rows.size(), 12u);
+  for (size_t i = 0; i < rows.size(); ++i) EXPECT_EQ(rows[i]["step"].get<int64_t>(), static_cast<int64_t>(i + 1));
 
   // The control: the same folders without run.site leave west without a checkpoint it could load.
   const std::string e2 = fresh_dir("ckpt_nosite_east"), w2 = fresh_dir("ckpt_nosite_west");

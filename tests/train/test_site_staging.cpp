@@ -5,11 +5,15 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <future>
+#include <thread>
 #include <fstream>
 #include <mutex>
 
 #include "crosstrain/checkpoint/distributed.h"
 #include "crosstrain/comm/backends/fake.h"
+#include "crosstrain/comm/init.h"
+#include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/core/error.h"
 #include "crosstrain/core/fence.h"
 #include "crosstrain/train/checkpoint.h"
@@ -175,4 +179,30 @@ TEST(SiteStaging, AFencedSiteNeverCommitsWhatArrives) {
   EXPECT_TRUE(whole_at(sites.dir.at("east"), 5));
   EXPECT_TRUE(whole_at(sites.dir.at("north"), 5));
   EXPECT_FALSE(fs::exists(checkpoint::final_checkpoint_dir(sites.dir.at("west"), 5)));
+}
+
+// Over Gloo with a 3 s group timeout, the stagers are held 8 s: the ranks wait for them at the end of the run in short
+// rounds (a single collective would time out after 3 s) and end with the checkpoint whole at every site.
+TEST(SiteStaging, TheEndOfARunWaitsLongerThanTheGroupsTimeoutForTheStagers) {
+  const Sites sites("staging_long_drain");
+  checkpoint::StorageFaults faults;
+  faults.stage_hold_file = crosstrain::testing::scratch_path("staging_long_drain_go").string();
+  const comm::Millis timeout(3000);
+  auto host = comm::Rendezvous::host("127.0.0.1", 0, 4, comm::Millis(10000), 0);
+  std::vector<std::future<std::string>> ranks;
+  for (int rank = 0; rank < 4; ++rank)
+    ranks.push_back(std::async(std::launch::async, [&, rank] {
+      return error_of([&] {
+        auto rendezvous =
+            rank == 0 ? host : comm::Rendezvous::connect("127.0.0.1", host->port(), rank, 4, comm::Millis(10000));
+        auto c = comm::make_gloo_communicator(rendezvous, rank, 4, timeout);
+        auto w = writer(*c, sites, faults);
+        save(*w, rank, 5);
+        w->drain();
+      });
+    }));
+  std::this_thread::sleep_for(std::chrono::seconds(8));
+  std::ofstream(faults.stage_hold_file) << "go\n";
+  for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(ranks[rank].get(), "") << "rank " << rank;
+  for (const auto& [name, dir] : sites.dir) EXPECT_TRUE(whole_at(dir, 5)) << name;
 }

@@ -116,3 +116,23 @@ TEST(StagingPlan, ReportsRoundTripAndHostileOnesAreRefused) {
   EXPECT_FALSE(is_piece_file_name("rank-.safetensors"));
   EXPECT_FALSE(is_piece_file_name("rank-0/../x.safetensors"));
 }
+
+// The run's outputs go from the first site (rank 0's) to the others: appended where a site's copy left off, whole
+// where it is longer or the same length but other bytes; nothing where it is the same.
+TEST(StagingPlan, TheRunsOutputsFollowFromTheFirstSiteAppendedWhereACopyLeftOff) {
+  const StagedFile now{900, "0000000000000900"};
+  SiteInventory first, behind, longer, same, none;
+  first.outputs["metrics.jsonl"] = now;
+  behind.outputs["metrics.jsonl"] = {600, "0000000000000600"};
+  longer.outputs["metrics.jsonl"] = {1200, "0000000000001200"};
+  same.outputs["metrics.jsonl"] = now;
+  const auto plan = plan_outputs({first, behind, longer, same, none});
+  ASSERT_EQ(plan.size(), 3u);
+  EXPECT_EQ(plan[0], (Transfer{-1, "metrics.jsonl", 0, 1, 600, now}));
+  EXPECT_EQ(plan[1], (Transfer{-1, "metrics.jsonl", 0, 2, 0, now}));
+  EXPECT_EQ(plan[2], (Transfer{-1, "metrics.jsonl", 0, 4, 0, now}));
+  EXPECT_TRUE(plan_outputs({none, behind}).empty()) << "only the first site's outputs are sent";
+  nlohmann::json j = inventory_to_json(first);
+  j["outputs"]["../secrets"] = {1, "0000000000000001"};
+  EXPECT_THROW(inventory_from_json(j), crosstrain::Error);
+}

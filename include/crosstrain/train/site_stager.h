@@ -6,14 +6,18 @@
 // checked against its checksum before it takes its name; a site whose copy is whole commits it (manifest, rename,
 // pruning) unless the run has been fenced off it. What a round cannot finish (a site lost, a process gone) stays
 // as it is: the next placement's stager resumes it, or drops it once the site has committed a newer checkpoint.
+// After the checkpoints, each series sends the run's outputs (metrics.jsonl) from the first site to the others,
+// appended where they left off, so a job re-placed with its first share elsewhere keeps its history.
 #pragma once
 
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <filesystem>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,8 +61,11 @@ class SiteStager {
   void adopt(int64_t step);
   // A round series for what an earlier placement left half staged.
   void resume();
-  // Waits until every event so far is done. Returns "" or why staging stopped.
-  std::string drain();
+  // Asks for the end of what is queued so far; drained() says when it is done.
+  void drain();
+  // Waits up to `patience`: "" once everything before drain() is done, why staging stopped if it did, nullopt
+  // while it is still under way.
+  std::optional<std::string> drained(std::chrono::milliseconds patience);
   StagingStats stats() const;
 
  private:
@@ -70,12 +77,19 @@ class SiteStager {
   void post(Event e);
   void loop();
   void handle(const Event& e);
+  struct Series {
+    std::vector<Transfer> previous;  // the last round's plan: the same again means no progress
+    bool outputs_sent = false;
+  };
   void series();
-  bool round(std::vector<Transfer>& previous);
+  bool round(Series& series);
   std::vector<SiteInventory> exchange(const SiteInventory& mine);
-  void move(const Transfer& t);
-  void send_file(const Transfer& t);
-  void receive_file(const Transfer& t);
+  void send_text(const std::string& text, int to, comm::Millis first_wait);
+  std::string receive_text(int from, comm::Millis first_wait);
+  void move(const Transfer& t, comm::Millis first_wait);
+  void send_file(const Transfer& t, comm::Millis first_wait);
+  void receive_file(const Transfer& t, comm::Millis first_wait);
+  std::string receive_into(const Transfer& t, const std::filesystem::path& path, comm::Millis first_wait);
   void commit_whole_copies();
   void wait(const comm::WorkPtr& work, comm::Millis timeout) const;
   comm::Millis round_timeout() const;
@@ -89,6 +103,7 @@ class SiteStager {
   std::condition_variable cv_;
   std::deque<Event> events_;
   int64_t posted_ = 0, done_ = 0;  // events
+  int64_t drain_target_ = 0;       // the events drain() waits for
   std::string failure_;           // why the stager stopped ("" while it runs)
   bool ended_ = false;            // the thread has returned
   StagingStats stats_;

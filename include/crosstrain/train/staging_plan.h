@@ -35,7 +35,13 @@ struct StepHolding {
 
 struct SiteInventory {
   std::vector<StepHolding> steps;
+  // The run's outputs the site holds (kStagedOutputs), each as its size and the checksum of those bytes.
+  std::map<std::string, StagedFile> outputs;
 };
+
+// The run's outputs that follow the checkpoints to every site: rank 0 writes them at the first site, and a job
+// re-placed with its first share at another site goes on from the copy there (its history intact).
+inline const std::vector<std::string> kStagedOutputs = {"metrics.jsonl"};
 
 struct Transfer {
   int64_t step = 0;
@@ -52,6 +58,11 @@ struct Transfer {
 // from the lowest-numbered site holding it whole; ordered by receiving site, then file name. Empty: nothing left
 // that any site could get.
 std::vector<Transfer> plan_staging(const std::vector<SiteInventory>& sites);
+
+// The run's outputs the first site (rank 0's) holds and another site lacks or holds otherwise: appended from the
+// other site's size when that is shorter (the file only grows between placements; the receiver checks the whole
+// file against the checksum, and starts over when its older part differed), else sent whole. Transfer::step is -1.
+std::vector<Transfer> plan_outputs(const std::vector<SiteInventory>& sites);
 
 // A checkpoint piece file's name (rank-00003.safetensors): the only names a peer's report may carry, so none can
 // point outside the checkpoint directory.

@@ -26,6 +26,7 @@
 #include "chromium.h"
 #include "crosstrain/scheduler/api_auth.h"
 #include "crosstrain/scheduler/train_share.h"
+#include "crosstrain/train/checkpoint_sites.h"
 #include "subprocess.h"
 #include "scratch.h"
 
@@ -332,6 +333,14 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossThreeSlurmClustersOnEmulatedLinksShrinksA
                   crosstrain::scheduler::site_run_dir((root_ / "jobs").string(), site, 1)),
               500)
         << site << " lacks the final checkpoint";
+  // The run's metrics followed the checkpoints: every site holds share 0's metrics.jsonl, the same bytes.
+  const std::string metrics_sum = crosstrain::train::file_checksum((fs::path(run_dir()) / "metrics.jsonl").string());
+  for (const std::string& site : kClusters)
+    EXPECT_EQ(crosstrain::train::file_checksum(
+                  (fs::path(crosstrain::scheduler::site_run_dir((root_ / "jobs").string(), site, 1)) / "metrics.jsonl")
+                      .string()),
+              metrics_sum)
+        << site << "'s copy of the metrics";
   std::vector<int64_t> steps;
   std::ifstream metrics(fs::path(run_dir()) / "metrics.jsonl");
   for (std::string line; std::getline(metrics, line);) steps.push_back(json::parse(line)["step"].get<int64_t>());

@@ -1,5 +1,7 @@
 #include "crosstrain/scheduler/observed_executor.h"
 
+#include <optional>
+
 namespace crosstrain::scheduler {
 
 void ObservedExecutor::observe(const std::vector<int64_t>& running) {
@@ -58,16 +60,20 @@ void ObservedExecutor::act_loop() {
     if (actions_.empty()) return;  // closing, and nothing left to do
     const Action a = actions_.front();
     lock.unlock();
-    act(a);
+    std::optional<ExecStatus> failed = act(a);
     lock.lock();
     actions_.pop_front();
+    // A start's failure counts only while nothing newer was decided for the job (a stop, another start).
+    if (failed && acting_[a.job_id] == 1) failed_starts_[a.job_id] = *failed;
     if (--acting_[a.job_id] == 0) acting_.erase(a.job_id);
-    ++changes_[a.job_id];  // an observation made while it acted is older than what it did
+    // An observation made before or while it acted is older than what it did: forgotten, and dropped if in flight.
+    forget_locked(a.job_id);
     acted_.notify_all();
   }
 }
 
-void ObservedExecutor::act(const Action& a) {
+// Makes the action; a start's failure is returned (stops are best effort, as they were before).
+std::optional<ExecStatus> ObservedExecutor::act(const Action& a) {
   try {
     switch (a.kind) {
       case Action::Start: inner_.start(a.job, a.placement); break;
@@ -76,15 +82,15 @@ void ObservedExecutor::act(const Action& a) {
       case Action::StartShare: inner_.start_share(a.job, a.placement, a.share); break;
     }
   } catch (const std::exception& e) {
-    if (a.kind != Action::Start && a.kind != Action::StartShare) return;  // stops are best effort, as before
+    if (a.kind != Action::Start && a.kind != Action::StartShare) return std::nullopt;
     ExecStatus failed;
     failed.kind = ExecStatus::Failed;
     failed.start_failed = true;
     failed.failed_share = a.kind == Action::StartShare ? static_cast<int>(a.share) : -1;
     failed.detail = e.what();
-    std::lock_guard<std::mutex> lock(seen_mutex_);
-    failed_starts_[a.job_id] = failed;
+    return failed;
   }
+  return std::nullopt;
 }
 
 void ObservedExecutor::start(const JobRecord& job, const PlacementRecord& placement) {

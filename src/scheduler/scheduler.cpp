@@ -203,6 +203,8 @@ void Scheduler::start(JobRecord& job) {
 
 // The executor started nothing: give the devices back and wait for the next pass (no restart is used).
 void Scheduler::requeue_unstarted(JobRecord& job, const std::string& why) {
+  if (job.placement)
+    for (ClusterShare& s : job.placement->shares) s.started_s = -1;  // it never ran: nothing to bill
   release(job);
   job.state = JobState::Queued;
   job.reason = "start failed: " + why;

@@ -229,9 +229,10 @@ std::string CheckpointWriter::hand_to_stager(const SiteMap& sites, const std::ve
       for (const auto& entry : fs::directory_iterator(tmp))  // an earlier attempt's files are not this save's
         if (!ours.count(entry.path().filename().string())) fs::remove_all(entry.path());
       nlohmann::json info = info_;
-      info["site_files"] = listed;
+      info["site_files"] = listed;  // the stagers find every site's copy by these, and whose it is by the fence
+      info["site_origin"] = fence_;
       write_json_synced(tmp / kStagingFile, {{"step", step_}, {"records", checkpoint::records_to_json(records)},
-                                             {"info", info}, {"files", listed}});
+                                             {"info", info}, {"files", listed}, {"origin", fence_}});
       stager_->adopt(step_);
     } catch (const std::exception& e) {
       failure = e.what();
@@ -249,8 +250,8 @@ std::string CheckpointWriter::hand_to_stager(const SiteMap& sites, const std::ve
 // stager, which first resumes what an earlier placement left half staged.
 void CheckpointWriter::ensure_stager(const SiteMap& sites) {
   if (stager_checked_) return;
-  stager_checked_ = true;
   std::unique_ptr<comm::Communicator> leaders = world_.split(sites.leaders);
+  stager_checked_ = true;
   if (!leaders) return;
   StagerOptions options;
   options.run_dir = run_dir_;

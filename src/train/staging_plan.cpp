@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <optional>
+#include <set>
 
 #include "crosstrain/core/error.h"
 
@@ -14,6 +15,7 @@ namespace {
 constexpr size_t kMaxSteps = 64;
 constexpr size_t kMaxFiles = 1 << 16;
 constexpr int64_t kMaxFileBytes = int64_t{1} << 42;
+constexpr int64_t kMaxOutputBytes = int64_t{16} << 30;
 
 // The lowest-numbered site other than `to` that holds `file` of `step`, whole, with the same files.
 std::optional<int> holder_of(const std::vector<SiteInventory>& sites, int to, const StepHolding& wanted,
@@ -21,15 +23,15 @@ std::optional<int> holder_of(const std::vector<SiteInventory>& sites, int to, co
   for (int s = 0; s < static_cast<int>(sites.size()); ++s) {
     if (s == to) continue;
     for (const StepHolding& h : sites[s].steps)
-      if (h.step == wanted.step && h.files == wanted.files && h.holds(file)) return s;
+      if (h.step == wanted.step && h.origin == wanted.origin && h.files == wanted.files && h.holds(file)) return s;
   }
   return std::nullopt;
 }
 
-int64_t newest_committed(const SiteInventory& site) {
+int64_t newest_committed(const SiteInventory& site, const std::string& origin) {
   int64_t newest = -1;
   for (const StepHolding& h : site.steps)
-    if (h.committed) newest = std::max(newest, h.step);
+    if (h.committed && h.origin == origin) newest = std::max(newest, h.step);
   return newest;
 }
 
@@ -65,6 +67,8 @@ StepHolding holding_from_json(const nlohmann::json& j) {
   StepHolding h;
   h.step = bounded(j.value("step", nlohmann::json()), 0, int64_t{1} << 50, "step");
   h.committed = j.value("committed", false);
+  h.origin = j.value("origin", std::string());
+  if (h.origin.size() > 256) refuse("an origin of " + std::to_string(h.origin.size()) + " characters");
   const nlohmann::json& files = j.value("files", nlohmann::json::object());
   const nlohmann::json& have = j.value("have", nlohmann::json::object());
   if (!files.is_object() || !have.is_object()) refuse("step " + std::to_string(h.step) + ": files are not objects");
@@ -98,9 +102,8 @@ bool StepHolding::complete() const {
 std::vector<Transfer> plan_staging(const std::vector<SiteInventory>& sites) {
   std::map<int64_t, std::vector<Transfer>> by_step;  // newest last
   for (int to = 0; to < static_cast<int>(sites.size()); ++to) {
-    const int64_t done = newest_committed(sites[to]);
     for (const StepHolding& h : sites[to].steps) {
-      if (h.committed || h.step <= done) continue;
+      if (h.committed || h.step <= newest_committed(sites[to], h.origin)) continue;
       for (Transfer& t : wants(sites, to, h)) by_step[h.step].push_back(std::move(t));
     }
   }
@@ -136,7 +139,8 @@ nlohmann::json inventory_to_json(const SiteInventory& inventory) {
     nlohmann::json files = nlohmann::json::object(), have = nlohmann::json::object();
     for (const auto& [name, f] : h.files) files[name] = {f.size, f.checksum};
     for (const auto& [name, bytes] : h.have) have[name] = bytes;
-    steps.push_back({{"step", h.step}, {"committed", h.committed}, {"files", files}, {"have", have}});
+    steps.push_back(
+        {{"step", h.step}, {"committed", h.committed}, {"origin", h.origin}, {"files", files}, {"have", have}});
   }
   nlohmann::json outputs = nlohmann::json::object();
   for (const auto& [name, f] : inventory.outputs) outputs[name] = {f.size, f.checksum};
@@ -148,7 +152,12 @@ SiteInventory inventory_from_json(const nlohmann::json& j) {
   if (j["steps"].size() > kMaxSteps) refuse(std::to_string(j["steps"].size()) + " steps (at most 64)");
   SiteInventory inventory;
   try {
-    for (const nlohmann::json& s : j["steps"]) inventory.steps.push_back(holding_from_json(s));
+    std::set<std::pair<int64_t, bool>> seen;
+    for (const nlohmann::json& s : j["steps"]) {
+      inventory.steps.push_back(holding_from_json(s));
+      if (!seen.insert({inventory.steps.back().step, inventory.steps.back().committed}).second)
+        refuse("step " + std::to_string(inventory.steps.back().step) + " is reported twice");
+    }
     const nlohmann::json& outputs = j.value("outputs", nlohmann::json::object());
     if (!outputs.is_object()) refuse("outputs are not an object");
     for (const auto& [name, f] : outputs.items()) {
@@ -156,7 +165,7 @@ SiteInventory inventory_from_json(const nlohmann::json& j) {
         refuse("'" + name.substr(0, 64) + "' is no output that is staged");
       if (!f.is_array() || f.size() != 2 || !f[1].is_string() || !is_checksum(f[1].get<std::string>()))
         refuse(name + ": no [size, checksum]");
-      inventory.outputs[name] = StagedFile{bounded(f[0], 0, kMaxFileBytes, name + "'s size"), f[1].get<std::string>()};
+      inventory.outputs[name] = StagedFile{bounded(f[0], 0, kMaxOutputBytes, name + "'s size"), f[1].get<std::string>()};
     }
   } catch (const nlohmann::json::exception& e) {
     refuse(e.what());

@@ -720,7 +720,10 @@ TEST(ObservedExecutor, StartsAndStopsAreMadeOffTheLockInTheOrderDecided) {
   SchedulerService service(sched, store, "127.0.0.1", 0, std::chrono::milliseconds(50), options);
   httplib::Client client("127.0.0.1", service.port());
   client.set_read_timeout(10);
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // placed; its start is under way
+  // Placed by the ticker's first pass; its start is under way for 3 s.
+  const auto placed_until = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  while (observed.status(1).detail != "being started or stopped" && std::chrono::steady_clock::now() < placed_until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
   EXPECT_EQ(observed.status(1).kind, ExecStatus::Unknown);
   EXPECT_EQ(observed.status(1).detail, "being started or stopped");
   for (int i = 0; i < 3; ++i) {
@@ -771,6 +774,33 @@ TEST(ObservedExecutor, AStartThatFailsQueuesTheJobAgainWithoutUsingARestart) {
   EXPECT_EQ(sched.job(1).state, JobState::Running);
   EXPECT_EQ(slow.starts.load(), 1);
   fs::remove_all(dir);
+}
+
+// What was observed of a job while an action for it waited in the queue, and a start that failed before a stop and
+// another start were decided, say nothing about the job once those actions are made.
+TEST(ObservedExecutor, WhatWasSeenOrFailedBeforeTheLatestActionDoesNotCount) {
+  SlowExecutor slow;
+  slow.answer = {ExecStatus::Failed, 30, 20, "share 0 exited with 1", 0};
+  slow.start_delay = std::chrono::milliseconds(800);
+  ObservedExecutor observed(slow);
+  JobRecord one, two;
+  one.id = 1;
+  two.id = 2;
+  observed.start(one, PlacementRecord{});  // takes 0.8 s: job 2's stop waits behind it
+  observed.stop(2);
+  observed.observe({2});  // answers at once, from before the stop is made
+  ASSERT_TRUE(observed.settle(std::chrono::milliseconds(5000)));
+  EXPECT_EQ(observed.status(2).kind, ExecStatus::Unknown) << observed.status(2).detail;
+
+  slow.fail_starts = 1;
+  JobRecord three;
+  three.id = 3;
+  observed.start(three, PlacementRecord{});  // fails after 0.8 s, once the stop and the new start are decided
+  observed.stop(3);
+  observed.start(three, PlacementRecord{});
+  ASSERT_TRUE(observed.settle(std::chrono::milliseconds(5000)));
+  EXPECT_FALSE(observed.status(3).start_failed) << "the failure of a start that a newer one replaced";
+  EXPECT_EQ(slow.starts.load(), 2);
 }
 
 }  // namespace

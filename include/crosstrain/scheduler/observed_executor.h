@@ -19,6 +19,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -66,7 +67,7 @@ class ObservedExecutor : public Executor {
   };
   void queue(Action action);
   void act_loop();
-  void act(const Action& a);
+  std::optional<ExecStatus> act(const Action& a);
   void forget_locked(int64_t job_id);  // the job changed: what was seen of it no longer holds
 
 

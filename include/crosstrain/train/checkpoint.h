@@ -24,6 +24,7 @@
 #include "crosstrain/data/sampler.h"
 #include "crosstrain/train/checkpoint_sites.h"
 #include "crosstrain/train/site_stager.h"
+#include "crosstrain/train/staging_plan.h"
 
 namespace crosstrain::train {
 

@@ -5,8 +5,9 @@
 // - newest first: one step per round, the newest any site still needs (older ones wait, and are dropped at a site
 //   once it has committed a newer one: SHARDCAST's rule, only the newest weights matter);
 // - resumable: a file a site holds in part continues from its last byte;
-// - only between sites that agree what the step's files are (the same names, sizes and checksums): a step saved
-//   twice, by two placements of the job, is never pieced together from both.
+// - only between sites that agree what the step's files are (the same names, sizes and checksums) and which
+//   placement saved them (its fence token): a step saved twice, by two placements of the job, is never pieced
+//   together from both, and a site's commit of another placement never makes it drop this one's copy.
 #pragma once
 
 #include <cstdint>
@@ -27,6 +28,7 @@ struct StagedFile {
 struct StepHolding {
   int64_t step = 0;
   bool committed = false;                   // step_N, complete; else being gathered (step_N.staging)
+  std::string origin;                       // the placement that saved it (run.fence; "" unfenced)
   std::map<std::string, StagedFile> files;  // what the whole checkpoint's files are
   std::map<std::string, int64_t> have;      // bytes of each file the site holds (== size: the whole file)
   bool holds(const std::string& file) const;
@@ -54,9 +56,9 @@ struct Transfer {
   }
 };
 
-// The transfers of one round: of the newest step some site gathers and can get something of, every file it lacks
-// from the lowest-numbered site holding it whole; ordered by receiving site, then file name. Empty: nothing left
-// that any site could get.
+// The transfers of one round: of the newest step some site gathers (newer than its newest commit from the same
+// placement) and can get something of, every file it lacks from the lowest-numbered site holding it whole; ordered
+// by receiving site, then file name. Empty: nothing left that any site could get.
 std::vector<Transfer> plan_staging(const std::vector<SiteInventory>& sites);
 
 // The run's outputs the first site (rank 0's) holds and another site lacks or holds otherwise: appended from the
@@ -70,7 +72,7 @@ bool is_piece_file_name(const std::string& name);
 
 nlohmann::json inventory_to_json(const SiteInventory& inventory);
 // A peer's report, checked as hostile input: throws Error naming the first thing out of bounds (too many steps or
-// files, a name that is no piece file's, sizes, checksums, byte counts).
+// files, a step twice, a name that is no piece file's, sizes, checksums, byte counts, origins).
 SiteInventory inventory_from_json(const nlohmann::json& j);
 
 }  // namespace crosstrain::train

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <filesystem>
+#include <atomic>
 #include <future>
 #include <thread>
 #include <fstream>
@@ -232,4 +233,37 @@ TEST(SiteStaging, AnotherPlacementsHalfStagedCopyIsDroppedNotCompleted) {
     EXPECT_FALSE(fs::exists(checkpoint::final_checkpoint_dir(dir, 5))) << name;
     EXPECT_TRUE(whole_at(dir, 6)) << name;
   }
+}
+
+// A stager waiting on a silent peer (here: west's stager held before it sends anything, over Gloo with a 30 s
+// timeout) is stopped at once when its writer goes, as when a generation ends: nobody waits out the timeout.
+TEST(SiteStaging, AStagerWaitingOnASilentPeerStopsAtOnce) {
+  const Sites sites("staging_silent_peer");
+  const std::string never = crosstrain::testing::scratch_path("staging_silent_never").string();
+  auto host = comm::Rendezvous::host("127.0.0.1", 0, 4, comm::Millis(10000), 0);
+  std::promise<void> others_gone;
+  std::shared_future<void> gone = others_gone.get_future().share();
+  std::atomic<int> left{3};
+  std::vector<std::future<double>> ranks;
+  for (int rank = 0; rank < 4; ++rank)
+    ranks.push_back(std::async(std::launch::async, [&, rank] {
+      auto rendezvous =
+          rank == 0 ? host : comm::Rendezvous::connect("127.0.0.1", host->port(), rank, 4, comm::Millis(10000));
+      auto c = comm::make_gloo_communicator(rendezvous, rank, 4, comm::Millis(30000));
+      checkpoint::StorageFaults faults;
+      if (rank == 2) faults.stage_hold_file = never;  // west's stager never moves a byte while the others wait
+      auto w = writer(*c, sites, faults);
+      save(*w, rank, 5);
+      std::this_thread::sleep_for(std::chrono::seconds(2));  // east and north wait for west's file
+      if (rank == 2) {
+        gone.wait();  // west stays silent until the others' writers are gone
+        return 0.0;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
+      w.reset();
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (--left == 0) others_gone.set_value();
+      return s;
+    }));
+  for (int rank = 0; rank < 4; ++rank) EXPECT_LT(ranks[rank].get(), 5.0) << "rank " << rank << "'s writer waited";
 }

@@ -32,3 +32,5 @@ set_tests_properties([=[ComputeNetwork.ADiLoCoJobAcrossThreeSlurmClustersOnEmula
 set_tests_properties([=[Stragglers.NoWarningInAThousandCleanSteps]=] PROPERTIES LABELS "train;slow" RUN_SERIAL TRUE)
 # A hundred failures (issue 33, item 5): about 90 s of kills and rejoins; the ten-kill case runs by default.
 set_tests_properties([=[ElasticCli.AHundredFailuresLeaveThreadsFilesAndMemoryFlat]=] PROPERTIES LABELS "train;slow")
+# A Slurm cluster of two nodes in two testbed hosts (root; about 20 s, serial like every compute network test).
+set_tests_properties([=[MultiNodeShare.AJobLargerThanANodeRunsOverTwoNodesOfItsCluster]=] PROPERTIES LABELS "train;slow")

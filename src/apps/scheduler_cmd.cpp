@@ -77,6 +77,7 @@ std::vector<scheduler::SlurmCluster> slurm_clusters(const SchedulerCli& cli, con
     registry.index_of(c.name);  // names a cluster of the cluster file, or says which exist
     if (!std::filesystem::exists(c.conf))
       throw UsageError("scheduler: --slurm " + c.name + "=" + c.conf + ": no such file (the cluster's slurm.conf)");
+    c.devices_per_node = registry.clusters()[registry.index_of(c.name)].devices_per_host;
     out.push_back(c);
   }
   for (const auto& info : registry.clusters()) {
@@ -138,6 +139,9 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
                          "'; make one with crosstrain ledger keygen --cluster " + c.name + " --out " + cli.ledger_keys);
   }
   launch.sites = cli.site_storage;
+  // On Slurm a share larger than one of its cluster's nodes spans several (srun starts a launcher on each).
+  if (cli.executor == "slurm")
+    for (const auto& c : registry.clusters()) launch.devices_per_node[c.name] = c.devices_per_host;
   auto command = scheduler::train_share_command(launch, work);
   if (cli.executor == "local")
     return std::make_unique<scheduler::LocalExecutor>(work, command, std::chrono::milliseconds(10000),

@@ -77,9 +77,14 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
   const SlurmCluster& c = cluster(s.cluster);
   const std::string stem = (fs::path(job_dir(job.id)) / ("share" + std::to_string(share))).string();
   write_file(stem + ".sh", share_script(job, placement, share, command_(job, placement, share), stem));
-  // One node per share: the launcher in the script starts the share's ranks there.
+  // The launcher in the script starts the share's ranks on its node; over several nodes, one launcher a node.
+  const std::vector<int> nodes = share_node_sizes(s.ranks, c.devices_per_node);
   std::vector<std::string> argv{"sbatch", "--parsable", "--job-name=ct" + std::to_string(job.id) + "-" + s.cluster,
-                                "--nodes=1", "--ntasks=" + std::to_string(s.ranks), "--output=" + stem + ".out"};
+                                "--output=" + stem + ".out", "--nodes=" + std::to_string(nodes.size())};
+  if (nodes.size() == 1)
+    argv.push_back("--ntasks=" + std::to_string(s.ranks));
+  else
+    argv.insert(argv.end(), {"--ntasks-per-node=1", "--cpus-per-task=" + std::to_string(c.devices_per_node)});
   if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
   argv.push_back(stem + ".sh");
   const CommandResult r = run_command(argv, {{"SLURM_CONF", c.conf}}, timeout_);

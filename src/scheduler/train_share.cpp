@@ -31,6 +31,31 @@ bool uneven_shares(const PlacementRecord& placement) {
   return false;
 }
 
+// Every node of a placement, in order: its ranks, and each share's first node.
+struct PlacedNodes {
+  std::vector<int> sizes, first;
+  int of_share(size_t share) const {
+    return (share + 1 < first.size() ? first[share + 1] : static_cast<int>(sizes.size())) - first[share];
+  }
+};
+
+PlacedNodes placed_nodes(const PlacementRecord& placement, const TrainLaunch& launch) {
+  PlacedNodes nodes;
+  for (const ClusterShare& s : placement.shares) {
+    nodes.first.push_back(static_cast<int>(nodes.sizes.size()));
+    const auto per = launch.devices_per_node.find(s.cluster);
+    for (int size : share_node_sizes(s.ranks, per == launch.devices_per_node.end() ? 0 : per->second))
+      nodes.sizes.push_back(size);
+  }
+  return nodes;
+}
+
+std::string joined(const std::vector<int>& values) {
+  std::string out;
+  for (int v : values) out += (out.empty() ? "" : ",") + std::to_string(v);
+  return out;
+}
+
 std::string share_sizes(const PlacementRecord& placement) {
   std::string sizes;
   for (const ClusterShare& s : placement.shares) sizes += (sizes.empty() ? "" : ",") + std::to_string(s.ranks);
@@ -96,24 +121,39 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
 
 }  // namespace
 
+std::vector<int> share_node_sizes(int ranks, int per_node) {
+  if (per_node <= 0 || ranks <= per_node) return {ranks};
+  std::vector<int> sizes;
+  for (int left = ranks; left > 0; left -= per_node) sizes.push_back(std::min(per_node, left));
+  return sizes;
+}
+
 std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementRecord& placement, size_t share,
-                                          const TrainLaunch& launch) {
+                                          const TrainLaunch& launch, int node) {
   if (job.spec.recipe.empty())
     throw UsageError("job " + std::to_string(job.id) + " has no recipe: submit it with --recipe FILE to run it");
   if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
-  const auto nodes = std::to_string(placement.shares.size());
+  const PlacedNodes nodes = placed_nodes(placement, launch);
+  if (node != kNodeFromSlurm && (node < 0 || node >= nodes.of_share(share)))
+    throw UsageError("share " + std::to_string(share) + " has no node " + std::to_string(node));
+  const auto total = std::to_string(nodes.sizes.size());
+  // On a share of several nodes the script fills in each node's size and number (train_share_script).
+  const bool from_slurm = node == kNodeFromSlurm;
+  const std::string nproc = from_slurm ? "@NPROC@" : std::to_string(nodes.sizes[nodes.first[share] + node]);
+  const std::string node_rank = from_slurm ? "@NODE_RANK@" : std::to_string(nodes.first[share] + node);
   // A live-elastic job (placement.live_elastic()) runs its launchers elastic: it starts once every share is there
   // (--nnodes N:N: a share that comes up first does not train, and write the run's first outputs at its site,
   // alone), trains on without a lost one (elastic.min_replicas = 1), and a share started again joins it; the
   // launcher restarts a share's failed ranks itself too.
   const bool elastic = placement.live_elastic();
-  std::vector<std::string> argv{launch.crosstrain, "run", "--nproc", std::to_string(placement.shares[share].ranks),
-                                "--nnodes", elastic ? nodes + ":" + nodes : nodes, "--node-rank", std::to_string(share),
+  std::vector<std::string> argv{launch.crosstrain, "run", "--nproc", nproc, "--nnodes",
+                                elastic ? total + ":" + total : total, "--node-rank", node_rank,
                                 "--timeout", std::to_string(launch.rendezvous_timeout_s)};
   if (elastic) argv.insert(argv.end(), {"--max-restarts", std::to_string(launch.rank_restarts)});
-  if (uneven_shares(placement)) argv.insert(argv.end(), {"--node-sizes", share_sizes(placement)});
-  if (placement.shares.size() > 1) {
-    if (launch.master_port <= 0) throw UsageError("a job across clusters needs a rendezvous port (TrainLaunch::master_port)");
+  if (std::any_of(nodes.sizes.begin(), nodes.sizes.end(), [&](int n) { return n != nodes.sizes.front(); }))
+    argv.insert(argv.end(), {"--node-sizes", joined(nodes.sizes)});
+  if (nodes.sizes.size() > 1) {
+    if (launch.master_port <= 0) throw UsageError("a job across nodes needs a rendezvous port (TrainLaunch::master_port)");
     const auto host = launch.cluster_hosts.find(placement.shares.front().cluster);
     const std::string& master = host == launch.cluster_hosts.end() ? launch.master_host : host->second;
     argv.insert(argv.end(), {"--master", master + ":" + std::to_string(launch.master_port), "--cluster",
@@ -144,9 +184,30 @@ std::string shell_line(const std::vector<std::string>& argv) {
   return line;
 }
 
+// A share over several nodes: srun starts one launcher on each node of the allocation, which takes its node's size
+// and number from SLURM_NODEID.
+std::string launchers_on_each_node(const JobRecord& job, const PlacementRecord& placement, size_t share,
+                                   const TrainLaunch& launch) {
+  const PlacedNodes nodes = placed_nodes(placement, launch);
+  const int count = nodes.of_share(share), first = nodes.first[share];
+  std::string line = shell_line(train_share_argv(job, placement, share, launch, kNodeFromSlurm));
+  for (const auto& [mark, value] : {std::pair<std::string, std::string>{"'@NPROC@'", "\"$n\""},
+                                    std::pair<std::string, std::string>{"'@NODE_RANK@'", "\"$node\""}})
+    line.replace(line.find(mark), mark.size(), value);
+  std::string sizes;
+  for (int i = 0; i < count; ++i) sizes += std::to_string(i) + ") n=" + std::to_string(nodes.sizes[first + i]) + ";; ";
+  const std::string each = "node=$((" + std::to_string(first) + " + SLURM_NODEID)); case \"$SLURM_NODEID\" in " +
+                           sizes + "*) echo \"no node $SLURM_NODEID in this share\" >&2; exit 2;; esac; exec " + line;
+  const std::string n = std::to_string(count);
+  return shell_line({"srun", "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--kill-on-bad-exit=1", "sh", "-c",
+                     each});
+}
+
 std::string train_share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
                                const TrainLaunch& launch) {
-  const std::string train = shell_line(train_share_argv(job, placement, share, launch));
+  const std::string train = placed_nodes(placement, launch).of_share(share) > 1
+                                ? launchers_on_each_node(job, placement, share, launch)
+                                : shell_line(train_share_argv(job, placement, share, launch));
   if (launch.ledger.empty()) return train;
   const std::string& cluster = placement.shares[share].cluster;
   const std::string claim =

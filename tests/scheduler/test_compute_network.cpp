@@ -369,3 +369,69 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossThreeSlurmClustersOnEmulatedLinksShrinksA
   std::printf("checkpoint before the loss: step %lld\nbytes across the wide-area links: %s%s",
               static_cast<long long>(before_loss), wan_bytes().c_str(), job({"logs", "1"}).output.c_str());
 }
+
+namespace {
+
+// One Slurm cluster of two nodes, each in its own host of the testbed (one CPU each): a job of two ranks is one
+// share over both nodes.
+class MultiNodeShare : public ComputeNetwork {
+ protected:
+  void SetUp() override {
+    if (::geteuid() != 0) GTEST_SKIP() << "needs root to run slurmd and network namespaces";
+    root_ = crosstrain::testing::scratch_dir("multinode");
+    testbed_ = "cmn" + std::to_string(::getpid());
+    const auto up = run_process({kNetTestbed, "up", "--name", testbed_, "--clusters", "1", "--hosts-per-cluster", "2",
+                                 "--wan-delay-ms", "0", "--uplink", "--relay",
+                                 (fs::path(kBin).parent_path() / "crosstrain-delay-relay").string()},
+                                {}, milliseconds(60000));
+    ASSERT_EQ(up.exit_code(), 0) << up.output;
+    const auto slurm = run_process({kTestbed, "start", (root_ / "east").string(), "east", std::to_string(port("east")),
+                                    "1", "--testbed", testbed_, "c0-h0,c0-h1"},
+                                   {}, milliseconds(60000));
+    ASSERT_EQ(slurm.exit_code(), 0) << slurm.output;
+    std::ofstream out(root_ / "clusters.toml");
+    out << "name = \"one-cluster-two-nodes\"\n[devices.cpu]\npeak_tflops = { fp32 = 0.05, bf16 = 0.02 }\n"
+           "memory_gb = 8\nmemory_bandwidth_gbs = 20\npower_w = 15\ngemm_efficiency = 0.5\nprice_per_hour = 0.1\n"
+           "[[clusters]]\nname = \"east\"\ndevice = \"cpu\"\nhosts = 2\ndevices_per_host = 1\n"
+           "[clusters.links.host]\nlatency_us = 5\nbandwidth_gbps = 40\n"
+           "[clusters.links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n";
+    out.close();
+    api_port_ = free_port();
+  }
+};
+
+}  // namespace
+
+// The daemon places a 2-rank job on the cluster's two 1-CPU nodes: one batch job of two nodes, srun starts a
+// launcher on each (nodes 0 and 1 of the job), the ranks meet at the first node's address and train to the end.
+TEST_F(MultiNodeShare, AJobLargerThanANodeRunsOverTwoNodesOfItsCluster) {
+  daemon_ = std::make_unique<Process>(std::vector<std::string>{
+      kBin, "scheduler", "--state", (root_ / "state.db").string(), "--clusters", (root_ / "clusters.toml").string(),
+      "--port", std::to_string(api_port_), "--executor", "slurm", "--work-dir", (root_ / "jobs").string(), "--tick-ms",
+      "500", "--slurm", "east=" + (root_ / "east" / "slurm.conf").string(), "--cluster-host", "east=10.77.0.1"});
+  ASSERT_TRUE(daemon_->wait_for_output("/api (Ctrl-C", milliseconds(30000)));
+  const auto submitted = job({"submit", "--recipe", kRecipe, "--name", "wide", "--ranks", "2", "--global-batch", "4",
+                              "--steps", "20", "--checkpoint-every", "10", "--set", "train.eval_every=0", "--set",
+                              "train.sample_tokens=0", "--set", "comm.timeout_s=60"});
+  ASSERT_EQ(submitted.exit_code(), 0) << submitted.output;
+  // While it runs, Slurm lists the share's batch job on both nodes.
+  const std::string conf = "SLURM_CONF=" + (root_ / "east" / "slurm.conf").string();
+  std::string node_list;
+  const auto until = std::chrono::steady_clock::now() + seconds(120);
+  while (node_list.find("east-node") == std::string::npos && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(300));
+    node_list = run_process({"sh", "-c", conf + " squeue -h -o %N"}, {}, milliseconds(10000)).output;
+  }
+  EXPECT_EQ(node_list, "east-node[0-1]\n");
+  const json j = wait_job([](const json& v) { return v["state"] == "done" || v["state"] == "failed"; }, seconds(240));
+  const std::string out = slurp(root_ / "jobs" / "job1" / "share0.out");
+  ASSERT_EQ(j.value("state", ""), "done") << j.dump() << "\n" << out;
+  // Two launcher nodes (--nnodes 2): the job could only start once srun had started the second on node 1.
+  const std::string script = slurp(root_ / "jobs" / "job1" / "share0.sh");
+  EXPECT_TRUE(contains(script, "'srun' '--nodes=2'")) << script;
+  EXPECT_TRUE(contains(script, "--nnodes")) << script;
+  int64_t last = 0;
+  std::ifstream metrics(crosstrain::scheduler::job_run_dir((root_ / "jobs").string(), 1) + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) last = json::parse(line)["step"].get<int64_t>();
+  EXPECT_EQ(last, 20);
+}

@@ -104,6 +104,37 @@ TEST(TrainShare, UnevenSharesNameEveryNodesRanksAndTheirClusters) {
   EXPECT_EQ(even.find("cluster_ranks"), std::string::npos) << even;
 }
 
+// A share with more ranks than one node of its cluster holds runs over several: east (3 ranks, 2 a node) is nodes 0
+// and 1 of the job, west's share node 2. Each node is a launcher of its own size; on east srun starts one on each
+// node of the allocation, which takes its size and number from SLURM_NODEID.
+TEST(TrainShare, AShareLargerThanANodeRunsALauncherOnEachOfItsNodes) {
+  EXPECT_EQ(share_node_sizes(3, 2), (std::vector<int>{2, 1}));
+  EXPECT_EQ(share_node_sizes(4, 2), (std::vector<int>{2, 2}));
+  EXPECT_EQ(share_node_sizes(2, 4), (std::vector<int>{2}));
+  EXPECT_EQ(share_node_sizes(5, 0), (std::vector<int>{5})) << "a cluster without a node size: one node";
+  PlacementRecord p = two_shares();
+  p.shares[0].ranks = 3;
+  p.shares[1].ranks = 1;
+  TrainLaunch l = launch("/run", "h", 1);
+  l.devices_per_node = {{"east", 2}, {"west", 2}};
+  const std::string west = joined(train_share_argv(recipe_job(), p, 1, l));
+  EXPECT_NE(west.find("--nproc 1 --nnodes 3:3 --node-rank 2 "), std::string::npos) << west;
+  EXPECT_NE(west.find("--node-sizes 2,1,1 "), std::string::npos) << west;
+  EXPECT_NE(west.find("--cluster 1 "), std::string::npos) << west;
+  EXPECT_NE(west.find("--set sync.cluster_ranks=3,1"), std::string::npos) << "clusters stay blocks of ranks";
+  EXPECT_NE(joined(train_share_argv(recipe_job(), p, 0, l, 1)).find("--nproc 1 --nnodes 3:3 --node-rank 1 "),
+            std::string::npos);
+  EXPECT_THROW(train_share_argv(recipe_job(), p, 0, l, 2), UsageError) << "east has two nodes";
+  const std::string east = train_share_script(recipe_job(), p, 0, l);
+  EXPECT_EQ(east.rfind("'srun' '--nodes=2' '--ntasks=2' '--ntasks-per-node=1' '--kill-on-bad-exit=1' 'sh' '-c' ", 0), 0u)
+      << east;
+  EXPECT_NE(east.find("node=$((0 + SLURM_NODEID))"), std::string::npos) << east;
+  EXPECT_NE(east.find("0) n=2;; 1) n=1;;"), std::string::npos) << east;
+  EXPECT_NE(east.find("'\\''--nproc'\\'' \"$n\" '\\''--nnodes'\\'' '\\''3:3'\\'' '\\''--node-rank'\\'' \"$node\""),
+            std::string::npos)
+      << east;
+}
+
 TEST(TrainShare, AJobWithoutARecipeIsRefused) {
   JobRecord bare = recipe_job();
   bare.spec.recipe.clear();

@@ -2,6 +2,9 @@
 // batch job per cluster share. Each cluster is reached through its SLURM_CONF, so one scheduler drives several
 // clusters (scripts/slurm_testbed.sh starts small ones on one machine).
 //
+// A share runs on as many nodes as its ranks need (SlurmCluster::devices_per_node): one task per node with that
+// many CPUs; a share that fits one node gets --ntasks of its ranks there.
+//
 // start() submits every share; if any submission fails it cancels the shares already submitted and throws, so
 // a gang never runs in part. Each share's batch script records its exit status in the job's folder, so status()
 // knows how a share ended after Slurm forgot it, and a new executor on the same folder finds its jobs again.
@@ -26,6 +29,9 @@ struct SlurmCluster {
   std::string name;       // the registry's cluster name
   std::string conf;       // its slurm.conf (SLURM_CONF for every command)
   std::string partition;  // "" : the default partition
+  // Devices (CPUs in the tests) of one of its nodes: a share with more ranks gets several nodes, one launcher on
+  // each (train_share_script starts them with srun). 0: every share on one node.
+  int devices_per_node = 0;
 };
 
 // What share `share` of a placed job runs (a shell command line; Slurm starts it once, on the share's first node,

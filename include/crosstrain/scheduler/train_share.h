@@ -39,17 +39,27 @@ struct TrainLaunch {
   std::string ledger, ledger_keys;
   int claim_every_s = 30;
   int rank_restarts = 2;  // a live-elastic job's launchers restart a share's failed ranks this often themselves
+  // The devices of one node of each cluster (ClusterInfo::devices_per_host), by name: a share with more ranks runs
+  // over several nodes of its cluster, a launcher on each (started by srun inside the share's allocation). A cluster
+  // not named here holds every share on one node.
+  std::map<std::string, int> devices_per_node;
 };
+
+// Pure: how many ranks each node of a share of `ranks` takes, nodes of `per_node` devices filled in turn (the last
+// may hold fewer); one node when per_node <= 0 or the share fits one.
+std::vector<int> share_node_sizes(int ranks, int per_node);
 
 // The share's whole command: the launcher line, and with a ledger the periodic and final claims around it. The
 // share's exit status is the launcher's.
 std::string train_share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
                                const TrainLaunch& launch);
 
-// Each share must have the same number of ranks (the launcher's ranks are node_rank x nproc + local rank);
-// throws UsageError naming the shares otherwise.
+// The launcher line of one node of the share (`node`: its index among the share's nodes; kNodeFromSlurm: the
+// node srun starts it on, from SLURM_NODEID, for the script to fill in). Every node of every share is a launcher
+// node of its own size (--node-sizes); shares over several nodes are numbered on from the nodes before them.
+constexpr int kNodeFromSlurm = -1;
 std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementRecord& placement, size_t share,
-                                          const TrainLaunch& launch);
+                                          const TrainLaunch& launch, int node = 0);
 // The argv as one shell-quoted line.
 std::string shell_line(const std::vector<std::string>& argv);
 

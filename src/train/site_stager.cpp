@@ -85,6 +85,7 @@ struct SiteStager::Core {
   int64_t chunks_in_flight = 0;          // of the last round's plan: the next exchange waits for them
   bool held = false;                     // debug: the test's hold was waited for
   std::set<std::string> resend_whole;   // outputs whose copy here did not check
+  bool resumed = false;                  // the first series (what an earlier generation left) is done
 
   fs::path root() const { return fs::path(o.run_dir) / "checkpoints"; }
   SiteInventory scan() const { return scan_site(o.run_dir, o.fence, resend_whole); }
@@ -134,9 +135,16 @@ SiteStager::~SiteStager() {
 void SiteStager::adopt(int64_t step) {
   const fs::path tmp = checkpoint::temp_checkpoint_dir(core_->o.run_dir, step);
   const fs::path staging = staging_dir(core_->o.run_dir, step);
+  bool resumed = false;
+  {
+    std::lock_guard<std::mutex> lock(core_->mu);
+    resumed = core_->resumed;
+  }
   // Renamed here, so a checkpoint whose commit returned is staged even if this generation ends before the thread
-  // gets to it; an earlier copy of the step (a placement that saved it before) is the thread's to replace.
-  if (fs::exists(staging)) return core_->post({Core::Kind::Replace, step});
+  // gets to it. The thread renames it instead while it still resumes what an earlier generation left (newest
+  // first would otherwise drop that for this one before it is finished), and when an earlier copy of the step
+  // (a placement that saved it before) is there to replace.
+  if (!resumed || fs::exists(staging)) return core_->post({Core::Kind::Replace, step});
   fs::rename(tmp, staging);
   core_->post({Core::Kind::Adopt, step});
 }
@@ -196,6 +204,10 @@ void SiteStager::Core::handle(const Event& e) {
     if (fs::exists(from)) fs::rename(from, to);
   }
   series();
+  if (e.kind == Kind::Resume) {
+    std::lock_guard<std::mutex> lock(mu);
+    resumed = true;
+  }
   if (e.kind == Kind::Drain) check_whole_everywhere();
 }
 

@@ -98,8 +98,12 @@ TEST(SiteStaging, TrainingGoesOnWhileTheFilesCrossAndEverySiteEndsWithTheWholeCh
         EXPECT_FALSE(fs::exists(checkpoint::final_checkpoint_dir(dir, 5))) << name;
         EXPECT_FALSE(fs::exists(checkpoint::final_checkpoint_dir(dir, 10))) << name;
       }
-      EXPECT_FALSE(fs::exists(fs::path(train::staging_dir(sites.dir.at("west"), 5)) / "rank-00000.safetensors"));
-      EXPECT_TRUE(fs::exists(fs::path(train::staging_dir(sites.dir.at("west"), 5)) / "rank-00002.safetensors"));
+      const fs::path west5 = train::staging_dir(sites.dir.at("west"), 5);
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);  // west's stager renames it
+      while (!fs::exists(west5 / "rank-00002.safetensors") && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      EXPECT_TRUE(fs::exists(west5 / "rank-00002.safetensors"));
+      EXPECT_FALSE(fs::exists(west5 / "rank-00000.safetensors"));
       std::ofstream(faults.stage_hold_file) << "go\n";
     }
     w->drain();

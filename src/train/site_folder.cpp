@@ -130,7 +130,7 @@ bool Descriptor::close() {
 }
 
 SiteInventory scan_site(const std::string& run_dir, const std::string& origin,
-                        const std::set<std::string>& resend_whole) {
+                        const std::set<std::string>& resend_whole, bool with_outputs) {
   const fs::path root = fs::path(run_dir) / "checkpoints";
   std::vector<StepHolding> committed, staging;
   std::vector<std::pair<int64_t, fs::path>> staging_dirs;
@@ -160,7 +160,7 @@ SiteInventory scan_site(const std::string& run_dir, const std::string& origin,
   SiteInventory inventory;
   for (size_t i = 0; i < committed.size() && i < kReportedCommitted; ++i) inventory.steps.push_back(committed[i]);
   for (size_t i = 0; i < staging.size() && i < kReportedStaging; ++i) inventory.steps.push_back(staging[i]);
-  for (const std::string& name : kStagedOutputs) {
+  for (const std::string& name : with_outputs ? kStagedOutputs : std::vector<std::string>{}) {
     int64_t size = 0;
     const std::string sum = file_checksum((fs::path(run_dir) / name).string(), &size);
     if (resend_whole.count(name)) inventory.outputs[name] = StagedFile{0, Fnv1a().hex()};

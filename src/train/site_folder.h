@@ -43,10 +43,12 @@ class Descriptor {
 };
 
 // This site's report for the placement `origin` (run.fence). Copies this placement will never need are removed
-// first: another placement's, and those older than the site's newest commit of this placement. Outputs named in
-// `resend_whole` are reported as empty (their copy did not check: the next one comes whole).
+// first: another placement's, and those older than the site's newest commit of this placement. With
+// `with_outputs`, the run's outputs too (each read whole for its checksum: only for a report, not for a look at the
+// checkpoints); those named in `resend_whole` are reported as empty (their copy did not check: the next one comes
+// whole).
 SiteInventory scan_site(const std::string& run_dir, const std::string& origin,
-                        const std::set<std::string>& resend_whole);
+                        const std::set<std::string>& resend_whole, bool with_outputs = true);
 
 // The FNV-1a state after the first `bytes` of a file (a resumed transfer continues the sum).
 std::optional<Fnv1a> sum_of_prefix(const std::filesystem::path& path, int64_t bytes);

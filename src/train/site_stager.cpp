@@ -258,6 +258,7 @@ void SiteStager::Core::check_whole_everywhere() {
   for (const SiteInventory& site : all)
     for (const StepHolding& h : site.steps)
       if (h.origin == o.fence) newest = std::max(newest, h.step);
+  if (newest < 0) return;  // nothing of this placement anywhere: nothing a site could lack
   for (size_t s = 0; s < all.size(); ++s) {
     const bool whole = std::any_of(all[s].steps.begin(), all[s].steps.end(), [&](const StepHolding& h) {
       return h.committed && h.step == newest && h.origin == o.fence;
@@ -413,7 +414,7 @@ std::string SiteStager::Core::receive_into(const Transfer& t, const fs::path& pa
 // Each staged copy of this placement that is whole becomes this site's checkpoint, unless a newer placement fenced
 // the run off it.
 void SiteStager::Core::commit_whole_copies() {
-  for (const StepHolding& h : scan().steps) {
+  for (const StepHolding& h : scan_site(o.run_dir, o.fence, resend_whole, /*with_outputs=*/false).steps) {
     if (h.committed || !h.complete()) continue;
     const std::string dir = staging_dir(o.run_dir, h.step);
     const std::string refusal = fence_refusal(o.run_dir, o.fence);

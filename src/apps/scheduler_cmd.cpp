@@ -146,8 +146,13 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
   if (cli.executor == "local")
     return std::make_unique<scheduler::LocalExecutor>(work, command, std::chrono::milliseconds(10000),
                                                       cli.max_local_ranks);
-  if (cli.executor == "slurm")
-    return std::make_unique<scheduler::SlurmExecutor>(slurm_clusters(cli, registry), work, command);
+  if (cli.executor == "slurm") {
+    auto clusters = slurm_clusters(cli, registry);
+    // With sites, a share's output stays on its cluster's storage, beside the job's run folder there.
+    if (cli.site_storage)
+      for (auto& c : clusters) c.site_dir = (std::filesystem::path(work) / "sites" / c.name).string();
+    return std::make_unique<scheduler::SlurmExecutor>(std::move(clusters), work, command);
+  }
   throw UsageError("scheduler: --executor '" + cli.executor + "': use sim, local or slurm");
 }
 

@@ -11,6 +11,7 @@
 #include "crosstrain/comm/init.h"
 #include "crosstrain/core/launch_env.h"
 #include "crosstrain/core/error.h"
+#include "crosstrain/core/fence.h"
 #include "crosstrain/core/machine.h"
 #include "crosstrain/core/interrupt.h"
 #include "crosstrain/checkpoint/distributed.h"
@@ -168,6 +169,10 @@ int train_command(const TrainCommand& cmd, const std::vector<std::string>& relau
     const auto grace = std::chrono::seconds(family.stop_check(config).every > 1 ? 600 : 30);
     return launch_self(cmd.nproc, relaunch_args, config.comm.timeout(), state_per_rank, env.secret, elastic, grace);
   }
+  // A site without a shared disk has no scheduler to write its fence: each rank moves it to its own placement's
+  // token, and a placement that a later one took over does not train there at all.
+  if (const std::string refusal = advance_fence(config.run.dir, config.run.fence); !refusal.empty())
+    throw UsageError("crosstrain train: " + refusal + "; nothing was trained or written");
   if (config.elastic.enabled) return train_elastic_rank(config, env, relaunch_args);
   auto world = comm::init_world(env, config.comm, train::cluster_of_this_node(config.sync.topology));
   train::Trainer trainer(std::move(run), *world);

@@ -60,7 +60,14 @@ LocalExecutor::LocalExecutor(std::string work_dir, ShareCommand command, std::ch
 std::string LocalExecutor::run_dir(int64_t job_id) const { return job_run_dir(work_dir_, job_id); }
 
 // bash SCRIPT > OUT 2>&1 in a process group of its own (out of reach of the daemon's terminal's Ctrl-C).
-int LocalExecutor::spawn(const std::string& script, const std::string& out) const {
+int LocalExecutor::spawn(const std::string& script, const std::string& out, const std::string& secret) const {
+  // The environment is built before fork: the daemon has threads, and a child may only exec then.
+  std::vector<std::string> vars{"CROSSTRAIN_SECRET=" + secret};
+  for (char** e = environ; *e; ++e)
+    if (std::string(*e).rfind("CROSSTRAIN_SECRET=", 0) != 0) vars.emplace_back(*e);
+  std::vector<char*> envp;
+  for (std::string& v : vars) envp.push_back(v.data());
+  envp.push_back(nullptr);
   const pid_t pid = ::fork();
   if (pid < 0) throw Error("scheduler: cannot fork to start " + script);
   if (pid == 0) {
@@ -71,7 +78,8 @@ int LocalExecutor::spawn(const std::string& script, const std::string& out) cons
     if (null >= 0) ::dup2(null, 0);
     // Nothing of the daemon's (its listening socket, the state file) may outlive it in the job's processes.
     ::close_range(3, ~0U, 0);
-    ::execl("/bin/bash", "bash", script.c_str(), static_cast<char*>(nullptr));
+    char* argv[] = {const_cast<char*>("bash"), const_cast<char*>(script.c_str()), nullptr};
+    ::execve("/bin/bash", argv, envp.data());
     ::_exit(127);
   }
   ::setpgid(pid, pid);  // also here: the group exists before anyone looks for it, whichever runs first
@@ -96,12 +104,12 @@ void LocalExecutor::start(const JobRecord& job, const PlacementRecord& placement
     std::ofstream(stem + ".sh") << share_script(job, placement, i, command_(job, placement, i), stem);
     stems.push_back(stem);
   }
-  for (const std::string& stem : stems) spawn_share(stem);
+  for (const std::string& stem : stems) spawn_share(stem, job.id);
 }
 
 // Starts the script STEM.sh (output STEM.out) and records its process group in STEM.pid.
-void LocalExecutor::spawn_share(const std::string& stem) const {
-  const int pid = spawn(stem + ".sh", stem + ".out");
+void LocalExecutor::spawn_share(const std::string& stem, int64_t job_id) const {
+  const int pid = spawn(stem + ".sh", stem + ".out", job_secret(work_dir_, job_id));
   std::ofstream(stem + ".pid.tmp") << pid << "\n";
   fs::rename(stem + ".pid.tmp", stem + ".pid");
 }
@@ -109,7 +117,7 @@ void LocalExecutor::spawn_share(const std::string& stem) const {
 void LocalExecutor::launch_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
   const std::string stem = (fs::path(job_dir_in(work_dir_, job.id)) / ("share" + std::to_string(share))).string();
   std::ofstream(stem + ".sh") << share_script(job, placement, share, command_(job, placement, share), stem);
-  spawn_share(stem);
+  spawn_share(stem, job.id);
 }
 
 void LocalExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {

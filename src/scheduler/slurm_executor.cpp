@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -32,7 +33,52 @@ void write_file(const fs::path& p, const std::string& text) {
 
 std::string first_line(const std::string& text) { return text.substr(0, text.find('\n')); }
 
+// `key=` in scontrol's one-line output: the value up to the next space, or "" when absent.
+std::string field(const std::string& text, const std::string& key) {
+  size_t at = 0;
+  while ((at = text.find(key + "=", at)) != std::string::npos) {
+    if (at == 0 || text[at - 1] == ' ' || text[at - 1] == '\n') {
+      const size_t begin = at + key.size() + 1;
+      return text.substr(begin, text.find_first_of(" \n", begin) - begin);
+    }
+    at += key.size();
+  }
+  return "";
+}
+
 }  // namespace
+
+bool SlurmJobState::ended() const {
+  static const std::set<std::string> kTerminal{"BOOT_FAIL", "CANCELLED", "COMPLETED",     "DEADLINE", "FAILED",
+                                               "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "TIMEOUT"};
+  return state.empty() || kTerminal.count(state) > 0;
+}
+
+std::string SlurmJobState::failure() const {
+  if (state.empty()) return "ended without an exit status (Slurm no longer knows it: cancelled or lost)";
+  if (state == "COMPLETED" && exit_code == 0) return "";
+  if (exit_code != 0) return "exited with " + std::to_string(exit_code) + " (Slurm: " + state + ")";
+  if (signal != 0) return "was ended by signal " + std::to_string(signal) + " (Slurm: " + state + ")";
+  return "ended " + state + " without an exit status";
+}
+
+std::optional<SlurmJobState> parse_scontrol_job(const std::string& text) {
+  SlurmJobState s;
+  s.state = field(text, "JobState");
+  if (s.state.empty() || s.state.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ_") != std::string::npos)
+    return std::nullopt;
+  const std::string code = field(text, "ExitCode");  // "status:signal"
+  const size_t colon = code.find(':');
+  try {
+    if (colon != std::string::npos) {
+      s.exit_code = std::stoi(code.substr(0, colon));
+      s.signal = std::stoi(code.substr(colon + 1));
+    }
+  } catch (const std::exception&) {
+    return std::nullopt;
+  }
+  return s;
+}
 
 SlurmExecutor::SlurmExecutor(std::vector<SlurmCluster> clusters, std::string work_dir, ShareCommand command,
                              std::chrono::milliseconds command_timeout)
@@ -76,18 +122,24 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
   const ClusterShare& s = placement.shares[share];
   const SlurmCluster& c = cluster(s.cluster);
   const std::string stem = (fs::path(job_dir(job.id)) / ("share" + std::to_string(share))).string();
-  write_file(stem + ".sh", share_script(job, placement, share, command_(job, placement, share), stem));
+  // sbatch reads the script here and hands it to the controller: the nodes never read the scheduler's folder.
+  write_file(stem + ".sh", share_script(job, placement, share, command_(job, placement, share), ""));
   // The launcher in the script starts the share's ranks on its node; over several nodes, one launcher a node.
   const std::vector<int> nodes = share_node_sizes(s.ranks, c.devices_per_node);
+  const std::string output = c.site_dir.empty() ? stem + ".out"
+                                                : (fs::path(c.site_dir) / ("job" + std::to_string(job.id) + "-share" +
+                                                                           std::to_string(share) + "-%j.out")).string();
   std::vector<std::string> argv{"sbatch", "--parsable", "--job-name=ct" + std::to_string(job.id) + "-" + s.cluster,
-                                "--output=" + stem + ".out", "--nodes=" + std::to_string(nodes.size())};
+                                "--output=" + output, "--export=ALL", "--nodes=" + std::to_string(nodes.size())};
   if (nodes.size() == 1)
     argv.push_back("--ntasks=" + std::to_string(s.ranks));
   else
     argv.insert(argv.end(), {"--ntasks-per-node=1", "--cpus-per-task=" + std::to_string(c.devices_per_node)});
   if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
   argv.push_back(stem + ".sh");
-  const CommandResult r = run_command(argv, {{"SLURM_CONF", c.conf}}, timeout_);
+  // The job's secret rides in sbatch's environment (--export=ALL), which Slurm gives the batch script.
+  const CommandResult r =
+      run_command(argv, {{"SLURM_CONF", c.conf}, {"CROSSTRAIN_SECRET", job_secret(work_dir_, job.id)}}, timeout_);
   if (!r.ok())
     throw Error("scheduler: job " + std::to_string(job.id) + ": sbatch on cluster '" + s.cluster + "' failed" +
                 (r.timed_out ? " (no answer within the timeout)" : "") + ": " + first_line(r.output));
@@ -195,24 +247,26 @@ void SlurmExecutor::reap_loop() {
   }
 }
 
-std::optional<std::string> SlurmExecutor::slurm_state(const SlurmCluster& c, const std::string& id) {
-  // A controller that did not answer its last ping is not asked again: squeue retries a dead one for 18 s.
+std::optional<SlurmJobState> SlurmExecutor::slurm_job(const SlurmCluster& c, const std::string& id) {
+  // A controller that did not answer its last ping is not asked again: its commands retry a dead one for 18 s.
   if (!reachable(c.name)) return std::nullopt;
-  const CommandResult r = run_command({"squeue", "-h", "-j", id, "-o", "%T"}, {{"SLURM_CONF", c.conf}}, timeout_);
-  if (r.ok()) return first_line(r.output);
-  // squeue also fails for a job id the controller has already purged; that one ended, unlike an unreachable cluster.
-  if (r.output.find("Invalid job id") != std::string::npos) return std::string();
+  const CommandResult r = run_command({"scontrol", "show", "job", "-o", id}, {{"SLURM_CONF", c.conf}}, timeout_);
+  if (r.ok()) return parse_scontrol_job(r.output);
+  // A job id the controller has already purged: that one ended, unlike an unreachable cluster.
+  if (r.output.find("Invalid job id") != std::string::npos) return SlurmJobState{};
   return std::nullopt;
 }
 
-// What the share's script recorded as its exit status ("" while it runs, or when it was killed before).
-std::string SlurmExecutor::exit_status_of(int64_t job_id, const std::string& cluster, const std::string& id) const {
+std::string SlurmExecutor::share_stem(int64_t job_id, const std::string& cluster, const std::string& id) const {
   for (const auto& e : fs::directory_iterator(job_dir(job_id)))
-    if (e.path().extension() == ".slurm" && read_file(e.path()) == cluster + " " + id) {
-      const fs::path exit_file = fs::path(e.path()).replace_extension(".exit");
-      if (fs::exists(exit_file)) return read_file(exit_file);
-    }
+    if (e.path().extension() == ".slurm" && read_file(e.path()) == cluster + " " + id)
+      return fs::path(e.path()).replace_extension("").string();
   return "";
+}
+
+std::string SlurmExecutor::exit_status_of(int64_t job_id, const std::string& cluster, const std::string& id) const {
+  const std::string stem = share_stem(job_id, cluster, id);
+  return !stem.empty() && fs::exists(stem + ".exit") ? read_file(stem + ".exit") : "";
 }
 
 ExecStatus SlurmExecutor::status(int64_t job_id) {
@@ -226,41 +280,33 @@ ExecStatus SlurmExecutor::status(int64_t job_id) {
   }
   int done = 0;
   for (const auto& [name, id] : ids) {
-    const std::string share_exit = exit_status_of(job_id, name, id);
-    int share = -1;
-    for (const auto& e : fs::directory_iterator(job_dir(job_id)))
-      if (e.path().extension() == ".slurm" && read_file(e.path()) == name + " " + id)
-        share = share_number(e.path().stem().string());
-    st.failed_share = share;  // meaningful only with kind Failed
-    if (!share_exit.empty()) {
-      if (share_exit != "0") {
-        st.kind = ExecStatus::Failed;
-        st.detail = "share on " + name + " (Slurm job " + id + ") exited with " + share_exit;
+    const std::string stem = share_stem(job_id, name, id);
+    st.failed_share = share_number(fs::path(stem).filename().string());  // meaningful only with kind Failed
+    std::string ended = exit_status_of(job_id, name, id);
+    if (ended.empty()) {
+      const std::optional<SlurmJobState> job = slurm_job(cluster(name), id);
+      if (!job) {
+        // The cluster does not answer: lost_clusters() decides whether it is gone; until then nothing is known.
+        st.kind = ExecStatus::Unknown;
+        st.detail = "cluster " + name + " does not answer scontrol show job";
         return st;
       }
-      ++done;
-      continue;
-    }
-    const std::optional<std::string> state = slurm_state(cluster(name), id);
-    if (!state) {
-      // The cluster does not answer: lost_clusters() decides whether it is gone; until then nothing is known.
-      st.kind = ExecStatus::Unknown;
-      st.detail = "cluster " + name + " does not answer squeue";
-      return st;
-    }
-    if (state->empty()) {
-      // The share may have ended between the look at its exit file and squeue's answer: look again.
-      const std::string late = exit_status_of(job_id, name, id);
-      if (late == "0") {
-        ++done;
+      if (!job->ended()) {
+        st.detail += name + ": " + job->state + " ";
         continue;
       }
+      // Kept here: Slurm forgets an ended job after MinJobAge, and a daemon started again still knows.
+      ended = job->failure().empty() ? "0" : job->failure();
+      if (!stem.empty()) write_file(stem + ".exit", ended);
+    }
+    if (ended != "0") {
       st.kind = ExecStatus::Failed;
-      st.detail = "share on " + name + " (Slurm job " + id + ") " +
-                  (late.empty() ? "ended without an exit status (cancelled or lost)" : "exited with " + late);
+      // A number: written by an earlier version's batch script.
+      const bool number = ended.find_first_not_of("0123456789") == std::string::npos;
+      st.detail = "share on " + name + " (Slurm job " + id + ") " + (number ? "exited with " + ended : ended);
       return st;
     }
-    st.detail += name + ": " + *state + " ";
+    ++done;
   }
   st.kind = done == static_cast<int>(ids.size()) ? ExecStatus::Done : ExecStatus::Running;
   st.failed_share = -1;

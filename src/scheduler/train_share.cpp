@@ -313,7 +313,7 @@ std::string site_run_dir(const std::string& work_dir, const std::string& cluster
 }
 
 std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
-                         const std::string& command, const std::string& stem) {
+                         const std::string& command, const std::string& exit_stem) {
   int offset = 0;
   for (size_t i = 0; i < share; ++i) offset += placement.shares[i].ranks;
   std::ostringstream script;
@@ -324,9 +324,10 @@ std::string share_script(const JobRecord& job, const PlacementRecord& placement,
          << " CROSSTRAIN_SHARE=" << share << " CROSSTRAIN_SHARES=" << placement.shares.size()
          << " CROSSTRAIN_RANK_OFFSET=" << offset << " CROSSTRAIN_WORLD_SIZE=" << placement.ranks()
          << " CROSSTRAIN_WORK_LOG_NAME=" << shell_quote(work_log_name(placement, share)) << "\n"
-         << "(\n" << command << "\n)\n"  // a subshell: even a command that calls exit leaves its status here
-         << "echo $? > " << shell_quote(stem + ".exit.tmp") << " && mv " << shell_quote(stem + ".exit.tmp") << " "
-         << shell_quote(stem + ".exit") << "\n";
+         << "(\n" << command << "\n)\n";  // a subshell: even a command that calls exit leaves its status here
+  if (!exit_stem.empty())
+    script << "echo $? > " << shell_quote(exit_stem + ".exit.tmp") << " && mv " << shell_quote(exit_stem + ".exit.tmp")
+           << " " << shell_quote(exit_stem + ".exit") << "\n";
   return script.str();
 }
 
@@ -350,6 +351,16 @@ std::string job_secret_file(const std::string& work_dir, int64_t job_id) {
     throw Error("scheduler: cannot write job " + std::to_string(job_id) + "'s secret " + path + ": " +
                 std::strerror(errno));
   return path;
+}
+
+std::string job_secret(const std::string& work_dir, int64_t job_id) {
+  const std::string path = job_secret_file(work_dir, job_id);
+  std::ifstream in(path);
+  std::string hex;
+  if (!(in >> hex) || hex.size() != 64 || hex.find_first_not_of("0123456789abcdef") != std::string::npos)
+    throw Error("scheduler: job " + std::to_string(job_id) + "'s secret " + path +
+                " is not 64 hex digits; remove it and the job gets a new one when it starts again");
+  return hex;
 }
 
 // Share 0 is built first whenever a placement starts: it takes a fresh port and keeps it in the job's folder, where
@@ -393,9 +404,8 @@ std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> tra
     // site's folder with sites; this daemon reaches them all here.)
     if (share == 0 || base.sites) write_fence(launch.run_dir, placement_fence(job, placement));
     launch.resume = newest_checkpoint_step(launch.run_dir) > 0;
-    const std::string secret = job_secret_file(work_dir, job.id);
-    return "export CROSSTRAIN_SECRET=\"$(cat " + shell_quote(secret) + ")\"\n" +
-           train_share_script(job, placement, share, launch);
+    job_secret_file(work_dir, job.id);  // the executor gives it to the share (CROSSTRAIN_SECRET)
+    return train_share_script(job, placement, share, launch);
   };
 }
 

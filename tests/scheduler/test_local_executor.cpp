@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "crosstrain/scheduler/local_executor.h"
+#include "crosstrain/scheduler/train_share.h"
 #include "scratch.h"
 
 namespace crosstrain::scheduler {
@@ -56,13 +57,18 @@ TEST_F(LocalExecutorTest, AGangRunsEveryShareWithItsPlaceInTheJobAndEndsDone) {
   fs::create_directories(out);
   LocalExecutor e(work_.string(), [&](const JobRecord&, const PlacementRecord&, size_t) {
     return "echo $CROSSTRAIN_CLUSTER_NAME $CROSSTRAIN_RANK_OFFSET $CROSSTRAIN_WORLD_SIZE > " + out.string() +
-           "/share$CROSSTRAIN_SHARE.txt";
+           "/share$CROSSTRAIN_SHARE.txt; echo \"$CROSSTRAIN_SECRET\" > " + out.string() + "/secret$CROSSTRAIN_SHARE";
   });
   e.start(job(1), gang());
   const ExecStatus s = wait_end(e, 1);
   ASSERT_EQ(s.kind, ExecStatus::Done) << s.detail;
   EXPECT_EQ(slurp(out / "share0.txt"), "east 0 3\n");
   EXPECT_EQ(slurp(out / "share1.txt"), "west 1 3\n");
+  // The job's secret reaches every share in its environment, not through a file the script reads.
+  const std::string secret = job_secret(work_.string(), 1);
+  EXPECT_EQ(slurp(out / "secret0"), secret + "\n");
+  EXPECT_EQ(slurp(out / "secret1"), secret + "\n");
+  EXPECT_EQ(slurp(work_ / "job1" / "share0.sh").find(secret), std::string::npos);
   EXPECT_EQ(e.run_dir(1), (work_ / "job1" / "run").string());
 }
 

@@ -13,6 +13,7 @@
 
 #include "crosstrain/scheduler/command.h"
 #include "crosstrain/scheduler/slurm_executor.h"
+#include "crosstrain/scheduler/train_share.h"
 #include "scratch.h"
 
 using namespace crosstrain::scheduler;
@@ -101,19 +102,66 @@ fs::path TwoSlurmClusters::root_;
 
 }  // namespace
 
+// Without a disk shared with the scheduler: the secret comes in the share's environment, its output stays in its
+// cluster's own folder, and how it ended comes from Slurm (nothing of the share writes the scheduler's folder).
 TEST_F(TwoSlurmClusters, AGangWithAShareOnEachClusterRunsAndEndsDone) {
-  const fs::path out = root_ / "gang-out";
+  const fs::path out = root_ / "gang-out", sites = root_ / "sites";
+  for (const char* name : {"east", "west"}) fs::create_directories(sites / name);
   fs::create_directories(out);
-  auto e = executor([&](const JobRecord&, const PlacementRecord&, size_t) {
+  std::vector<SlurmCluster> clusters{cluster("east"), cluster("west")};
+  for (auto& c : clusters) c.site_dir = (sites / c.name).string();
+  SlurmExecutor e(clusters, (root_ / "work").string(), [&](const JobRecord&, const PlacementRecord&, size_t) {
     return "echo cluster=$CROSSTRAIN_CLUSTER_NAME offset=$CROSSTRAIN_RANK_OFFSET world=$CROSSTRAIN_WORLD_SIZE "
-           "tasks=$SLURM_NTASKS > " + out.string() + "/share$CROSSTRAIN_SHARE.txt";
-  });
+           "tasks=$SLURM_NTASKS > " + out.string() + "/share$CROSSTRAIN_SHARE.txt; echo \"$CROSSTRAIN_SECRET\"";
+  }, milliseconds(15000));
   e.start(job(1), gang(1, 2));
   EXPECT_EQ(e.slurm_ids(1).size(), 2u);
   const ExecStatus s = wait_end(e, 1);
   ASSERT_EQ(s.kind, ExecStatus::Done) << s.detail;
   EXPECT_EQ(slurp(out / "share0.txt"), "cluster=east offset=0 world=3 tasks=1\n");
   EXPECT_EQ(slurp(out / "share1.txt"), "cluster=west offset=1 world=3 tasks=2\n");
+  const std::string secret = job_secret((root_ / "work").string(), 1);
+  EXPECT_EQ(slurp(sites / "west" / ("job1-share1-" + e.slurm_ids(1).at("west") + ".out")), secret + "\n");
+  for (const auto& entry : fs::directory_iterator(root_ / "work" / "job1")) {
+    EXPECT_NE(entry.path().extension(), ".out") << "a share's output went to the scheduler's folder";
+    if (entry.path().extension() == ".sh") EXPECT_EQ(slurp(entry.path()).find(secret), std::string::npos);
+  }
+}
+
+// A share that fails: Slurm's ExitCode names its status, which the executor keeps once seen.
+TEST_F(TwoSlurmClusters, AFailedShareIsReportedWithTheExitStatusSlurmGives) {
+  auto e = executor([](const JobRecord&, const PlacementRecord&, size_t share) {
+    return share == 1 ? std::string("exit 3") : std::string("true");
+  });
+  e.start(job(6), gang(1, 1));
+  const ExecStatus s = wait_end(e, 6);
+  ASSERT_EQ(s.kind, ExecStatus::Failed) << s.detail;
+  EXPECT_NE(s.detail.find("share on west (Slurm job " + e.slurm_ids(6).at("west") + ") exited with 3"),
+            std::string::npos) << s.detail;
+  EXPECT_EQ(s.failed_share, 1);
+  EXPECT_EQ(slurp(root_ / "work" / "job6" / "share1.exit"), "exited with 3 (Slurm: FAILED)");
+}
+
+TEST(SlurmJobState, ScontrolsOneLineIsReadForTheStateAndTheExitCode) {
+  const auto done = parse_scontrol_job("JobId=12 JobName=ct1-east UserId=root(0) JobState=COMPLETED Reason=None "
+                                       "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:00:01\n");
+  ASSERT_TRUE(done);
+  EXPECT_TRUE(done->ended());
+  EXPECT_EQ(done->failure(), "");
+  const auto failed = parse_scontrol_job("JobId=13 JobState=FAILED Reason=NonZeroExitCode ExitCode=3:0");
+  ASSERT_TRUE(failed);
+  EXPECT_EQ(failed->failure(), "exited with 3 (Slurm: FAILED)");
+  const auto cancelled = parse_scontrol_job("JobId=14 JobState=CANCELLED Reason=None ExitCode=0:15");
+  ASSERT_TRUE(cancelled);
+  EXPECT_EQ(cancelled->failure(), "was ended by signal 15 (Slurm: CANCELLED)");
+  const auto running = parse_scontrol_job("JobId=15 Comment=JobState=COMPLETED JobState=RUNNING ExitCode=0:0");
+  ASSERT_TRUE(running);
+  EXPECT_EQ(running->state, "RUNNING") << "a field's name inside another's value";
+  EXPECT_FALSE(running->ended());
+  EXPECT_FALSE(parse_scontrol_job("slurm_load_jobs error: Invalid job id specified"));
+  EXPECT_FALSE(parse_scontrol_job("JobState=RUNNING ExitCode=x:0"));
+  EXPECT_TRUE(SlurmJobState{}.ended()) << "a job Slurm forgot has ended";
+  EXPECT_NE(SlurmJobState{}.failure().find("without an exit status"), std::string::npos);
 }
 
 TEST_F(TwoSlurmClusters, AGangOneClusterRefusesLeavesNothingRunningOnTheOther) {
@@ -141,7 +189,7 @@ TEST_F(TwoSlurmClusters, StopCancelsEveryShareAndANewExecutorFindsTheJob) {
   again.stop(3);
   const ExecStatus s = wait_end(e, 3);
   EXPECT_EQ(s.kind, ExecStatus::Failed);
-  EXPECT_NE(s.detail.find("without an exit status"), std::string::npos) << s.detail;
+  EXPECT_NE(s.detail.find("CANCELLED"), std::string::npos) << s.detail;
   for (const auto& [name, id] : e.slurm_ids(3)) EXPECT_EQ(settled(name, id), "") << name;
 }
 

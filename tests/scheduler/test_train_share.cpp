@@ -181,6 +181,10 @@ TEST(TrainShare, TheScriptQuotesTheClusterAndItsFiles) {
   const std::string script = share_script(recipe_job(), p, 1, "true", "/w/job 7/share1");
   EXPECT_NE(script.find(R"(CROSSTRAIN_CLUSTER_NAME='west$(touch /tmp/x)'\''')"), std::string::npos) << script;
   EXPECT_NE(script.find("mv '/w/job 7/share1.exit.tmp' '/w/job 7/share1.exit'"), std::string::npos) << script;
+  // A Slurm share's script writes nothing of its own: Slurm reports how it ended.
+  const std::string slurm = share_script(recipe_job(), p, 1, "true", "");
+  EXPECT_EQ(slurm.find(".exit"), std::string::npos) << slurm;
+  EXPECT_EQ(slurm.substr(slurm.size() - 9), "(\ntrue\n)\n") << slurm;
 }
 
 TEST(TrainShare, OverridesOfALayoutAgreeWithThePlans) {
@@ -274,7 +278,9 @@ TEST(TrainShare, EveryJobGetsASecretOfItsOwnAndTheSchedulersSettingsWin) {
   const auto command = train_share_command(launch("", "127.0.0.1", 0), work.string());
   const std::string script = command(recipe_job(), two_shares(), 0);
   const std::string file = (work / "job7" / "secret").string();
-  EXPECT_NE(script.find("export CROSSTRAIN_SECRET=\"$(cat '" + file + "')\""), std::string::npos) << script;
+  // The executor hands it over in the share's environment: the script never reads the scheduler's folder.
+  EXPECT_EQ(script.find("CROSSTRAIN_SECRET"), std::string::npos) << script;
+  EXPECT_EQ(script.find(file), std::string::npos) << script;
   struct stat st {};
   ASSERT_EQ(stat(file.c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
@@ -283,6 +289,7 @@ TEST(TrainShare, EveryJobGetsASecretOfItsOwnAndTheSchedulersSettingsWin) {
   EXPECT_EQ(secret.size(), 64u);
   EXPECT_EQ(secret.find_first_not_of("0123456789abcdef"), std::string::npos);
   EXPECT_EQ(script.find(secret), std::string::npos) << "the secret itself is in the script";
+  EXPECT_EQ(job_secret(work.string(), 7), secret);
   command(recipe_job(), two_shares(), 1);
   std::string again;
   std::ifstream(file) >> again;

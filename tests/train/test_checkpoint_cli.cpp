@@ -449,6 +449,36 @@ TEST(Checkpoints, AFencedOffPlacementCommitsNothing) {
   EXPECT_EQ(save_as("", 30)[0], "");
 }
 
+// Sites without a shared disk: no scheduler writes their fence, each rank moves its site's fence forward when it
+// starts. A later placement's token replaces an earlier one's; an earlier one never replaces a later one, and is
+// told it was fenced off; tokens of another form or job are never taken for later ones.
+TEST(Checkpoints, ARankMovesItsSitesFenceForwardNeverBack) {
+  const std::string run = fresh_dir("ckpt_fence_advance");
+  const auto holder = [&] {
+    std::ifstream in(fs::path(run) / "FENCE");
+    std::string h;
+    std::getline(in, h);
+    return h;
+  };
+  EXPECT_EQ(crosstrain::advance_fence(run, "job4.a2"), "");
+  EXPECT_EQ(holder(), "job4.a2");
+  EXPECT_EQ(crosstrain::advance_fence(run, "job4.a2"), "");  // the same placement's other ranks
+  EXPECT_EQ(crosstrain::advance_fence(run, "job4.a10"), "");  // numbers, not text: 10 is after 2
+  EXPECT_EQ(holder(), "job4.a10");
+  const std::string old = crosstrain::advance_fence(run, "job4.a9");
+  EXPECT_TRUE(contains(old, "fenced off")) << old;
+  EXPECT_TRUE(contains(old, "job4.a10")) << old;
+  EXPECT_EQ(holder(), "job4.a10");
+  EXPECT_FALSE(crosstrain::advance_fence(run, "job5.a11").empty()) << "another job's token took the folder";
+  EXPECT_FALSE(crosstrain::advance_fence(run, "mine").empty());
+  EXPECT_EQ(holder(), "job4.a10");
+  EXPECT_EQ(crosstrain::fence_refusal(run, "job4.a10"), "");
+  EXPECT_FALSE(crosstrain::fence_is_later("job4.a", "job4.a1"));
+  EXPECT_FALSE(crosstrain::fence_is_later("job4.a3x", "job4.a1"));
+  EXPECT_TRUE(crosstrain::fence_is_later("job4.a3", "job4.a1"));
+  EXPECT_EQ(crosstrain::advance_fence(run, ""), "");  // no token, no fencing
+}
+
 TEST(Checkpoints, TheIntactCheckpointHintSurvivesAnyErrorAndQuotesItsPaths) {
   // A run directory a shell would split and unquote.
   const std::string run = fresh_dir("ckpt hint's $dir");

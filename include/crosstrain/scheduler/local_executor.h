@@ -31,8 +31,9 @@ class LocalExecutor : public Executor {
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
 
  private:
-  int spawn(const std::string& script, const std::string& out) const;
-  void spawn_share(const std::string& stem) const;
+  // `secret` reaches the share as CROSSTRAIN_SECRET (job_secret).
+  int spawn(const std::string& script, const std::string& out, const std::string& secret) const;
+  void spawn_share(const std::string& stem, int64_t job_id) const;
   void launch_share(const JobRecord& job, const PlacementRecord& placement, size_t share);
   void end_group(pid_t pgid) const;
 

@@ -6,8 +6,11 @@
 // many CPUs; a share that fits one node gets --ntasks of its ranks there.
 //
 // start() submits every share; if any submission fails it cancels the shares already submitted and throws, so
-// a gang never runs in part. Each share's batch script records its exit status in the job's folder, so status()
-// knows how a share ended after Slurm forgot it, and a new executor on the same folder finds its jobs again.
+// a gang never runs in part. Nothing a share's nodes run reads or writes the scheduler's folder (a cluster need not
+// reach its disk): the job's secret goes in sbatch's environment, the share's output to the cluster's own folder
+// (SlurmCluster::site_dir), and how it ended comes from Slurm (scontrol show job: JobState, ExitCode), which the
+// executor keeps in the job's folder once seen, so status() knows it after Slurm forgot the job. A new executor
+// on the same folder finds its jobs again.
 #pragma once
 
 #include <chrono>
@@ -32,7 +35,21 @@ struct SlurmCluster {
   // Devices (CPUs in the tests) of one of its nodes: a share with more ranks gets several nodes, one launcher on
   // each (train_share_script starts them with srun). 0: every share on one node.
   int devices_per_node = 0;
+  // The cluster's own folder, on its own storage, for its shares' output (SITE_DIR/jobID-shareK-SLURMID.out; Slurm
+  // does not make folders, so it must exist); "" : the job's folder in the scheduler's work folder.
+  std::string site_dir;
 };
+
+// What `scontrol show job -o ID` says of a job: its state and, once it ended, its batch script's exit status or
+// the signal that ended it. nullopt for text without a JobState.
+struct SlurmJobState {
+  std::string state;  // PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...; "" : Slurm no longer knows the job
+  int exit_code = 0, signal = 0;
+  bool ended() const;  // a terminal state (or forgotten)
+  // "" for a clean end (COMPLETED, exit 0); else how it ended, for messages ("exited with 3 (Slurm: FAILED)").
+  std::string failure() const;
+};
+std::optional<SlurmJobState> parse_scontrol_job(const std::string& text);
 
 // What share `share` of a placed job runs (a shell command line; Slurm starts it once, on the share's first node,
 // with the share's tasks allocated). The environment adds CROSSTRAIN_JOB_ID, CROSSTRAIN_CLUSTER_NAME,
@@ -71,10 +88,12 @@ class SlurmExecutor : public Executor {
  private:
   const SlurmCluster& cluster(const std::string& name) const;
   std::string submit(const JobRecord& job, const PlacementRecord& placement, size_t share);
-  // Slurm's state of a share ("RUNNING", "PENDING", ...; "" once Slurm no longer lists it; nullopt when the
-  // cluster does not answer).
-  std::optional<std::string> slurm_state(const SlurmCluster& c, const std::string& id);
+  // Slurm's view of a share (state "" once Slurm no longer knows it; nullopt when the cluster does not answer).
+  std::optional<SlurmJobState> slurm_job(const SlurmCluster& c, const std::string& id);
+  // How the share ended, as the executor recorded it once Slurm said so: "0", a failure, or "" (not yet seen).
   std::string exit_status_of(int64_t job_id, const std::string& cluster, const std::string& id) const;
+  // The stem (WORK_DIR/jobID/shareK) of the share that is Slurm job `id` on `cluster`, or "".
+  std::string share_stem(int64_t job_id, const std::string& cluster, const std::string& id) const;
 
   std::vector<SlurmCluster> clusters_;
   std::string work_dir_;

@@ -99,13 +99,18 @@ std::string work_log_name(const PlacementRecord& placement, size_t share);
 int64_t job_of_ledger_job(const std::string& ledger_job);
 std::string ledger_job(const JobRecord& job, const PlacementRecord& placement);
 
-// The batch script of share `share`: the CROSSTRAIN_* variables (slurm_executor.h), the command, then its exit
-// status into STEM.exit (written to a temporary name and renamed, so a reader never sees half of it).
+// The batch script of share `share`: the CROSSTRAIN_* variables (slurm_executor.h), the command, then, when
+// `exit_stem` is given, its exit status into EXIT_STEM.exit (written to a temporary name and renamed, so a reader
+// never sees half of it). Without one the script exits with the command's status: Slurm reports it (ExitCode),
+// and nothing of the script writes into the scheduler's folder, which a cluster's nodes need not reach.
 std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
-                         const std::string& command, const std::string& stem);
+                         const std::string& command, const std::string& exit_stem);
 
 // WORK_DIR/jobN/secret (mode 0600): 32 random bytes in hex, made when missing; returns its path.
 std::string job_secret_file(const std::string& work_dir, int64_t job_id);
+// The job's secret itself (job_secret_file's contents): the executors put it in each share's environment as
+// CROSSTRAIN_SECRET (Slurm carries sbatch's environment to the job), so no node reads it from the scheduler's disk.
+std::string job_secret(const std::string& work_dir, int64_t job_id);
 
 // The rendezvous port of the job's current placement: share 0 takes a fresh one (a placement always builds it
 // first) and records it in WORK_DIR/jobID/rendezvous_port, where every other share reads it, also one started
@@ -114,8 +119,8 @@ int placement_port(const std::string& work_dir, int64_t job_id, size_t share);
 
 // The usual ShareCommand for recipe jobs: train_share_argv with a fresh rendezvous port per placement
 // (placement_port), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint. Every job
-// gets a secret of its own (job_secret_file, made on its first start): the shares export it as CROSSTRAIN_SECRET,
-// so only they join the job's store, and comm.encrypt seals what crosses clusters.
+// gets a secret of its own (job_secret, made on its first start), which the executor hands each share as
+// CROSSTRAIN_SECRET, so only they join the job's store, and comm.encrypt seals what crosses clusters.
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
                                                                                               std::string work_dir);
 

@@ -1,6 +1,7 @@
 // `crosstrain ledger claim` (a cluster signs what its work log says it did, once per step) and
 // `crosstrain ledger spot-check` (the chain, then the claims against the job's figures). docs/ledger.md.
 #include <CLI/CLI.hpp>
+#include <httplib.h>
 #include <fcntl.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include <thread>
 
 #include "crosstrain/core/error.h"
+#include "crosstrain/scheduler/api_auth.h"
 #include "crosstrain/ledger/ledger.h"
 #include "crosstrain/train/config.h"
 #include "crosstrain/ledger/work_log.h"
@@ -32,7 +34,11 @@ void add_claim(CLI::App& cmd, LedgerCli& cli) {
   auto* c = cli.claim = cmd.add_subcommand(
       "claim", "sign and append the steps of RUN_DIR/work/cluster<K>.jsonl (run.work_log = true) that this cluster "
                "has not claimed yet for the job: one entry per run of consecutive steps; nothing new: no entry");
-  c->add_option("ledger", cli.ledger, "ledger file (JSONL; created if missing)")->required();
+  c->add_option("ledger", cli.ledger,
+                "ledger file (JSONL; created if missing), or the URL of the scheduler that keeps it "
+                "(http[s]://HOST:PORT: a cluster that does not share its disk; requests signed with --key)")
+      ->required();
+  c->add_option("--ca-cert", cli.ca_cert, "with an https:// ledger: the scheduler's certificate (PEM) to trust");
   c->add_option("--run-dir", cli.run_dir, "the training run's folder (run.dir), which holds work/")->required();
   c->add_option("--cluster", cli.cluster, "this cluster's name in the ledger (the key's)")->required();
   c->add_option("--cluster-index", cli.cluster_index,
@@ -158,6 +164,88 @@ LedgerEntry entry_for(const std::vector<train::WorkRecord>& run, const LedgerCli
   return e;
 }
 
+bool is_url(const std::string& ledger) {
+  return ledger.rfind("http://", 0) == 0 || ledger.rfind("https://", 0) == 0;
+}
+
+// The ledger a scheduler keeps (GET and POST /api/ledger), each request signed with the cluster's key.
+class RemoteLedger {
+ public:
+  RemoteLedger(const LedgerCli& cli, const LedgerKey& key) : url_(cli.ledger), key_(key), client_(cli.ledger) {
+    if (url_.find('/', url_.find("//") + 2) != std::string::npos)
+      throw UsageError("ledger claim: '" + url_ + "' is not http[s]://HOST:PORT (the scheduler's address, no path)");
+    client_.set_connection_timeout(10, 0);
+    client_.set_read_timeout(30, 0);
+    if (!cli.ca_cert.empty()) client_.set_ca_cert_path(cli.ca_cert.c_str());
+  }
+  std::string text() { return checked(send("GET", ""), 200).body; }
+  // 201: appended; 409: the chain moved on. Anything else throws.
+  int append(const std::string& line) { return checked(send("POST", line), 201, 409).status; }
+
+ private:
+  httplib::Result send(const std::string& method, const std::string& body) {
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+    const httplib::Headers headers{
+        {kSignatureHeader, sign_request(key_.cluster, key_.secret_key.data(), method, "/api/ledger", body, now)}};
+    return method == "GET" ? client_.Get("/api/ledger", headers)
+                           : client_.Post("/api/ledger", headers, body, "application/json");
+  }
+  const httplib::Response& checked(const httplib::Result& r, int ok, int also = 0) {
+    if (!r)
+      throw Error("ledger claim: no scheduler answers at " + url_ + " (" + httplib::to_string(r.error()) +
+                  "); nothing was claimed");
+    if (r->status != ok && r->status != also)
+      throw Error("ledger claim: " + url_ + " answered " + std::to_string(r->status) + ": " + r->body.substr(0, 400));
+    return *r;
+  }
+  std::string url_;
+  const LedgerKey& key_;
+  httplib::Client client_;
+};
+
+void print_claimed(const LedgerEntry& done, double flops_per_token) {
+  std::printf("claimed steps %lld-%lld of job %s for %s: %lld tokens, %.6g FLOPs (%.6g a token), %lld bytes, "
+              "%zu digests; seq %lld, hash %s\n",
+              static_cast<long long>(done.first_step), static_cast<long long>(done.first_step + done.steps - 1),
+              done.job.c_str(), done.cluster.c_str(), static_cast<long long>(done.tokens), done.flops, flops_per_token,
+              static_cast<long long>(done.bytes), done.gradient_digests.size(), static_cast<long long>(done.seq),
+              done.hash.c_str());
+}
+
+// Over the network: read the chain, seal the next unclaimed run after its head, send it; read again after each
+// (another cluster may have appended meanwhile: 409, and this one seals again after the new head).
+int claim_remote(const LedgerCli& cli, const LedgerKey& key, const PublicKeys& keys,
+                 const std::vector<train::WorkRecord>& records, double flops_per_token, const std::string& log) {
+  RemoteLedger ledger(cli, key);
+  int conflicts = 0, claimed = 0;
+  for (;;) {
+    LedgerVerifyOptions options;
+    options.require_known_clusters = false;
+    const LedgerVerifyReport chain = verify_ledger_text(ledger.text(), keys, options);
+    if (!chain.ok)
+      throw Error("ledger claim: the ledger at " + cli.ledger + " does not verify (" + chain.message() +
+                  "); nothing was claimed");
+    const auto runs = unclaimed_runs(records, claimed_ranges(chain.parsed, cli));
+    if (runs.empty()) break;
+    LedgerEntry entry = entry_for(runs.front(), cli, flops_per_token);
+    seal_entry(entry, chain.entries + 1, chain.head_hash, key);
+    if (ledger.append(entry_line(entry)) == 201) {
+      print_claimed(entry, flops_per_token);
+      ++claimed;
+    } else if (++conflicts > 50) {
+      throw Error("ledger claim: the ledger at " + cli.ledger + " moved on 50 times while this claim was sealed; "
+                  "try again");
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20 * conflicts));
+    }
+  }
+  if (claimed == 0)
+    std::printf("nothing to claim: %s holds %zu steps, all already claimed by %s for job %s\n", log.c_str(),
+                records.size(), cli.cluster.c_str(), cli.job.c_str());
+  return 0;
+}
+
 // --recomputed CLUSTER=WORKLOG: cluster -> step -> the recomputed digest.
 std::map<std::string, std::map<int64_t, std::string>> read_recomputed(const std::vector<std::string>& items) {
   std::map<std::string, std::map<int64_t, std::string>> out;
@@ -199,6 +287,7 @@ int run_claim(const LedgerCli& cli) {
                                                    : train::work_log_path(cli.run_dir, 0, cli.cluster);
   const std::vector<train::WorkRecord> records = train::read_work_log(log);
   const double flops_per_token = claim_flops_per_token(cli);
+  if (is_url(cli.ledger)) return claim_remote(cli, key, keys, records, flops_per_token, log);
   ClaimLock lock(cli.ledger);
   LedgerVerifyReport chain;
   if (fs::exists(cli.ledger)) {
@@ -215,13 +304,7 @@ int run_claim(const LedgerCli& cli) {
     return 0;
   }
   for (const auto& run : runs) {
-    const LedgerEntry done = append_ledger(cli.ledger, entry_for(run, cli, flops_per_token), key, keys);
-    std::printf("claimed steps %lld-%lld of job %s for %s: %lld tokens, %.6g FLOPs (%.6g a token), %lld bytes, "
-                "%zu digests; seq %lld, hash %s\n",
-                static_cast<long long>(done.first_step), static_cast<long long>(done.first_step + done.steps - 1),
-                done.job.c_str(), done.cluster.c_str(), static_cast<long long>(done.tokens), done.flops,
-                flops_per_token, static_cast<long long>(done.bytes), done.gradient_digests.size(),
-                static_cast<long long>(done.seq), done.hash.c_str());
+    print_claimed(append_ledger(cli.ledger, entry_for(run, cli, flops_per_token), key, keys), flops_per_token);
   }
   return 0;
 }

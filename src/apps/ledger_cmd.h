@@ -25,6 +25,7 @@ struct LedgerCli {
   int cluster_index = -1;  // claim: < 0 reads work/CLUSTER.jsonl
   std::string work_log;    // claim: reads work/NAME.jsonl
   double flops_per_token = 0;
+  std::string ca_cert;     // claim to an https:// scheduler with a certificate of its own
   // spot-check
   int64_t tokens_per_step = 0;
   uint64_t seed = 0;

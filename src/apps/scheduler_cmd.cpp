@@ -133,6 +133,9 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
     launch.ledger = std::filesystem::absolute(cli.ledger).string();
     launch.ledger_keys = std::filesystem::absolute(cli.ledger_keys).string();
     launch.claim_every_s = cli.claim_every_s;
+    if (!cli.ledger_url.empty() && cli.ledger_url.rfind("http://", 0) != 0 && cli.ledger_url.rfind("https://", 0) != 0)
+      throw UsageError("scheduler: --ledger-url '" + cli.ledger_url + "' is not http[s]://ADDRESS:PORT");
+    launch.ledger_url = cli.ledger_url;
     for (const auto& c : registry.clusters())
       if (!std::filesystem::exists(std::filesystem::path(launch.ledger_keys) / (c.name + ".key")))
         throw UsageError("scheduler: --ledger-keys " + cli.ledger_keys + " has no key for cluster '" + c.name +
@@ -208,6 +211,24 @@ scheduler::ServiceOptions service_options(const SchedulerCli& cli) {
       scheduler::LedgerClaims claims;
     };
     auto cache = std::make_shared<Cache>();
+    // The ledger over the API, for clusters that do not share this disk (--ledger-url).
+    o.ledger_text = [ledger] {
+      std::ifstream in(ledger, std::ios::binary);
+      std::ostringstream text;
+      if (in) text << in.rdbuf();
+      return text.str();
+    };
+    o.ledger_append = [ledger, keys_json](const std::string& line) {
+      try {
+        const scheduler::LedgerEntry e =
+            scheduler::append_sealed_entry(ledger, line, scheduler::read_public_keys(keys_json));
+        return scheduler::LedgerAppend{201, "appended entry " + std::to_string(e.seq) + " of cluster " + e.cluster};
+      } catch (const scheduler::LedgerConflict& e) {
+        return scheduler::LedgerAppend{409, e.what()};
+      } catch (const UsageError& e) {
+        return scheduler::LedgerAppend{400, e.what()};
+      }
+    };
     o.ledger_claims = [ledger, keys_json, cache] {
       std::error_code ec;
       const auto size = std::filesystem::file_size(ledger, ec);
@@ -437,6 +458,10 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
   cli.serve->add_option("--work-dir", cli.work_dir, "jobs' folders: scripts, output, run folders (default: jobs/ beside --state)");
   cli.serve->add_option("--ledger", cli.ledger, "recipe jobs' clusters sign what they trained into this ledger");
   cli.serve->add_option("--ledger-keys", cli.ledger_keys, "folder of the clusters' keys (NAME.key, keys.json)");
+  cli.serve->add_option("--ledger-url", cli.ledger_url,
+                        "this scheduler's address as the clusters reach it (http[s]://ADDRESS:PORT): their shares "
+                        "claim over the API (POST /api/ledger, signed) instead of writing the --ledger file, for "
+                        "clusters that do not share this machine's disk");
   cli.serve->add_option("--claim-every-s", cli.claim_every_s, "seconds between a training share's ledger claims")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cli.serve->add_option("--master-host", cli.master_host, "address at which the shares of a job reach its first share")

@@ -28,6 +28,7 @@ struct SchedulerCli {
   std::string work_dir;               // jobs' folders (default: beside the state file)
   std::string master_host = "127.0.0.1";
   std::string ledger, ledger_keys;    // recipe jobs sign their clusters' work into this ledger (docs/ledger.md)
+  std::string ledger_url;             // where the shares reach it over the API instead (clusters without this disk)
   int claim_every_s = 30;
   std::string tokens;                 // API tokens file (default: beside --state, made on the first start)
   std::string cluster_keys;           // clusters' public keys (keys.json): who may register and report links

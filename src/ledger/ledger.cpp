@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -296,20 +297,12 @@ void seal_entry(LedgerEntry& e, int64_t seq, const std::string& prev_hash, const
   e.signature = to_hex(sig, sizeof sig);
 }
 
-LedgerEntry append_ledger(const std::string& path, LedgerEntry entry, const LedgerKey& key, const PublicKeys& keys) {
-  if (entry.cluster != key.cluster)
-    throw UsageError("the entry is for cluster '" + entry.cluster + "' but the key is cluster '" + key.cluster +
-                     "'s: each cluster signs its own entries with its own key");
-  try {
-    check_fields(entry);
-  } catch (const BadLine& bad) {
-    throw UsageError(std::string("cannot append: ") + bad.what());
-  }
-  PublicKeys known = keys;
-  const auto listed = known.find(key.cluster);
-  if (listed != known.end() && listed->second != key.public_key)
-    throw UsageError("the keys file's public key of cluster '" + key.cluster + "' is not this key's");
-  known[key.cluster] = key.public_key;
+namespace {
+
+// Opens and locks the ledger, verifies its chain against `keys` (clusters absent from them unchecked), lets `make`
+// build the next entry from the verified chain, and appends it in one write, fsynced. Returns what was appended.
+LedgerEntry append_locked(const std::string& path, const PublicKeys& keys,
+                          const std::function<LedgerEntry(const LedgerVerifyReport&)>& make) {
   ensure_sodium();
   Fd file{::open(path.c_str(), O_RDWR | O_CREAT | O_APPEND | O_CLOEXEC, 0644)};
   if (file.fd < 0) throw UsageError("cannot open ledger '" + path + "': " + std::strerror(errno));
@@ -317,10 +310,10 @@ LedgerEntry append_ledger(const std::string& path, LedgerEntry entry, const Ledg
   const std::string text = read_fd(file.fd, path);
   LedgerVerifyOptions options;
   options.require_known_clusters = false;
-  const LedgerVerifyReport chain = verify_ledger_text(text, known, options);
+  const LedgerVerifyReport chain = verify_ledger_text(text, keys, options);
   if (!chain.ok)
     throw UsageError("refusing to append to ledger '" + path + "', whose chain does not verify: " + chain.message());
-  seal_entry(entry, chain.entries + 1, chain.head_hash, key);
+  const LedgerEntry entry = make(chain);
   // One write of the whole line: a crash can leave at most an incomplete last line, which verify names.
   if (!write_all(file.fd, entry_line(entry) + "\n")) {
     const int err = errno;
@@ -338,6 +331,52 @@ LedgerEntry append_ledger(const std::string& path, LedgerEntry entry, const Ledg
     }
   }
   return entry;
+}
+
+}  // namespace
+
+LedgerEntry append_sealed_entry(const std::string& path, const std::string& line, const PublicKeys& keys) {
+  LedgerEntry entry;
+  try {
+    entry = parse_entry(line);
+  } catch (const BadLine& bad) {
+    throw UsageError(std::string("not a ledger entry: ") + bad.what());
+  }
+  if (!keys.count(entry.cluster))
+    throw UsageError("cluster '" + entry.cluster + "' has no public key here: its entries are not taken");
+  return append_locked(path, keys, [&](const LedgerVerifyReport& chain) {
+    const std::string head = chain.entries == 0 ? kGenesis : chain.head_hash;
+    if (entry.seq != chain.entries + 1 || entry.prev_hash != head)
+      throw LedgerConflict("the ledger holds " + std::to_string(chain.entries) + " entries (head " + head.substr(0, 12) +
+                           "), not what entry " + std::to_string(entry.seq) + " was sealed after: read it again");
+    LedgerVerifyOptions strict;
+    try {
+      check_link(entry, chain, keys, strict);  // its hash, and its cluster's signature over it
+    } catch (const BadLine& bad) {
+      throw UsageError(std::string("entry refused: ") + bad.what());
+    }
+    return entry;
+  });
+}
+
+LedgerEntry append_ledger(const std::string& path, LedgerEntry entry, const LedgerKey& key, const PublicKeys& keys) {
+  if (entry.cluster != key.cluster)
+    throw UsageError("the entry is for cluster '" + entry.cluster + "' but the key is cluster '" + key.cluster +
+                     "'s: each cluster signs its own entries with its own key");
+  try {
+    check_fields(entry);
+  } catch (const BadLine& bad) {
+    throw UsageError(std::string("cannot append: ") + bad.what());
+  }
+  PublicKeys known = keys;
+  const auto listed = known.find(key.cluster);
+  if (listed != known.end() && listed->second != key.public_key)
+    throw UsageError("the keys file's public key of cluster '" + key.cluster + "' is not this key's");
+  known[key.cluster] = key.public_key;
+  return append_locked(path, known, [&](const LedgerVerifyReport& chain) {
+    seal_entry(entry, chain.entries + 1, chain.head_hash, key);
+    return entry;
+  });
 }
 
 }  // namespace crosstrain::scheduler

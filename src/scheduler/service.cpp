@@ -146,6 +146,7 @@ SchedulerService::SchedulerService(Scheduler& scheduler, StateStore& store, cons
   routes();
   run_routes();
   resource_routes();
+  ledger_routes();
   errno = 0;
   port_ = port == 0 ? server_->bind_to_any_port(host) : (server_->bind_to_port(host, port) ? port : -1);
   if (port_ <= 0)
@@ -161,6 +162,8 @@ bool SchedulerService::refused(const httplib::Request& req, httplib::Response& r
   if (!options_.tokens || req.path.rfind("/api/", 0) != 0) return false;  // the page and Chart.js hold no data
   // Clusters sign their registrations and link reports instead (checked in the handler, against the body).
   if (req.method == "POST" && (req.path == "/api/clusters" || req.path == "/api/links")) return false;
+  // A cluster reads and appends to the ledger with its signature; a person reads it with a token.
+  if (req.path == "/api/ledger" && (req.method == "POST" || req.has_header(kSignatureHeader))) return false;
   std::string authorization = req.get_header_value("Authorization");
   if (authorization.empty() && req.method == "GET" && req.has_param("access_token"))
     authorization = "Bearer " + req.get_param_value("access_token");
@@ -405,6 +408,34 @@ void SchedulerService::run_routes() {
       return reply(res, 404, {{"error", "no Chart.js at '" + options_.chart_js_path +
                                             "': apt-get install libjs-chart.js (the dashboard shows figures only)"}});
     res.set_content(chart_js, "application/javascript");
+  });
+}
+
+// Not under the scheduler's lock: the ledger has its own (an flock), and reading it may take a while.
+void SchedulerService::ledger_routes() {
+  server_->Get("/api/ledger", [this](const httplib::Request& req, httplib::Response& res) {
+    answer(req, res, [this](const httplib::Request& req, httplib::Response& res) {
+      if (req.has_header(kSignatureHeader)) signer(req);
+      if (!options_.ledger_text) throw AuthError(404, "this scheduler keeps no ledger (start it with --ledger FILE)");
+      res.status = 200;
+      res.set_content(options_.ledger_text(), "application/jsonl");
+    });
+  });
+  server_->Post("/api/ledger", [this](const httplib::Request& req, httplib::Response& res) {
+    answer(req, res, [this](const httplib::Request& req, httplib::Response& res) {
+      const std::string by = signer(req);
+      if (!options_.ledger_append) throw AuthError(404, "this scheduler keeps no ledger (start it with --ledger FILE)");
+      if (const std::string deep = json_nesting_error(req.body, kMaxJsonDepth); !deep.empty())
+        throw UsageError("a ledger entry: " + deep);
+      const json entry = json::parse(req.body, nullptr, false);
+      if (!entry.is_object() || !entry.contains("cluster") || !entry["cluster"].is_string())
+        throw UsageError("a ledger entry is one JSON line of crosstrain ledger's (with \"cluster\")");
+      if (!by.empty() && entry["cluster"] != by)
+        throw AuthError(403, "cluster '" + by + "' sent an entry of cluster '" + entry["cluster"].get<std::string>() +
+                                 "': a cluster appends only its own");
+      const LedgerAppend done = options_.ledger_append(req.body);
+      reply(res, done.status, done.status < 300 ? json{{"result", done.message}} : json{{"error", done.message}});
+    });
   });
 }
 

@@ -211,7 +211,8 @@ std::string train_share_script(const JobRecord& job, const PlacementRecord& plac
   if (launch.ledger.empty()) return train;
   const std::string& cluster = placement.shares[share].cluster;
   const std::string claim =
-      shell_line({launch.crosstrain, "ledger", "claim", launch.ledger, "--run-dir", launch.run_dir, "--cluster", cluster,
+      shell_line({launch.crosstrain, "ledger", "claim", launch.ledger_url.empty() ? launch.ledger : launch.ledger_url,
+                  "--run-dir", launch.run_dir, "--cluster", cluster,
                   "--work-log", work_log_name(placement, share), "--key",
                   (fs::path(launch.ledger_keys) / (cluster + ".key")).string(), "--job", ledger_job(job, placement),
                   "--keys", (fs::path(launch.ledger_keys) / "keys.json").string()});

@@ -244,6 +244,33 @@ TEST(Ledger, AppendRefusesAChainThatDoesNotVerify) {
   EXPECT_THROW(append_ledger(f.path, claim("cluster-b", 40, 10), f.a, f.keys), crosstrain::UsageError);  // wrong key
 }
 
+// A cluster without the ledger's disk seals its entry after the head it read and sends the line (POST
+// /api/ledger): appended when it is the next entry and signed by its cluster; a chain that moved on meanwhile is
+// a conflict (read again); a forged or unknown cluster's line is refused; nothing is appended then.
+TEST(Ledger, AnEntrySealedElsewhereIsAppendedOnlyAfterTheHeadItWasSealedAfter) {
+  Fixture f("sealed");
+  const LedgerVerifyReport before = verify_ledger(f.path, f.keys);
+  LedgerEntry next = claim("cluster-a", 40, 10);
+  seal_entry(next, before.entries + 1, before.head_hash, f.a);
+  LedgerEntry late = claim("cluster-b", 50, 10);
+  seal_entry(late, before.entries + 1, before.head_hash, f.b);  // sealed after the same head
+  EXPECT_EQ(append_sealed_entry(f.path, entry_line(next), f.keys).seq, 5);
+  EXPECT_THROW(append_sealed_entry(f.path, entry_line(late), f.keys), LedgerConflict);
+  seal_entry(late, 6, next.hash, f.b);  // read again: sealed after the new head
+  EXPECT_EQ(append_sealed_entry(f.path, entry_line(late), f.keys).seq, 6);
+  EXPECT_TRUE(verify_ledger(f.path, f.keys).ok);
+  LedgerEntry forged = claim("cluster-a", 60, 10);
+  seal_entry(forged, 7, late.hash, f.b);  // cluster b signs an entry of cluster a
+  EXPECT_THROW(append_sealed_entry(f.path, entry_line(forged), f.keys), crosstrain::UsageError);
+  const LedgerKey mallory = generate_ledger_key("mallory");
+  LedgerEntry stranger = claim("mallory", 70, 10);
+  seal_entry(stranger, 7, late.hash, mallory);
+  EXPECT_THROW(append_sealed_entry(f.path, entry_line(stranger), f.keys), crosstrain::UsageError);
+  EXPECT_THROW(append_sealed_entry(f.path, "{\"seq\": 7}", f.keys), crosstrain::UsageError);
+  EXPECT_EQ(read_lines(f.path).size(), 6u);
+  EXPECT_TRUE(verify_ledger(f.path, f.keys).ok);
+}
+
 TEST(Ledger, SampledStepsAreDeterministicDistinctAndInRange) {
   Fixture f("sample", 2);
   const auto e = verify_ledger(f.path, f.keys).parsed[1];

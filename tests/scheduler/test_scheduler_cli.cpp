@@ -199,3 +199,52 @@ devices_per_host = 8
   daemon->wait(milliseconds(10000));
   fs::remove_all(dir);
 }
+
+// A cluster that does not share the scheduler's disk claims its work over the API: `ledger claim URL` reads the
+// chain (GET /api/ledger, signed with the cluster's key), seals after its head and sends each entry (POST). The
+// entries land in the daemon's ledger file; again, nothing more is claimed; a cluster the daemon holds no key of is
+// refused, and so is an unsigned read.
+TEST(SchedulerCli, AClusterClaimsItsWorkIntoTheSchedulersLedgerOverTheApi) {
+  const fs::path dir = fs::path(::testing::TempDir()) / "ct-scheduler-ledger-api";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "run" / "work");
+  for (const char* name : {"east", "west"})
+    ASSERT_EQ(run_process({kBin, "ledger", "keygen", "--cluster", name, "--out", (dir / "keys").string()}, {},
+                          milliseconds(30000)).exit_code(), 0);
+  ASSERT_EQ(run_process({kBin, "ledger", "keygen", "--cluster", "mallory", "--out", (dir / "others").string()}, {},
+                        milliseconds(30000)).exit_code(), 0);
+  {
+    std::ofstream log(dir / "run" / "work" / "east.a1.jsonl");
+    for (int s = 1; s <= 4; ++s)
+      log << "{\"step\":" << s << ",\"tokens\":100,\"bytes\":10,\"digest\":\"" << std::string(64, 'a' + s)
+          << "\",\"time\":" << 1800000000 + s << "}\n";
+  }
+  const int port = free_port();
+  const std::string ledger = (dir / "ledger.jsonl").string();
+  auto daemon = start_daemon((dir / "state.db").string(), port,
+                             {"--ledger", ledger, "--ledger-keys", (dir / "keys").string()});
+  const std::string url = "http://127.0.0.1:" + std::to_string(port);
+  auto claim = [&](const std::string& key) {
+    return run_process({kBin, "ledger", "claim", url, "--run-dir", (dir / "run").string(), "--cluster",
+                        fs::path(key).stem().string(), "--work-log", "east.a1", "--key", key, "--job", "j",
+                        "--flops-per-token", "6"},
+                       {}, milliseconds(30000));
+  };
+  const auto first = claim((dir / "keys" / "east.key").string());
+  ASSERT_EQ(first.exit_code(), 0) << first.output;
+  EXPECT_TRUE(contains(first.output, "claimed steps 1-4 of job j for east: 400 tokens")) << first.output;
+  EXPECT_TRUE(contains(claim((dir / "keys" / "east.key").string()).output, "nothing to claim"));
+  const auto verified = run_process({kBin, "ledger", "verify", ledger, "--keys", (dir / "keys" / "keys.json").string()},
+                                    {}, milliseconds(30000));
+  EXPECT_EQ(verified.exit_code(), 0) << verified.output;
+  EXPECT_TRUE(contains(verified.output, "1 entries")) << verified.output;
+  const auto stranger = claim((dir / "others" / "mallory.key").string());
+  EXPECT_NE(stranger.exit_code(), 0);
+  EXPECT_TRUE(contains(stranger.output, "mallory")) << stranger.output;
+  const auto unsigned_read = run_process({"curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", url + "/api/ledger"},
+                                         {}, milliseconds(10000));
+  EXPECT_EQ(unsigned_read.output, "401") << unsigned_read.output;
+  daemon->signal(SIGINT);
+  daemon->wait(milliseconds(10000));
+  fs::remove_all(dir);
+}

@@ -165,6 +165,11 @@ TEST(TrainShare, WithALedgerEachShareClaimsItsClustersWork) {
   EXPECT_NE(script.find("'comm.identity=/keys/west.key' '--set' 'comm.peer_keys=/keys/keys.json'"), std::string::npos)
       << script;
   EXPECT_EQ(script.substr(script.size() - 13), "\nexit $status") << script;
+  // Clusters without the scheduler's disk claim over its API.
+  l.ledger_url = "https://10.79.0.1:8650";
+  const std::string remote = train_share_script(recipe_job(), p, 1, l);
+  EXPECT_NE(remote.find("'ledger' 'claim' 'https://10.79.0.1:8650' '--run-dir'"), std::string::npos) << remote;
+  EXPECT_EQ(remote.find("/l/ledger.jsonl"), std::string::npos) << remote;
   EXPECT_EQ(train_share_script(recipe_job(), p, 1, launch("/w/job7/run", "h", 1)).find("ledger"), std::string::npos);
   EXPECT_EQ(train_share_script(recipe_job(), p, 1, launch("/w/job7/run", "h", 1)).find("comm.identity"), std::string::npos);
 }

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,16 @@ LedgerVerifyReport verify_ledger_text(const std::string& text, const PublicKeys&
 // and of `key`'s own cluster), refuses to append to a chain that does not verify, then writes the line in one
 // write and fsyncs. Returns the entry as appended.
 LedgerEntry append_ledger(const std::string& path, LedgerEntry entry, const LedgerKey& key, const PublicKeys& keys = {});
+
+// The chain moved on between a cluster reading its head and sending an entry sealed after it: read it again.
+struct LedgerConflict : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+// Appends one ledger line sealed and signed elsewhere (a cluster that reaches the ledger's keeper only over the
+// network: the scheduler's POST /api/ledger). Under the same lock as append_ledger: the chain must verify, the line
+// must be its next entry (seq, prev_hash: else LedgerConflict), of a cluster in `keys`, with that cluster's valid
+// signature over its hash (else UsageError naming what is wrong). Returns the entry as appended.
+LedgerEntry append_sealed_entry(const std::string& path, const std::string& line, const PublicKeys& keys);
 
 // ---- spot checks -------------------------------------------------------------------------------------------------
 // What a job's steps must amount to: tokens = steps * tokens_per_step; flops = tokens * flops_per_token (6 * the

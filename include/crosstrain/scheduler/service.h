@@ -65,6 +65,13 @@ struct LedgerClaims {
   std::vector<LedgerClaim> claims;
 };
 
+// What appending a cluster's sealed ledger entry came to: 201 appended, 409 the chain moved on (read it again and
+// seal after its new head), 400 refused; with a message for the cluster.
+struct LedgerAppend {
+  int status = 201;
+  std::string message;
+};
+
 struct ServiceOptions {
   // The HTML report of a run folder. The apps pass obs's report (this layer cannot reach obs); empty: the report
   // endpoint answers 404 saying so.
@@ -81,6 +88,12 @@ struct ServiceOptions {
   // jobs' users in GET /api/usage: what each user's jobs trained on each cluster, as the clusters signed it. Empty:
   // the usage holds device-hours only.
   std::function<LedgerClaims()> ledger_claims;
+  // The ledger this scheduler keeps, for clusters that do not share its disk (`crosstrain ledger claim URL`): GET
+  // /api/ledger answers its text (JSONL; whoever holds the keys verifies it), POST /api/ledger appends one entry a
+  // cluster sealed after that text's head and signed. With tokens, a cluster signs both requests (or a token reads).
+  // Empty: 404.
+  std::function<std::string()> ledger_text;
+  std::function<LedgerAppend(const std::string& line)> ledger_append;
   // The scheduler's executor, when it is an ObservedExecutor: the ticker observes the running jobs through it
   // before each tick, without the scheduler's lock (the API answers meanwhile). Null: the tick asks the executor
   // itself, under the lock (fast executors: the simulation, local processes).
@@ -106,6 +119,7 @@ class SchedulerService {
   void routes();
   void run_routes();       // a job's run folder: metrics and report
   void resource_routes();  // clusters registering, measured links
+  void ledger_routes();    // the ledger, read and appended to by clusters
   void tick_loop();
   // Refuses (answers 401 or 403) a request its caller may not make; true when it answered.
   bool refused(const httplib::Request& req, httplib::Response& res) const;

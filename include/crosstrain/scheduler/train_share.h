@@ -37,6 +37,9 @@ struct TrainLaunch {
   // share signs its cluster's steps into the ledger with its key LEDGER_KEYS/CLUSTER.key, every claim_every_s
   // while it trains and once at its end (crosstrain ledger claim).
   std::string ledger, ledger_keys;
+  // Where the shares reach the ledger instead of its file: the scheduler's URL (http[s]://ADDRESS:PORT, POST
+  // /api/ledger), for clusters that do not share the scheduler's disk; "" : they append to `ledger` themselves.
+  std::string ledger_url;
   int claim_every_s = 30;
   int rank_restarts = 2;  // a live-elastic job's launchers restart a share's failed ranks this often themselves
   // The devices of one node of each cluster (ClusterInfo::devices_per_host), by name: a share with more ranks runs

@@ -340,6 +340,10 @@ void recipe_spec(const SchedulerCli& cli, scheduler::JobSpec& spec) {
                      models::to_string(c.model.arch));
   spec.model = planner::from_gpt_config(c.model, c.run.name);
   spec.recipe = std::filesystem::absolute(cli.recipe).string();
+  std::ifstream text(cli.recipe, std::ios::binary);
+  std::ostringstream contents;
+  contents << text.rdbuf();
+  spec.recipe_text = contents.str();  // the ranks train from a copy at their site (no disk shared with this one)
   spec.overrides = cli.sets;
   spec.global_batch = cli.global_batch > 0 ? cli.global_batch : c.train.global_batch;
   spec.steps = cli.steps > 0 ? cli.steps : c.train.steps;

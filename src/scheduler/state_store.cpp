@@ -10,6 +10,7 @@
 namespace crosstrain::scheduler {
 namespace {
 
+constexpr size_t kMaxRecipeBytes = 256 << 10;  // a recipe is a small TOML file; the spec travels in one request
 constexpr int kMaxJobRanks = 1 << 24;  // far beyond any cluster: a job wanting more is malformed, not merely too big
 
 // "CTSC": marks the file as a crosstrain scheduler state (PRAGMA application_id).
@@ -106,6 +107,7 @@ std::string job_spec_to_json(const JobSpec& s) {
   if (s.user != "default") j["user"] = s.user;
   if (s.priority != 0) j["priority"] = s.priority;
   if (!s.recipe.empty()) j["recipe"] = s.recipe;
+  if (!s.recipe_text.empty()) j["recipe_text"] = s.recipe_text;
   if (!s.overrides.empty()) j["set"] = s.overrides;
   return j.dump();
 }
@@ -179,6 +181,12 @@ JobSpec job_spec_from_json(const std::string& text) {
     throw UsageError("job spec: priority = " + std::to_string(s.priority) + " must be between " +
                      std::to_string(-kMaxPriority) + " and " + std::to_string(kMaxPriority));
   read(j, "recipe", s.recipe, "");
+  read(j, "recipe_text", s.recipe_text, "");
+  if (s.recipe_text.size() > kMaxRecipeBytes)
+    throw UsageError("job spec: recipe_text of " + std::to_string(s.recipe_text.size()) + " bytes; a recipe is at most " +
+                     std::to_string(kMaxRecipeBytes) + " (its data and weights go by path, not in the recipe)");
+  if (!s.recipe_text.empty() && s.recipe.empty())
+    throw UsageError("job spec: recipe_text without recipe (the recipe's file name, which the ranks' copy keeps)");
   read(j, "set", s.overrides, "");
   for (const std::string& o : s.overrides) {
     if (o.find('=') == std::string::npos || o.front() == '=')

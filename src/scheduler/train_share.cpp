@@ -121,6 +121,12 @@ std::vector<std::string> placement_overrides(const JobRecord& job, const Placeme
 
 }  // namespace
 
+std::string share_recipe_path(const JobRecord& job, const TrainLaunch& launch) {
+  if (job.spec.recipe_text.empty()) return job.spec.recipe;
+  const std::string name = fs::path(job.spec.recipe).filename().string();
+  return (fs::path(launch.run_dir) / "recipe" / (is_valid_name(name) ? name : "recipe.toml")).string();
+}
+
 std::vector<int> share_node_sizes(int ranks, int per_node) {
   if (per_node <= 0 || ranks <= per_node) return {ranks};
   std::vector<int> sizes;
@@ -159,7 +165,7 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
     argv.insert(argv.end(), {"--master", master + ":" + std::to_string(launch.master_port), "--cluster",
                              std::to_string(share)});
   }
-  argv.insert(argv.end(), {"--", launch.crosstrain, "train", job.spec.recipe});
+  argv.insert(argv.end(), {"--", launch.crosstrain, "train", share_recipe_path(job, launch)});
   // The job's own overrides first: the scheduler's come after them and win (state_store.h refuses job overrides of
   // the keys it owns; this holds for specs stored before that check too).
   for (const std::string& s : job.spec.overrides) argv.insert(argv.end(), {"--set", s});
@@ -203,11 +209,26 @@ std::string launchers_on_each_node(const JobRecord& job, const PlacementRecord& 
                      each});
 }
 
+// The recipe as submitted, written at the share's site before its launchers start (base64: any text is one quoted
+// word); a temporary name and a rename, as the share's other nodes may read it at once.
+std::string write_recipe_line(const JobRecord& job, const TrainLaunch& launch) {
+  const std::string& text = job.spec.recipe_text;
+  std::string b64(sodium_base64_encoded_len(text.size(), sodium_base64_VARIANT_ORIGINAL), '\0');
+  sodium_bin2base64(b64.data(), b64.size(), reinterpret_cast<const unsigned char*>(text.data()), text.size(),
+                    sodium_base64_VARIANT_ORIGINAL);
+  b64.resize(std::strlen(b64.c_str()));
+  const std::string path = shell_line({share_recipe_path(job, launch)});
+  return "mkdir -p " + shell_line({fs::path(share_recipe_path(job, launch)).parent_path().string()}) +
+         " && printf '%s' " + shell_line({b64}) + " | base64 -d > " + path + ".tmp$$ && mv " + path + ".tmp$$ " +
+         path + " || exit 1\n";
+}
+
 std::string train_share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
                                const TrainLaunch& launch) {
-  const std::string train = placed_nodes(placement, launch).of_share(share) > 1
-                                ? launchers_on_each_node(job, placement, share, launch)
-                                : shell_line(train_share_argv(job, placement, share, launch));
+  const std::string train = (job.spec.recipe_text.empty() ? "" : write_recipe_line(job, launch)) +
+                            (placed_nodes(placement, launch).of_share(share) > 1
+                                 ? launchers_on_each_node(job, placement, share, launch)
+                                 : shell_line(train_share_argv(job, placement, share, launch)));
   if (launch.ledger.empty()) return train;
   const std::string& cluster = placement.shares[share].cluster;
   const std::string claim =

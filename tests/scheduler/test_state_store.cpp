@@ -148,6 +148,14 @@ TEST(StateStore, RecipeJobSpecsRoundTripAndBadOnesAreRefused) {
   EXPECT_EQ(back.least_ranks(), 2);
   EXPECT_EQ(back.recipe, j.recipe);
   EXPECT_EQ(back.overrides, j.overrides);
+  // The recipe's text travels with the spec (sites without the submitter's disk), bounded.
+  j.recipe_text = "[model]\nn_layer = 2\n";
+  EXPECT_EQ(job_spec_from_json(job_spec_to_json(j)).recipe_text, j.recipe_text);
+  JobSpec huge = j;
+  huge.recipe_text.assign(300 << 10, '#');
+  EXPECT_THROW(job_spec_from_json(job_spec_to_json(huge)), UsageError);
+  EXPECT_THROW(job_spec_from_json(R"({"ranks": 4, "recipe_text": "x = 1"})"), UsageError) << "text without a name";
+  j.recipe_text.clear();
   EXPECT_EQ(job_spec_from_json(R"({"ranks": 4})").least_ranks(), 4) << "0: exactly ranks";
   try {
     job_spec_from_json(R"({"ranks": 4, "set": ["train.lr"]})");

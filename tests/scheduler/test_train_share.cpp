@@ -315,4 +315,25 @@ TEST(TrainShare, EveryJobGetsASecretOfItsOwnAndTheSchedulersSettingsWin) {
 }
 
 }  // namespace
+// Sites without the submitter's disk: the recipe travels in the share's script (as submitted) and is written into
+// the share's run folder at its site, where the ranks train from it; any text survives the trip byte for byte.
+TEST(TrainShare, TheRecipeTravelsInTheScriptAndTheRanksTrainFromItsCopy) {
+  const fs::path run = crosstrain::testing::scratch_dir("share-recipe") / "site run";
+  JobRecord job = recipe_job();
+  job.spec.recipe_text = "name = \"it's $(touch /tmp/ct-pwned) `x` \\\"q\\\"\"\n# \xc3\xbcnicode\n\n";
+  const std::string script = train_share_script(job, two_shares(), 1, launch(run.string(), "h", 1));
+  const std::string copy = (run / "recipe" / "gpt-tiny.toml").string();
+  EXPECT_NE(script.find("'train' '" + copy + "'"), std::string::npos) << script;
+  EXPECT_EQ(script.find("/r/gpt-tiny.toml"), std::string::npos) << script;
+  const std::string first = script.substr(0, script.find('\n'));
+  ASSERT_EQ(std::system(("bash -c " + shell_line({first})).c_str()), 0) << first;
+  std::ifstream in(copy, std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), job.spec.recipe_text);
+  EXPECT_FALSE(fs::exists("/tmp/ct-pwned"));
+  // A spec from before the text travelled: the ranks read the recipe where it was submitted.
+  EXPECT_NE(train_share_script(recipe_job(), two_shares(), 1, launch(run.string(), "h", 1)).find("'/r/gpt-tiny.toml'"),
+            std::string::npos);
+  fs::remove_all(run.parent_path());
+}
+
 }  // namespace crosstrain::scheduler

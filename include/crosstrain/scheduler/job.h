@@ -48,6 +48,9 @@ struct JobSpec {
   // What the ranks run: a training recipe (crosstrain train RECIPE) and its --set overrides. Empty for jobs that
   // only exercise the scheduler (the simulation). The executor adds the placement's layout, sync mode and run folder.
   std::string recipe;
+  // The recipe's text as it was submitted: each share writes it into its run folder at its site and trains from
+  // that copy, so no node reads the submitter's disk. "" (specs from before): the ranks read `recipe` itself.
+  std::string recipe_text;
   std::vector<std::string> overrides;  // "key=value", as `crosstrain train --set`
 
   int64_t batch() const { return global_batch > 0 ? global_batch : ranks; }

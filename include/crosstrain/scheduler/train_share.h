@@ -48,6 +48,10 @@ struct TrainLaunch {
   std::map<std::string, int> devices_per_node;
 };
 
+// The recipe a share trains from: the submitted text's copy in its run folder (RUN_DIR/recipe/NAME, written by its
+// script), or the recipe's own path for specs without the text.
+std::string share_recipe_path(const JobRecord& job, const TrainLaunch& launch);
+
 // Pure: how many ranks each node of a share of `ranks` takes, nodes of `per_node` devices filled in turn (the last
 // may hold fewer); one node when per_node <= 0 or the share fits one.
 std::vector<int> share_node_sizes(int ranks, int per_node);

@@ -3,23 +3,27 @@
 # munge daemon and key, slurmctld and one slurmd, all state under DIR, on ports PORT and PORT+1. Several can run
 # side by side (other DIR and PORT). Needs root and Debian's slurm-wlm and munge (scripts/install-deps.sh).
 #
-#   scripts/slurm_testbed.sh start DIR NAME PORT [CPUS] [--testbed TB cC-hH[,cC-hH...]]
+#   scripts/slurm_testbed.sh start DIR NAME PORT [CPUS] [--testbed TB cC-hH[,cC-hH...]] [--private P KEEP[,KEEP]]
 #                                          # prints the SLURM_CONF to use; waits until the nodes are idle. With
 #                                          # --testbed the daemons (and so the jobs' processes) run in that host of
 #                                          # the emulated testbed (scripts/testbed), on its address and hostname;
 #                                          # several hosts: a node (slurmd, CPUS each) in each, the controller in
 #                                          # the first; `testbed up --uplink` lets this machine's sbatch reach it
+#                                          # --private (with --testbed): the nodes' processes see folder P empty but
+#                                          # for its folders KEEP (the site's own storage): no other disk is shared
 #   scripts/slurm_testbed.sh stop DIR                     # stops the daemons of DIR (idempotent)
 #   scripts/slurm_testbed.sh kill DIR                     # a power cut: SIGKILL to its jobs' processes and daemons
 #   SLURM_CONF=DIR/slurm.conf sbatch --wrap 'hostname'    # then: sbatch, srun, squeue, scancel, sinfo as usual
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" >&2; exit 2; }
+usage() { sed -n '2,16p' "$0" >&2; exit 2; }
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 # Where the daemons run: this machine (nothing) or `testbed exec TB HOST --`; the name and address they use.
 IN_HOST=() HOST_NAME="" HOST_ADDR=127.0.0.1
 # Several nodes (--testbed with a list of hosts): each one's name, address and testbed host.
 NODE_NAMES=() NODE_ADDRS=() NODE_HOSTS=() TESTBED=""
+# --private: the folder the nodes see empty, and its folders they keep (comma-separated).
+PRIVATE="" KEEP=""
 
 stop_pidfile() {
   local f=$1
@@ -150,12 +154,26 @@ CONF
 
 # `ip netns exec` gives a host a fresh /sys without the cgroup mounts slurmd needs: the machine's again. The
 # command before the last word runs the rest in the host: in_host_with_cgroups testbed exec TB HOST -- slurmd ...
+# With --private, also hides that folder (a tmpfs over it, in the host's own mount namespace) after setting its
+# KEEP folders aside, and mounts them back: slurmd and its jobs see no other file of it.
 in_host_with_cgroups() {
   local args=("$@") n=$#
   local i split=0
   for i in "${!args[@]}"; do [[ ${args[$i]} == -- ]] && split=$i; done
   "${args[@]:0:split+1}" sh -c 'grep " /sys/fs/cgroup" /proc/1/mounts | while read -r src mnt type opts _; do
-      mkdir -p "$mnt" 2> /dev/null; mount -t "$type" -o "$opts" "$src" "$mnt"; done; exec "$@"' sh "${args[@]:split+1:n}"
+      mkdir -p "$mnt" 2> /dev/null; mount -t "$type" -o "$opts" "$src" "$mnt"; done
+    private=$1 keep=$2; shift 2
+    if [ -n "$private" ]; then
+      aside=$(mktemp -d /tmp/ct-keep.XXXXXX) || exit 1
+      set -f; IFS=,; i=0
+      for k in $keep; do mkdir -p "$k" "$aside/$i" && mount --bind "$k" "$aside/$i" || exit 1; i=$((i + 1)); done
+      mount -t tmpfs -o mode=0755 ct-private "$private" || exit 1
+      i=0
+      for k in $keep; do mkdir -p "$k" && mount --move "$aside/$i" "$k" || exit 1; i=$((i + 1)); done
+      unset IFS; set +f
+      rm -rf "$aside"
+    fi
+    exec "$@"' sh "$PRIVATE" "$KEEP" "${args[@]:split+1:n}"
 }
 
 start() {
@@ -206,10 +224,14 @@ case $1 in
     shift 4
     cpus=2
     if [[ $# -gt 0 && $1 != --* ]]; then cpus=$1; shift; fi
-    if [[ $# -gt 0 ]]; then
-      [[ $1 == --testbed && $# -eq 3 ]] || usage
-      use_testbed "$2" "$3"
-    fi
+    while [[ $# -gt 0 ]]; do
+      case $1 in
+        --testbed) [[ $# -ge 3 ]] || usage; use_testbed "$2" "$3"; shift 3 ;;
+        --private) [[ $# -ge 3 ]] || usage; PRIVATE=$2 KEEP=$3; shift 3 ;;
+        *) usage ;;
+      esac
+    done
+    [[ -z $PRIVATE || -n $TESTBED || ${#IN_HOST[@]} -gt 0 ]] || { echo "slurm_testbed: --private needs --testbed" >&2; exit 2; }
     start "${args[@]}" "$cpus" ;;
   stop) stop "$2" ;;
   kill) power_cut "$2" ;;

@@ -177,6 +177,7 @@ class RemoteLedger {
     client_.set_connection_timeout(10, 0);
     client_.set_read_timeout(30, 0);
     if (!cli.ca_cert.empty()) client_.set_ca_cert_path(cli.ca_cert.c_str());
+    client_.enable_server_certificate_verification(true);
   }
   std::string text() { return checked(send("GET", ""), 200).body; }
   // 201: appended; 409: the chain moved on. Anything else throws.

@@ -78,6 +78,8 @@ std::vector<scheduler::SlurmCluster> slurm_clusters(const SchedulerCli& cli, con
     if (!std::filesystem::exists(c.conf))
       throw UsageError("scheduler: --slurm " + c.name + "=" + c.conf + ": no such file (the cluster's slurm.conf)");
     c.devices_per_node = registry.clusters()[registry.index_of(c.name)].devices_per_host;
+    for (const std::string& e : cli.cluster_hosts)
+      if (e.rfind(c.name + "=", 0) == 0) c.rendezvous_addr = e.substr(c.name.size() + 1);
     out.push_back(c);
   }
   for (const auto& info : registry.clusters()) {
@@ -136,6 +138,7 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
     if (!cli.ledger_url.empty() && cli.ledger_url.rfind("http://", 0) != 0 && cli.ledger_url.rfind("https://", 0) != 0)
       throw UsageError("scheduler: --ledger-url '" + cli.ledger_url + "' is not http[s]://ADDRESS:PORT");
     launch.ledger_url = cli.ledger_url;
+    launch.ledger_ca = cli.ledger_ca;
     for (const auto& c : registry.clusters())
       if (!std::filesystem::exists(std::filesystem::path(launch.ledger_keys) / (c.name + ".key")))
         throw UsageError("scheduler: --ledger-keys " + cli.ledger_keys + " has no key for cluster '" + c.name +
@@ -153,7 +156,7 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
     auto clusters = slurm_clusters(cli, registry);
     // With sites, a share's output stays on its cluster's storage, beside the job's run folder there.
     if (cli.site_storage)
-      for (auto& c : clusters) c.site_dir = (std::filesystem::path(work) / "sites" / c.name).string();
+      for (auto& c : clusters) c.site_dir = scheduler::site_dir_of(work, c.name);
     return std::make_unique<scheduler::SlurmExecutor>(std::move(clusters), work, command);
   }
   throw UsageError("scheduler: --executor '" + cli.executor + "': use sim, local or slurm");
@@ -466,6 +469,8 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
                         "this scheduler's address as the clusters reach it (http[s]://ADDRESS:PORT): their shares "
                         "claim over the API (POST /api/ledger, signed) instead of writing the --ledger file, for "
                         "clusters that do not share this machine's disk");
+  cli.serve->add_option("--ledger-ca", cli.ledger_ca,
+                        "with an https --ledger-url: the certificate (PEM) the shares trust, as a path on the clusters");
   cli.serve->add_option("--claim-every-s", cli.claim_every_s, "seconds between a training share's ledger claims")
       ->capture_default_str()->check(CLI::PositiveNumber);
   cli.serve->add_option("--master-host", cli.master_host, "address at which the shares of a job reach its first share")

@@ -29,6 +29,7 @@ struct SchedulerCli {
   std::string master_host = "127.0.0.1";
   std::string ledger, ledger_keys;    // recipe jobs sign their clusters' work into this ledger (docs/ledger.md)
   std::string ledger_url;             // where the shares reach it over the API instead (clusters without this disk)
+  std::string ledger_ca;              // the certificate they trust for an https ledger_url (a path on the clusters)
   int claim_every_s = 30;
   std::string tokens;                 // API tokens file (default: beside --state, made on the first start)
   std::string cluster_keys;           // clusters' public keys (keys.json): who may register and report links

@@ -48,6 +48,13 @@ std::string field(const std::string& text, const std::string& key) {
 
 }  // namespace
 
+std::string node_at_address(const std::string& scontrol_nodes, const std::string& addr) {
+  std::istringstream lines(scontrol_nodes);
+  for (std::string line; std::getline(lines, line);)
+    if (field(line, "NodeAddr") == addr) return field(line, "NodeName");
+  return "";
+}
+
 bool SlurmJobState::ended() const {
   static const std::set<std::string> kTerminal{"BOOT_FAIL", "CANCELLED", "COMPLETED",     "DEADLINE", "FAILED",
                                                "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "TIMEOUT"};
@@ -136,6 +143,8 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
   else
     argv.insert(argv.end(), {"--ntasks-per-node=1", "--cpus-per-task=" + std::to_string(c.devices_per_node)});
   if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
+  if (share == 0 && nodes.size() > 1 && !c.rendezvous_addr.empty())
+    argv.push_back("--nodelist=" + rendezvous_node(c, job.id));
   argv.push_back(stem + ".sh");
   // The job's secret rides in sbatch's environment (--export=ALL), which Slurm gives the batch script.
   const CommandResult r =
@@ -146,6 +155,16 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
   const std::string id = first_line(r.output).substr(0, first_line(r.output).find(';'));  // "id" or "id;cluster"
   write_file(stem + ".slurm", s.cluster + " " + id);
   return id;
+}
+
+std::string SlurmExecutor::rendezvous_node(const SlurmCluster& c, int64_t job_id) const {
+  const CommandResult r = run_command({"scontrol", "show", "node", "-o"}, {{"SLURM_CONF", c.conf}}, timeout_);
+  const std::string name = r.ok() ? node_at_address(r.output, c.rendezvous_addr) : "";
+  if (name.empty() || name.find_first_of(" ,;'\"$`\\") != std::string::npos)
+    throw Error("scheduler: job " + std::to_string(job_id) + ": no node of cluster '" + c.name + "' is at " +
+                c.rendezvous_addr + " (--cluster-host), where its share 0 of several nodes would host the job's "
+                "rendezvous" + (r.ok() ? "" : ": scontrol show node failed: " + first_line(r.output)));
+  return name;
 }
 
 void SlurmExecutor::start(const JobRecord& job, const PlacementRecord& placement) {

@@ -190,8 +190,22 @@ std::string shell_line(const std::vector<std::string>& argv) {
   return line;
 }
 
+// The job's rendezvous is on share 0's first node, at its cluster's address (--cluster-host): on a share of several
+// nodes, the node that holds that address is its node 0 and the others follow in Slurm's order (k: the node's place
+// in the share). Slurm's node at the address is found by its NodeAddr; the executor puts it in the allocation.
+std::string share_node_number(const std::string& rendezvous) {
+  const std::string addr = shell_line({"NodeAddr=" + rendezvous});
+  return "m=-1; i=0; name=$(scontrol show node -o | awk -v a=" + addr +
+         " '{for (f = 1; f <= NF; f++) if ($f == a) {sub(\"NodeName=\", \"\", $1); print $1}}'); "
+         "for h in $(scontrol show hostnames \"$SLURM_JOB_NODELIST\"); do [ \"$h\" = \"$name\" ] && m=$i; "
+         "i=$((i + 1)); done; [ \"$m\" -ge 0 ] || { echo \"the job's rendezvous address " + rendezvous +
+         " is no node of this share (--cluster-host)\" >&2; exit 2; }; "
+         "if [ \"$SLURM_NODEID\" -eq \"$m\" ]; then k=0; elif [ \"$SLURM_NODEID\" -lt \"$m\" ]; then "
+         "k=$((SLURM_NODEID + 1)); else k=$SLURM_NODEID; fi; ";
+}
+
 // A share over several nodes: srun starts one launcher on each node of the allocation, which takes its node's size
-// and number from SLURM_NODEID.
+// and number from its place in the share (share_node_number for share 0, else SLURM_NODEID).
 std::string launchers_on_each_node(const JobRecord& job, const PlacementRecord& placement, size_t share,
                                    const TrainLaunch& launch) {
   const PlacedNodes nodes = placed_nodes(placement, launch);
@@ -202,8 +216,11 @@ std::string launchers_on_each_node(const JobRecord& job, const PlacementRecord& 
     line.replace(line.find(mark), mark.size(), value);
   std::string sizes;
   for (int i = 0; i < count; ++i) sizes += std::to_string(i) + ") n=" + std::to_string(nodes.sizes[first + i]) + ";; ";
-  const std::string each = "node=$((" + std::to_string(first) + " + SLURM_NODEID)); case \"$SLURM_NODEID\" in " +
-                           sizes + "*) echo \"no node $SLURM_NODEID in this share\" >&2; exit 2;; esac; exec " + line;
+  const auto host = launch.cluster_hosts.find(placement.shares[share].cluster);
+  const bool hosts_rendezvous = share == 0 && host != launch.cluster_hosts.end();
+  const std::string each = (hosts_rendezvous ? share_node_number(host->second) : "k=$SLURM_NODEID; ") +
+                           "node=$((" + std::to_string(first) + " + k)); case \"$k\" in " + sizes +
+                           "*) echo \"no node $k in this share\" >&2; exit 2;; esac; exec " + line;
   const std::string n = std::to_string(count);
   return shell_line({"srun", "--nodes=" + n, "--ntasks=" + n, "--ntasks-per-node=1", "--kill-on-bad-exit=1", "sh", "-c",
                      each});
@@ -236,7 +253,8 @@ std::string train_share_script(const JobRecord& job, const PlacementRecord& plac
                   "--run-dir", launch.run_dir, "--cluster", cluster,
                   "--work-log", work_log_name(placement, share), "--key",
                   (fs::path(launch.ledger_keys) / (cluster + ".key")).string(), "--job", ledger_job(job, placement),
-                  "--keys", (fs::path(launch.ledger_keys) / "keys.json").string()});
+                  "--keys", (fs::path(launch.ledger_keys) / "keys.json").string()}) +
+      (launch.ledger_ca.empty() || launch.ledger_url.empty() ? "" : " --ca-cert " + shell_line({launch.ledger_ca}));
   // Claims while training (a cluster lost mid-run keeps what it claimed) and once more at the end.
   return "(while sleep " + std::to_string(launch.claim_every_s) + "; do " + claim + " > /dev/null 2>&1; done) &\n" +
          "claims=$!\n" + train + "\nstatus=$?\nkill $claims 2>/dev/null\n" + claim + "\nexit $status";
@@ -331,7 +349,12 @@ std::string job_run_dir(const std::string& work_dir, int64_t job_id) {
 
 std::string site_run_dir(const std::string& work_dir, const std::string& cluster, int64_t job_id) {
   if (!is_valid_name(cluster)) throw UsageError("'" + cluster + "' is not a cluster name");
-  return (fs::path(work_dir) / "sites" / cluster / ("job" + std::to_string(job_id)) / "run").string();
+  return (fs::path(site_dir_of(work_dir, cluster)) / ("job" + std::to_string(job_id)) / "run").string();
+}
+
+std::string site_dir_of(const std::string& work_dir, const std::string& cluster) {
+  if (!is_valid_name(cluster)) throw UsageError("'" + cluster + "' is not a cluster name");
+  return (fs::path(work_dir) / "sites" / cluster).string();
 }
 
 std::string share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,

@@ -43,6 +43,7 @@ const std::string kTestbed = CT_SOURCE_DIR "/scripts/slurm_testbed.sh";
 const std::string kRecipe = CT_SOURCE_DIR "/recipes/gpt-tiny.toml";
 const std::string kNetTestbed = CT_SOURCE_DIR "/scripts/testbed";
 const std::vector<std::string> kClusters{"east", "west", "north"};  // testbed clusters 0, 1, 2
+constexpr const char* kUplink = "10.79.0.1";  // this machine, as the testbed's hosts reach it (testbed up --uplink)
 int devices(const std::string& cluster) { return cluster == "east" ? 2 : 1; }
 
 std::string slurp(const fs::path& p) {
@@ -77,6 +78,7 @@ class ComputeNetwork : public ::testing::Test {
                                  "--relay", (fs::path(kBin).parent_path() / "crosstrain-delay-relay").string()},
                                 {}, milliseconds(60000));
     ASSERT_EQ(up.exit_code(), 0) << up.output;
+    make_certificate();
     for (const std::string& name : kClusters) start_cluster(name);
     write_cluster_file(root_ / "clusters.toml");
     for (const char* name : {"east", "west", "north", "mallory"}) {
@@ -99,9 +101,16 @@ class ComputeNetwork : public ::testing::Test {
   static int port(const std::string& name) { return 23000 + (::getpid() % 400) * 20 + 5 * index_of(name); }
   static std::string address(const std::string& name) { return "10.77." + std::to_string(index_of(name)) + ".1"; }
   // The cluster's Slurm in its testbed host (controller and node on its address; its jobs' processes there too).
+  // No disk shared with this machine: its node and jobs see nothing of the test's folder but the cluster's own
+  // (its Slurm, its site's storage) and the keys folder (its key, the clusters' public keys, the daemon's
+  // certificate; a real site keeps its own copy).
   void start_cluster(const std::string& name) {
+    const std::string keep = (root_ / name).string() + "," +
+                             crosstrain::scheduler::site_dir_of((root_ / "jobs").string(), name) + "," +
+                             (root_ / "keys").string();
     const auto r = run_process({kTestbed, "start", (root_ / name).string(), name, std::to_string(port(name)), std::to_string(devices(name)),
-                                "--testbed", testbed_, "c" + std::to_string(index_of(name)) + "-h0"},
+                                "--testbed", testbed_, "c" + std::to_string(index_of(name)) + "-h0", "--private",
+                                root_.string(), keep},
                                {}, milliseconds(60000));
     ASSERT_EQ(r.exit_code(), 0) << r.output;
   }
@@ -114,7 +123,8 @@ class ComputeNetwork : public ::testing::Test {
         kBin, "scheduler", "--state", (root_ / "state.db").string(), "--clusters", (root_ / "clusters.toml").string(),
         "--port", std::to_string(api_port_), "--executor", "slurm", "--work-dir", (root_ / "jobs").string(),
         "--tick-ms", "500", "--ledger", ledger(), "--ledger-keys", (root_ / "keys").string(), "--claim-every-s", "1",
-        "--site-storage"});
+        "--site-storage", "--host", "0.0.0.0", "--tls-cert", ca(), "--tls-key", (root_ / "tls" / "key.pem").string(),
+        "--ledger-url", "https://" + std::string(kUplink) + ":" + std::to_string(api_port_), "--ledger-ca", ca()});
     for (const std::string& name : kClusters)
       daemon_args.insert(daemon_args.end(), {"--slurm", name + "=" + (root_ / name / "slurm.conf").string(),
                                              "--cluster-host", name + "=" + address(name)});
@@ -127,20 +137,54 @@ class ComputeNetwork : public ::testing::Test {
     daemon_.reset();
   }
   ProcessResult job(std::vector<std::string> args) {
-    std::vector<std::string> argv{kBin, "job", "--server", "http://127.0.0.1:" + std::to_string(api_port_),
-                                  "--token-file", tokens_file()};
+    std::vector<std::string> argv{kBin, "job", "--server", server(), "--ca-cert", ca(), "--token-file", tokens_file()};
     argv.insert(argv.end(), args.begin(), args.end());
     return run_process(argv, {}, milliseconds(30000));
   }
   // The API's view of job 1 ({} while the daemon does not answer).
   json job1() {
-    httplib::Client c("127.0.0.1", api_port_);
-    c.set_connection_timeout(5, 0);
-    c.set_read_timeout(15, 0);
-    const auto r = c.Get("/api/jobs/1", httplib::Headers{{"Authorization", "Bearer " + token(crosstrain::scheduler::ApiRole::Read)}});
+    const auto c = client();
+    c->set_connection_timeout(5, 0);
+    c->set_read_timeout(15, 0);
+    const auto r = c->Get("/api/jobs/1", httplib::Headers{{"Authorization", "Bearer " + token(crosstrain::scheduler::ApiRole::Read)}});
     return r && r->status == 200 ? json::parse(r->body, nullptr, false) : json::object();
   }
-  std::string url() const { return "http://127.0.0.1:" + std::to_string(api_port_) + "/"; }
+  // The daemon's certificate: the clusters reach its API over the network (the ledger), so it serves HTTPS.
+  void make_certificate() {
+    fs::create_directories(root_ / "tls");
+    fs::create_directories(root_ / "keys");
+    const auto cert = run_process({"openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256",
+                                   "-nodes", "-keyout", (root_ / "tls" / "key.pem").string(), "-out", ca(), "-days", "2",
+                                   "-subj", "/CN=crosstrain-test", "-addext",
+                                   "subjectAltName=IP:127.0.0.1,IP:" + std::string(kUplink)},
+                                  {}, milliseconds(30000));
+    ASSERT_EQ(cert.exit_code(), 0) << cert.output;
+  }
+  // What share `share` of job 1 printed, on its cluster's own storage (every Slurm job of it, oldest first).
+  std::string share_output(const std::string& cluster, int share) const {
+    std::vector<fs::path> outs;
+    std::error_code ec;
+    const std::string prefix = "job1-share" + std::to_string(share) + "-";
+    for (const auto& e : fs::directory_iterator(crosstrain::scheduler::site_dir_of((root_ / "jobs").string(), cluster), ec))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) outs.push_back(e.path());
+    std::sort(outs.begin(), outs.end(), [](const fs::path& a, const fs::path& b) {
+      const auto id = [](const fs::path& p) { return std::stoll(p.stem().string().substr(p.stem().string().rfind('-') + 1)); };
+      return id(a) < id(b);
+    });
+    std::string text;
+    for (const auto& p : outs) text += slurp(p);
+    // Without --site-storage: the daemon's job folder.
+    return outs.empty() ? slurp(root_ / "jobs" / "job1" / ("share" + std::to_string(share) + ".out")) : text;
+  }
+  std::string server() const { return "https://127.0.0.1:" + std::to_string(api_port_); }
+  std::string url() const { return server() + "/"; }
+  std::string ca() const { return (root_ / "keys" / "api.pem").string(); }
+  std::unique_ptr<httplib::SSLClient> client() const {
+    auto c = std::make_unique<httplib::SSLClient>("127.0.0.1", api_port_);
+    c->set_ca_cert_path(ca().c_str());
+    c->enable_server_certificate_verification(true);
+    return c;
+  }
   // The daemon's tokens file (made beside its state on the first start) and a token of `role` from it.
   std::string tokens_file() const { return (root_ / "state.db.tokens").string(); }
   std::string token(crosstrain::scheduler::ApiRole role) const {
@@ -181,8 +225,7 @@ class ComputeNetwork : public ::testing::Test {
   void power_on(const std::string& name) {
     start_cluster(name);
     write_cluster_file(root_ / (name + ".toml"), {name});
-    const auto reg = run_process({kBin, "cluster", "--server", "http://127.0.0.1:" + std::to_string(api_port_),
-                                  "--token-file", tokens_file(), "--key", (root_ / "keys" / (name + ".key")).string(),
+    const auto reg = run_process({kBin, "cluster", "--server", server(), "--ca-cert", ca(), "--token-file", tokens_file(), "--key", (root_ / "keys" / (name + ".key")).string(),
                                   "register", (root_ / (name + ".toml")).string()},
                                  {}, milliseconds(30000));
     ASSERT_EQ(reg.exit_code(), 0) << reg.output;
@@ -264,7 +307,7 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossThreeSlurmClustersOnEmulatedLinksShrinksA
     std::this_thread::sleep_for(milliseconds(300));
   const int64_t before_loss = crosstrain::scheduler::newest_checkpoint_step(run_dir());
   ASSERT_GE(before_loss, 20) << "no checkpoint from the gang; share output:\n"
-                             << slurp(root_ / "jobs" / "job1" / "share0.out") << slurp(root_ / "jobs" / "job1" / "share1.out");
+                             << share_output("east", 0) << share_output("west", 1);
 
   std::printf("west's power cut at step %lld's checkpoint\n", static_cast<long long>(before_loss));
   // 2. West dies mid-run: the job goes on with east and north, without restarting their processes and without
@@ -310,20 +353,20 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossThreeSlurmClustersOnEmulatedLinksShrinksA
   ASSERT_EQ(shares(j), "east:2 + west:1 + north:1") << j.dump();
   // A join generation of both replicas after the failure generation that went on without west.
   auto rejoined = [&] {
-    const std::string out = slurp(root_ / "jobs" / "job1" / "share0.out");
+    const std::string out = share_output("east", 0);
     const auto failure = out.find("(failure): 2 replicas");
     return failure != std::string::npos && out.find("(join): 3 replicas", failure) != std::string::npos;
   };
   const auto joined_until = std::chrono::steady_clock::now() + seconds(120);
   while (!rejoined() && std::chrono::steady_clock::now() < joined_until) std::this_thread::sleep_for(milliseconds(300));
-  ASSERT_TRUE(rejoined()) << slurp(root_ / "jobs" / "job1" / "share0.out") << slurp(root_ / "jobs" / "job1" / "share1.out");
+  ASSERT_TRUE(rejoined()) << share_output("east", 0) << share_output("west", 1);
   std::printf("west rejoined the running job %.1f s after it registered again\n",
               std::chrono::duration<double>(std::chrono::steady_clock::now() - up_at).count());
 
   // 5. The job ends done at step 500 in its first placement, east's and north's shares never restarted, every step
   // once, and the final checkpoint whole at every site (no run folder is shared).
   j = wait_job([](const json& v) { return v["state"] == "done" || v["state"] == "failed"; }, seconds(300));
-  ASSERT_EQ(j.value("state", ""), "done") << j.dump() << "\n" << slurp(root_ / "jobs" / "job1" / "share0.out");
+  ASSERT_EQ(j.value("state", ""), "done") << j.dump() << "\n" << share_output("east", 0);
   EXPECT_EQ(j.value("step", int64_t{0}), 500);
   EXPECT_EQ(j.value("attempts", 0), 1);
   EXPECT_EQ(slurp(root_ / "jobs" / "job1" / "share0.slurm"), east_group) << "east's share was started again";
@@ -348,9 +391,9 @@ TEST_F(ComputeNetwork, ADiLoCoJobAcrossThreeSlurmClustersOnEmulatedLinksShrinksA
   for (size_t i = 0; i < steps.size(); ++i) ASSERT_EQ(steps[i], static_cast<int64_t>(i + 1)) << "a step repeated or lost";
   // The accounting: what each cluster signed in the ledger, for the job's user, beside the device-hours.
   {
-    httplib::Client c("127.0.0.1", api_port_);
-    c.set_read_timeout(30, 0);
-    const auto r = c.Get("/api/usage", httplib::Headers{{"Authorization", "Bearer " + token(crosstrain::scheduler::ApiRole::Read)}});
+    const auto c = client();
+    c->set_read_timeout(30, 0);
+    const auto r = c->Get("/api/usage", httplib::Headers{{"Authorization", "Bearer " + token(crosstrain::scheduler::ApiRole::Read)}});
     ASSERT_TRUE(r && r->status == 200);
     const json rows = json::parse(r->body);
     for (const std::string& name : kClusters) {
@@ -397,18 +440,21 @@ class MultiNodeShare : public ComputeNetwork {
            "[clusters.links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n";
     out.close();
     api_port_ = free_port();
+    make_certificate();
   }
 };
 
 }  // namespace
 
 // The daemon places a 2-rank job on the cluster's two 1-CPU nodes: one batch job of two nodes, srun starts a
-// launcher on each (nodes 0 and 1 of the job), the ranks meet at the first node's address and train to the end.
+// launcher on each, the ranks meet at the cluster's address (--cluster-host) and train to the end. That address is
+// the second node's (east-node1, 10.77.0.2), not the first one Slurm lists: the node there is the share's node 0.
 TEST_F(MultiNodeShare, AJobLargerThanANodeRunsOverTwoNodesOfItsCluster) {
   daemon_ = std::make_unique<Process>(std::vector<std::string>{
       kBin, "scheduler", "--state", (root_ / "state.db").string(), "--clusters", (root_ / "clusters.toml").string(),
       "--port", std::to_string(api_port_), "--executor", "slurm", "--work-dir", (root_ / "jobs").string(), "--tick-ms",
-      "500", "--slurm", "east=" + (root_ / "east" / "slurm.conf").string(), "--cluster-host", "east=10.77.0.1"});
+      "500", "--slurm", "east=" + (root_ / "east" / "slurm.conf").string(), "--cluster-host", "east=10.77.0.2",
+      "--tls-cert", ca(), "--tls-key", (root_ / "tls" / "key.pem").string()});
   ASSERT_TRUE(daemon_->wait_for_output("/api (Ctrl-C", milliseconds(30000)));
   const auto submitted = job({"submit", "--recipe", kRecipe, "--name", "wide", "--ranks", "2", "--global-batch", "4",
                               "--steps", "20", "--checkpoint-every", "10", "--set", "train.eval_every=0", "--set",
@@ -424,7 +470,7 @@ TEST_F(MultiNodeShare, AJobLargerThanANodeRunsOverTwoNodesOfItsCluster) {
   }
   EXPECT_EQ(node_list, "east-node[0-1]\n");
   const json j = wait_job([](const json& v) { return v["state"] == "done" || v["state"] == "failed"; }, seconds(240));
-  const std::string out = slurp(root_ / "jobs" / "job1" / "share0.out");
+  const std::string out = share_output("east", 0);
   ASSERT_EQ(j.value("state", ""), "done") << j.dump() << "\n" << out;
   // Two launcher nodes (--nnodes 2): the job could only start once srun had started the second on node 1.
   const std::string script = slurp(root_ / "jobs" / "job1" / "share0.sh");

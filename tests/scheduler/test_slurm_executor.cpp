@@ -142,6 +142,14 @@ TEST_F(TwoSlurmClusters, AFailedShareIsReportedWithTheExitStatusSlurmGives) {
   EXPECT_EQ(slurp(root_ / "work" / "job6" / "share1.exit"), "exited with 3 (Slurm: FAILED)");
 }
 
+TEST(SlurmJobState, TheNodeAtAnAddressIsFoundByItsNodeAddr) {
+  const std::string nodes = "NodeName=east-node0 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.77.0.1 NodeHostName=h0\n"
+                            "NodeName=east-node1 Arch=x86_64 CoresPerSocket=1 NodeAddr=10.77.0.10 NodeHostName=h1\n";
+  EXPECT_EQ(node_at_address(nodes, "10.77.0.1"), "east-node0");
+  EXPECT_EQ(node_at_address(nodes, "10.77.0.10"), "east-node1") << "the whole address, not its start";
+  EXPECT_EQ(node_at_address(nodes, "10.77.0.2"), "");
+}
+
 TEST(SlurmJobState, ScontrolsOneLineIsReadForTheStateAndTheExitCode) {
   const auto done = parse_scontrol_job("JobId=12 JobName=ct1-east UserId=root(0) JobState=COMPLETED Reason=None "
                                        "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:00:01\n");

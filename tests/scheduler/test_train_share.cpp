@@ -128,11 +128,50 @@ TEST(TrainShare, AShareLargerThanANodeRunsALauncherOnEachOfItsNodes) {
   const std::string east = train_share_script(recipe_job(), p, 0, l);
   EXPECT_EQ(east.rfind("'srun' '--nodes=2' '--ntasks=2' '--ntasks-per-node=1' '--kill-on-bad-exit=1' 'sh' '-c' ", 0), 0u)
       << east;
-  EXPECT_NE(east.find("node=$((0 + SLURM_NODEID))"), std::string::npos) << east;
+  EXPECT_NE(east.find("k=$SLURM_NODEID; node=$((0 + k))"), std::string::npos) << east;
   EXPECT_NE(east.find("0) n=2;; 1) n=1;;"), std::string::npos) << east;
   EXPECT_NE(east.find("'\\''--nproc'\\'' \"$n\" '\\''--nnodes'\\'' '\\''3:3'\\'' '\\''--node-rank'\\'' \"$node\""),
             std::string::npos)
       << east;
+}
+
+// Share 0 of several nodes hosts the job's rendezvous on the node at its cluster's address (--cluster-host), which
+// need not be the first node Slurm lists: that node is the share's node 0, the others follow in Slurm's order.
+TEST(TrainShare, TheNodeAtTheClustersAddressIsNodeZeroOfTheFirstShare) {
+  const fs::path bin = crosstrain::testing::scratch_dir("share-node-number");
+  // Slurm's answers for a job on nodes a1, a2, a3, where a2 is at 10.0.0.2.
+  std::ofstream(bin / "scontrol") << "#!/bin/sh\n"
+                                     "if [ \"$1 $2\" = \"show node\" ]; then\n"
+                                     "  echo 'NodeName=a1 Arch=x86_64 NodeAddr=10.0.0.1 NodeHostName=a1'\n"
+                                     "  echo 'NodeName=a2 Arch=x86_64 NodeAddr=10.0.0.2 NodeHostName=a2'\n"
+                                     "  echo 'NodeName=a3 Arch=x86_64 NodeAddr=10.0.0.3 NodeHostName=a3'\n"
+                                     "else printf 'a1\\na2\\na3\\n'; fi\n";
+  fs::permissions(bin / "scontrol", fs::perms::owner_all);
+  const auto number = [&](int node_id, const std::string& addr) {
+    const std::string script = "export PATH=" + bin.string() + ":$PATH SLURM_NODEID=" + std::to_string(node_id) +
+                               " SLURM_JOB_NODELIST='a[1-3]'; " + share_node_number(addr) + "echo $k";
+    FILE* out = ::popen(("sh -c " + shell_line({script}) + " 2>&1").c_str(), "r");
+    char buf[256] = {0};
+    const size_t n = std::fread(buf, 1, sizeof buf - 1, out);
+    ::pclose(out);
+    return std::string(buf, n);
+  };
+  EXPECT_EQ(number(1, "10.0.0.2"), "0\n");
+  EXPECT_EQ(number(0, "10.0.0.2"), "1\n");
+  EXPECT_EQ(number(2, "10.0.0.2"), "2\n");
+  EXPECT_EQ(number(0, "10.0.0.1"), "0\n");
+  EXPECT_EQ(number(2, "10.0.0.1"), "2\n");
+  EXPECT_NE(number(0, "10.0.0.9").find("rendezvous address 10.0.0.9 is no node of this share"), std::string::npos);
+  // Only share 0 hosts the rendezvous.
+  PlacementRecord p = two_shares();
+  p.shares[0].ranks = 4;
+  p.shares[1].ranks = 4;
+  TrainLaunch l = launch("/run", "h", 1);
+  l.devices_per_node = {{"east", 2}, {"west", 2}};
+  l.cluster_hosts = {{"east", "10.0.0.2"}, {"west", "10.1.0.1"}};
+  EXPECT_NE(train_share_script(recipe_job(), p, 0, l).find("NodeAddr=10.0.0.2"), std::string::npos);
+  EXPECT_EQ(train_share_script(recipe_job(), p, 1, l).find("NodeAddr="), std::string::npos);
+  fs::remove_all(bin);
 }
 
 TEST(TrainShare, AJobWithoutARecipeIsRefused) {

@@ -38,7 +38,13 @@ struct SlurmCluster {
   // The cluster's own folder, on its own storage, for its shares' output (SITE_DIR/jobID-shareK-SLURMID.out; Slurm
   // does not make folders, so it must exist); "" : the job's folder in the scheduler's work folder.
   std::string site_dir;
+  // Where a job's rendezvous is reached when this cluster holds its share 0 (--cluster-host): a share 0 of several
+  // nodes asks Slurm for the node at that address (--nodelist), which becomes its node 0. "" : any nodes.
+  std::string rendezvous_addr;
 };
+
+// The name of the node whose NodeAddr is `addr` in `scontrol show node -o` output; "" when none is.
+std::string node_at_address(const std::string& scontrol_nodes, const std::string& addr);
 
 // What `scontrol show job -o ID` says of a job: its state and, once it ended, its batch script's exit status or
 // the signal that ended it. nullopt for text without a JobState.
@@ -88,6 +94,8 @@ class SlurmExecutor : public Executor {
  private:
   const SlurmCluster& cluster(const std::string& name) const;
   std::string submit(const JobRecord& job, const PlacementRecord& placement, size_t share);
+  // Slurm's name of the node at c.rendezvous_addr; throws naming the address when there is none.
+  std::string rendezvous_node(const SlurmCluster& c, int64_t job_id) const;
   // Slurm's view of a share (state "" once Slurm no longer knows it; nullopt when the cluster does not answer).
   std::optional<SlurmJobState> slurm_job(const SlurmCluster& c, const std::string& id);
   // How the share ended, as the executor recorded it once Slurm said so: "0", a failure, or "" (not yet seen).

@@ -40,6 +40,7 @@ struct TrainLaunch {
   // Where the shares reach the ledger instead of its file: the scheduler's URL (http[s]://ADDRESS:PORT, POST
   // /api/ledger), for clusters that do not share the scheduler's disk; "" : they append to `ledger` themselves.
   std::string ledger_url;
+  std::string ledger_ca;  // with an https ledger_url: the certificate the shares trust (a path on the clusters)
   int claim_every_s = 30;
   int rank_restarts = 2;  // a live-elastic job's launchers restart a share's failed ranks this often themselves
   // The devices of one node of each cluster (ClusterInfo::devices_per_host), by name: a share with more ranks runs
@@ -60,6 +61,11 @@ std::vector<int> share_node_sizes(int ranks, int per_node);
 // share's exit status is the launcher's.
 std::string train_share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
                                const TrainLaunch& launch);
+
+// Shell text that sets k, the node's place in share 0 of several nodes: 0 on the node whose Slurm NodeAddr is
+// `rendezvous` (where the job's store listens), the others in Slurm's order; exits 2 naming the address when no
+// node of the job has it.
+std::string share_node_number(const std::string& rendezvous);
 
 // The launcher line of one node of the share (`node`: its index among the share's nodes; kNodeFromSlurm: the
 // node srun starts it on, from SLURM_NODEID, for the script to fill in). Every node of every share is a launcher
@@ -97,6 +103,8 @@ std::string job_dir_in(const std::string& work_dir, int64_t job_id);
 std::string job_run_dir(const std::string& work_dir, int64_t job_id);
 // With sites: WORK_DIR/sites/CLUSTER/jobID/run, the cluster's own storage (on one machine, a folder of its own).
 std::string site_run_dir(const std::string& work_dir, const std::string& cluster, int64_t job_id);
+// The cluster's own storage with sites: WORK_DIR/sites/CLUSTER (its jobs' run folders, its shares' output).
+std::string site_dir_of(const std::string& work_dir, const std::string& cluster);
 
 // Each placement of a job is its own computation in the ledger: a re-placed job repeats the steps after its
 // checkpoint, and both placements did that work. The share's work log is work/CLUSTER.aATTEMPT.jsonl

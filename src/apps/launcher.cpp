@@ -517,22 +517,27 @@ int launch(const LaunchOptions& o) {
     throw UsageError("--standby is for elastic jobs on several nodes (--max-restarts or --nnodes MIN:MAX, --nnodes "
                      "2 or more; node 1 hosts it) and needs a port other than 0; every launcher takes the same one");
 
+  if (o.rejoin && (!o.elastic.enabled || o.nnodes < 2 || o.node_rank != 0))
+    throw UsageError("--rejoin is for node 0 of an elastic job on several nodes, started again after the standby took "
+                     "over: give --node-rank 0, --max-restarts or --nnodes MIN:MAX, and --master the standby's HOST:PORT");
   check_node_sizes(o);
   if (o.node_sizes.empty() && o.nproc > kMaxWorld / o.nnodes)
     throw UsageError("--nproc " + std::to_string(o.nproc) + " x --nnodes " + std::to_string(o.nnodes) +
                      " is more ranks than crosstrain supports (" + std::to_string(kMaxWorld) + ")");
   const int world = world_of(o);
   // Node 0's store serves each rank of the job on a thread of its own (nnodes per local rank), plus one that accepts.
+  // Node 0 hosts the job's store, unless it comes back into a job whose standby took it over (--rejoin).
+  const bool hosts_store = o.node_rank == 0 && !o.rejoin;
   RankNeeds needs = o.rank_needs;
-  if (o.node_rank == 0) needs.tasks += o.nnodes;
-  check_ranks_fit(o.nproc, needs, read_machine_room(), o.node_rank == 0 ? 1 : 0);
+  if (hosts_store) needs.tasks += o.nnodes;
+  check_ranks_fit(o.nproc, needs, read_machine_room(), hosts_store ? 1 : 0);
   LaunchOptions with_job = o;
   const comm::JobCredentials job = job_credentials(o);
   with_job.secret = job.secret;
   with_job.job_id = job.job_id;
   std::shared_ptr<comm::Rendezvous> store;
   int port = o.master_port;
-  if (o.node_rank == 0) {
+  if (hosts_store) {
     try {
       store = comm::Rendezvous::host(o.master_addr, o.master_port, world, o.timeout, -1, job);
     } catch (const CommError& e) {

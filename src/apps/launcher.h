@@ -38,6 +38,9 @@ struct LaunchOptions {
   // coordinator takes over when node 0 is lost; every rank learns the address (CROSSTRAIN_STANDBY).
   std::string standby_addr;
   int standby_port = 0;
+  // --rejoin (node 0, elastic): node 0 started again after the standby took over: it hosts no store and joins the
+  // running job at --master, which is then the standby's address, like any other node.
+  bool rejoin = false;
   int rank_nice = 0;                   // set by launch(): the priority ranks run at (the launcher's own at start)
   bool prefix_output = true;           // "[rank N] " before each line
   bool prefix_rank0_stdout = true;     // off when rank 0 prints a report (bench, train)

@@ -104,6 +104,9 @@ void add_run_command(CLI::App& app, RunCli& run) {
   run.cmd->add_option("--standby", run.standby,
                       "elastic, several nodes: HOST:PORT where node 1 keeps a standby store; its coordinator takes "
                       "over when node 0 is lost (the same on every launcher)");
+  run.cmd->add_flag("--rejoin", run.launch.rejoin,
+                    "node 0 started again after the standby took over (--standby): join the running job at --master "
+                    "(give the standby's HOST:PORT) instead of hosting a new store");
   run.cmd->add_option("--timeout", run.timeout_s, "seconds to wait for the rendezvous");
   run.cmd->add_option("--cluster", run.cluster, "this node's cluster (exported as CROSSTRAIN_CLUSTER: sync.mode)")
       ->check(CLI::NonNegativeNumber);

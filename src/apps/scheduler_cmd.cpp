@@ -71,13 +71,16 @@ std::vector<scheduler::SlurmCluster> slurm_clusters(const SchedulerCli& cli, con
     const auto eq = s.find('=');
     if (eq == std::string::npos || eq == 0)
       throw UsageError("scheduler: --slurm '" + s + "' is not NAME=SLURM_CONF[:PARTITION] (e.g. east=/etc/slurm-east/slurm.conf)");
-    scheduler::SlurmCluster c{s.substr(0, eq), s.substr(eq + 1), ""};
+    scheduler::SlurmCluster c;
+    c.name = s.substr(0, eq);
+    c.conf = s.substr(eq + 1);
     if (const auto colon = c.conf.find(':'); colon != std::string::npos)
       c.partition = c.conf.substr(colon + 1), c.conf.resize(colon);
     registry.index_of(c.name);  // names a cluster of the cluster file, or says which exist
     if (!std::filesystem::exists(c.conf))
       throw UsageError("scheduler: --slurm " + c.name + "=" + c.conf + ": no such file (the cluster's slurm.conf)");
     c.devices_per_node = registry.clusters()[registry.index_of(c.name)].devices_per_host;
+    c.gpus = registry.clusters()[registry.index_of(c.name)].device != "cpu";  // the cluster file's device kind
     for (const std::string& e : cli.cluster_hosts)
       if (e.rfind(c.name + "=", 0) == 0) c.rendezvous_addr = e.substr(c.name.size() + 1);
     out.push_back(c);
@@ -135,8 +138,11 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
     launch.ledger = std::filesystem::absolute(cli.ledger).string();
     launch.ledger_keys = std::filesystem::absolute(cli.ledger_keys).string();
     launch.claim_every_s = cli.claim_every_s;
-    if (!cli.ledger_url.empty() && cli.ledger_url.rfind("http://", 0) != 0 && cli.ledger_url.rfind("https://", 0) != 0)
-      throw UsageError("scheduler: --ledger-url '" + cli.ledger_url + "' is not http[s]://ADDRESS:PORT");
+    const size_t scheme = cli.ledger_url.find("://");
+    if (!cli.ledger_url.empty() &&
+        ((cli.ledger_url.rfind("http://", 0) != 0 && cli.ledger_url.rfind("https://", 0) != 0) ||
+         cli.ledger_url.find('/', scheme + 3) != std::string::npos))
+      throw UsageError("scheduler: --ledger-url '" + cli.ledger_url + "' is not http[s]://ADDRESS:PORT (no path)");
     launch.ledger_url = cli.ledger_url;
     launch.ledger_ca = cli.ledger_ca;
     for (const auto& c : registry.clusters())
@@ -144,6 +150,11 @@ std::unique_ptr<scheduler::Executor> make_executor(const SchedulerCli& cli, cons
         throw UsageError("scheduler: --ledger-keys " + cli.ledger_keys + " has no key for cluster '" + c.name +
                          "'; make one with crosstrain ledger keygen --cluster " + c.name + " --out " + cli.ledger_keys);
   }
+  if (cli.ledger.empty() && (!cli.ledger_url.empty() || !cli.ledger_ca.empty()))
+    throw UsageError("scheduler: --ledger-url and --ledger-ca are where the shares reach the ledger: give --ledger FILE "
+                     "and --ledger-keys DIR too");
+  if (!cli.ledger_ca.empty() && cli.ledger_url.rfind("https://", 0) != 0)
+    throw UsageError("scheduler: --ledger-ca is the certificate for an https:// --ledger-url");
   launch.sites = cli.site_storage;
   // On Slurm a share larger than one of its cluster's nodes spans several (srun starts a launcher on each).
   if (cli.executor == "slurm")
@@ -215,12 +226,7 @@ scheduler::ServiceOptions service_options(const SchedulerCli& cli) {
     };
     auto cache = std::make_shared<Cache>();
     // The ledger over the API, for clusters that do not share this disk (--ledger-url).
-    o.ledger_text = [ledger] {
-      std::ifstream in(ledger, std::ios::binary);
-      std::ostringstream text;
-      if (in) text << in.rdbuf();
-      return text.str();
-    };
+    o.ledger_text = [ledger] { return scheduler::read_ledger_locked(ledger); };
     o.ledger_append = [ledger, keys_json](const std::string& line) {
       try {
         const scheduler::LedgerEntry e =

@@ -74,8 +74,10 @@ std::string advance_fence(const std::string& run_dir, const std::string& token) 
     if (holder.empty() || fence_is_later(token, holder)) {
       write_fence(run_dir, token);
     } else if (holder != token) {
-      refusal = "placement '" + token + "' was fenced off at " + run_dir + ": its FENCE names '" + holder +
-                "', which took the job over (this one was declared lost)";
+      refusal = "placement '" + token + "' was fenced off at " + run_dir + ": its FENCE names '" + holder + "'" +
+                (fence_is_later(holder, token) ? ", a later placement of the job, which took it over (this one was "
+                                                 "declared lost)"
+                                               : ", not an earlier placement of this job (another job's folder?)");
     }
   } catch (...) {
     ::close(fd);

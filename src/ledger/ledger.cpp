@@ -335,6 +335,16 @@ LedgerEntry append_locked(const std::string& path, const PublicKeys& keys,
 
 }  // namespace
 
+std::string read_ledger_locked(const std::string& path) {
+  Fd file{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  if (file.fd < 0) {
+    if (errno == ENOENT) return "";
+    throw UsageError("cannot open ledger '" + path + "': " + std::strerror(errno));
+  }
+  if (::flock(file.fd, LOCK_SH) != 0) throw UsageError("cannot lock ledger '" + path + "': " + std::strerror(errno));
+  return read_fd(file.fd, path);
+}
+
 LedgerEntry append_sealed_entry(const std::string& path, const std::string& line, const PublicKeys& keys) {
   LedgerEntry entry;
   try {
@@ -355,6 +365,13 @@ LedgerEntry append_sealed_entry(const std::string& path, const std::string& line
     } catch (const BadLine& bad) {
       throw UsageError(std::string("entry refused: ") + bad.what());
     }
+    // A cluster claims each step of a job once (ledger claim reads what it claimed before sealing).
+    for (const LedgerEntry& e : chain.parsed)
+      if (e.cluster == entry.cluster && e.job == entry.job && e.first_step < entry.first_step + entry.steps &&
+          entry.first_step < e.first_step + e.steps)
+        throw UsageError("entry refused: cluster '" + entry.cluster + "' already claimed steps " +
+                         std::to_string(e.first_step) + "-" + std::to_string(e.first_step + e.steps - 1) + " of job '" +
+                         entry.job + "' (entry " + std::to_string(e.seq) + ")");
     return entry;
   });
 }

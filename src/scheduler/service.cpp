@@ -47,6 +47,11 @@ json job_json(const JobRecord& j) {
               {"submitted_s", j.submitted_s},
               {"updated_s", j.updated_s},
               {"spec", json::parse(job_spec_to_json(j.spec))}};
+  // The recipe's text stays with the scheduler (up to 256 KiB a job, and the submitter's): its size is shown.
+  if (out["spec"].contains("recipe_text")) {
+    out["spec"]["recipe_bytes"] = j.spec.recipe_text.size();
+    out["spec"].erase("recipe_text");
+  }
   out["placement"] = j.placement ? placement_json(*j.placement) : json(nullptr);
   return out;
 }

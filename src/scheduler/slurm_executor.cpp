@@ -55,6 +55,19 @@ std::string node_at_address(const std::string& scontrol_nodes, const std::string
   return "";
 }
 
+std::vector<std::string> share_resources(const SlurmCluster& c, int ranks) {
+  const std::vector<int> nodes = share_node_sizes(ranks, c.devices_per_node);
+  std::vector<std::string> args{"--nodes=" + std::to_string(nodes.size())};
+  // One launcher a node over several (srun starts them); on one node the launcher starts every rank.
+  args.push_back(nodes.size() == 1 ? "--ntasks=" + std::to_string(ranks) : "--ntasks-per-node=1");
+  // A CPU cluster's devices are its CPUs; a GPU cluster's are each node's generic resources (gres).
+  if (c.gpus)
+    args.push_back("--gres=gpu:" + std::to_string(nodes.front()));
+  else if (nodes.size() > 1)
+    args.push_back("--cpus-per-task=" + std::to_string(c.devices_per_node));
+  return args;
+}
+
 bool SlurmJobState::ended() const {
   static const std::set<std::string> kTerminal{"BOOT_FAIL", "CANCELLED", "COMPLETED",     "DEADLINE", "FAILED",
                                                "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "TIMEOUT"};
@@ -67,6 +80,14 @@ std::string SlurmJobState::failure() const {
   if (exit_code != 0) return "exited with " + std::to_string(exit_code) + " (Slurm: " + state + ")";
   if (signal != 0) return "was ended by signal " + std::to_string(signal) + " (Slurm: " + state + ")";
   return "ended " + state + " without an exit status";
+}
+
+std::optional<SlurmJobState> parse_sacct_job(const std::string& text) {
+  // "COMPLETED|0:0" (sacct -X -n -P -o State,ExitCode); "CANCELLED by 0|0:15" names who cancelled it.
+  const std::string line = first_line(text);
+  const size_t bar = line.find('|');
+  if (bar == std::string::npos) return std::nullopt;
+  return parse_scontrol_job("JobState=" + line.substr(0, line.find_first_of(" |")) + " ExitCode=" + line.substr(bar + 1));
 }
 
 std::optional<SlurmJobState> parse_scontrol_job(const std::string& text) {
@@ -124,7 +145,8 @@ std::string SlurmExecutor::job_dir(int64_t job_id) const { return job_dir_in(wor
 
 std::string SlurmExecutor::run_dir(int64_t job_id) const { return job_run_dir(work_dir_, job_id); }
 
-// One share as a batch job: the command, then its exit status into the job's folder (read by status()).
+// One share as a batch job: its script is kept in the job's folder here (sbatch hands it to the controller), its
+// output at the cluster's own folder; how it ended comes from Slurm (status()).
 std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& placement, size_t share) {
   const ClusterShare& s = placement.shares[share];
   const SlurmCluster& c = cluster(s.cluster);
@@ -136,14 +158,14 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
   const std::string output = c.site_dir.empty() ? stem + ".out"
                                                 : (fs::path(c.site_dir) / ("job" + std::to_string(job.id) + "-share" +
                                                                            std::to_string(share) + "-%j.out")).string();
+  // --no-requeue: a share Slurm would run again after a node failure or preemption is one the scheduler counts as
+  // ended (and starts again itself, into the running job or a new placement).
   std::vector<std::string> argv{"sbatch", "--parsable", "--job-name=ct" + std::to_string(job.id) + "-" + s.cluster,
-                                "--output=" + output, "--export=ALL", "--nodes=" + std::to_string(nodes.size())};
-  if (nodes.size() == 1)
-    argv.push_back("--ntasks=" + std::to_string(s.ranks));
-  else
-    argv.insert(argv.end(), {"--ntasks-per-node=1", "--cpus-per-task=" + std::to_string(c.devices_per_node)});
+                                "--output=" + output, "--export=ALL", "--no-requeue"};
+  for (std::string& a : share_resources(c, s.ranks)) argv.push_back(std::move(a));
   if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
-  if (share == 0 && nodes.size() > 1 && !c.rendezvous_addr.empty())
+  // The job's rendezvous is on share 0's node 0 at the cluster's address whenever the job spans several nodes.
+  if (share == 0 && (nodes.size() > 1 || placement.shares.size() > 1) && !c.rendezvous_addr.empty())
     argv.push_back("--nodelist=" + rendezvous_node(c, job.id));
   argv.push_back(stem + ".sh");
   // The job's secret rides in sbatch's environment (--export=ALL), which Slurm gives the batch script.
@@ -271,9 +293,14 @@ std::optional<SlurmJobState> SlurmExecutor::slurm_job(const SlurmCluster& c, con
   if (!reachable(c.name)) return std::nullopt;
   const CommandResult r = run_command({"scontrol", "show", "job", "-o", id}, {{"SLURM_CONF", c.conf}}, timeout_);
   if (r.ok()) return parse_scontrol_job(r.output);
-  // A job id the controller has already purged: that one ended, unlike an unreachable cluster.
-  if (r.output.find("Invalid job id") != std::string::npos) return SlurmJobState{};
-  return std::nullopt;
+  // A job id the controller has already purged (MinJobAge after its end: the daemon was down that long): that one
+  // ended, unlike an unreachable cluster. Slurm's accounting still knows how, where the cluster keeps one.
+  if (r.output.find("Invalid job id") == std::string::npos) return std::nullopt;
+  const CommandResult acct = run_command({"sacct", "-j", id, "-X", "-n", "-P", "-o", "State,ExitCode"},
+                                         {{"SLURM_CONF", c.conf}}, timeout_);
+  if (acct.ok())
+    if (auto ended = parse_sacct_job(acct.output)) return ended;
+  return SlurmJobState{};
 }
 
 std::string SlurmExecutor::share_stem(int64_t job_id, const std::string& cluster, const std::string& id) const {

@@ -1,5 +1,7 @@
 #include "crosstrain/scheduler/state_store.h"
 
+#include <toml++/toml.h>
+
 #include <sqlite3.h>
 
 #include <nlohmann/json.hpp>
@@ -135,6 +137,45 @@ std::string scheduler_owned_key(const std::string& key) {
   return "";
 }
 
+namespace {
+
+// Each leaf of a TOML table as "section.key" with its node.
+void leaves(const toml::table& table, const std::string& prefix,
+            std::vector<std::pair<std::string, const toml::node*>>& out) {
+  for (const auto& [key, node] : table) {
+    const std::string name = prefix + std::string(key.str());
+    if (const toml::table* inner = node.as_table()) leaves(*inner, name + ".", out);
+    else out.emplace_back(name, &node);
+  }
+}
+
+}  // namespace
+
+std::string recipe_owned_key(const std::string& text) {
+  if (text.empty()) return "";
+  toml::table table;
+  try {
+    table = toml::parse(text);
+  } catch (const toml::parse_error& e) {
+    return "no TOML the ranks could read (" + std::string(e.description()) + ")";
+  }
+  std::vector<std::pair<std::string, const toml::node*>> keys;
+  leaves(table, "", keys);
+  // The scheduler's own settings come after the recipe and win for these; elsewhere only a neutral value (off,
+  // empty) may stand in a recipe, as the bundled recipes have them.
+  static const std::vector<std::string> overridden{"run.dir", "run.fence", "run.work_log", "obs.metrics_"};
+  for (const auto& [key, node] : keys) {
+    const std::string why = scheduler_owned_key(key);
+    if (why.empty()) continue;
+    bool wins = false;
+    for (const std::string& o : overridden) wins = wins || key == o || (o.back() == '_' && key.rfind(o, 0) == 0);
+    const bool neutral = (node->is_boolean() && !node->value<bool>().value_or(true)) ||
+                         (node->is_string() && node->value<std::string>().value_or("x").empty());
+    if (!wins && !neutral) return key + ": " + why.substr(0, why.find(';')) + "; take it out of the recipe";
+  }
+  return "";
+}
+
 std::string json_nesting_error(const std::string& text, int most) {
   int depth = 0;
   bool in_string = false, escaped = false;
@@ -187,6 +228,8 @@ JobSpec job_spec_from_json(const std::string& text) {
                      std::to_string(kMaxRecipeBytes) + " (its data and weights go by path, not in the recipe)");
   if (!s.recipe_text.empty() && s.recipe.empty())
     throw UsageError("job spec: recipe_text without recipe (the recipe's file name, which the ranks' copy keeps)");
+  if (const std::string owned = recipe_owned_key(s.recipe_text); !owned.empty())
+    throw UsageError("job spec: the recipe sets " + owned);
   read(j, "set", s.overrides, "");
   for (const std::string& o : s.overrides) {
     if (o.find('=') == std::string::npos || o.front() == '=')

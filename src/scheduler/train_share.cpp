@@ -242,11 +242,12 @@ std::string write_recipe_line(const JobRecord& job, const TrainLaunch& launch) {
 
 std::string train_share_script(const JobRecord& job, const PlacementRecord& placement, size_t share,
                                const TrainLaunch& launch) {
-  const std::string train = (job.spec.recipe_text.empty() ? "" : write_recipe_line(job, launch)) +
-                            (placed_nodes(placement, launch).of_share(share) > 1
-                                 ? launchers_on_each_node(job, placement, share, launch)
-                                 : shell_line(train_share_argv(job, placement, share, launch)));
-  if (launch.ledger.empty()) return train;
+  // The recipe first: a share that cannot write it ends there, before anything runs in the background.
+  const std::string recipe = job.spec.recipe_text.empty() ? "" : write_recipe_line(job, launch);
+  const std::string train = placed_nodes(placement, launch).of_share(share) > 1
+                                ? launchers_on_each_node(job, placement, share, launch)
+                                : shell_line(train_share_argv(job, placement, share, launch));
+  if (launch.ledger.empty()) return recipe + train;
   const std::string& cluster = placement.shares[share].cluster;
   const std::string claim =
       shell_line({launch.crosstrain, "ledger", "claim", launch.ledger_url.empty() ? launch.ledger : launch.ledger_url,
@@ -256,8 +257,10 @@ std::string train_share_script(const JobRecord& job, const PlacementRecord& plac
                   "--keys", (fs::path(launch.ledger_keys) / "keys.json").string()}) +
       (launch.ledger_ca.empty() || launch.ledger_url.empty() ? "" : " --ca-cert " + shell_line({launch.ledger_ca}));
   // Claims while training (a cluster lost mid-run keeps what it claimed) and once more at the end.
-  return "(while sleep " + std::to_string(launch.claim_every_s) + "; do " + claim + " > /dev/null 2>&1; done) &\n" +
-         "claims=$!\n" + train + "\nstatus=$?\nkill $claims 2>/dev/null\n" + claim + "\nexit $status";
+  // The last claim is tried a few times: the scheduler may be briefly out of reach (or restarting) at the end.
+  return recipe + "(while sleep " + std::to_string(launch.claim_every_s) + "; do " + claim +
+         " > /dev/null 2>&1; done) &\n" + "claims=$!\n" + train + "\nstatus=$?\nkill $claims 2>/dev/null\n" +
+         "for try in 1 2 3 4 5; do " + claim + " && break; sleep 3; done\nexit $status";
 }
 
 int64_t newest_checkpoint_step(const std::string& run_dir) {

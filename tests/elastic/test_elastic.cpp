@@ -647,6 +647,55 @@ TEST(ElasticCli, TheNodeThatStartedTheJobIsKilledAndTrainingContinues) {
   expect_every_step_once(dir, steps);
 }
 
+// Node 0 comes back (the scheduler starts its cluster's share again): after the standby took over, node 0's
+// launcher is started with --rejoin and --master at the standby. It hosts no second store: its rank joins the
+// running job there, heals from the live state, and trains to the end with the others; no step lost or repeated.
+TEST(ElasticCli, TheFirstNodeComesBackIntoTheJobTheStandbyTookOver) {
+  const int steps = 80;
+  const auto dir = fresh_dir("elastic-rejoin");
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const std::string standby = "127.0.0.1:" + std::to_string(free_port());
+  const auto command = rank_command(dir, steps, paced({"--set", "train.global_batch=12"}));
+  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-rejoin"}};
+  auto node = [&](int n, const std::string& at, std::vector<std::string> extra) {
+    std::vector<std::string> args{"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", at,
+                                  "--standby", standby, "--max-restarts", "1"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return launcher(args, command);
+  };
+  Process node0(node(0, master, {}), env), node1(node(1, master, {}), env), node2(node(2, master, {}), env);
+  ASSERT_TRUE(wait_for_rows(node0, dir, 5, milliseconds(90000))) << node0.wait(milliseconds(1)).output;
+  kill_node(node0);
+  ASSERT_TRUE(node1.wait_for_output("takes over", milliseconds(60000))) << node1.wait(milliseconds(1)).output;
+  Process again(node(0, standby, {"--rejoin"}), env);
+  auto r1 = node1.wait(milliseconds(120000));
+  auto r2 = node2.wait(milliseconds(30000));
+  auto r0 = again.wait(milliseconds(30000));
+  const std::string all = r0.output + "\n--- node 1 ---\n" + r1.output + "\n--- node 2 ---\n" + r2.output;
+  ASSERT_EQ(r1.exit_code(), 0) << all;
+  EXPECT_EQ(r2.exit_code(), 0) << all;
+  EXPECT_EQ(r0.exit_code(), 0) << all;
+  EXPECT_TRUE(contains(r0.output, "rank 0: healed from replica")) << all;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r1.output, m, std::regex(R"(\] generation (\d+) \(join\): 3 replicas \(0,1,2\), 3 ranks)")))
+      << all;
+  const int join = std::stoi(m[1]);
+  EXPECT_GT(join, generation_with(r1.output, "takeover")) << all;
+  auto d = digests(r1.output);
+  for (const auto& [g, by_rank] : digests(r2.output)) d[g].insert(by_rank.begin(), by_rank.end());
+  for (const auto& [g, by_rank] : digests(r0.output)) d[g].insert(by_rank.begin(), by_rank.end());
+  ASSERT_EQ(d[join].size(), 3u) << all;
+  EXPECT_EQ(d.at(join).at(0), d.at(join).at(1)) << "node 0 came back with the live state";
+  expect_every_step_once(dir, steps);
+  // Without --rejoin's conditions: refused before anything starts.
+  const auto wrong = run_process(launcher({"--nnodes", "3", "--node-rank", "1", "--nproc", "1", "--master", standby,
+                                           "--max-restarts", "1", "--rejoin"},
+                                          command),
+                                 {}, milliseconds(30000));
+  EXPECT_EQ(wrong.exit_code(), 2) << wrong.output;
+  EXPECT_TRUE(contains(wrong.output, "--rejoin is for node 0")) << wrong.output;
+}
+
 TEST(ElasticCli, ANodeJoinsARunningJob) {
   const int steps = 60;
   const auto dir = fresh_dir("elastic-nnodes");

@@ -150,6 +150,18 @@ TEST(SlurmJobState, TheNodeAtAnAddressIsFoundByItsNodeAddr) {
   EXPECT_EQ(node_at_address(nodes, "10.77.0.2"), "");
 }
 
+// CPU clusters count their devices as CPUs; GPU clusters ask each node for its GPUs as gres.
+TEST(SlurmJobState, ASharesRequestCountsCpusOrGpusByTheClustersDevice) {
+  SlurmCluster cpu{"east", "/c", "", 2};
+  using Args = std::vector<std::string>;
+  EXPECT_EQ(share_resources(cpu, 2), (Args{"--nodes=1", "--ntasks=2"}));
+  EXPECT_EQ(share_resources(cpu, 3), (Args{"--nodes=2", "--ntasks-per-node=1", "--cpus-per-task=2"}));
+  SlurmCluster gpu{"west", "/c", "", 4};
+  gpu.gpus = true;
+  EXPECT_EQ(share_resources(gpu, 3), (Args{"--nodes=1", "--ntasks=3", "--gres=gpu:3"}));
+  EXPECT_EQ(share_resources(gpu, 8), (Args{"--nodes=2", "--ntasks-per-node=1", "--gres=gpu:4"}));
+}
+
 TEST(SlurmJobState, ScontrolsOneLineIsReadForTheStateAndTheExitCode) {
   const auto done = parse_scontrol_job("JobId=12 JobName=ct1-east UserId=root(0) JobState=COMPLETED Reason=None "
                                        "Dependency=(null) Requeue=1 Restarts=0 BatchFlag=1 ExitCode=0:0 RunTime=00:00:01\n");
@@ -168,6 +180,12 @@ TEST(SlurmJobState, ScontrolsOneLineIsReadForTheStateAndTheExitCode) {
   EXPECT_FALSE(running->ended());
   EXPECT_FALSE(parse_scontrol_job("slurm_load_jobs error: Invalid job id specified"));
   EXPECT_FALSE(parse_scontrol_job("JobState=RUNNING ExitCode=x:0"));
+  const auto from_accounting = parse_sacct_job("CANCELLED by 0|0:15\n");
+  ASSERT_TRUE(from_accounting);
+  EXPECT_EQ(from_accounting->failure(), "was ended by signal 15 (Slurm: CANCELLED)");
+  ASSERT_TRUE(parse_sacct_job("COMPLETED|0:0"));
+  EXPECT_EQ(parse_sacct_job("COMPLETED|0:0")->failure(), "");
+  EXPECT_FALSE(parse_sacct_job("sacct: error: Slurm accounting storage is disabled"));
   EXPECT_TRUE(SlurmJobState{}.ended()) << "a job Slurm forgot has ended";
   EXPECT_NE(SlurmJobState{}.failure().find("without an exit status"), std::string::npos);
 }

@@ -155,6 +155,16 @@ TEST(StateStore, RecipeJobSpecsRoundTripAndBadOnesAreRefused) {
   huge.recipe_text.assign(300 << 10, '#');
   EXPECT_THROW(job_spec_from_json(job_spec_to_json(huge)), UsageError);
   EXPECT_THROW(job_spec_from_json(R"({"ranks": 4, "recipe_text": "x = 1"})"), UsageError) << "text without a name";
+  // The recipe may not decide what the scheduler owns: the bundled recipes' neutral values pass, the scheduler's own
+  // settings win over run.dir and the like, anything else is refused (as it is from --set).
+  JobSpec owned = j;
+  owned.recipe_text = "[run]\ndir = \"runs/x\"\nsecret_file = \"\"\nwork_log = false\n[comm]\nencrypt = false\n";
+  EXPECT_NO_THROW(job_spec_from_json(job_spec_to_json(owned)));
+  for (const std::string bad : {"[comm]\nencrypt = true\n", "[run]\nsecret_file = \"/etc/other\"\n",
+                                "[debug]\nfault_step = 3\n", "[sync]\ntopology = \"/x.toml\"\n", "[model\n"}) {
+    owned.recipe_text = bad;
+    EXPECT_THROW(job_spec_from_json(job_spec_to_json(owned)), UsageError) << bad;
+  }
   j.recipe_text.clear();
   EXPECT_EQ(job_spec_from_json(R"({"ranks": 4})").least_ranks(), 4) << "0: exactly ranks";
   try {

@@ -111,8 +111,11 @@ struct LedgerConflict : std::runtime_error {
 // Appends one ledger line sealed and signed elsewhere (a cluster that reaches the ledger's keeper only over the
 // network: the scheduler's POST /api/ledger). Under the same lock as append_ledger: the chain must verify, the line
 // must be its next entry (seq, prev_hash: else LedgerConflict), of a cluster in `keys`, with that cluster's valid
-// signature over its hash (else UsageError naming what is wrong). Returns the entry as appended.
+// signature over its hash, claiming no step its cluster claimed for the job before (else UsageError naming what is
+// wrong). Returns the entry as appended.
 LedgerEntry append_sealed_entry(const std::string& path, const std::string& line, const PublicKeys& keys);
+// The ledger's text under a shared lock (never half of an entry being appended); "" for a ledger not yet written.
+std::string read_ledger_locked(const std::string& path);
 
 // ---- spot checks -------------------------------------------------------------------------------------------------
 // What a job's steps must amount to: tokens = steps * tokens_per_step; flops = tokens * flops_per_token (6 * the

@@ -3,7 +3,7 @@
 // clusters (scripts/slurm_testbed.sh starts small ones on one machine).
 //
 // A share runs on as many nodes as its ranks need (SlurmCluster::devices_per_node): one task per node with that
-// many CPUs; a share that fits one node gets --ntasks of its ranks there.
+// many CPUs (or GPUs, --gres); a share that fits one node gets --ntasks of its ranks there (share_resources).
 //
 // start() submits every share; if any submission fails it cancels the shares already submitted and throws, so
 // a gang never runs in part. Nothing a share's nodes run reads or writes the scheduler's folder (a cluster need not
@@ -41,8 +41,14 @@ struct SlurmCluster {
   // Where a job's rendezvous is reached when this cluster holds its share 0 (--cluster-host): a share 0 of several
   // nodes asks Slurm for the node at that address (--nodelist), which becomes its node 0. "" : any nodes.
   std::string rendezvous_addr;
+  // Its devices are GPUs (Slurm's gres "gpu"), not CPUs: a share asks each node for --gres=gpu:N, N the ranks of
+  // its fullest node, beside its tasks.
+  bool gpus = false;
 };
 
+// What a share of `ranks` asks Slurm for: its nodes (share_node_sizes), its tasks (all its ranks on one node, or one
+// launcher a node), and its devices: CPUs a task over several nodes, or GPUs as gres on a GPU cluster.
+std::vector<std::string> share_resources(const SlurmCluster& c, int ranks);
 // The name of the node whose NodeAddr is `addr` in `scontrol show node -o` output; "" when none is.
 std::string node_at_address(const std::string& scontrol_nodes, const std::string& addr);
 
@@ -56,6 +62,8 @@ struct SlurmJobState {
   std::string failure() const;
 };
 std::optional<SlurmJobState> parse_scontrol_job(const std::string& text);
+// The same from Slurm's accounting (`sacct -j ID -X -n -P -o State,ExitCode`), once the controller forgot the job.
+std::optional<SlurmJobState> parse_sacct_job(const std::string& text);
 
 // What share `share` of a placed job runs (a shell command line; Slurm starts it once, on the share's first node,
 // with the share's tasks allocated). The environment adds CROSSTRAIN_JOB_ID, CROSSTRAIN_CLUSTER_NAME,

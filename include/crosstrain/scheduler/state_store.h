@@ -119,6 +119,10 @@ std::string json_nesting_error(const std::string& text, int most);
 // Why a job's own `set` override may not change `key` (a key the scheduler decides: run.dir, comm.*, ...), or ""
 // when it may.
 std::string scheduler_owned_key(const std::string& key);
+// The first key a recipe's text (TOML) sets that is the scheduler's to decide ("KEY: why"), or "" when none: a key
+// the scheduler's own settings override anyway (run.dir, run.fence, run.work_log, obs.metrics_*) may stand, and
+// the others only with a neutral value (false, ""). Text that is not TOML is refused too.
+std::string recipe_owned_key(const std::string& text);
 
 // JSON of a job spec (the jobs table's spec column; also what the HTTP API will take).
 std::string job_spec_to_json(const JobSpec& spec);

@@ -173,9 +173,7 @@ void Coordinator::tick(Clock::time_point now) {
   if (options_.takeover && open_.empty()) {
     const Takeover t = takeover_quorum(registered_);
     view.first_id = t.first_id;
-    // A job that trained is past its start's rule (--nnodes MIN:MAX's MIN nodes, every node with N:N): a majority of
-    // the members it last trained with is what counts. One that never trained still needs both.
-    view.min_start_ranks = t.trained ? t.min_ranks : std::max(view.min_start_ranks, t.min_ranks);
+    view.min_start_ranks = std::max(view.min_start_ranks, t.min_ranks);
   }
   // The settle time counts from the first registration, or from the moment the last replica was lost. A standby's
   // waits two failure timeouts: the ranks that came over found the store gone within about that of each other, and

@@ -250,7 +250,6 @@ Takeover takeover_quorum(const std::map<int, Registration>& registered) {
   }
   t.first_id = newest + 1;
   t.min_ranks = members / 2 + 1;
-  t.trained = members > 0;
   return t;
 }
 

@@ -307,17 +307,9 @@ void Scheduler::restart(JobRecord& job, const ExecStatus& failure) {
 }
 
 bool Scheduler::goes_on_without(const JobRecord& job, size_t share) const {
-  if (!executor_.changes_shares() || !job.placement || !job.placement->live_elastic()) return false;
-  const PlacementRecord& p = *job.placement;
-  const auto& shares = p.shares;
+  if (!executor_.changes_shares() || !job.placement || !job.placement->live_elastic() || share == 0) return false;
+  const auto& shares = job.placement->shares;
   if (share >= shares.size() || shares[share].absent) return false;
-  if (share == 0) {
-    // Share 0 holds the job's store: the standby on share 1's node takes it over, with a majority of the members
-    // (the coordinator's rule: a cut-off minority never trains on alone).
-    const bool standby = p.standby_possible(executor_.share_nodes(shares[0].cluster, shares[0].ranks));
-    return standby && !p.rendezvous_moved && !shares[1].absent && 2 * shares[0].ranks < p.present_ranks();
-  }
-  if (share == 1 && p.rendezvous_moved) return false;  // the job's store lives there now
   for (size_t i = 0; i < shares.size(); ++i)
     if (i != share && !shares[i].absent) return true;
   return false;
@@ -332,13 +324,10 @@ void Scheduler::shrink(JobRecord& job, size_t share, const std::string& why) {
   registry_.release({{s.cluster, s.ranks}});
   ++freed_;
   s.absent = true;
-  // The standby on share 1's node holds the job's store from now on.
-  if (share == 0) job.placement->rendezvous_moved = true;
   job.updated_s = now();
   store_.update_job(job);
   store_.add_event(job.updated_s, job.id, "shrunk",
-                   why + "; goes on as " + describe(*job.placement) + " without restarting" +
-                       (share == 0 ? " (the standby on " + job.placement->shares[1].cluster + " holds its store)" : ""));
+                   why + "; goes on as " + describe(*job.placement) + " without restarting");
 }
 
 void Scheduler::grow() {

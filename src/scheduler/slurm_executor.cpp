@@ -141,10 +141,6 @@ const SlurmCluster& SlurmExecutor::cluster(const std::string& name) const {
   throw UsageError("scheduler: no Slurm cluster named '" + name + "' is configured for the executor");
 }
 
-int SlurmExecutor::share_nodes(const std::string& name, int ranks) const {
-  return static_cast<int>(share_node_sizes(ranks, cluster(name).devices_per_node).size());
-}
-
 std::string SlurmExecutor::job_dir(int64_t job_id) const { return job_dir_in(work_dir_, job_id); }
 
 std::string SlurmExecutor::run_dir(int64_t job_id) const { return job_run_dir(work_dir_, job_id); }

@@ -69,8 +69,7 @@ CREATE TABLE jobs(id INTEGER PRIMARY KEY, name TEXT NOT NULL, spec TEXT NOT NULL
 CREATE INDEX jobs_state ON jobs(state);
 CREATE TABLE placements(job_id INTEGER PRIMARY KEY REFERENCES jobs(id), attempt INTEGER NOT NULL,
                         layout TEXT NOT NULL, sync TEXT NOT NULL, inner_steps INTEGER NOT NULL,
-                        step_s REAL NOT NULL, wan_gbps REAL NOT NULL, cost REAL NOT NULL,
-                        moved INTEGER NOT NULL DEFAULT 0);
+                        step_s REAL NOT NULL, wan_gbps REAL NOT NULL, cost REAL NOT NULL);
 CREATE TABLE placement_shares(job_id INTEGER NOT NULL REFERENCES jobs(id), position INTEGER NOT NULL,
                               cluster TEXT NOT NULL, ranks INTEGER NOT NULL, layout TEXT NOT NULL,
                               absent INTEGER NOT NULL DEFAULT 0, started_s REAL NOT NULL DEFAULT -1,
@@ -340,13 +339,6 @@ void StateStore::check_schema() {
     exec("PRAGMA user_version=3");
     t.commit();
   }
-  if (version < 4) {
-    // Version 3 never moved a job's rendezvous: share 0's loss re-placed the job.
-    Transaction t(*this);
-    exec("ALTER TABLE placements ADD COLUMN moved INTEGER NOT NULL DEFAULT 0");
-    exec("PRAGMA user_version=4");
-    t.commit();
-  }
 }
 
 void StateStore::create_schema() {
@@ -434,13 +426,13 @@ void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRe
   Statement(db_, "DELETE FROM placements WHERE job_id = ?", path_).bind(1, job_id).step();
   if (!p) return;
   Statement s(db_,
-              "INSERT INTO placements(job_id, attempt, layout, sync, inner_steps, step_s, wan_gbps, cost, moved) "
-              "VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?)",
+              "INSERT INTO placements(job_id, attempt, layout, sync, inner_steps, step_s, wan_gbps, cost) "
+              "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
               path_);
   // The sync as its word (the layout's own), so older databases and the dashboard read the same text.
   s.bind(1, job_id).bind(2, p->attempt).bind(3, p->layout).bind(4, std::string(planner::to_string(p->sync)));
   s.bind(5, p->inner_steps);
-  s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).bind(9, p->rendezvous_moved ? 1 : 0).step();
+  s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).step();
   Statement share(db_,
                   "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout, absent, started_s) "
                   "VALUES(?, ?, ?, ?, ?, ?, ?)",
@@ -454,8 +446,7 @@ void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRe
 }
 
 std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const {
-  Statement s(db_,
-              "SELECT attempt, layout, sync, inner_steps, step_s, wan_gbps, cost, moved FROM placements WHERE job_id = ?",
+  Statement s(db_, "SELECT attempt, layout, sync, inner_steps, step_s, wan_gbps, cost FROM placements WHERE job_id = ?",
               path_);
   s.bind(1, job_id);
   if (!s.step()) return std::nullopt;
@@ -464,7 +455,6 @@ std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const 
   p.layout = s.text(1), p.sync = planner::parse_layout_sync(s.text(2));  // the words of describe()
   p.inner_steps = static_cast<int>(s.integer(3));
   p.step_s = s.real(4), p.wan_gbps = s.real(5), p.cost = s.real(6);
-  p.rendezvous_moved = s.integer(7) != 0;
   Statement sh(db_,
                "SELECT cluster, ranks, layout, absent, started_s FROM placement_shares WHERE job_id = ? ORDER BY position",
                path_);

@@ -160,20 +160,10 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
     argv.insert(argv.end(), {"--node-sizes", joined(nodes.sizes)});
   if (nodes.sizes.size() > 1) {
     if (launch.master_port <= 0) throw UsageError("a job across nodes needs a rendezvous port (TrainLaunch::master_port)");
-    const auto host_of = [&](size_t s) {
-      const auto host = launch.cluster_hosts.find(placement.shares[s].cluster);
-      return host == launch.cluster_hosts.end() ? launch.master_host : host->second;
-    };
-    // With a standby on share 1's first node (node 1), share 0's loss moves the job's store there.
-    const bool standby = elastic && placement.standby_possible(nodes.of_share(0));
-    if (standby && launch.standby_port <= 0)
-      throw UsageError("a job with a standby store needs its port (TrainLaunch::standby_port)");
-    const std::string standby_at = standby ? host_of(1) + ":" + std::to_string(launch.standby_port) : "";
-    const std::string master =
-        placement.rendezvous_moved && standby ? standby_at : host_of(0) + ":" + std::to_string(launch.master_port);
-    argv.insert(argv.end(), {"--master", master, "--cluster", std::to_string(share)});
-    if (standby) argv.insert(argv.end(), {"--standby", standby_at});
-    if (standby && placement.rendezvous_moved && share == 0) argv.push_back("--rejoin");
+    const auto host = launch.cluster_hosts.find(placement.shares.front().cluster);
+    const std::string& master = host == launch.cluster_hosts.end() ? launch.master_host : host->second;
+    argv.insert(argv.end(), {"--master", master + ":" + std::to_string(launch.master_port), "--cluster",
+                             std::to_string(share)});
   }
   argv.insert(argv.end(), {"--", launch.crosstrain, "train", share_recipe_path(job, launch)});
   // The job's own overrides first: the scheduler's come after them and win (state_store.h refuses job overrides of
@@ -421,31 +411,23 @@ std::string job_secret(const std::string& work_dir, int64_t job_id) {
   return hex;
 }
 
-// Share 0 is built first whenever a placement starts: it takes fresh ports (the rendezvous, the standby's) and keeps
-// them in the job's folder, where the other shares read them, also one started again into the running job later
-// (even by a restarted daemon; share 0 itself, once the standby holds the job's store).
-PlacementPorts placement_ports(const std::string& work_dir, int64_t job_id, bool fresh) {
+// Share 0 is built first whenever a placement starts: it takes a fresh port and keeps it in the job's folder, where
+// the other shares read it, also one started again into the running job later (even by a restarted daemon).
+int placement_port(const std::string& work_dir, int64_t job_id, size_t share) {
   const fs::path file = fs::path(job_dir_in(work_dir, job_id)) / "rendezvous_port";
-  PlacementPorts ports;
-  if (fresh) {
-    ports.rendezvous = free_port();
-    do ports.standby = free_port();
-    while (ports.standby == ports.rendezvous);
+  if (share == 0) {
+    const int port = free_port();
     fs::create_directories(file.parent_path());
-    std::ofstream(file.string() + ".tmp") << ports.rendezvous << " " << ports.standby << "\n";
+    std::ofstream(file.string() + ".tmp") << port << "\n";
     fs::rename(file.string() + ".tmp", file);
-    return ports;
+    return port;
   }
   std::ifstream in(file);
-  if (!(in >> ports.rendezvous) || ports.rendezvous <= 0 || ports.rendezvous > 65535)
+  int port = 0;
+  if (!(in >> port) || port <= 0 || port > 65535)
     throw Error("scheduler: job " + std::to_string(job_id) + " has no rendezvous port recorded in " + file.string() +
                 " (its share 0 was never built)");
-  if (!(in >> ports.standby) || ports.standby <= 0 || ports.standby > 65535) ports.standby = 0;  // an older record
-  return ports;
-}
-
-int placement_port(const std::string& work_dir, int64_t job_id, size_t share) {
-  return placement_ports(work_dir, job_id, share == 0).rendezvous;
+  return port;
 }
 
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
@@ -465,9 +447,7 @@ std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> tra
     } else {
       launch.run_dir = job_run_dir(work_dir, job.id);
     }
-    const PlacementPorts ports = placement_ports(work_dir, job.id, share == 0 && !placement.rendezvous_moved);
-    launch.master_port = ports.rendezvous;
-    launch.standby_port = ports.standby;
+    launch.master_port = placement_port(work_dir, job.id, share);
     // Before the placement's shares start: an older one still running somewhere can no longer commit. (Every
     // site's folder with sites; this daemon reaches them all here.)
     if (share == 0 || base.sites) write_fence(launch.run_dir, placement_fence(job, placement));

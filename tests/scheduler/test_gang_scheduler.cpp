@@ -159,8 +159,7 @@ TEST(GangScheduler, AnElasticJobShrinksWhenAClusterIsLostAndGrowsBackWhenItRetur
   for (const JobRecord& stored : rig.store.jobs())
     if (stored.id == id) EXPECT_TRUE(stored.placement->shares[1].absent) << "the state file lost the absent share";
 
-  // Losing share 0's cluster (the job's rendezvous and membership) of two shares still stops and re-places the
-  // gang: the survivor alone is no majority, so no standby can take the store over.
+  // Losing share 0's cluster (the job's rendezvous and membership) still stops and re-places the gang.
   rig.exec.lose(keep);
   rig.sched.tick();
   EXPECT_EQ(rig.sched.job(id).attempts, 2);

@@ -174,37 +174,6 @@ TEST(TrainShare, TheNodeAtTheClustersAddressIsNodeZeroOfTheFirstShare) {
   fs::remove_all(bin);
 }
 
-// Three clusters, DiLoCo: every launcher learns the standby store's address on share 1's node. Once share 0 was
-// lost the job's store is there: every share starts against it, share 0 with --rejoin. Two clusters: no standby
-// (the survivor alone is no majority).
-TEST(TrainShare, AStandbyOnShareOnesNodeHoldsTheStoreOnceShareZeroWasLost) {
-  PlacementRecord p = two_shares();
-  p.shares.push_back({"north", 2, "dp=2 tp=1 pp=1"});
-  TrainLaunch l = launch("/run", "h", 1);
-  l.standby_port = 2;
-  l.cluster_hosts = {{"east", "10.0.0.1"}, {"west", "10.1.0.1"}, {"north", "10.2.0.1"}};
-  const std::string north = joined(train_share_argv(recipe_job(), p, 2, l));
-  EXPECT_NE(north.find("--master 10.0.0.1:1 --cluster 2 --standby 10.1.0.1:2 "), std::string::npos) << north;
-  EXPECT_EQ(north.find("--rejoin"), std::string::npos) << north;
-  p.rendezvous_moved = true;
-  const std::string again = joined(train_share_argv(recipe_job(), p, 0, l));
-  EXPECT_NE(again.find("--master 10.1.0.1:2 --cluster 0 --standby 10.1.0.1:2 --rejoin "), std::string::npos) << again;
-  EXPECT_EQ(joined(train_share_argv(recipe_job(), p, 2, l)).find("--rejoin"), std::string::npos);
-  EXPECT_NE(joined(train_share_argv(recipe_job(), p, 2, l)).find("--master 10.1.0.1:2 "), std::string::npos);
-  EXPECT_EQ(joined(train_share_argv(recipe_job(), two_shares(), 1, l)).find("--standby"), std::string::npos);
-  l.standby_port = 0;
-  EXPECT_THROW(train_share_argv(recipe_job(), p, 1, l), UsageError) << "a standby without its port";
-  // The ports: fresh ones when share 0 starts a placement, the recorded ones otherwise.
-  const fs::path work = crosstrain::testing::scratch_dir("share-ports");
-  const PlacementPorts fresh = placement_ports(work.string(), 7, true);
-  EXPECT_GT(fresh.standby, 0);
-  EXPECT_NE(fresh.standby, fresh.rendezvous);
-  const PlacementPorts read = placement_ports(work.string(), 7, false);
-  EXPECT_EQ(read.rendezvous, fresh.rendezvous);
-  EXPECT_EQ(read.standby, fresh.standby);
-  fs::remove_all(work);
-}
-
 TEST(TrainShare, AJobWithoutARecipeIsRefused) {
   JobRecord bare = recipe_job();
   bare.spec.recipe.clear();

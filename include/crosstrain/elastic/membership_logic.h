@@ -124,7 +124,6 @@ std::optional<Generation> next_generation(const MembershipView& view, int min_re
 struct Takeover {
   int64_t first_id = 1;
   int min_ranks = 1;
-  bool trained = false;  // a registrant trained in a generation: the job had started (its start's own rule is past)
 };
 Takeover takeover_quorum(const std::map<int, Registration>& registered);
 

@@ -56,9 +56,6 @@ class Executor {
   // Live shrink and grow (PlacementRecord::live_elastic): an executor that can end one share of a running job and
   // start one again into it says so here; otherwise the scheduler stops and re-places the whole gang instead.
   virtual bool changes_shares() const { return false; }
-  // How many nodes a share of `ranks` on `cluster` runs on (the share's launcher nodes): 1 unless the executor splits
-  // shares larger than a node (Slurm).
-  virtual int share_nodes(const std::string& /*cluster*/, int /*ranks*/) const { return 1; }
   // Ends share `share` (its cluster may not answer: then only the record of it goes); status() no longer counts it.
   virtual void stop_share(int64_t /*job_id*/, size_t /*share*/) {}
   // Starts share `share` of the running job again (the others run on); throws when it cannot.
@@ -140,9 +137,7 @@ class Scheduler {
   void share_unstarted(JobRecord& job, size_t share, const std::string& why);
   void restart(JobRecord& job, const ExecStatus& failure);
   // Live shrink and grow: whether the job goes on without share `share` (an executor that can, a live_elastic
-  // placement, and another share still running). Share 0 hosts the job's rendezvous and membership: only where a
-  // standby on share 1's node takes them over (PlacementRecord::standby_possible, share 1 running, the others a
-  // majority), once; then share 1 holds them.
+  // placement, not share 0, which hosts the job's rendezvous and membership, and another share still running).
   bool goes_on_without(const JobRecord& job, size_t share) const;
   void shrink(JobRecord& job, size_t share, const std::string& why);
   // Starts absent shares again on clusters that are up and have room (each tick).

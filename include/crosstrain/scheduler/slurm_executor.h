@@ -91,7 +91,6 @@ class SlurmExecutor : public Executor {
   std::vector<std::string> lost_clusters() override;
   std::string run_dir(int64_t job_id) const override;  // WORK_DIR/jobID/run (train_share.h)
   bool changes_shares() const override { return true; }
-  int share_nodes(const std::string& cluster, int ranks) const override;
   // scancel the share when its cluster answers; its files are kept aside (*.gone).
   void stop_share(int64_t job_id, size_t share) override;
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;

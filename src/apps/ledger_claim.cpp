@@ -179,27 +179,46 @@ class RemoteLedger {
     if (!cli.ca_cert.empty()) client_.set_ca_cert_path(cli.ca_cert.c_str());
     client_.enable_server_certificate_verification(true);
   }
-  std::string text() { return checked(send("GET", ""), 200).body; }
-  // 201: appended; 409: the chain moved on. Anything else throws.
-  int append(const std::string& line) { return checked(send("POST", line), 201, 409).status; }
-
- private:
-  httplib::Result send(const std::string& method, const std::string& body) {
+  // The chain, at most kMaxLedgerBytes: what a peer sends is read within a bound.
+  std::string text() {
+    std::string body;
+    bool too_big = false;
     const auto now = std::chrono::duration_cast<std::chrono::seconds>(
                          std::chrono::system_clock::now().time_since_epoch()).count();
     const httplib::Headers headers{
-        {kSignatureHeader, sign_request(key_.cluster, key_.secret_key.data(), method, "/api/ledger", body, now)}};
-    return method == "GET" ? client_.Get("/api/ledger", headers)
-                           : client_.Post("/api/ledger", headers, body, "application/json");
+        {kSignatureHeader, sign_request(key_.cluster, key_.secret_key.data(), "GET", "/api/ledger", "", now)}};
+    const httplib::Result r = client_.Get("/api/ledger", headers, [&](const char* data, size_t size) {
+      too_big = body.size() + size > kMaxLedgerBytes;
+      if (!too_big) body.append(data, size);
+      return !too_big;
+    });
+    if (too_big)
+      throw Error("ledger claim: " + url_ + " sent a ledger of more than " + std::to_string(kMaxLedgerBytes >> 20) +
+                  " MiB; nothing was claimed");
+    checked(r, 200, 0, body);
+    return body;
   }
-  const httplib::Response& checked(const httplib::Result& r, int ok, int also = 0) {
+  // 201: appended; 409: the chain moved on. Anything else throws.
+  int append(const std::string& line) { return checked(send(line), 201, 409).status; }
+
+ private:
+  httplib::Result send(const std::string& body) {
+    const auto now = std::chrono::duration_cast<std::chrono::seconds>(
+                         std::chrono::system_clock::now().time_since_epoch()).count();
+    const httplib::Headers headers{
+        {kSignatureHeader, sign_request(key_.cluster, key_.secret_key.data(), "POST", "/api/ledger", body, now)}};
+    return client_.Post("/api/ledger", headers, body, "application/json");
+  }
+  const httplib::Response& checked(const httplib::Result& r, int ok, int also = 0, const std::string& received = "") {
     if (!r)
       throw Error("ledger claim: no scheduler answers at " + url_ + " (" + httplib::to_string(r.error()) +
                   "); nothing was claimed");
     if (r->status != ok && r->status != also)
-      throw Error("ledger claim: " + url_ + " answered " + std::to_string(r->status) + ": " + r->body.substr(0, 400));
+      throw Error("ledger claim: " + url_ + " answered " + std::to_string(r->status) + ": " +
+                  (received.empty() ? r->body : received).substr(0, 400));
     return *r;
   }
+  static constexpr size_t kMaxLedgerBytes = size_t{1} << 30;
   std::string url_;
   const LedgerKey& key_;
   httplib::Client client_;

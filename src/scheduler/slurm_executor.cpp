@@ -184,8 +184,7 @@ std::string SlurmExecutor::rendezvous_node(const SlurmCluster& c, int64_t job_id
   const std::string name = r.ok() ? node_at_address(r.output, c.rendezvous_addr) : "";
   if (name.empty() || name.find_first_of(" ,;'\"$`\\") != std::string::npos)
     throw Error("scheduler: job " + std::to_string(job_id) + ": no node of cluster '" + c.name + "' is at " +
-                c.rendezvous_addr + " (--cluster-host), where its share 0 of several nodes would host the job's "
-                "rendezvous" + (r.ok() ? "" : ": scontrol show node failed: " + first_line(r.output)));
+                c.rendezvous_addr + " (--cluster-host), where its share 0 would host the job's rendezvous" + (r.ok() ? "" : ": scontrol show node failed: " + first_line(r.output)));
   return name;
 }
 
@@ -310,11 +309,6 @@ std::string SlurmExecutor::share_stem(int64_t job_id, const std::string& cluster
   return "";
 }
 
-std::string SlurmExecutor::exit_status_of(int64_t job_id, const std::string& cluster, const std::string& id) const {
-  const std::string stem = share_stem(job_id, cluster, id);
-  return !stem.empty() && fs::exists(stem + ".exit") ? read_file(stem + ".exit") : "";
-}
-
 ExecStatus SlurmExecutor::status(int64_t job_id) {
   ExecStatus st;
   st.checkpoint_step = newest_checkpoint_step(run_dir(job_id));  // known even when a share failed or is lost
@@ -328,13 +322,13 @@ ExecStatus SlurmExecutor::status(int64_t job_id) {
   for (const auto& [name, id] : ids) {
     const std::string stem = share_stem(job_id, name, id);
     st.failed_share = share_number(fs::path(stem).filename().string());  // meaningful only with kind Failed
-    std::string ended = exit_status_of(job_id, name, id);
+    std::string ended = !stem.empty() && fs::exists(stem + ".exit") ? read_file(stem + ".exit") : "";
     if (ended.empty()) {
       const std::optional<SlurmJobState> job = slurm_job(cluster(name), id);
       if (!job) {
         // The cluster does not answer: lost_clusters() decides whether it is gone; until then nothing is known.
         st.kind = ExecStatus::Unknown;
-        st.detail = "cluster " + name + " does not answer scontrol show job";
+        st.detail = "cluster " + name + " does not answer scontrol show job (or answers what cannot be read)";
         return st;
       }
       if (!job->ended()) {

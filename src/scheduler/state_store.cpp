@@ -165,7 +165,9 @@ std::string recipe_owned_key(const std::string& text) {
   // empty) may stand in a recipe, as the bundled recipes have them.
   static const std::vector<std::string> overridden{"run.dir", "run.fence", "run.work_log", "obs.metrics_"};
   for (const auto& [key, node] : keys) {
-    const std::string why = scheduler_owned_key(key);
+    // An array where a section belongs ([[debug]]) is judged as that section.
+    std::string why = scheduler_owned_key(key);
+    if (why.empty() && node->is_array()) why = scheduler_owned_key(key + ".");
     if (why.empty()) continue;
     bool wins = false;
     for (const std::string& o : overridden) wins = wins || key == o || (o.back() == '_' && key.rfind(o, 0) == 0);

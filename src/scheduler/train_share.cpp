@@ -57,9 +57,9 @@ std::string joined(const std::vector<int>& values) {
 }
 
 std::string share_sizes(const PlacementRecord& placement) {
-  std::string sizes;
-  for (const ClusterShare& s : placement.shares) sizes += (sizes.empty() ? "" : ",") + std::to_string(s.ranks);
-  return sizes;
+  std::vector<int> ranks;
+  for (const ClusterShare& s : placement.shares) ranks.push_back(s.ranks);
+  return joined(ranks);
 }
 
 // The layout a placement runs: the whole job's (tp and pp are the same inside every cluster; data parallelism spans
@@ -198,8 +198,8 @@ std::string share_node_number(const std::string& rendezvous) {
   return "m=-1; i=0; name=$(scontrol show node -o | awk -v a=" + addr +
          " '{for (f = 1; f <= NF; f++) if ($f == a) {sub(\"NodeName=\", \"\", $1); print $1}}'); "
          "for h in $(scontrol show hostnames \"$SLURM_JOB_NODELIST\"); do [ \"$h\" = \"$name\" ] && m=$i; "
-         "i=$((i + 1)); done; [ \"$m\" -ge 0 ] || { echo \"the job's rendezvous address " + rendezvous +
-         " is no node of this share (--cluster-host)\" >&2; exit 2; }; "
+         "i=$((i + 1)); done; [ \"$m\" -ge 0 ] || { echo \"the job's rendezvous address \"" + shell_line({rendezvous}) +
+         "\" is no node of this share (--cluster-host)\" >&2; exit 2; }; "
          "if [ \"$SLURM_NODEID\" -eq \"$m\" ]; then k=0; elif [ \"$SLURM_NODEID\" -lt \"$m\" ]; then "
          "k=$((SLURM_NODEID + 1)); else k=$SLURM_NODEID; fi; ";
 }

@@ -161,7 +161,8 @@ TEST(StateStore, RecipeJobSpecsRoundTripAndBadOnesAreRefused) {
   owned.recipe_text = "[run]\ndir = \"runs/x\"\nsecret_file = \"\"\nwork_log = false\n[comm]\nencrypt = false\n";
   EXPECT_NO_THROW(job_spec_from_json(job_spec_to_json(owned)));
   for (const std::string bad : {"[comm]\nencrypt = true\n", "[run]\nsecret_file = \"/etc/other\"\n",
-                                "[debug]\nfault_step = 3\n", "[sync]\ntopology = \"/x.toml\"\n", "[model\n"}) {
+                                "[debug]\nfault_step = 3\n", "[sync]\ntopology = \"/x.toml\"\n", "[model\n",
+                                "[[debug]]\nfault_step = 3\n", "comm = { encrypt = true }\n"}) {
     owned.recipe_text = bad;
     EXPECT_THROW(job_spec_from_json(job_spec_to_json(owned)), UsageError) << bad;
   }

@@ -479,6 +479,25 @@ TEST(Checkpoints, ARankMovesItsSitesFenceForwardNeverBack) {
   EXPECT_EQ(crosstrain::advance_fence(run, ""), "");  // no token, no fencing
 }
 
+// `crosstrain train` itself moves its run folder's fence (each rank does, at a site no scheduler writes): into an
+// empty folder its token goes, and a placement that a later one took over trains nothing there.
+TEST(Checkpoints, TrainWritesItsFenceAndAFencedOffPlacementDoesNotTrain) {
+  const std::string dir = fresh_dir("ckpt_fence_train");
+  auto fresh = run_process(with(tiny_args(dir, 1, 2), {"--set", "run.fence=job1.a2"}), {}, milliseconds(60000));
+  ASSERT_EQ(fresh.exit_code(), 0) << fresh.output;
+  std::ifstream fence(fs::path(dir) / "FENCE");
+  std::string holder;
+  std::getline(fence, holder);
+  EXPECT_EQ(holder, "job1.a2");
+  const std::string taken = fresh_dir("ckpt_fence_taken");
+  crosstrain::write_fence(taken, "job1.a3");
+  auto old = run_process(with(tiny_args(taken, 1, 2), {"--set", "run.fence=job1.a2"}), {}, milliseconds(60000));
+  EXPECT_EQ(old.exit_code(), 2) << old.output;
+  EXPECT_TRUE(contains(old.output, "fenced off")) << old.output;
+  EXPECT_TRUE(contains(old.output, "job1.a3")) << old.output;
+  EXPECT_FALSE(fs::exists(fs::path(taken) / "metrics.jsonl")) << "the fenced-off placement trained";
+}
+
 TEST(Checkpoints, TheIntactCheckpointHintSurvivesAnyErrorAndQuotesItsPaths) {
   // A run directory a shell would split and unquote.
   const std::string run = fresh_dir("ckpt hint's $dir");

@@ -106,8 +106,6 @@ class SlurmExecutor : public Executor {
   std::string rendezvous_node(const SlurmCluster& c, int64_t job_id) const;
   // Slurm's view of a share (state "" once Slurm no longer knows it; nullopt when the cluster does not answer).
   std::optional<SlurmJobState> slurm_job(const SlurmCluster& c, const std::string& id);
-  // How the share ended, as the executor recorded it once Slurm said so: "0", a failure, or "" (not yet seen).
-  std::string exit_status_of(int64_t job_id, const std::string& cluster, const std::string& id) const;
   // The stem (WORK_DIR/jobID/shareK) of the share that is Slurm job `id` on `cluster`, or "".
   std::string share_stem(int64_t job_id, const std::string& cluster, const std::string& id) const;
 

@@ -32,6 +32,8 @@ elastic::CoordinatorOptions ElasticSupervisor::coordinator_options(bool takeover
   c.world_size = world_size_;
   c.min_start_ranks = min_start_ranks_;
   c.takeover = takeover;
+  // Node 0 of a job with a standby: a cut-off minority here must not train on beside the standby's majority.
+  c.quorum = !takeover && standby_.port > 0;
   c.exclude = [this](const std::vector<std::pair<int, int>>& processes, const std::string&) {
     std::lock_guard<std::mutex> lock(mu_);
     excluded_.insert(excluded_.end(), processes.begin(), processes.end());

@@ -49,7 +49,8 @@ class ElasticSupervisor {
   // `store`: the rendezvous store this launcher hosts (node 0), or null: then it connects to `remote`.
   // `min_start_ranks`: the ranks of --nnodes MIN:MAX's MIN nodes (the fewest that may start the job).
   // `standby`: node 1 hosts its store and starts a coordinator there once node 0's store has been unreachable for
-  // kTakeoverAfter; the other nodes then report to it.
+  // kTakeoverAfter; the other nodes then report to it. On node 0 it says only that a standby exists: its
+  // coordinator then publishes a failure generation only with a quorum (CoordinatorOptions::quorum).
   ElasticSupervisor(const ElasticLaunch& options, int world_size, int min_start_ranks,
                     std::shared_ptr<comm::Rendezvous> store, StoreAddress remote = {}, Standby standby = {});
   ~ElasticSupervisor();

@@ -397,7 +397,9 @@ std::unique_ptr<ElasticSupervisor> elastic_supervisor(const LaunchOptions& o, in
     if (job.secret.empty() && standby.store->listens_beyond_loopback())
       print_lines({comm::store::open_store_warning("crosstrain run", standby.store->listen_address())});
   }
-  if (o.node_rank == 0) standby = Standby{};  // node 0's loss is what the standby is for
+  // Node 0's loss is what the standby is for: node 0's launcher never goes over to it, but its coordinator needs a
+  // quorum once a standby exists (ElasticSupervisor). Node 0 come back (--rejoin) is a plain member at the standby.
+  if (o.node_rank == 0 && o.rejoin) standby = Standby{};
   // The fewest ranks that may start it: those of the smallest MIN nodes.
   std::vector<int> sizes = o.node_sizes.empty() ? std::vector<int>(o.nnodes, o.nproc) : o.node_sizes;
   std::sort(sizes.begin(), sizes.end());

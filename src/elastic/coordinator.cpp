@@ -173,7 +173,11 @@ void Coordinator::tick(Clock::time_point now) {
   if (options_.takeover && open_.empty()) {
     const Takeover t = takeover_quorum(registered_);
     view.first_id = t.first_id;
-    view.min_start_ranks = std::max(view.min_start_ranks, t.min_ranks);
+    view.quorum_generation = t.reference;
+    view.quorum_min = t.reference > 0 ? t.min_ranks : 0;
+    // A job that trained is past its start's rule (--nnodes MIN:MAX's MIN nodes: every node with N:N, which node 0's
+    // loss can never meet again): a majority of the members it last trained with is what counts.
+    if (t.reference > 0) view.min_start_ranks = 0;
   }
   // The settle time counts from the first registration, or from the moment the last replica was lost. A standby's
   // waits two failure timeouts: the ranks that came over found the store gone within about that of each other, and
@@ -191,12 +195,49 @@ void Coordinator::tick(Clock::time_point now) {
   // generations. Failures never wait.
   const bool join_pending = !open_.empty() && open_.back().reason == "join" && !store_->check({start_key(open_.back().id)});
   if (next->reason == "join" && join_pending) return;
+  if (next->failure() && options_.quorum && !keeps_quorum(*next)) return;
   if (options_.takeover && open_.empty()) {
     next->reason = "takeover";
     // Before the generation itself: a rank that finds the generation finds where the standby's ids begin.
     store_->set(first_generation_key(), to_bytes(std::to_string(next->id)));
   }
   publish(*next, now, view.holders);
+}
+
+// With a standby (options_.quorum): whether `next`, a failure generation, keeps at least half of the ranks the job
+// last trained with (primary_keeps_quorum). When it does not, nothing is published: this side may be the cut-off
+// minority while the others take over at the standby; its ranks wait until the lost ones answer again or their
+// own timeouts end them.
+bool Coordinator::keeps_quorum(const Generation& next) {
+  std::vector<GenerationRecord> newest_first;
+  for (auto it = open_.rbegin(); it != open_.rend(); ++it) {
+    GenerationRecord g;
+    g.ranks = static_cast<int>(it->ranks.size());
+    if (store_->check({start_key(it->id)})) {
+      const std::string start = from_bytes(store_->get(start_key(it->id)));
+      g.started = start != kClosed;
+      try {  // a record that is not a step (a hostile or half-written one) counts as started, not committed
+        const std::string decision = decision_key(it->id, std::stoll(start));
+        if (g.started && store_->check({decision}))
+          g.committed = decode_decision(from_bytes(store_->get(decision))).commit;
+      } catch (const std::exception&) {
+      }
+    }
+    newest_first.push_back(g);
+  }
+  const int base = quorum_base(newest_first, quorum_carried_);
+  if (primary_keeps_quorum(static_cast<int>(next.ranks.size()), base)) {
+    quorum_carried_ = base;
+    no_quorum_said_.clear();
+    return true;
+  }
+  const std::string line = "no quorum: generation " + std::to_string(next.id) + " would keep " +
+                           std::to_string(next.ranks.size()) + " of the " + std::to_string(base) +
+                           " ranks the job last trained with (at least half must stay while a standby exists); "
+                           "nothing is published: the others may go on at the standby";
+  if (line != no_quorum_said_ && options_.log) options_.log("[" + log_time(unix_ms()) + "] " + line);
+  no_quorum_said_ = line;
+  return false;
 }
 
 std::string Coordinator::describe_losses(const Generation& next, Clock::time_point now, const Generation* holders) const {

@@ -145,7 +145,7 @@ Membership::Membership(const LaunchEnv& env, MembershipOptions options)
   background_ = background();
   start_heartbeat();
   start_watcher();
-  register_rank(0, 0);
+  register_rank(0, 0, 0);
 }
 
 void Membership::connect_all() {
@@ -155,7 +155,7 @@ void Membership::connect_all() {
   watch_ = connect_retrying(env_, -1, timeout);
 }
 
-void Membership::register_rank(int64_t last_generation, int last_members) {
+void Membership::register_rank(int64_t last_generation, int64_t trained_in, int last_members) {
   Registration r;
   r.rank = env_.rank;
   r.replica = options_.replica;
@@ -163,6 +163,7 @@ void Membership::register_rank(int64_t last_generation, int last_members) {
   r.incarnation = incarnation_;
   r.timing = options_.timing;
   r.last_generation = last_generation;
+  r.trained_in = trained_in;
   r.last_members = last_members;
   rendezvous_->store()->set(registration_key(env_.rank), to_bytes(encode_registration(r)));
   rendezvous_->store()->add(roster_key(), 1);
@@ -213,7 +214,7 @@ void Membership::fail_over(int64_t trained_in, int trained_in_members) {
   beat_->store()->add(heartbeat_key(env_.rank), 1);
   background_ = background();
   start_heartbeat();
-  register_rank(known, trained_in_members);
+  register_rank(known, trained_in, trained_in_members);
   const comm::Millis timeout = options_.comm.timeout();
   try {
     rendezvous_->store()->wait({first_generation_key()}, timeout);

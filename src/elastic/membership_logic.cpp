@@ -85,6 +85,7 @@ std::string encode_registration(const Registration& r) {
               {"failure_timeout_ms", r.timing.failure_timeout_ms},
               {"min_replicas", r.timing.min_replicas},
               {"last_generation", r.last_generation},
+              {"trained_in", r.trained_in},
               {"last_members", r.last_members}}
       .dump();
 }
@@ -101,13 +102,14 @@ Registration decode_registration(const std::string& text) {
     r.timing.failure_timeout_ms = j.value("failure_timeout_ms", r.timing.failure_timeout_ms);
     r.timing.min_replicas = j.value("min_replicas", r.timing.min_replicas);
     r.last_generation = j.value("last_generation", int64_t{0});
+    r.trained_in = j.value("trained_in", int64_t{0});
     r.last_members = j.value("last_members", 0);
   } catch (const json::exception& e) {
     throw std::runtime_error("malformed elastic registration record: " + std::string(e.what()));
   }
   // Bounded: a standby numbers its generations above the largest last_generation it reads.
   if (r.rank < 0 || r.replica < 0 || r.replica_size < 1 || r.last_generation < 0 || r.last_generation >= kPoison ||
-      r.last_members < 0 || r.last_members > (1 << 20))
+      r.trained_in < 0 || r.trained_in > r.last_generation || r.last_members < 0 || r.last_members > (1 << 20))
     throw std::runtime_error("elastic registration record has a negative rank or replica: " + text.substr(0, 80));
   return r;
 }
@@ -193,6 +195,16 @@ void keep_only_holders(Generation& next, const Generation& holders) {
   next.incarnations = std::move(kept.incarnations);
 }
 
+// The ranks of `next` that trained in the takeover's reference generation (MembershipView::quorum_generation).
+int voters(const Generation& next, const MembershipView& v) {
+  int n = 0;
+  for (int rank : next.ranks) {
+    auto it = v.registered.find(rank);
+    if (it != v.registered.end() && it->second.trained_in == v.quorum_generation) ++n;
+  }
+  return n;
+}
+
 }  // namespace
 
 std::optional<Generation> next_generation(const MembershipView& v, int min_replicas) {
@@ -227,6 +239,7 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
     const bool everyone = count > 0 && static_cast<int>(next.ranks.size()) == v.world_size;
     const bool enough = count >= min_replicas && static_cast<int>(next.ranks.size()) >= v.min_start_ranks;
     if (!everyone && !(v.settle_elapsed && enough)) return std::nullopt;
+    if (v.quorum_min > 0 && voters(next, v) < v.quorum_min) return std::nullopt;
     next.reason = restart ? "restart" : "start";
     return next;
   }
@@ -240,18 +253,28 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
 
 Takeover takeover_quorum(const std::map<int, Registration>& registered) {
   Takeover t;
-  int64_t newest = 0, trained_in = 0;
+  int64_t newest = 0;
   int members = 0;
   for (const auto& [rank, r] : registered) {
     newest = std::max(newest, r.last_generation);
-    // The members of the newest generation someone trained in (a rank that knew of a newer, unstarted one still
-    // trained in this one).
-    if (r.last_members > 0 && r.last_generation >= trained_in) trained_in = r.last_generation, members = r.last_members;
+    // The newest generation someone trained in (a rank that knew of a newer, unstarted one still trained in this one).
+    if (r.last_members > 0 && r.trained_in > t.reference) t.reference = r.trained_in, members = r.last_members;
   }
   t.first_id = newest + 1;
   t.min_ranks = members / 2 + 1;
   return t;
 }
+
+int quorum_base(const std::vector<GenerationRecord>& newest_first, int carried) {
+  int base = 0;
+  for (const GenerationRecord& g : newest_first) {
+    if (g.started || g.committed) base = std::max(base, g.ranks);
+    if (g.committed) return base;
+  }
+  return std::max(base, carried);
+}
+
+bool primary_keeps_quorum(int next_ranks, int base) { return 2 * next_ranks >= base; }
 
 std::string encode_decision(const Decision& d) {
   return std::string(!d.commit ? "abort " : d.stop ? "stop " : "commit ") + std::to_string(d.next_generation);

@@ -696,6 +696,42 @@ TEST(ElasticCli, TheFirstNodeComesBackIntoTheJobTheStandbyTookOver) {
   EXPECT_TRUE(contains(wrong.output, "--rejoin is for node 0")) << wrong.output;
 }
 
+// A partition's other side (issue 35): node 0 keeps the job's store, but nodes 1 and 2, the standby's node among
+// them, vanish at once (SIGKILLed here; cut off by a broken link in life, where they would take over at the
+// standby with their majority). Node 0's coordinator must not publish a generation of node 0 alone: it says there
+// is no quorum, and no step is trained after the loss. Without --standby the same loss leaves node 0 training on by
+// itself (nobody else could take the job over): ElasticCli.RestartedRankRejoins... and the failure generations of
+// the other tests.
+TEST(ElasticCli, AFirstNodeLeftAloneWithAStandbyElsewhereDoesNotTrainOn) {
+  const int steps = 400;
+  const auto dir = fresh_dir("elastic-quorum");
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const std::string standby = "127.0.0.1:" + std::to_string(free_port());
+  const auto command = rank_command(dir, steps, paced({"--set", "train.global_batch=12"}));
+  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-quorum"}};
+  auto node = [&](int n) {
+    return launcher({"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", master,
+                     "--standby", standby, "--max-restarts", "1"},
+                    command);
+  };
+  Process node0(node(0), env), node1(node(1), env), node2(node(2), env);
+  ASSERT_TRUE(wait_for_rows(node0, dir, 5, milliseconds(90000))) << node0.wait(milliseconds(1)).output;
+  kill_node(node1);
+  kill_node(node2);
+  const size_t rows_at_loss = read_metrics(dir).size();
+  const bool refused = node0.wait_for_output("no quorum: generation", milliseconds(30000));
+  // Time for a failure generation to start and train, were one published.
+  node0.wait_for_output("\x01(never printed)", milliseconds(4000));
+  const size_t rows_after = read_metrics(dir).size();
+  kill_node(node0);
+  const std::string out = node0.wait(milliseconds(10000)).output;
+  ASSERT_TRUE(refused) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(no quorum: generation \d+ would keep 1 of the 3 ranks)"))) << out;
+  EXPECT_FALSE(std::regex_search(out, std::regex(R"(generation \d+ \(failure\): 1 replica \(0\))"))) << out;
+  // A step in flight at the kill may still have been written (its votes were all in); nothing after it.
+  EXPECT_LE(rows_after, rows_at_loss + 1) << out;
+}
+
 TEST(ElasticCli, ANodeJoinsARunningJob) {
   const int steps = 60;
   const auto dir = fresh_dir("elastic-nnodes");

@@ -40,6 +40,10 @@ struct CoordinatorOptions {
   // A standby's coordinator, started after the primary was lost: its first generation ("takeover") is numbered
   // above every generation the registrants knew and waits for a majority of the last members (takeover_quorum).
   bool takeover = false;
+  // A standby exists (crosstrain run --standby on the primary's node): a failure generation needs at least half of
+  // the ranks the job last trained with (primary_keeps_quorum), so that a cut-off primary never trains on beside the
+  // standby's majority.
+  bool quorum = false;
 };
 
 class Coordinator {
@@ -71,6 +75,7 @@ class Coordinator {
   bool waits_to_join(int rank, const std::string& member, const Generation* holders, Clock::time_point now) const;
   void close_generation(const Generation& g, int64_t successor);
   void decide_committed(int64_t generation, int64_t step, int64_t successor);
+  bool keeps_quorum(const Generation& next);
   std::string describe_losses(const Generation& next, Clock::time_point now, const Generation* holders) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -81,6 +86,8 @@ class Coordinator {
   std::vector<Generation> open_;  // generations whose members may still vote (the newest last)
   std::set<int64_t> closed_;
   Clock::time_point first_registration_{};
+  int quorum_carried_ = 0;       // keeps_quorum's base at the last failure generation published
+  std::string no_quorum_said_;   // the last no-quorum line logged (said once, not every tick)
   Clock::time_point emptied_{};  // when a generation without replicas was published
   std::mutex exited_mu_;
   std::condition_variable wake_;  // a reaped rank (rank_exited) or the end: the next tick is now

@@ -125,7 +125,7 @@ class Membership {
   void start_heartbeat();
   void start_watcher();
   void connect_all();
-  void register_rank(int64_t last_generation, int last_members);
+  void register_rank(int64_t last_generation, int64_t trained_in, int last_members);
   void stop_threads(bool wait);
   std::string get(const std::string& key);
   std::string wait_get(const std::string& key, std::chrono::milliseconds timeout);

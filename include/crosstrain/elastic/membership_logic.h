@@ -69,8 +69,9 @@ struct Registration {
   std::string incarnation;  // unique per process start: "HOST/PID/START_MS" (incarnation_of)
   Timing timing;
   // A rank that comes to the standby store after losing the primary (membership.h, fail_over): the newest
-  // generation it knew of and the members of the one it trained in (0: a process that never trained).
+  // generation it knew of, the one it trained in and that one's members (0: a process that never trained).
   int64_t last_generation = 0;
+  int64_t trained_in = 0;
   int last_members = 0;
 };
 std::string incarnation_of(const std::string& host, int pid, int64_t start_ms);
@@ -107,6 +108,9 @@ struct MembershipView {
   bool settle_elapsed = false;             // the first generation may start with fewer replicas than the job has
   int min_start_ranks = 0;                 // ... but with at least this many ranks (--nnodes MIN:MAX: MIN nodes')
   int64_t first_id = 1;                    // the id of a first generation (a standby's: above every old one)
+  // A standby's first generation (Takeover): at least quorum_min of its ranks trained in quorum_generation.
+  int64_t quorum_generation = 0;
+  int quorum_min = 0;
 };
 
 // The next generation, or nullopt when nothing changes. A replica is a member when all its ranks are registered
@@ -118,14 +122,31 @@ std::optional<Generation> next_generation(const MembershipView& view, int min_re
 
 // What a standby coordinator needs before its first generation, from the registrations of the ranks that lost the
 // primary: ids above every generation any of them knew (so no rank mistakes an old record for a new one), and a
-// majority of the members of the newest generation that trained. A side cut off from the primary by a broken link
-// is a minority at most, and cannot go on as a second job beside the one that still has its store (with two
-// halves exactly, the primary's side keeps the job).
+// majority of the members of the newest generation that trained (`reference`), counting only registrants that
+// trained in it (a fresh process, or one from an older generation, is no vote). A side cut off from the primary by
+// a broken link is a minority at most, and cannot go on as a second job beside the one that still has its store
+// (with two halves exactly, the primary's side keeps the job: primary_keeps_quorum).
 struct Takeover {
   int64_t first_id = 1;
-  int min_ranks = 1;
+  int64_t reference = 0;  // 0: no registrant trained (the job never started: the start's own rule applies)
+  int min_ranks = 1;      // of the reference generation's members, at least this many came over
 };
 Takeover takeover_quorum(const std::map<int, Registration>& registered);
+
+// The primary's side of that rule, once a standby exists (crosstrain run --standby): a failure generation is
+// published only while it keeps at least half of the ranks the job last trained with, or a cut-off minority holding
+// the store would train on beside the standby's majority. The base is the largest generation that started since
+// (and including) the newest one that committed a step: every member of a committed step voted in it, so the ranks
+// that came over to the standby count against that generation or a later one, never a smaller older one.
+struct GenerationRecord {
+  int ranks = 0;
+  bool started = false;    // a member wrote its first step
+  bool committed = false;  // a step of it committed
+};
+// `newest_first`: the generations since the last failure generation (inclusive), newest first; `carried`: the base
+// at that failure (used when none of them committed).
+int quorum_base(const std::vector<GenerationRecord>& newest_first, int carried);
+bool primary_keeps_quorum(int next_ranks, int base);
 
 // A step's outcome as written in the store under the step's decision key.
 struct Decision {

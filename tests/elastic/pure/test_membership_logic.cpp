@@ -160,9 +160,11 @@ TEST(MembershipRecords, RegistrationRoundTrips) {
   r.timing.failure_timeout_ms = 444;
   r.timing.min_replicas = 3;
   r.last_generation = 41;
+  r.trained_in = 39;
   r.last_members = 6;
   const Registration back = decode_registration(encode_registration(r));
   EXPECT_EQ(back.last_generation, 41);
+  EXPECT_EQ(back.trained_in, 39);
   EXPECT_EQ(back.last_members, 6);
   EXPECT_EQ(back.rank, 5);
   EXPECT_EQ(back.replica, 2);
@@ -186,7 +188,9 @@ TEST(MembershipRecords, MalformedRegistrationRejected) {
         R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_generation":-3})",
         R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_members":-1})",
         R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_generation":1099511627776})",
-        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_members":2000000})"})
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_members":2000000})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","trained_in":-1})",
+        R"({"rank":0,"replica":0,"replica_size":1,"incarnation":"h/1/2","last_generation":3,"trained_in":4})"})
     EXPECT_THROW(decode_registration(text), std::runtime_error) << text;
 }
 
@@ -562,34 +566,72 @@ TEST(MembershipNextGeneration, FirstGenerationWaitsForTheMinimumRanksAfterSettli
 }
 
 // A standby's first generation: numbered above every generation any registrant knew, and only with a majority of
-// the members of the newest generation one of them trained in.
+// the members of the newest generation one of them trained in, counting only those that trained in it.
 TEST(MembershipTakeover, NumbersAboveEveryKnownGenerationAndNeedsAMajorityOfTheLastMembers) {
   auto regs = layout(6);
-  for (auto& [rank, r] : regs) r.last_generation = 7, r.last_members = 5;
+  for (auto& [rank, r] : regs) r.last_generation = 7, r.trained_in = 7, r.last_members = 5;
   regs[2].last_generation = 9;  // knew of a join published but not started: it trained in 7 with the others
-  regs[2].last_members = 5;
   regs[4].last_generation = 0;  // a fresh process: knows nothing
+  regs[4].trained_in = 0;
   regs[4].last_members = 0;
   Takeover t = takeover_quorum(regs);
   EXPECT_EQ(t.first_id, 10);
+  EXPECT_EQ(t.reference, 7);
   EXPECT_EQ(t.min_ranks, 3);  // 5 members: 3 make a majority
-  regs[2].last_members = 4;   // the newest generation someone trained in decides
-  EXPECT_EQ(takeover_quorum(regs).min_ranks, 3);
-  for (auto& [rank, r] : regs) r.last_members = 4;
-  EXPECT_EQ(takeover_quorum(regs).min_ranks, 3) << "2 of 4 is a tie: the primary's side keeps the job";
+  regs[3].trained_in = 8;  // trained in a newer generation of 4 (7's others did not reach it): 8 decides
+  regs[3].last_generation = 8;
+  regs[3].last_members = 4;
+  t = takeover_quorum(regs);
+  EXPECT_EQ(t.reference, 8);
+  EXPECT_EQ(t.min_ranks, 3) << "2 of 4 is a tie: the primary's side keeps the job";
   EXPECT_EQ(takeover_quorum({}).first_id, 1);
+  EXPECT_EQ(takeover_quorum({}).reference, 0) << "nobody trained: the start's own rule applies";
 
-  // The standby's first generation starts with the quorum after the settle time, under its own first id.
+  // The standby's first generation starts with the quorum after the settle time, under its own first id; only the
+  // reference generation's members are votes.
   auto v = view_of({{1, reg(1, 1, 1)}, {2, reg(2, 2, 1)}}, 6);
+  for (auto& [rank, r] : v.registered) r.trained_in = 7, r.last_generation = 7, r.last_members = 5;
   v.first_id = 10;
-  v.min_start_ranks = 3;
+  v.quorum_generation = 7;
+  v.quorum_min = 3;
   v.settle_elapsed = true;
   EXPECT_FALSE(next_generation(v, 1)) << "2 ranks of a quorum of 3";
-  v.registered[5] = reg(5, 5, 1);
+  v.registered[5] = reg(5, 5, 1);  // a fresh process (node 0 come back, say): not a member of 7
+  EXPECT_FALSE(next_generation(v, 1)) << "a process that never trained in 7 is no vote";
+  v.registered[4] = reg(4, 4, 1);
+  v.registered[4].trained_in = 6;  // left before 7
+  EXPECT_FALSE(next_generation(v, 1)) << "nor one that trained in an older generation";
+  v.registered[3] = reg(3, 3, 1);
+  v.registered[3].trained_in = 7;
   const auto g = next_generation(v, 1);
   ASSERT_TRUE(g);
   EXPECT_EQ(g->id, 10);
-  EXPECT_EQ(g->ranks, (std::vector<int>{1, 2, 5}));
+  EXPECT_EQ(g->ranks, (std::vector<int>{1, 2, 3, 4, 5}));
+}
+
+// The primary's side, once a standby exists: at least half of the largest generation started since the newest
+// committed one (ties stay with the primary), so that both sides can never train at once.
+TEST(MembershipTakeover, ThePrimaryKeepsAFailureOnlyWithHalfOfTheRanksItLastTrainedWith) {
+  // Committed 6, then a failure generation of 5 that started: 6 is still the base (a rank cut off in the 5 might
+  // have voted only in 6).
+  EXPECT_EQ(quorum_base({{5, true, false}, {6, true, true}}, 0), 6);
+  // A join of 8 started after 6 committed: its members count too.
+  EXPECT_EQ(quorum_base({{8, true, false}, {6, true, true}}, 0), 8);
+  // A newer generation committed: the older ones no longer count.
+  EXPECT_EQ(quorum_base({{3, true, true}, {6, true, true}}, 0), 3);
+  // Published but never started: it is no base; none committed since the last failure: the base carried from it.
+  EXPECT_EQ(quorum_base({{2, false, false}}, 6), 6);
+  EXPECT_EQ(quorum_base({}, 0), 0);
+  EXPECT_TRUE(primary_keeps_quorum(2, 4)) << "a tie stays with the primary";
+  EXPECT_FALSE(primary_keeps_quorum(1, 3));
+  EXPECT_TRUE(primary_keeps_quorum(0, 0));
+  // Both sides together: for every split of a 6-rank generation, at most one side trains on.
+  for (int primary = 0; primary <= 6; ++primary) {
+    const int standby = 6 - primary;
+    const bool standby_takes_over = standby >= 6 / 2 + 1;  // takeover_quorum's min_ranks for 6 members
+    EXPECT_FALSE(standby_takes_over && primary_keeps_quorum(primary, 6)) << primary << " against " << standby;
+    EXPECT_TRUE(standby_takes_over || primary_keeps_quorum(primary, 6)) << "someone goes on: " << primary;
+  }
 }
 
 TEST(ElasticLogTime, ReadsAsUtcWithMillisecondsAndBack) {

@@ -43,4 +43,8 @@ bool PlacementRecord::on(const std::string& cluster) const {
 
 bool PlacementRecord::live_elastic() const { return shares.size() >= 2 && sync == planner::LayoutSync::DiLoCo; }
 
+bool PlacementRecord::standby_possible(int share0_nodes) const {
+  return live_elastic() && shares.size() >= 3 && share0_nodes == 1;
+}
+
 }  // namespace crosstrain::scheduler

@@ -120,6 +120,10 @@ void LocalExecutor::launch_share(const JobRecord& job, const PlacementRecord& pl
   spawn_share(stem, job.id);
 }
 
+bool LocalExecutor::store_moved(const JobRecord& job, const PlacementRecord& placement) {
+  return outputs_follow_store(work_dir_, job.id, placement);
+}
+
 void LocalExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
   if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");
   if (placement.present_ranks() > max_ranks_)

@@ -157,6 +157,8 @@ bool Scheduler::try_place(JobRecord& job) {
                 " chose devices that are not free (a scheduler bug)");
   job.placement = d.placement;
   job.placement->attempt = ++job.attempts;
+  const ClusterShare& first = job.placement->shares.front();
+  job.placement->standby = job.placement->standby_possible(executor_.share_nodes(first.cluster, first.ranks));
   job.state = JobState::Placed;
   job.reason.clear();
   job.updated_s = now();
@@ -263,12 +265,12 @@ void Scheduler::poll() {
     if (s.kind == ExecStatus::Done) {
       job.step = job.spec.steps;
       finish(job, JobState::Done, "");
-    } else if (s.kind == ExecStatus::Failed && s.start_failed && s.failed_share > 0 && job.placement &&
+    } else if (s.kind == ExecStatus::Failed && s.start_failed && s.failed_share >= 0 && job.placement &&
                static_cast<size_t>(s.failed_share) < job.placement->shares.size()) {
       share_unstarted(job, static_cast<size_t>(s.failed_share), s.detail);
     } else if (s.kind == ExecStatus::Failed && s.start_failed) {
       requeue_unstarted(job, s.detail);
-    } else if (s.kind == ExecStatus::Failed && s.failed_share > 0 &&
+    } else if (s.kind == ExecStatus::Failed && s.failed_share >= 0 &&
                goes_on_without(job, static_cast<size_t>(s.failed_share))) {
       // The rest of an elastic job trains on without it; it is started again while restarts are left.
       const bool again = job.restarts < job.spec.max_restarts;
@@ -307,9 +309,16 @@ void Scheduler::restart(JobRecord& job, const ExecStatus& failure) {
 }
 
 bool Scheduler::goes_on_without(const JobRecord& job, size_t share) const {
-  if (!executor_.changes_shares() || !job.placement || !job.placement->live_elastic() || share == 0) return false;
-  const auto& shares = job.placement->shares;
+  if (!executor_.changes_shares() || !job.placement || !job.placement->live_elastic()) return false;
+  const PlacementRecord& p = *job.placement;
+  const auto& shares = p.shares;
   if (share >= shares.size() || shares[share].absent) return false;
+  if (share == 0) {
+    // Share 0 holds the job's store: the standby on share 1's node takes it over, with a majority of the members
+    // (the coordinator's rule: a cut-off minority never trains on alone).
+    return p.standby && !p.rendezvous_moved && !shares[1].absent && 2 * shares[0].ranks < p.present_ranks();
+  }
+  if (share == 1 && p.rendezvous_moved) return false;  // the job's store lives there now
   for (size_t i = 0; i < shares.size(); ++i)
     if (i != share && !shares[i].absent) return true;
   return false;
@@ -324,10 +333,20 @@ void Scheduler::shrink(JobRecord& job, size_t share, const std::string& why) {
   registry_.release({{s.cluster, s.ranks}});
   ++freed_;
   s.absent = true;
+  // The standby on share 1's node holds the job's store from now on.
+  if (share == 0) {
+    job.placement->rendezvous_moved = true;
+    job.placement->share0_stays_out = !executor_.store_moved(job, *job.placement);
+  }
   job.updated_s = now();
   store_.update_job(job);
   store_.add_event(job.updated_s, job.id, "shrunk",
-                   why + "; goes on as " + describe(*job.placement) + " without restarting");
+                   why + "; goes on as " + describe(*job.placement) + " without restarting" +
+                       (share == 0 ? " (the standby on " + job.placement->shares[1].cluster + " holds its store" +
+                                         (job.placement->share0_stays_out ? "; " + s.cluster +
+                                              " does not come back: its site's outputs would lack the rows trained "
+                                              "meanwhile" : "") + ")"
+                                   : ""));
 }
 
 void Scheduler::grow() {
@@ -336,7 +355,7 @@ void Scheduler::grow() {
     if (job.state != JobState::Running || !job.placement) continue;
     for (size_t i = 0; i < job.placement->shares.size(); ++i) {
       ClusterShare& s = job.placement->shares[i];
-      if (!s.absent) continue;
+      if (!s.absent || (i == 0 && job.placement->share0_stays_out)) continue;
       const int c = registry_.index_of(s.cluster);
       auto wait = grow_after_.find({id, i});
       if (c < 0 || !registry_.up(c) || (wait != grow_after_.end() && now() < wait->second)) continue;

@@ -54,6 +54,8 @@ void SimulatedExecutor::stop_share(int64_t job_id, size_t share) {
 void SimulatedExecutor::start_share(const JobRecord& job, const PlacementRecord& /*placement*/, size_t share) {
   auto it = jobs_.find(job.id);
   if (it == jobs_.end()) throw Error("job " + std::to_string(job.id) + " is not running: no share to start again");
+  if (fail_share_start_.erase(job.id))
+    throw Error("simulated failure to start share " + std::to_string(share) + " of job " + std::to_string(job.id));
   ClusterShare& s = it->second.placement.shares.at(share);
   const auto cap = capacity_.find(s.cluster);
   if (!s.absent || lost_.count(s.cluster) || (cap != capacity_.end() && used(s.cluster) + s.ranks > cap->second)) {
@@ -83,8 +85,9 @@ ExecStatus SimulatedExecutor::status(int64_t job_id) {
                 (crash->second >= 0 ? " of share " + std::to_string(crash->second) : std::string());
   }
   if (crash != crash_.end()) crash_.erase(crash);
-  // A failed share alone leaves the job to the scheduler (it may go on without it); the rest fails the gang.
-  if (st.kind == ExecStatus::Done || (st.kind == ExecStatus::Failed && (!share_changes_ || st.failed_share <= 0)))
+  // A failed share alone leaves the job to the scheduler (it may go on without it, share 0 too where a standby
+  // takes its store over); a failure of no known share fails the gang.
+  if (st.kind == ExecStatus::Done || (st.kind == ExecStatus::Failed && (!share_changes_ || st.failed_share < 0)))
     stop(job_id);
   return st;
 }

@@ -141,6 +141,10 @@ const SlurmCluster& SlurmExecutor::cluster(const std::string& name) const {
   throw UsageError("scheduler: no Slurm cluster named '" + name + "' is configured for the executor");
 }
 
+int SlurmExecutor::share_nodes(const std::string& name, int ranks) const {
+  return static_cast<int>(share_node_sizes(ranks, cluster(name).devices_per_node).size());
+}
+
 std::string SlurmExecutor::job_dir(int64_t job_id) const { return job_dir_in(work_dir_, job_id); }
 
 std::string SlurmExecutor::run_dir(int64_t job_id) const { return job_run_dir(work_dir_, job_id); }
@@ -164,9 +168,11 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
                                 "--output=" + output, "--export=ALL", "--no-requeue"};
   for (std::string& a : share_resources(c, s.ranks)) argv.push_back(std::move(a));
   if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
-  // The job's rendezvous is on share 0's node 0 at the cluster's address whenever the job spans several nodes.
-  if (share == 0 && (nodes.size() > 1 || placement.shares.size() > 1) && !c.rendezvous_addr.empty())
-    argv.push_back("--nodelist=" + rendezvous_node(c, job.id));
+  // The job's rendezvous is on share 0's node 0 at the cluster's address whenever the job spans several nodes, and
+  // its standby store (PlacementRecord::standby) on share 1's node 0 at that cluster's.
+  const bool holds_store = share == 0 || (share == 1 && placement.standby);
+  if (holds_store && (nodes.size() > 1 || placement.shares.size() > 1) && !c.rendezvous_addr.empty())
+    argv.push_back("--nodelist=" + rendezvous_node(c, job.id, share));
   argv.push_back(stem + ".sh");
   // The job's secret rides in sbatch's environment (--export=ALL), which Slurm gives the batch script.
   const CommandResult r =
@@ -179,12 +185,13 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
   return id;
 }
 
-std::string SlurmExecutor::rendezvous_node(const SlurmCluster& c, int64_t job_id) const {
+std::string SlurmExecutor::rendezvous_node(const SlurmCluster& c, int64_t job_id, size_t share) const {
   const CommandResult r = run_command({"scontrol", "show", "node", "-o"}, {{"SLURM_CONF", c.conf}}, timeout_);
   const std::string name = r.ok() ? node_at_address(r.output, c.rendezvous_addr) : "";
   if (name.empty() || name.find_first_of(" ,;'\"$`\\") != std::string::npos)
     throw Error("scheduler: job " + std::to_string(job_id) + ": no node of cluster '" + c.name + "' is at " +
-                c.rendezvous_addr + " (--cluster-host), where its share 0 would host the job's rendezvous" + (r.ok() ? "" : ": scontrol show node failed: " + first_line(r.output)));
+                c.rendezvous_addr + " (--cluster-host), where its share " + std::to_string(share) + " would host the job's " +
+                (share == 0 ? "rendezvous" : "standby store") + (r.ok() ? "" : ": scontrol show node failed: " + first_line(r.output)));
   return name;
 }
 
@@ -204,6 +211,10 @@ void SlurmExecutor::start(const JobRecord& job, const PlacementRecord& placement
       throw;
     }
   }
+}
+
+bool SlurmExecutor::store_moved(const JobRecord& job, const PlacementRecord& placement) {
+  return outputs_follow_store(work_dir_, job.id, placement);
 }
 
 void SlurmExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {

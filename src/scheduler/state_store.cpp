@@ -69,7 +69,8 @@ CREATE TABLE jobs(id INTEGER PRIMARY KEY, name TEXT NOT NULL, spec TEXT NOT NULL
 CREATE INDEX jobs_state ON jobs(state);
 CREATE TABLE placements(job_id INTEGER PRIMARY KEY REFERENCES jobs(id), attempt INTEGER NOT NULL,
                         layout TEXT NOT NULL, sync TEXT NOT NULL, inner_steps INTEGER NOT NULL,
-                        step_s REAL NOT NULL, wan_gbps REAL NOT NULL, cost REAL NOT NULL);
+                        step_s REAL NOT NULL, wan_gbps REAL NOT NULL, cost REAL NOT NULL,
+                        standby INTEGER NOT NULL DEFAULT 0, moved INTEGER NOT NULL DEFAULT 0);
 CREATE TABLE placement_shares(job_id INTEGER NOT NULL REFERENCES jobs(id), position INTEGER NOT NULL,
                               cluster TEXT NOT NULL, ranks INTEGER NOT NULL, layout TEXT NOT NULL,
                               absent INTEGER NOT NULL DEFAULT 0, started_s REAL NOT NULL DEFAULT -1,
@@ -341,6 +342,14 @@ void StateStore::check_schema() {
     exec("PRAGMA user_version=3");
     t.commit();
   }
+  if (version < 4) {
+    // Version 3 had no standby stores: share 0's loss re-placed the job.
+    Transaction t(*this);
+    exec("ALTER TABLE placements ADD COLUMN standby INTEGER NOT NULL DEFAULT 0");
+    exec("ALTER TABLE placements ADD COLUMN moved INTEGER NOT NULL DEFAULT 0");
+    exec("PRAGMA user_version=4");
+    t.commit();
+  }
 }
 
 void StateStore::create_schema() {
@@ -428,13 +437,14 @@ void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRe
   Statement(db_, "DELETE FROM placements WHERE job_id = ?", path_).bind(1, job_id).step();
   if (!p) return;
   Statement s(db_,
-              "INSERT INTO placements(job_id, attempt, layout, sync, inner_steps, step_s, wan_gbps, cost) "
-              "VALUES(?, ?, ?, ?, ?, ?, ?, ?)",
+              "INSERT INTO placements(job_id, attempt, layout, sync, inner_steps, step_s, wan_gbps, cost, standby, "
+              "moved) VALUES(?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
               path_);
   // The sync as its word (the layout's own), so older databases and the dashboard read the same text.
   s.bind(1, job_id).bind(2, p->attempt).bind(3, p->layout).bind(4, std::string(planner::to_string(p->sync)));
   s.bind(5, p->inner_steps);
-  s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).step();
+  s.bind(6, p->step_s).bind(7, p->wan_gbps).bind(8, p->cost).bind(9, p->standby ? 1 : 0);
+  s.bind(10, p->share0_stays_out ? 2 : p->rendezvous_moved ? 1 : 0).step();
   Statement share(db_,
                   "INSERT INTO placement_shares(job_id, position, cluster, ranks, layout, absent, started_s) "
                   "VALUES(?, ?, ?, ?, ?, ?, ?)",
@@ -448,7 +458,9 @@ void StateStore::write_placement(int64_t job_id, const std::optional<PlacementRe
 }
 
 std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const {
-  Statement s(db_, "SELECT attempt, layout, sync, inner_steps, step_s, wan_gbps, cost FROM placements WHERE job_id = ?",
+  Statement s(db_,
+              "SELECT attempt, layout, sync, inner_steps, step_s, wan_gbps, cost, standby, moved FROM placements "
+              "WHERE job_id = ?",
               path_);
   s.bind(1, job_id);
   if (!s.step()) return std::nullopt;
@@ -457,6 +469,9 @@ std::optional<PlacementRecord> StateStore::read_placement(int64_t job_id) const 
   p.layout = s.text(1), p.sync = planner::parse_layout_sync(s.text(2));  // the words of describe()
   p.inner_steps = static_cast<int>(s.integer(3));
   p.step_s = s.real(4), p.wan_gbps = s.real(5), p.cost = s.real(6);
+  p.standby = s.integer(7) != 0;
+  p.rendezvous_moved = s.integer(8) != 0;  // 1: share 0 may come back, 2: it stays out
+  p.share0_stays_out = s.integer(8) == 2;
   Statement sh(db_,
                "SELECT cluster, ranks, layout, absent, started_s FROM placement_shares WHERE job_id = ? ORDER BY position",
                path_);

@@ -160,10 +160,20 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
     argv.insert(argv.end(), {"--node-sizes", joined(nodes.sizes)});
   if (nodes.sizes.size() > 1) {
     if (launch.master_port <= 0) throw UsageError("a job across nodes needs a rendezvous port (TrainLaunch::master_port)");
-    const auto host = launch.cluster_hosts.find(placement.shares.front().cluster);
-    const std::string& master = host == launch.cluster_hosts.end() ? launch.master_host : host->second;
-    argv.insert(argv.end(), {"--master", master + ":" + std::to_string(launch.master_port), "--cluster",
-                             std::to_string(share)});
+    const auto host_of = [&](size_t s) {
+      const auto host = launch.cluster_hosts.find(placement.shares[s].cluster);
+      return host == launch.cluster_hosts.end() ? launch.master_host : host->second;
+    };
+    // With a standby on share 1's first node (node 1), share 0's loss moves the job's store there.
+    const bool standby = elastic && placement.standby;
+    if (standby && launch.standby_port <= 0)
+      throw UsageError("a job with a standby store needs its port (TrainLaunch::standby_port)");
+    const std::string standby_at = standby ? host_of(1) + ":" + std::to_string(launch.standby_port) : "";
+    const std::string master =
+        placement.rendezvous_moved && standby ? standby_at : host_of(0) + ":" + std::to_string(launch.master_port);
+    argv.insert(argv.end(), {"--master", master, "--cluster", std::to_string(share)});
+    if (standby) argv.insert(argv.end(), {"--standby", standby_at});
+    if (standby && placement.rendezvous_moved && share == 0) argv.push_back("--rejoin");
   }
   argv.insert(argv.end(), {"--", launch.crosstrain, "train", share_recipe_path(job, launch)});
   // The job's own overrides first: the scheduler's come after them and win (state_store.h refuses job overrides of
@@ -217,7 +227,8 @@ std::string launchers_on_each_node(const JobRecord& job, const PlacementRecord& 
   std::string sizes;
   for (int i = 0; i < count; ++i) sizes += std::to_string(i) + ") n=" + std::to_string(nodes.sizes[first + i]) + ";; ";
   const auto host = launch.cluster_hosts.find(placement.shares[share].cluster);
-  const bool hosts_rendezvous = share == 0 && host != launch.cluster_hosts.end();
+  // Share 0's node 0 hosts the job's store, and share 1's the standby's where there is one.
+  const bool hosts_rendezvous = (share == 0 || (share == 1 && placement.standby)) && host != launch.cluster_hosts.end();
   const std::string each = (hosts_rendezvous ? share_node_number(host->second) : "k=$SLURM_NODEID; ") +
                            "node=$((" + std::to_string(first) + " + k)); case \"$k\" in " + sizes +
                            "*) echo \"no node $k in this share\" >&2; exit 2;; esac; exec " + line;
@@ -343,8 +354,24 @@ std::string job_dir_in(const std::string& work_dir, int64_t job_id) {
   return (fs::path(work_dir) / ("job" + std::to_string(job_id))).string();
 }
 
+namespace {
+
+// Where the daemon reads the job's outputs (job_run_dir): written only with sites.
+fs::path outputs_pointer(const std::string& work_dir, int64_t job_id) {
+  return fs::path(job_dir_in(work_dir, job_id)) / "run_dir";
+}
+
+void point_outputs_at(const std::string& work_dir, int64_t job_id, const std::string& run_dir) {
+  const fs::path pointer = outputs_pointer(work_dir, job_id);
+  fs::create_directories(pointer.parent_path());
+  std::ofstream(pointer.string() + ".tmp") << run_dir << "\n";
+  fs::rename(pointer.string() + ".tmp", pointer);
+}
+
+}  // namespace
+
 std::string job_run_dir(const std::string& work_dir, int64_t job_id) {
-  std::ifstream pointer(fs::path(job_dir_in(work_dir, job_id)) / "run_dir");
+  std::ifstream pointer(outputs_pointer(work_dir, job_id));
   std::string recorded;
   if (pointer && std::getline(pointer, recorded) && !recorded.empty()) return recorded;
   return (fs::path(job_dir_in(work_dir, job_id)) / "run").string();
@@ -411,23 +438,37 @@ std::string job_secret(const std::string& work_dir, int64_t job_id) {
   return hex;
 }
 
-// Share 0 is built first whenever a placement starts: it takes a fresh port and keeps it in the job's folder, where
-// the other shares read it, also one started again into the running job later (even by a restarted daemon).
-int placement_port(const std::string& work_dir, int64_t job_id, size_t share) {
+// Share 0 is built first whenever a placement starts: it takes fresh ports (the rendezvous, the standby's) and keeps
+// them in the job's folder, where the other shares read them, also one started again into the running job later
+// (even by a restarted daemon; share 0 itself, once the standby holds the job's store).
+PlacementPorts placement_ports(const std::string& work_dir, int64_t job_id, bool fresh) {
   const fs::path file = fs::path(job_dir_in(work_dir, job_id)) / "rendezvous_port";
-  if (share == 0) {
-    const int port = free_port();
+  PlacementPorts ports;
+  if (fresh) {
+    ports.rendezvous = free_port();
+    do ports.standby = free_port();
+    while (ports.standby == ports.rendezvous);
     fs::create_directories(file.parent_path());
-    std::ofstream(file.string() + ".tmp") << port << "\n";
+    std::ofstream(file.string() + ".tmp") << ports.rendezvous << " " << ports.standby << "\n";
     fs::rename(file.string() + ".tmp", file);
-    return port;
+    return ports;
   }
   std::ifstream in(file);
-  int port = 0;
-  if (!(in >> port) || port <= 0 || port > 65535)
+  if (!(in >> ports.rendezvous) || ports.rendezvous <= 0 || ports.rendezvous > 65535)
     throw Error("scheduler: job " + std::to_string(job_id) + " has no rendezvous port recorded in " + file.string() +
                 " (its share 0 was never built)");
-  return port;
+  if (!(in >> ports.standby) || ports.standby <= 0 || ports.standby > 65535) ports.standby = 0;  // an older record
+  return ports;
+}
+
+bool outputs_follow_store(const std::string& work_dir, int64_t job_id, const PlacementRecord& placement) {
+  if (!fs::exists(outputs_pointer(work_dir, job_id)) || placement.shares.size() < 2) return true;
+  point_outputs_at(work_dir, job_id, site_run_dir(work_dir, placement.shares[1].cluster, job_id));
+  return false;
+}
+
+int placement_port(const std::string& work_dir, int64_t job_id, size_t share) {
+  return placement_ports(work_dir, job_id, share == 0).rendezvous;
 }
 
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,
@@ -438,16 +479,13 @@ std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> tra
       launch.site = placement.shares.at(share).cluster;
       launch.run_dir = site_run_dir(work_dir, launch.site, job.id);
       // The job's outputs are read at share 0's site (rank 0 writes them there).
-      if (share == 0) {
-        const fs::path pointer = fs::path(job_dir_in(work_dir, job.id)) / "run_dir";
-        fs::create_directories(pointer.parent_path());
-        std::ofstream(pointer.string() + ".tmp") << launch.run_dir << "\n";
-        fs::rename(pointer.string() + ".tmp", pointer);
-      }
+      if (share == 0) point_outputs_at(work_dir, job.id, launch.run_dir);
     } else {
       launch.run_dir = job_run_dir(work_dir, job.id);
     }
-    launch.master_port = placement_port(work_dir, job.id, share);
+    const PlacementPorts ports = placement_ports(work_dir, job.id, share == 0 && !placement.rendezvous_moved);
+    launch.master_port = ports.rendezvous;
+    launch.standby_port = ports.standby;
     // Before the placement's shares start: an older one still running somewhere can no longer commit. (Every
     // site's folder with sites; this daemon reaches them all here.)
     if (share == 0 || base.sites) write_fence(launch.run_dir, placement_fence(job, placement));

@@ -11,6 +11,7 @@
 
 #include "crosstrain/core/error.h"
 #include "crosstrain/scheduler/bench.h"
+#include "crosstrain/scheduler/observed_executor.h"
 #include "crosstrain/scheduler/scheduler.h"
 #include "crosstrain/scheduler/sim_executor.h"
 #include "scheduler_test_util.h"
@@ -159,13 +160,140 @@ TEST(GangScheduler, AnElasticJobShrinksWhenAClusterIsLostAndGrowsBackWhenItRetur
   for (const JobRecord& stored : rig.store.jobs())
     if (stored.id == id) EXPECT_TRUE(stored.placement->shares[1].absent) << "the state file lost the absent share";
 
-  // Losing share 0's cluster (the job's rendezvous and membership) still stops and re-places the gang.
+  // Losing share 0's cluster (the job's rendezvous and membership) of two shares still stops and re-places the
+  // gang: the survivor alone is no majority, so no standby can take the store over.
   rig.exec.lose(keep);
   rig.sched.tick();
   EXPECT_EQ(rig.sched.job(id).attempts, 2);
   EXPECT_TRUE(has_event(rig.store, id, "displaced"));
   EXPECT_EQ(rig.exec.overcommits(), 0);
   EXPECT_EQ(rig.exec.partial_gangs(), 0);
+}
+
+// Three clusters: the launchers have a standby store on share 1's node, so losing share 0's cluster (the job's
+// store and membership) no longer re-places the job: it goes on with the others (a majority of the ranks), the
+// state file records that the store moved, and share 0 comes back into the running job. Once the store is on share
+// 1, losing share 1 re-places the job (nobody holds a standby any more). A share 0 that fails to start again in the
+// background stays absent and is tried later: the running job is not queued again.
+TEST(GangScheduler, AThreeClusterJobGoesOnWithoutShareZeroWhoseStoreTheStandbyTookOver) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  const std::string path = temp_path("standby.db");
+  SimulatedExecutor sim = SimulatedExecutor::for_registry(r);
+  sim.allow_share_changes(true);
+  ObservedExecutor exec(sim);  // starts and stops on its thread, failures reported by the next status, as the daemon's
+  StateStore store(path);
+  Scheduler sched(std::move(r), store, exec, {}, [&] { return sim.now(); });
+  const auto settled_tick = [&] {
+    sched.tick();
+    ASSERT_TRUE(exec.settle(std::chrono::milliseconds(5000)));
+    exec.observe(std::vector<int64_t>{1});
+  };
+  JobSpec spec = job("gpt2-xl", 192, 100000);
+  spec.max_restarts = 1;
+  const int64_t id = sched.submit(spec);
+  settled_tick();
+  ASSERT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  const PlacementRecord first = *sched.job(id).placement;
+  ASSERT_EQ(first.shares.size(), 3u) << first.layout;
+  ASSERT_TRUE(first.live_elastic());
+  EXPECT_TRUE(first.standby);
+  EXPECT_TRUE(store.job(id)->placement->standby) << "the state file forgot the standby";
+
+  sim.advance(first.step_s * 25.5);
+  sim.lose(first.shares[0].cluster);
+  settled_tick();
+  settled_tick();
+  const JobRecord& j = sched.job(id);
+  ASSERT_EQ(j.state, JobState::Running) << j.reason;
+  EXPECT_EQ(j.attempts, 1) << "re-placed instead of going on";
+  EXPECT_EQ(sim.starts(), 1);
+  EXPECT_TRUE(j.placement->shares[0].absent);
+  EXPECT_TRUE(j.placement->rendezvous_moved);
+  EXPECT_TRUE(store.job(id)->placement->rendezvous_moved) << "the state file forgot where the store went";
+  EXPECT_FALSE(has_event(store, id, "displaced"));
+  bool said = false;
+  for (const EventRow& e : store.events(id))
+    said = said || (e.kind == "shrunk" && e.detail.find("the standby on " + first.shares[1].cluster + " holds its store") !=
+                                              std::string::npos);
+  EXPECT_TRUE(said) << "the shrink does not say where the store went";
+
+  // Share 0's cluster returns, but its share fails to start (on the executor's thread): it stays absent.
+  sim.restore(first.shares[0].cluster);
+  exec.observe(std::vector<int64_t>{id});  // the daemon's pass asks the clusters before it acts
+  sched.mark_up(first.shares[0].cluster);
+  sim.fail_next_share_start(id);
+  settled_tick();
+  settled_tick();
+  EXPECT_EQ(sched.job(id).state, JobState::Running);
+  EXPECT_EQ(sched.job(id).attempts, 1) << "a failed start of share 0 queued the running job again";
+  EXPECT_TRUE(sched.job(id).placement->shares[0].absent);
+  EXPECT_TRUE(has_event(store, id, "grow-failed"));
+  EXPECT_FALSE(has_event(store, id, "start-failed"));
+  // Tried again 10 s later: it joins the running job.
+  sim.advance(11);
+  settled_tick();
+  settled_tick();
+  EXPECT_FALSE(sched.job(id).placement->shares[0].absent);
+  EXPECT_EQ(sim.share_starts(), 1);
+  EXPECT_TRUE(has_event(store, id, "grew"));
+
+  // The store lives on share 1 now: losing its cluster stops the job, to be placed again from its checkpoint (the
+  // two clusters left are too small for it: it waits).
+  sim.lose(first.shares[1].cluster);
+  settled_tick();
+  settled_tick();
+  EXPECT_EQ(sched.job(id).state, JobState::Queued);
+  EXPECT_TRUE(has_event(store, id, "displaced"));
+  EXPECT_EQ(sim.overcommits(), 0);
+  EXPECT_EQ(sim.partial_gangs(), 0);
+}
+
+// With sites, share 0 does not come back once the standby holds the store (its rank 0 would write the job's outputs
+// at its own site again, which lacks the rows trained meanwhile): the job goes on without it, a daemon restart too.
+TEST(GangScheduler, WithSitesShareZeroStaysOutOnceTheStandbyHoldsTheStore) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  Rig rig(temp_path("sites.db"), std::move(r));
+  rig.exec.allow_share_changes(true);
+  rig.exec.use_sites(true);
+  const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
+  rig.sched.tick();
+  const std::string east = rig.sched.job(id).placement->shares.at(0).cluster;
+  rig.exec.lose(east);
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).state, JobState::Running) << rig.sched.job(id).reason;
+  EXPECT_TRUE(rig.sched.job(id).placement->share0_stays_out);
+  rig.exec.restore(east);
+  rig.sched.mark_up(east);
+  rig.sched.tick();
+  Scheduler restarted(rig.sched.registry(), rig.store, rig.exec, {}, [&] { return rig.exec.now(); });
+  restarted.tick();
+  EXPECT_TRUE(restarted.job(id).placement->shares[0].absent);
+  EXPECT_EQ(rig.exec.share_starts(), 0);
+  bool said = false;
+  for (const EventRow& e : rig.store.events(id)) said = said || e.detail.find(east + " does not come back") != std::string::npos;
+  EXPECT_TRUE(said);
+}
+
+// A placement made before standbys existed (its state file row says none) loses share 0 into a re-placement, as it
+// always did: its launchers were started without --standby, so nobody could take the store over.
+TEST(GangScheduler, APlacementWithoutAStandbyIsRePlacedWhenShareZeroIsLost) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  Rig rig(temp_path("nostandby.db"), std::move(r));
+  rig.exec.allow_share_changes(true);
+  const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).placement->shares.size(), 3u);
+  JobRecord old = rig.sched.job(id);
+  old.placement->standby = false;  // as a schema 3 file reads back
+  rig.store.update_job(old);
+  Scheduler restarted(rig.sched.registry(), rig.store, rig.exec, {}, [&] { return rig.exec.now(); });
+  rig.exec.lose(old.placement->shares[0].cluster);
+  restarted.tick();
+  EXPECT_EQ(restarted.job(id).state, JobState::Queued) << "it went on without share 0";
+  EXPECT_TRUE(has_event(rig.store, id, "displaced"));
 }
 
 // Priorities: a later job of higher priority is placed first; one that only lower-priority jobs keep out preempts

@@ -37,14 +37,14 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 
 // Two clusters of `east` and one CPU, joined by a slow link: a job of east + 1 ranks spans both, and DiLoCo is the
 // layout.
-Registry two_cpus(const fs::path& dir, int east = 1) {
+Registry two_cpus(const fs::path& dir, int east = 1, std::vector<std::string> names = {"east", "west"}) {
   const fs::path file = dir / "clusters.toml";
   std::ofstream out(file);
   out << "name = \"two-local-clusters\"\n[devices.cpu]\npeak_tflops = { fp32 = 0.05, bf16 = 0.05 }\nmemory_gb = 8\n"
          "memory_bandwidth_gbs = 20\npower_w = 15\ngemm_efficiency = 0.5\nprice_per_hour = 0.1\n";
-  for (const char* name : {"east", "west"})
+  for (const std::string& name : names)
     out << "[[clusters]]\nname = \"" << name << "\"\ndevice = \"cpu\"\nhosts = 1\ndevices_per_host = "
-        << (std::string(name) == "east" ? east : 1) << "\n"
+        << (name == "east" ? east : 1) << "\n"
         << "[clusters.links.host]\nlatency_us = 5\nbandwidth_gbps = 40\n"
         << "[clusters.links.cluster]\nlatency_us = 20\nbandwidth_gbps = 10\n";
   out << "[links.wan]\nlatency_us = 20000\nbandwidth_gbps = 0.05\n";
@@ -189,6 +189,61 @@ TEST(LiveElastic, UnevenSharesGoOnWithoutALostClusterAndGrowBack) {
   LiveFigures f;
   lose_and_regain_west("live-elastic-uneven", 2, job, "east:2 + west:1", f);
   EXPECT_GT(f.step_at_join, f.step_at_loss);
+}
+
+// Share 0's cluster is lost (issue 35, item 3): its node held the job's store and coordinator. Across three
+// clusters the launchers have a standby store on share 1's node; the scheduler lets the job go on (no re-placement),
+// the standby takes the store over with west's and north's ranks (a majority), and when east comes back its share
+// starts with --rejoin against the standby and joins the running job. Every step once, one placement.
+TEST(LiveElastic, TheClusterHoldingTheJobsStoreIsLostAndTheJobGoesOnAndTakesItBack) {
+  const fs::path root = crosstrain::testing::scratch_dir("live-elastic-share0");
+  const fs::path work = root / "work";
+  StateStore store((root / "state.db").string());
+  TrainLaunch launch;
+  launch.crosstrain = kBin;
+  launch.rendezvous_timeout_s = 60;
+  LocalExecutor exec(work.string(), train_share_command(launch, work.string()), std::chrono::milliseconds(5000));
+  Scheduler sched(two_cpus(root, 1, {"east", "west", "north"}), store, exec, {}, [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  });
+  JobSpec job = tiny_job(300);
+  job.ranks = 3;
+  job.global_batch = 6;
+  const int64_t id = sched.submit(job);
+  sched.tick();
+  ASSERT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  ASSERT_EQ(sched.job(id).placement->shares.size(), 3u);
+  ASSERT_EQ(sched.job(id).placement->shares[0].cluster, "east");
+  const fs::path job_dir = job_dir_in(work.string(), id), run = job_run_dir(work.string(), id);
+  EXPECT_NE(slurp(job_dir / "share2.sh").find("'--standby'"), std::string::npos) << slurp(job_dir / "share2.sh");
+  const auto logged = [&] { return crosstrain::testing::last_logged_step(run.string()); };
+  ASSERT_TRUE(tick_until(sched, 120, [&] { return logged() >= 30; })) << slurp(job_dir / "share0.out");
+  const std::string west_group = slurp(job_dir / "share1.pid");
+
+  ::kill(-static_cast<pid_t>(std::stol(slurp(job_dir / "share0.pid"))), SIGKILL);
+  const int64_t step_at_loss = logged();
+  sched.mark_lost("east");
+  ASSERT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  EXPECT_EQ(sched.job(id).attempts, 1) << "re-placed instead of going on";
+  ASSERT_TRUE(sched.job(id).placement->shares[0].absent);
+  EXPECT_TRUE(sched.job(id).placement->rendezvous_moved);
+  EXPECT_TRUE(store.job(id)->placement->rendezvous_moved) << "the state file forgot where the store went";
+  ASSERT_TRUE(tick_until(sched, 90, [&] { return logged() > step_at_loss + 5; }))
+      << "the job did not go on without east\n" << slurp(job_dir / "share1.out") << slurp(job_dir / "share2.out");
+  EXPECT_NE(slurp(job_dir / "share1.out").find("takes over"), std::string::npos) << slurp(job_dir / "share1.out");
+
+  sched.mark_up("east");
+  ASSERT_TRUE(tick_until(sched, 90, [&] { return slurp(job_dir / "share1.out").find("(join): 3 replicas") != std::string::npos; }))
+      << "east never came back\n" << slurp(job_dir / "share0.out") << slurp(job_dir / "share1.out");
+  EXPECT_NE(slurp(job_dir / "share0.sh").find("'--rejoin'"), std::string::npos) << slurp(job_dir / "share0.sh");
+  ASSERT_TRUE(tick_until(sched, 240, [&] { return finished(sched.job(id).state); })) << slurp(job_dir / "share1.out");
+  ASSERT_EQ(sched.job(id).state, JobState::Done) << sched.job(id).reason << "\n" << slurp(job_dir / "share1.out");
+  EXPECT_EQ(sched.job(id).attempts, 1);
+  EXPECT_EQ(slurp(job_dir / "share1.pid"), west_group) << "west's share was started again";
+  const auto rows = crosstrain::testing::read_metrics(run.string());
+  ASSERT_EQ(static_cast<int64_t>(rows.size()), job.steps);
+  for (int64_t i = 0; i < job.steps; ++i) ASSERT_EQ(rows[i]["step"].get<int64_t>(), i + 1);
+  fs::remove_all(root);
 }
 
 }  // namespace

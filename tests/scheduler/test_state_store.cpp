@@ -208,7 +208,10 @@ TEST(StateStore, ASchemaOneFileIsMigrated) {
   ASSERT_EQ(sqlite3_exec(db,
                          "CREATE TABLE old AS SELECT job_id, position, cluster, ranks, layout FROM placement_shares;"
                          "DROP TABLE placement_shares; ALTER TABLE old RENAME TO placement_shares;"
-                         "DROP TABLE usage; PRAGMA user_version=1",
+                         "DROP TABLE usage;"
+                         "CREATE TABLE oldp AS SELECT job_id, attempt, layout, sync, inner_steps, step_s, wan_gbps, "
+                         "cost FROM placements; DROP TABLE placements; ALTER TABLE oldp RENAME TO placements;"
+                         "PRAGMA user_version=1",
                          nullptr, nullptr, nullptr),
             SQLITE_OK);
   sqlite3_close(db);
@@ -222,6 +225,17 @@ TEST(StateStore, ASchemaOneFileIsMigrated) {
   j.placement->shares[1].absent = true;
   s.update_job(j);
   EXPECT_TRUE(s.jobs()[0].placement->shares[1].absent) << "the migrated file does not keep an absent share";
+  EXPECT_FALSE(s.jobs()[0].placement->standby) << "a placement from before standbys has none";
+  EXPECT_FALSE(s.jobs()[0].placement->rendezvous_moved);
+  j.placement->standby = j.placement->rendezvous_moved = true;
+  s.update_job(j);
+  EXPECT_TRUE(s.jobs()[0].placement->standby) << "the migrated file does not keep a standby";
+  EXPECT_TRUE(s.jobs()[0].placement->rendezvous_moved) << "the migrated file does not keep a moved rendezvous";
+  EXPECT_FALSE(s.jobs()[0].placement->share0_stays_out);
+  j.placement->share0_stays_out = true;
+  s.update_job(j);
+  EXPECT_TRUE(s.jobs()[0].placement->share0_stays_out) << "a share 0 that must stay out would come back";
+  EXPECT_TRUE(s.jobs()[0].placement->rendezvous_moved);
 }
 
 TEST(StateStore, JobSpecJsonNamesTheBadField) {

@@ -171,7 +171,61 @@ TEST(TrainShare, TheNodeAtTheClustersAddressIsNodeZeroOfTheFirstShare) {
   l.cluster_hosts = {{"east", "10.0.0.2"}, {"west", "10.1.0.1"}};
   EXPECT_NE(train_share_script(recipe_job(), p, 0, l).find("NodeAddr=10.0.0.2"), std::string::npos);
   EXPECT_EQ(train_share_script(recipe_job(), p, 1, l).find("NodeAddr="), std::string::npos);
+  // ... and share 1 its standby store, where the placement has one (share 0 on one node, three shares).
+  p.shares[0].ranks = 2;
+  p.shares.push_back({"north", 2, "dp=2 tp=1 pp=1"});
+  l.devices_per_node["north"] = 2;
+  l.cluster_hosts["north"] = "10.2.0.1";
+  l.standby_port = 2;
+  p.standby = true;
+  EXPECT_NE(train_share_script(recipe_job(), p, 1, l).find("NodeAddr=10.1.0.1"), std::string::npos);
   fs::remove_all(bin);
+}
+
+// Three clusters, DiLoCo: every launcher learns the standby store's address on share 1's node. Once share 0 was
+// lost the job's store is there: every share starts against it, share 0 with --rejoin. Two clusters: no standby
+// (the survivor alone is no majority).
+TEST(TrainShare, AStandbyOnShareOnesNodeHoldsTheStoreOnceShareZeroWasLost) {
+  PlacementRecord p = two_shares();
+  p.shares.push_back({"north", 2, "dp=2 tp=1 pp=1"});
+  EXPECT_TRUE(p.standby_possible(1));
+  EXPECT_FALSE(p.standby_possible(2)) << "node 1 would be share 0's second node, not share 1's";
+  EXPECT_FALSE(two_shares().standby_possible(1)) << "one survivor is no majority";
+  EXPECT_EQ(joined(train_share_argv(recipe_job(), p, 2, launch("/run", "h", 1))).find("--standby"), std::string::npos)
+      << "a placement made without a standby (before standbys) gets none";
+  p.standby = true;
+  TrainLaunch l = launch("/run", "h", 1);
+  l.standby_port = 2;
+  l.cluster_hosts = {{"east", "10.0.0.1"}, {"west", "10.1.0.1"}, {"north", "10.2.0.1"}};
+  const std::string north = joined(train_share_argv(recipe_job(), p, 2, l));
+  EXPECT_NE(north.find("--master 10.0.0.1:1 --cluster 2 --standby 10.1.0.1:2 "), std::string::npos) << north;
+  EXPECT_EQ(north.find("--rejoin"), std::string::npos) << north;
+  p.rendezvous_moved = true;
+  const std::string again = joined(train_share_argv(recipe_job(), p, 0, l));
+  EXPECT_NE(again.find("--master 10.1.0.1:2 --cluster 0 --standby 10.1.0.1:2 --rejoin "), std::string::npos) << again;
+  EXPECT_EQ(joined(train_share_argv(recipe_job(), p, 2, l)).find("--rejoin"), std::string::npos);
+  EXPECT_NE(joined(train_share_argv(recipe_job(), p, 2, l)).find("--master 10.1.0.1:2 "), std::string::npos);
+  EXPECT_EQ(joined(train_share_argv(recipe_job(), two_shares(), 1, l)).find("--standby"), std::string::npos);
+  l.standby_port = 0;
+  EXPECT_THROW(train_share_argv(recipe_job(), p, 1, l), UsageError) << "a standby without its port";
+  // With sites the job's outputs are read where rank 0 writes them: at share 1's site once its standby holds the
+  // store, and share 0 stays out then (outputs_follow_store); with one run folder nothing moves.
+  const fs::path outputs = crosstrain::testing::scratch_dir("share-outputs");
+  EXPECT_TRUE(outputs_follow_store(outputs.string(), 9, p)) << "no sites: share 0 may come back";
+  fs::create_directories(outputs / "job9");
+  std::ofstream(outputs / "job9" / "run_dir") << site_run_dir(outputs.string(), "east", 9) << "\n";
+  EXPECT_FALSE(outputs_follow_store(outputs.string(), 9, p));
+  EXPECT_EQ(job_run_dir(outputs.string(), 9), site_run_dir(outputs.string(), "west", 9));
+  fs::remove_all(outputs);
+  // The ports: fresh ones when share 0 starts a placement, the recorded ones otherwise.
+  const fs::path work = crosstrain::testing::scratch_dir("share-ports");
+  const PlacementPorts fresh = placement_ports(work.string(), 7, true);
+  EXPECT_GT(fresh.standby, 0);
+  EXPECT_NE(fresh.standby, fresh.rendezvous);
+  const PlacementPorts read = placement_ports(work.string(), 7, false);
+  EXPECT_EQ(read.rendezvous, fresh.rendezvous);
+  EXPECT_EQ(read.standby, fresh.standby);
+  fs::remove_all(work);
 }
 
 TEST(TrainShare, AJobWithoutARecipeIsRefused) {

@@ -84,6 +84,13 @@ struct PlacementRecord {
   double wan_gbps = 0;               // predicted wide-area use per cluster, Gbit/s
   double cost = 0;                   // predicted cost of the steps left
   int attempt = 0;                   // which placement of the job this is (1 = first)
+  // Its launchers have a standby store on share 1's first node (crosstrain run --standby), decided when it was placed
+  // (standby_possible): only such a placement may go on without share 0. Placements from before standbys have none.
+  bool standby = false;
+  // Share 0 was lost and the standby on share 1's first node holds the job's store now (crosstrain run --standby):
+  // shares start against it, share 0 with --rejoin, unless it stays out (Executor::store_moved: sites).
+  bool rendezvous_moved = false;
+  bool share0_stays_out = false;
 
   int ranks() const;          // of every share, absent ones included (the job's full size)
   int present_ranks() const;  // of the shares that run now
@@ -92,6 +99,10 @@ struct PlacementRecord {
   // The placement grows and shrinks at run time, one cluster share at a time, as elastic training across clusters
   // does: DiLoCo across two or more clusters, each cluster a whole unit of churn (elastic/membership.h).
   bool live_elastic() const;
+  // A standby store on share 1's first node can take the job's store over when share 0 is lost: a live-elastic
+  // placement of three shares or more (so that the others can be a majority) whose share 0 is one node (so that
+  // node 1, which hosts the standby, is share 1's first).
+  bool standby_possible(int share0_nodes) const;
 };
 
 struct JobRecord {

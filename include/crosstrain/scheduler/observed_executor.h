@@ -54,8 +54,13 @@ class ObservedExecutor : public Executor {
   std::vector<std::string> lost_clusters() override;
   std::string run_dir(int64_t job_id) const override { return inner_.run_dir(job_id); }
   bool changes_shares() const override { return inner_.changes_shares(); }
+  int share_nodes(const std::string& cluster, int ranks) const override { return inner_.share_nodes(cluster, ranks); }
   void stop_share(int64_t job_id, size_t share) override;
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
+  // A file written at once (no command): not queued.
+  bool store_moved(const JobRecord& job, const PlacementRecord& placement) override {
+    return inner_.store_moved(job, placement);
+  }
 
  private:
   struct Action {

@@ -56,10 +56,18 @@ class Executor {
   // Live shrink and grow (PlacementRecord::live_elastic): an executor that can end one share of a running job and
   // start one again into it says so here; otherwise the scheduler stops and re-places the whole gang instead.
   virtual bool changes_shares() const { return false; }
+  // How many nodes a share of `ranks` on `cluster` runs on (the share's launcher nodes): 1 unless the executor splits
+  // shares larger than a node (Slurm).
+  virtual int share_nodes(const std::string& /*cluster*/, int /*ranks*/) const { return 1; }
   // Ends share `share` (its cluster may not answer: then only the record of it goes); status() no longer counts it.
   virtual void stop_share(int64_t /*job_id*/, size_t /*share*/) {}
   // Starts share `share` of the running job again (the others run on); throws when it cannot.
   virtual void start_share(const JobRecord& /*job*/, const PlacementRecord& /*placement*/, size_t /*share*/) {}
+  // Share 0 was lost and the standby on share 1's node holds the job's store now (PlacementRecord::rendezvous_moved).
+  // Returns whether share 0 may join the running job again later: not where each cluster keeps its own run folder
+  // (--site-storage), since rank 0, which writes the job's outputs, would come back to share 0's site, whose
+  // metrics.jsonl lacks the rows written meanwhile at share 1's; there the outputs are read at share 1's site.
+  virtual bool store_moved(const JobRecord& /*job*/, const PlacementRecord& /*placement*/) { return true; }
 };
 
 struct SchedulerOptions {
@@ -137,7 +145,9 @@ class Scheduler {
   void share_unstarted(JobRecord& job, size_t share, const std::string& why);
   void restart(JobRecord& job, const ExecStatus& failure);
   // Live shrink and grow: whether the job goes on without share `share` (an executor that can, a live_elastic
-  // placement, not share 0, which hosts the job's rendezvous and membership, and another share still running).
+  // placement, and another share still running). Share 0 hosts the job's rendezvous and membership: only where a
+  // standby on share 1's node takes them over (PlacementRecord::standby_possible, share 1 running, the others a
+  // majority), once; then share 1 holds them.
   bool goes_on_without(const JobRecord& job, size_t share) const;
   void shrink(JobRecord& job, size_t share, const std::string& why);
   // Starts absent shares again on clusters that are up and have room (each tick).

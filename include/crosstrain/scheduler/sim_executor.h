@@ -29,6 +29,9 @@ class SimulatedExecutor : public Executor {
   void stop_share(int64_t job_id, size_t share) override;
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
   void allow_share_changes(bool on) { share_changes_ = on; }
+  // Each cluster keeps its own run folder (--site-storage): share 0 stays out once the standby holds the store.
+  bool store_moved(const JobRecord&, const PlacementRecord&) override { return !sites_; }
+  void use_sites(bool on) { sites_ = on; }
 
   double now() const { return now_; }
   void advance(double seconds) { now_ += seconds; }
@@ -36,6 +39,8 @@ class SimulatedExecutor : public Executor {
   void restore(const std::string& cluster) { lost_.erase(cluster); }
   // Makes the next start of this job throw (a flaky cluster), once.
   void fail_next_start(int64_t job_id) { fail_start_.insert(job_id); }
+  // Makes the next start of a share of this job into the running job throw, once.
+  void fail_next_share_start(int64_t job_id) { fail_share_start_.insert(job_id); }
   // Makes the job's gang fail at its next status (a rank crashed, a share was preempted), once; with `share`, that
   // share is named as the one that failed.
   void crash(int64_t job_id, int share = -1) { crash_[job_id] = share; }
@@ -57,10 +62,10 @@ class SimulatedExecutor : public Executor {
   std::map<std::string, int> used_;
   std::map<int64_t, Run> jobs_;
   std::set<std::string> lost_;
-  std::set<int64_t> fail_start_;
+  std::set<int64_t> fail_start_, fail_share_start_;
   std::map<int64_t, int> crash_;  // job -> the share named as failed (-1: none)
   double now_ = 0;
-  bool share_changes_ = false;
+  bool share_changes_ = false, sites_ = false;
   int64_t partial_gangs_ = 0, overcommits_ = 0, starts_ = 0, share_starts_ = 0;
 };
 

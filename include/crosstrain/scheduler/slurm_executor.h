@@ -91,9 +91,12 @@ class SlurmExecutor : public Executor {
   std::vector<std::string> lost_clusters() override;
   std::string run_dir(int64_t job_id) const override;  // WORK_DIR/jobID/run (train_share.h)
   bool changes_shares() const override { return true; }
+  int share_nodes(const std::string& cluster, int ranks) const override;
   // scancel the share when its cluster answers; its files are kept aside (*.gone).
   void stop_share(int64_t job_id, size_t share) override;
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
+  // The job's outputs are read where rank 0 now writes them (outputs_follow_store).
+  bool store_moved(const JobRecord& job, const PlacementRecord& placement) override;
 
   // The Slurm job id of each share (cluster name -> id), from memory or the job's folder.
   std::map<std::string, std::string> slurm_ids(int64_t job_id) const;
@@ -103,7 +106,7 @@ class SlurmExecutor : public Executor {
   const SlurmCluster& cluster(const std::string& name) const;
   std::string submit(const JobRecord& job, const PlacementRecord& placement, size_t share);
   // Slurm's name of the node at c.rendezvous_addr; throws naming the address when there is none.
-  std::string rendezvous_node(const SlurmCluster& c, int64_t job_id) const;
+  std::string rendezvous_node(const SlurmCluster& c, int64_t job_id, size_t share) const;
   // Slurm's view of a share (state "" once Slurm no longer knows it; nullopt when the cluster does not answer).
   std::optional<SlurmJobState> slurm_job(const SlurmCluster& c, const std::string& id);
   // The stem (WORK_DIR/jobID/shareK) of the share that is Slurm job `id` on `cluster`, or "".

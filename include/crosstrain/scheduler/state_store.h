@@ -25,7 +25,7 @@ struct sqlite3;
 
 namespace crosstrain::scheduler {
 
-constexpr int kStateSchemaVersion = 3;  // 2: placement_shares.absent; 3: started_s, usage
+constexpr int kStateSchemaVersion = 4;  // 2: placement_shares.absent; 3: started_s, usage; 4: placements.standby, moved
 
 struct ClusterRow {
   std::string name;

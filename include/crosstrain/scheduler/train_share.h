@@ -31,6 +31,7 @@ struct TrainLaunch {
   // share reaches it at that cluster's address (master_host when the cluster is not named here).
   std::map<std::string, std::string> cluster_hosts;
   int master_port = 0;                    // the job's rendezvous port, the same for every share
+  int standby_port = 0;                   // its standby store's (PlacementRecord::standby_possible), on share 1's node
   int rendezvous_timeout_s = 300;         // shares may wait in their clusters' queues before they meet
   bool resume = false;                    // the run folder holds a checkpoint
   // The ledger of contributed compute (ledger.h): when set, the ranks keep a work log (run.work_log) and each
@@ -131,6 +132,17 @@ std::string job_secret(const std::string& work_dir, int64_t job_id);
 // first) and records it in WORK_DIR/jobID/rendezvous_port, where every other share reads it, also one started
 // again into the running job later by a restarted daemon. Throws when nothing is recorded.
 int placement_port(const std::string& work_dir, int64_t job_id, size_t share);
+// Share 0 was lost and the standby on share 1's node holds the job's store (Executor::store_moved). With sites (the
+// job's outputs pointer, WORK_DIR/jobID/run_dir, exists) rank 0 now writes at share 1's site: the pointer moves
+// there, and false says share 0 must stay out (back, its rank 0 would write at its own site again, whose
+// metrics.jsonl lacks the rows trained meanwhile). Without sites: true, nothing to move.
+bool outputs_follow_store(const std::string& work_dir, int64_t job_id, const PlacementRecord& placement);
+// Both of a placement's ports: fresh ones recorded (share 0 starting the placement), else the recorded ones (the
+// standby's 0 in a record from before standbys).
+struct PlacementPorts {
+  int rendezvous = 0, standby = 0;
+};
+PlacementPorts placement_ports(const std::string& work_dir, int64_t job_id, bool fresh);
 
 // The usual ShareCommand for recipe jobs: train_share_argv with a fresh rendezvous port per placement
 // (placement_port), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint. Every job

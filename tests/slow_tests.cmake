@@ -30,7 +30,9 @@ set_tests_properties([=[ComputeNetwork.ADiLoCoJobAcrossThreeSlurmClustersOnEmula
 # the standby test timed out once (70 s); it runs with the slow ones.
 set_tests_properties([=[ElasticCli.TheFirstNodeComesBackIntoTheJobTheStandbyTookOver]=] PROPERTIES LABELS "train;slow")
 set_tests_properties([=[ElasticCli.AFirstNodeLeftAloneWithAStandbyElsewhereDoesNotTrainOn]=] PROPERTIES LABELS "train;slow")
+set_tests_properties([=[ElasticCli.ANodeStartedAfterTheTakeoverFindsTheJobAtTheStandby]=] PROPERTIES LABELS "train;slow")
 set_tests_properties([=[LiveElastic.TheClusterHoldingTheJobsStoreIsLostAndTheJobGoesOnAndTakesItBack]=] PROPERTIES LABELS "train;slow")
+set_tests_properties([=[LiveElastic.AShareWhoseClusterStaysDownGrowsOntoAThirdCluster]=] PROPERTIES LABELS "train;slow")
 # 1,000 steps that must raise no straggler warning need a quiet machine: on this shared 2-core VM one rank was
 # persistently ~1.5x busier than the other in 2 of 3 full runs and 3 of 5 lone runs (2026-12-06), and was rightly
 # named. A soak check, like the benchmarks: make test-all runs it.

@@ -16,6 +16,15 @@ void say(const std::string& line) { std::cerr << line + "\n" << std::flush; }
 
 }  // namespace
 
+bool store_answers(const StoreAddress& at, int world_size, bool took_over) {
+  try {
+    auto store = comm::Rendezvous::connect(at.host, at.port, -1, world_size, std::chrono::milliseconds(1000), at.job);
+    return !took_over || store->store()->check({elastic::first_generation_key()});
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 ElasticSupervisor::ElasticSupervisor(const ElasticLaunch& options, int world_size, int min_start_ranks,
                                      std::shared_ptr<comm::Rendezvous> store, StoreAddress remote, Standby standby)
     : options_(options), world_size_(world_size), min_start_ranks_(min_start_ranks), remote_(std::move(remote)),

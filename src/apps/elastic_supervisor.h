@@ -44,6 +44,9 @@ struct StoreAddress {
   std::vector<int> ranks;  // this node's ranks
 };
 
+// Whether the store at `at` answers within a second; `took_over`: and holds a standby's generations.
+bool store_answers(const StoreAddress& at, int world_size, bool took_over);
+
 class ElasticSupervisor {
  public:
   // `store`: the rendezvous store this launcher hosts (node 0), or null: then it connects to `remote`.

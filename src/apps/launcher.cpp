@@ -16,6 +16,7 @@
 #include <iostream>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "crosstrain/comm/rendezvous.h"
 #include "crosstrain/store/auth.h"
@@ -507,6 +508,9 @@ void check_node_sizes(const LaunchOptions& o) {
 
 }  // namespace
 
+static LaunchOptions with_live_store(const LaunchOptions& o);
+static int run_launcher(const LaunchOptions& o);
+
 int launch(const LaunchOptions& o) {
   if (o.nproc < 1) throw UsageError("--nproc must be at least 1, got " + std::to_string(o.nproc));
   if (o.nnodes < 1) throw UsageError("--nnodes must be at least 1, got " + std::to_string(o.nnodes));
@@ -526,6 +530,34 @@ int launch(const LaunchOptions& o) {
   if (o.node_sizes.empty() && o.nproc > kMaxWorld / o.nnodes)
     throw UsageError("--nproc " + std::to_string(o.nproc) + " x --nnodes " + std::to_string(o.nnodes) +
                      " is more ranks than crosstrain supports (" + std::to_string(kMaxWorld) + ")");
+  return run_launcher(with_live_store(o));
+}
+
+// A launcher started into a running job whose standby may hold its store by now (a scheduler starts a share with
+// --master at node 0's address, and cannot know that node 0 is gone): it waits, up to --timeout, for node 0's store
+// or for a standby that started generations, and joins whichever answers first. Before either does it keeps
+// trying (at a job's start node 0 may come up last; the standby's store is there from the start, but empty).
+static LaunchOptions with_live_store(const LaunchOptions& o) {
+  if (o.standby_port <= 0 || o.node_rank == 0) return o;
+  const comm::JobCredentials job = job_credentials(o);
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    if (store_answers({o.master_addr, o.master_port, job, {}}, world_of(o), false)) return o;
+    if (store_answers({o.standby_addr, o.standby_port, job, {}}, world_of(o), true)) {
+      std::cerr << "crosstrain run: node 0's store at " << o.master_addr << ":" << o.master_port
+                << " does not answer and the standby at " << o.standby_addr << ":" << o.standby_port
+                << " took the job over: this node joins it there" << std::endl;
+      LaunchOptions there = o;
+      there.master_addr = o.standby_addr;
+      there.master_port = o.standby_port;
+      return there;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  return o;  // the ranks report that they cannot reach the store
+}
+
+static int run_launcher(const LaunchOptions& o) {
   const int world = world_of(o);
   // Node 0's store serves each rank of the job on a thread of its own (nnodes per local rank), plus one that accepts.
   // Node 0 hosts the job's store, unless it comes back into a job whose standby took it over (--rejoin).

@@ -268,6 +268,7 @@ int serve(const SchedulerCli& cli) {
   scheduler::SchedulerOptions sched_options;
   sched_options.quotas = parse_quotas(cli.quotas);
   sched_options.preemption = !cli.no_preemption;
+  sched_options.move_after_s = cli.move_after_s;
   // Slurm's answers take seconds (a dead controller the command timeout): asked without the scheduler's lock.
   std::unique_ptr<scheduler::ObservedExecutor> observed;
   if (cli.executor == "slurm") observed = std::make_unique<scheduler::ObservedExecutor>(*executor);
@@ -497,6 +498,10 @@ void add_scheduler_commands(CLI::App& app, SchedulerCli& cli) {
                         "(repeat for each user; users not named have no limit)");
   cli.serve->add_flag("--no-preemption", cli.no_preemption,
                       "a job of higher priority waits instead of preempting running jobs of lower priority");
+  cli.serve->add_option("--move-after-s", cli.move_after_s,
+                        "a live-elastic job's share whose cluster has been down this long grows onto another cluster "
+                        "of the same device with room (a new one, or a free one); negative: it waits for its own")
+      ->capture_default_str();
   cli.serve->add_flag("--site-storage", cli.site_storage,
                       "each cluster has storage of its own, shared with no other: a share's run folder is "
                       "WORK/sites/CLUSTER/jobID/run and every checkpoint is committed whole at every site (run.site)");

@@ -39,6 +39,7 @@ struct SchedulerCli {
   std::vector<std::string> quotas;    // USER=DEVICES: most devices a user's jobs hold at once
   std::vector<std::string> cluster_hosts;  // CLUSTER=ADDRESS: where that cluster's share nodes are reached
   bool no_preemption = false;
+  double move_after_s = 30;
   // job submit: a recipe and its overrides (the model shape, batch and steps then come from the recipe)
   std::string recipe;
   std::vector<std::string> sets;

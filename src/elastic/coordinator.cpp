@@ -160,6 +160,7 @@ void Coordinator::tick(Clock::time_point now) {
     read_registrations();
     observe_heartbeats(now);
   }
+  if (options_.quorum) refresh_window();
   // Generations superseded by one their members already started take no more votes. (Before view.current points
   // into open_: the erase moves its elements.)
   while (open_.size() > 1 && store_->check({start_key(open_[1].id)})) open_.erase(open_.begin());
@@ -171,10 +172,10 @@ void Coordinator::tick(Clock::time_point now) {
   view.world_size = options_.world_size;
   view.min_start_ranks = options_.min_start_ranks;
   if (options_.takeover && open_.empty()) {
-    const Takeover t = takeover_quorum(registered_);
+    const Takeover t = takeover_quorum(registered_, options_.world_size);
     view.first_id = t.first_id;
     view.quorum_generation = t.reference;
-    view.quorum_min = t.reference > 0 ? t.min_ranks : 0;
+    view.quorum_min = t.min_ranks;
     // A job that trained is past its start's rule (--nnodes MIN:MAX's MIN nodes: every node with N:N, which node 0's
     // loss can never meet again): a majority of the members it last trained with is what counts.
     if (t.reference > 0) view.min_start_ranks = 0;
@@ -195,7 +196,7 @@ void Coordinator::tick(Clock::time_point now) {
   // generations. Failures never wait.
   const bool join_pending = !open_.empty() && open_.back().reason == "join" && !store_->check({start_key(open_.back().id)});
   if (next->reason == "join" && join_pending) return;
-  if (next->failure() && options_.quorum && !keeps_quorum(*next)) return;
+  if (next->failure() && options_.quorum && !keeps_quorum(*next, view)) return;
   if (options_.takeover && open_.empty()) {
     next->reason = "takeover";
     // Before the generation itself: a rank that finds the generation finds where the standby's ids begin.
@@ -204,39 +205,62 @@ void Coordinator::tick(Clock::time_point now) {
   publish(*next, now, view.holders);
 }
 
-// With a standby (options_.quorum): whether `next`, a failure generation, keeps at least half of the ranks the job
-// last trained with (primary_keeps_quorum). When it does not, nothing is published: this side may be the cut-off
-// minority while the others take over at the standby; its ranks wait until the lost ones answer again or their
-// own timeouts end them.
-bool Coordinator::keeps_quorum(const Generation& next) {
-  std::vector<GenerationRecord> newest_first;
-  for (auto it = open_.rbegin(); it != open_.rend(); ++it) {
-    GenerationRecord g;
-    g.ranks = static_cast<int>(it->ranks.size());
-    if (store_->check({start_key(it->id)})) {
-      const std::string start = from_bytes(store_->get(start_key(it->id)));
-      g.started = start != kClosed;
-      try {  // a record that is not a step (a hostile or half-written one) counts as started, not committed
-        const std::string decision = decision_key(it->id, std::stoll(start));
-        if (g.started && store_->check({decision}))
-          g.committed = decode_decision(from_bytes(store_->get(decision))).commit;
-      } catch (const std::exception&) {
-      }
-    }
-    newest_first.push_back(g);
+// The start step a member wrote for generation `id`, or -1 (none yet, closed, or not a step).
+int64_t Coordinator::start_step(int64_t id) const {
+  if (!store_->check({start_key(id)})) return -1;
+  const std::string start = from_bytes(store_->get(start_key(id)));
+  try {
+    size_t used = 0;
+    const int64_t step = std::stoll(start, &used);
+    return used == start.size() && step >= 0 ? step : -1;
+  } catch (const std::exception&) {
+    return -1;  // "closed", or a record that is not a step
   }
-  const int base = quorum_base(newest_first, quorum_carried_);
-  if (primary_keeps_quorum(static_cast<int>(next.ranks.size()), base)) {
-    quorum_carried_ = base;
+}
+
+// With a standby (options_.quorum): the generations a failure must keep half of (primary_keeps_quorum). Before the
+// tick drops superseded generations from open_: a join that started must not take the committed one's place.
+void Coordinator::refresh_window() {
+  for (const Generation& g : open_)
+    if (std::none_of(window_.begin(), window_.end(), [&](const WindowGeneration& w) { return w.id == g.id; }) &&
+        start_step(g.id) >= 0)
+      widen_window(window_, WindowGeneration{g.id, g.ranks, false});
+  for (auto it = window_.rbegin(); it != window_.rend() && !it->committed; ++it) {
+    const int64_t step = start_step(it->id);
+    if (step < 0 || !store_->check({decision_key(it->id, step)})) continue;
+    bool commit = false;
+    try {
+      commit = decode_decision(from_bytes(store_->get(decision_key(it->id, step)))).commit;
+    } catch (const std::exception&) {
+    }
+    if (commit) {
+      commit_in_window(window_, it->id);
+      return;
+    }
+  }
+}
+
+// Whether the primary may publish `next`, a failure generation: the ranks alive at its store (members, and
+// restarted or joining processes registered here) hold half of every generation in the window. When they do not,
+// nothing is published: this side may be the cut-off minority while the others take over at the standby; its
+// ranks wait until the lost ones answer again (or are restarted here), or their own timeouts end them.
+bool Coordinator::keeps_quorum(const Generation& next, const MembershipView& view) {
+  std::set<int> reachable;
+  for (const auto& [rank, r] : registered_)
+    if (!view.dead.count(rank)) reachable.insert(rank);
+  if (primary_keeps_quorum(reachable, window_, options_.world_size)) {
     no_quorum_said_.clear();
     return true;
   }
-  const std::string line = "no quorum: generation " + std::to_string(next.id) + " would keep " +
-                           std::to_string(next.ranks.size()) + " of the " + std::to_string(base) +
-                           " ranks the job last trained with (at least half must stay while a standby exists); "
-                           "nothing is published: the others may go on at the standby";
-  if (line != no_quorum_said_ && options_.log) options_.log("[" + log_time(unix_ms()) + "] " + line);
-  no_quorum_said_ = line;
+  std::ostringstream line;
+  line << "no quorum: generation " << next.id << " would keep " << next.ranks.size() << " rank"
+       << (next.ranks.size() == 1 ? "" : "s") << " (" << reachable.size() << " reachable here) of";
+  for (const WindowGeneration& g : window_) line << " generation " << g.id << "'s " << g.ranks.size() << ",";
+  if (window_.empty()) line << " the job's " << options_.world_size << ",";
+  line << " and a standby exists: at least half must stay here; nothing is published (the others may go on at the "
+          "standby)";
+  if (line.str() != no_quorum_said_ && options_.log) options_.log("[" + log_time(unix_ms()) + "] " + line.str());
+  no_quorum_said_ = line.str();
   return false;
 }
 

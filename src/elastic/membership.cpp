@@ -201,8 +201,8 @@ bool Membership::primary_lost() {
   return true;
 }
 
-void Membership::fail_over(int64_t trained_in, int trained_in_members) {
-  const int64_t known = std::max(trained_in, latest_->load());
+void Membership::fail_over(int64_t current, int64_t trained_in, int trained_in_members) {
+  const int64_t known = std::max({current, trained_in, latest_->load()});
   // Every wait of the abandoned generations' communicators ends (their predicates read this flag).
   *failure_generation_ = std::max(failure_generation_->load(), known + 1);
   stop_threads(false);  // their connections lead to the lost store: left to end by themselves

@@ -251,30 +251,42 @@ std::optional<Generation> next_generation(const MembershipView& v, int min_repli
   return next;
 }
 
-Takeover takeover_quorum(const std::map<int, Registration>& registered) {
+Takeover takeover_quorum(const std::map<int, Registration>& registered, int world_size) {
   Takeover t;
   int64_t newest = 0;
   int members = 0;
   for (const auto& [rank, r] : registered) {
     newest = std::max(newest, r.last_generation);
-    // The newest generation someone trained in (a rank that knew of a newer, unstarted one still trained in this one).
+    // The newest generation someone started (a rank that knew of a newer, unstarted one still trained in this one).
     if (r.last_members > 0 && r.trained_in > t.reference) t.reference = r.trained_in, members = r.last_members;
   }
   t.first_id = newest + 1;
-  t.min_ranks = members / 2 + 1;
+  t.min_ranks = (t.reference > 0 ? members : world_size) / 2 + 1;
   return t;
 }
 
-int quorum_base(const std::vector<GenerationRecord>& newest_first, int carried) {
-  int base = 0;
-  for (const GenerationRecord& g : newest_first) {
-    if (g.started || g.committed) base = std::max(base, g.ranks);
-    if (g.committed) return base;
-  }
-  return std::max(base, carried);
+void widen_window(std::vector<WindowGeneration>& window, const WindowGeneration& started) {
+  for (const WindowGeneration& g : window)
+    if (g.id == started.id) return;
+  window.push_back(started);
+  std::sort(window.begin(), window.end(), [](const auto& a, const auto& b) { return a.id < b.id; });
 }
 
-bool primary_keeps_quorum(int next_ranks, int base) { return 2 * next_ranks >= base; }
+void commit_in_window(std::vector<WindowGeneration>& window, int64_t id) {
+  auto it = std::find_if(window.begin(), window.end(), [&](const WindowGeneration& g) { return g.id == id; });
+  if (it == window.end()) return;
+  it->committed = true;
+  window.erase(window.begin(), it);
+}
+
+bool primary_keeps_quorum(const std::set<int>& reachable, const std::vector<WindowGeneration>& window, int world_size) {
+  if (window.empty()) return 2 * static_cast<int>(reachable.size()) >= world_size;
+  for (const WindowGeneration& g : window) {
+    const auto held = std::count_if(g.ranks.begin(), g.ranks.end(), [&](int r) { return reachable.count(r) > 0; });
+    if (2 * held < static_cast<int64_t>(g.ranks.size())) return false;
+  }
+  return true;
+}
 
 std::string encode_decision(const Decision& d) {
   return std::string(!d.commit ? "abort " : d.stop ? "stop " : "commit ") + std::to_string(d.next_generation);

@@ -120,9 +120,11 @@ void LocalExecutor::launch_share(const JobRecord& job, const PlacementRecord& pl
   spawn_share(stem, job.id);
 }
 
-bool LocalExecutor::store_moved(const JobRecord& job, const PlacementRecord& placement) {
-  return outputs_follow_store(work_dir_, job.id, placement);
+void LocalExecutor::store_moved(const JobRecord& job, const PlacementRecord& placement) {
+  outputs_follow_store(work_dir_, job.id, placement);
 }
+
+bool LocalExecutor::has_sites(int64_t job_id) const { return job_has_sites(work_dir_, job_id); }
 
 void LocalExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
   if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");

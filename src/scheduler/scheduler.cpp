@@ -158,7 +158,8 @@ bool Scheduler::try_place(JobRecord& job) {
   job.placement = d.placement;
   job.placement->attempt = ++job.attempts;
   const ClusterShare& first = job.placement->shares.front();
-  job.placement->standby = job.placement->standby_possible(executor_.share_nodes(first.cluster, first.ranks));
+  job.placement->standby = job.placement->standby_possible(executor_.share_nodes(first.cluster, first.ranks)) &&
+                           executor_.own_address(job.placement->shares[1].cluster);
   job.state = JobState::Placed;
   job.reason.clear();
   job.updated_s = now();
@@ -272,14 +273,18 @@ void Scheduler::poll() {
       requeue_unstarted(job, s.detail);
     } else if (s.kind == ExecStatus::Failed && s.failed_share >= 0 &&
                goes_on_without(job, static_cast<size_t>(s.failed_share))) {
-      // The rest of an elastic job trains on without it; it is started again while restarts are left.
-      const bool again = job.restarts < job.spec.max_restarts;
+      // The rest of an elastic job trains on without it; it is started again while restarts are left (not a share
+      // 0 whose store moves with sites: it stays out, and costs no restart).
+      const size_t share = static_cast<size_t>(s.failed_share);
+      const bool stays_out = share == 0 && !job.placement->rendezvous_moved && executor_.has_sites(id);
+      const bool again = !stays_out && job.restarts < job.spec.max_restarts;
       if (again) ++job.restarts;
-      shrink(job, static_cast<size_t>(s.failed_share),
-             s.detail + (again ? "; started again (restart " + std::to_string(job.restarts) + " of " +
-                                     std::to_string(job.spec.max_restarts) + ")"
-                               : "; no restarts left, the job goes on without it"));
-      if (!again) grow_after_[{id, static_cast<size_t>(s.failed_share)}] = std::numeric_limits<double>::infinity();
+      shrink(job, share,
+             s.detail + (again       ? "; started again (restart " + std::to_string(job.restarts) + " of " +
+                                         std::to_string(job.spec.max_restarts) + ")"
+                         : stays_out ? ""
+                                     : "; no restarts left, the job goes on without it"));
+      if (!again) grow_after_[{id, share}] = std::numeric_limits<double>::infinity();
     } else if (s.kind == ExecStatus::Failed && job.restarts < job.spec.max_restarts) {
       restart(job, s);
     } else if (s.kind == ExecStatus::Failed) {
@@ -313,10 +318,10 @@ bool Scheduler::goes_on_without(const JobRecord& job, size_t share) const {
   const PlacementRecord& p = *job.placement;
   const auto& shares = p.shares;
   if (share >= shares.size() || shares[share].absent) return false;
-  if (share == 0) {
+  if (share == 0 && !p.rendezvous_moved) {
     // Share 0 holds the job's store: the standby on share 1's node takes it over, with a majority of the members
-    // (the coordinator's rule: a cut-off minority never trains on alone).
-    return p.standby && !p.rendezvous_moved && !shares[1].absent && 2 * shares[0].ranks < p.present_ranks();
+    // (the coordinator's rule: a cut-off minority never trains on alone). Once it did, share 0 is like the others.
+    return p.standby && !shares[1].absent && 2 * shares[0].ranks < p.present_ranks();
   }
   if (share == 1 && p.rendezvous_moved) return false;  // the job's store lives there now
   for (size_t i = 0; i < shares.size(); ++i)
@@ -334,9 +339,10 @@ void Scheduler::shrink(JobRecord& job, size_t share, const std::string& why) {
   ++freed_;
   s.absent = true;
   // The standby on share 1's node holds the job's store from now on.
-  if (share == 0) {
+  if (share == 0 && !job.placement->rendezvous_moved) {
     job.placement->rendezvous_moved = true;
-    job.placement->share0_stays_out = !executor_.store_moved(job, *job.placement);
+    job.placement->share0_stays_out = executor_.has_sites(job.id);
+    executor_.store_moved(job, *job.placement);
   }
   job.updated_s = now();
   store_.update_job(job);
@@ -356,16 +362,25 @@ void Scheduler::grow() {
     for (size_t i = 0; i < job.placement->shares.size(); ++i) {
       ClusterShare& s = job.placement->shares[i];
       if (!s.absent || (i == 0 && job.placement->share0_stays_out)) continue;
-      const int c = registry_.index_of(s.cluster);
       auto wait = grow_after_.find({id, i});
-      if (c < 0 || !registry_.up(c) || (wait != grow_after_.end() && now() < wait->second)) continue;
-      if (!registry_.reserve({{s.cluster, s.ranks}})) continue;  // no room there yet
+      if (wait != grow_after_.end() && now() < wait->second) continue;
+      const std::string home = s.cluster;
+      if (!registry_.up(registry_.index_of(home))) {
+        const double since = down_since_.emplace(std::make_pair(id, i), now()).first->second;
+        const bool moves = options_.move_after_s >= 0 && now() - since >= options_.move_after_s;
+        s.cluster = moves ? other_home(job, i) : "";
+      }
+      if (s.cluster.empty() || !registry_.reserve({{s.cluster, s.ranks}})) {  // nowhere up, or no room there yet
+        s.cluster = home;
+        continue;
+      }
       s.absent = false;
       try {
         executor_.start_share(job, *job.placement, i);
       } catch (const std::exception& e) {
         s.absent = true;
         registry_.release({{s.cluster, s.ranks}});
+        s.cluster = home;
         grow_after_[{id, i}] = now() + 10;  // try again later, not on every pass
         StateStore::Transaction t(store_);
         store_.add_event(now(), id, "grow-failed", s.cluster + ": " + e.what());
@@ -373,15 +388,30 @@ void Scheduler::grow() {
         continue;
       }
       grow_after_.erase({id, i});
+      down_since_.erase({id, i});
       job.updated_s = now();
       s.started_s = job.updated_s;
       StateStore::Transaction t(store_);
       store_.update_job(job);
       store_.add_event(job.updated_s, id, "grew",
-                       s.cluster + ":" + std::to_string(s.ranks) + " joins the running job; now " + describe(*job.placement));
+                       s.cluster + ":" + std::to_string(s.ranks) + " joins the running job" +
+                           (s.cluster != home ? " in place of " + home + " (down)" : "") + "; now " +
+                           describe(*job.placement));
       t.commit();
     }
   }
+}
+
+std::string Scheduler::other_home(const JobRecord& job, size_t share) const {
+  const PlacementRecord& p = *job.placement;
+  if (share == 0 || (share == 1 && p.standby)) return "";
+  const ClusterShare& s = p.shares[share];
+  const std::string device = registry_.info(registry_.index_of(s.cluster)).device;
+  for (const ClusterInfo& c : registry_.clusters()) {
+    const bool named = std::any_of(p.shares.begin(), p.shares.end(), [&](const ClusterShare& o) { return o.cluster == c.name; });
+    if (c.up && c.device == device && !named && c.free >= s.ranks) return c.name;
+  }
+  return "";
 }
 
 std::vector<StateStore::UsageRow> Scheduler::usage() const {

@@ -51,12 +51,13 @@ void SimulatedExecutor::stop_share(int64_t job_id, size_t share) {
 }
 
 // The job's own copy of its placement says which share is absent; the scheduler's is the same.
-void SimulatedExecutor::start_share(const JobRecord& job, const PlacementRecord& /*placement*/, size_t share) {
+void SimulatedExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
   auto it = jobs_.find(job.id);
   if (it == jobs_.end()) throw Error("job " + std::to_string(job.id) + " is not running: no share to start again");
   if (fail_share_start_.erase(job.id))
     throw Error("simulated failure to start share " + std::to_string(share) + " of job " + std::to_string(job.id));
   ClusterShare& s = it->second.placement.shares.at(share);
+  if (s.absent) s.cluster = placement.shares.at(share).cluster;  // it may grow onto another cluster (other_home)
   const auto cap = capacity_.find(s.cluster);
   if (!s.absent || lost_.count(s.cluster) || (cap != capacity_.end() && used(s.cluster) + s.ranks > cap->second)) {
     ++overcommits_;

@@ -170,7 +170,7 @@ std::string SlurmExecutor::submit(const JobRecord& job, const PlacementRecord& p
   if (!c.partition.empty()) argv.push_back("--partition=" + c.partition);
   // The job's rendezvous is on share 0's node 0 at the cluster's address whenever the job spans several nodes, and
   // its standby store (PlacementRecord::standby) on share 1's node 0 at that cluster's.
-  const bool holds_store = share == 0 || (share == 1 && placement.standby);
+  const bool holds_store = (share == 0 && !placement.rendezvous_moved) || (share == 1 && placement.standby);
   if (holds_store && (nodes.size() > 1 || placement.shares.size() > 1) && !c.rendezvous_addr.empty())
     argv.push_back("--nodelist=" + rendezvous_node(c, job.id, share));
   argv.push_back(stem + ".sh");
@@ -213,9 +213,13 @@ void SlurmExecutor::start(const JobRecord& job, const PlacementRecord& placement
   }
 }
 
-bool SlurmExecutor::store_moved(const JobRecord& job, const PlacementRecord& placement) {
-  return outputs_follow_store(work_dir_, job.id, placement);
+void SlurmExecutor::store_moved(const JobRecord& job, const PlacementRecord& placement) {
+  outputs_follow_store(work_dir_, job.id, placement);
 }
+
+bool SlurmExecutor::has_sites(int64_t job_id) const { return job_has_sites(work_dir_, job_id); }
+
+bool SlurmExecutor::own_address(const std::string& name) const { return !cluster(name).rendezvous_addr.empty(); }
 
 void SlurmExecutor::start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) {
   if (share >= placement.shares.size()) throw UsageError("share " + std::to_string(share) + " is not in the placement");

@@ -164,16 +164,18 @@ std::vector<std::string> train_share_argv(const JobRecord& job, const PlacementR
       const auto host = launch.cluster_hosts.find(placement.shares[s].cluster);
       return host == launch.cluster_hosts.end() ? launch.master_host : host->second;
     };
-    // With a standby on share 1's first node (node 1), share 0's loss moves the job's store there.
+    // With a standby on share 1's first node (node 1), share 0's loss moves the job's store there. A share started
+    // later still names node 0's store: its launcher joins whichever of the two holds the job (the scheduler cannot
+    // know that the standby took over); share 0 itself comes back into the standby's with --rejoin.
     const bool standby = elastic && placement.standby;
     if (standby && launch.standby_port <= 0)
       throw UsageError("a job with a standby store needs its port (TrainLaunch::standby_port)");
     const std::string standby_at = standby ? host_of(1) + ":" + std::to_string(launch.standby_port) : "";
-    const std::string master =
-        placement.rendezvous_moved && standby ? standby_at : host_of(0) + ":" + std::to_string(launch.master_port);
+    const bool rejoin = standby && placement.rendezvous_moved && share == 0;
+    const std::string master = rejoin ? standby_at : host_of(0) + ":" + std::to_string(launch.master_port);
     argv.insert(argv.end(), {"--master", master, "--cluster", std::to_string(share)});
     if (standby) argv.insert(argv.end(), {"--standby", standby_at});
-    if (standby && placement.rendezvous_moved && share == 0) argv.push_back("--rejoin");
+    if (rejoin) argv.push_back("--rejoin");
   }
   argv.insert(argv.end(), {"--", launch.crosstrain, "train", share_recipe_path(job, launch)});
   // The job's own overrides first: the scheduler's come after them and win (state_store.h refuses job overrides of
@@ -228,7 +230,8 @@ std::string launchers_on_each_node(const JobRecord& job, const PlacementRecord& 
   for (int i = 0; i < count; ++i) sizes += std::to_string(i) + ") n=" + std::to_string(nodes.sizes[first + i]) + ";; ";
   const auto host = launch.cluster_hosts.find(placement.shares[share].cluster);
   // Share 0's node 0 hosts the job's store, and share 1's the standby's where there is one.
-  const bool hosts_rendezvous = (share == 0 || (share == 1 && placement.standby)) && host != launch.cluster_hosts.end();
+  const bool hosts_rendezvous = ((share == 0 && !placement.rendezvous_moved) || (share == 1 && placement.standby)) &&
+                                host != launch.cluster_hosts.end();
   const std::string each = (hosts_rendezvous ? share_node_number(host->second) : "k=$SLURM_NODEID; ") +
                            "node=$((" + std::to_string(first) + " + k)); case \"$k\" in " + sizes +
                            "*) echo \"no node $k in this share\" >&2; exit 2;; esac; exec " + line;
@@ -461,14 +464,13 @@ PlacementPorts placement_ports(const std::string& work_dir, int64_t job_id, bool
   return ports;
 }
 
-bool outputs_follow_store(const std::string& work_dir, int64_t job_id, const PlacementRecord& placement) {
-  if (!fs::exists(outputs_pointer(work_dir, job_id)) || placement.shares.size() < 2) return true;
-  point_outputs_at(work_dir, job_id, site_run_dir(work_dir, placement.shares[1].cluster, job_id));
-  return false;
+bool job_has_sites(const std::string& work_dir, int64_t job_id) {
+  return fs::exists(outputs_pointer(work_dir, job_id));
 }
 
-int placement_port(const std::string& work_dir, int64_t job_id, size_t share) {
-  return placement_ports(work_dir, job_id, share == 0).rendezvous;
+void outputs_follow_store(const std::string& work_dir, int64_t job_id, const PlacementRecord& placement) {
+  if (job_has_sites(work_dir, job_id) && placement.shares.size() >= 2)
+    point_outputs_at(work_dir, job_id, site_run_dir(work_dir, placement.shares[1].cluster, job_id));
 }
 
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,

@@ -726,10 +726,52 @@ TEST(ElasticCli, AFirstNodeLeftAloneWithAStandbyElsewhereDoesNotTrainOn) {
   kill_node(node0);
   const std::string out = node0.wait(milliseconds(10000)).output;
   ASSERT_TRUE(refused) << out;
-  EXPECT_TRUE(std::regex_search(out, std::regex(R"(no quorum: generation \d+ would keep 1 of the 3 ranks)"))) << out;
+  EXPECT_TRUE(std::regex_search(out, std::regex(R"(no quorum: generation \d+ would keep 1 rank \(1 reachable here\) of generation \d+'s 3,)")))
+      << out;
   EXPECT_FALSE(std::regex_search(out, std::regex(R"(generation \d+ \(failure\): 1 replica \(0\))"))) << out;
   // A step in flight at the kill may still have been written (its votes were all in); nothing after it.
   EXPECT_LE(rows_after, rows_at_loss + 1) << out;
+}
+
+// A node started after the standby took over (a scheduler growing a share back, which cannot know that node 0 is
+// gone) is given node 0's address as --master like the others: its launcher finds node 0's store silent and the
+// standby holding the job, and its rank joins the running job there, healed from the live state.
+TEST(ElasticCli, ANodeStartedAfterTheTakeoverFindsTheJobAtTheStandby) {
+  const int steps = 80;
+  const auto dir = fresh_dir("elastic-find-standby");
+  const std::string master = "127.0.0.1:" + std::to_string(free_port());
+  const std::string standby = "127.0.0.1:" + std::to_string(free_port());
+  const auto command = rank_command(dir, steps, paced({"--set", "train.global_batch=12"}));
+  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-find-standby"}};
+  auto node = [&](int n) {
+    return launcher({"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", master,
+                     "--standby", standby, "--max-restarts", "1"},
+                    command);
+  };
+  Process node0(node(0), env), node1(node(1), env), node2(node(2), env);
+  ASSERT_TRUE(wait_for_rows(node0, dir, 5, milliseconds(90000))) << node0.wait(milliseconds(1)).output;
+  kill_node(node0);
+  ASSERT_TRUE(node1.wait_for_output("takes over", milliseconds(60000))) << node1.wait(milliseconds(1)).output;
+  ASSERT_TRUE(node1.wait_for_output("(takeover): 2 replicas", milliseconds(60000))) << node1.wait(milliseconds(1)).output;
+  kill_node(node2);
+  Process again(node(2), env);
+  auto r1 = node1.wait(milliseconds(150000));
+  auto r2 = again.wait(milliseconds(30000));
+  const std::string all = r1.output + "\n--- node 2 again ---\n" + r2.output;
+  ASSERT_EQ(r1.exit_code(), 0) << all;
+  EXPECT_EQ(r2.exit_code(), 0) << all;
+  EXPECT_TRUE(contains(r2.output, "node 0's store at " + master + " does not answer and the standby at " + standby +
+                                      " took the job over: this node joins it there"))
+      << all;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r1.output, m, std::regex(R"(\] generation (\d+) \(join\): 2 replicas \(1,2\), 2 ranks)")))
+      << all;
+  auto d = digests(r1.output);
+  for (const auto& [g, by_rank] : digests(r2.output)) d[g].insert(by_rank.begin(), by_rank.end());
+  const int join = std::stoi(m[1]);
+  ASSERT_EQ(d[join].size(), 2u) << all;
+  EXPECT_EQ(d.at(join).at(1), d.at(join).at(2)) << "the new node came in with the live state";
+  expect_every_step_once(dir, steps);
 }
 
 TEST(ElasticCli, ANodeJoinsARunningJob) {

@@ -237,6 +237,13 @@ TEST(GangScheduler, AThreeClusterJobGoesOnWithoutShareZeroWhoseStoreTheStandbyTo
   EXPECT_FALSE(sched.job(id).placement->shares[0].absent);
   EXPECT_EQ(sim.share_starts(), 1);
   EXPECT_TRUE(has_event(store, id, "grew"));
+  // Back in, share 0 is a member like the others: when it fails the job goes on without it again.
+  sim.crash(id, 0);
+  settled_tick();
+  settled_tick();
+  EXPECT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  EXPECT_EQ(sched.job(id).attempts, 1) << "share 0 back in and failed: the job was re-placed";
+  EXPECT_EQ(sched.job(id).restarts, 1);
 
   // The store lives on share 1 now: losing its cluster stops the job, to be placed again from its checkpoint (the
   // two clusters left are too small for it: it waits).
@@ -276,6 +283,61 @@ TEST(GangScheduler, WithSitesShareZeroStaysOutOnceTheStandbyHoldsTheStore) {
   EXPECT_TRUE(said);
 }
 
+// A share whose cluster stays down grows onto another cluster of the same device that the job does not use (one
+// that registered meanwhile, or a free one), once --move-after-s has passed: the job is whole again without its
+// lost cluster. Sooner, it waits for its own.
+TEST(GangScheduler, AShareWhoseClusterStaysDownGrowsOntoAnotherCluster) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  Rig rig(temp_path("move.db"), std::move(r));
+  rig.exec.allow_share_changes(true);
+  const int64_t id = rig.sched.submit(job("gpt2-xl", 96, 100000));
+  rig.sched.tick();
+  const PlacementRecord first = *rig.sched.job(id).placement;
+  ASSERT_EQ(first.shares.size(), 2u);
+  std::string unused;
+  for (const char* c : {"a", "b", "c"})
+    if (!first.on(c)) unused = c;
+  const std::string lost = first.shares[1].cluster;
+  rig.exec.lose(lost);
+  rig.sched.tick();
+  rig.exec.advance(20);
+  rig.sched.tick();
+  EXPECT_TRUE(rig.sched.job(id).placement->shares[1].absent) << "moved before --move-after-s (30 s)";
+  rig.exec.advance(11);
+  rig.sched.tick();
+  const JobRecord& j = rig.sched.job(id);
+  ASSERT_FALSE(j.placement->shares[1].absent) << "the share did not grow elsewhere";
+  EXPECT_EQ(j.placement->shares[1].cluster, unused);
+  EXPECT_EQ(j.attempts, 1);
+  EXPECT_EQ(rig.exec.used(unused), first.shares[1].ranks);
+  EXPECT_EQ(rig.store.job(id)->placement->shares[1].cluster, unused) << "the state file forgot where the share went";
+  bool said = false;
+  for (const EventRow& e : rig.store.events(id)) said = said || e.detail.find("in place of " + lost + " (down)") != std::string::npos;
+  EXPECT_TRUE(said);
+  // Its own cluster comes back: nothing moves again.
+  rig.exec.restore(lost);
+  rig.sched.mark_up(lost);
+  rig.sched.tick();
+  EXPECT_EQ(rig.sched.job(id).placement->shares[1].cluster, unused);
+  EXPECT_EQ(rig.exec.share_starts(), 1);
+  EXPECT_EQ(rig.exec.overcommits(), 0);
+}
+
+// A cluster reached at no address of its own (no --cluster-host on Slurm) can host no standby store: its launchers
+// would listen at the one address every cluster shares.
+TEST(GangScheduler, NoStandbyWhereShareOnesClusterHasNoAddressOfItsOwn) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  Rig rig(temp_path("noaddress.db"), std::move(r));
+  rig.exec.allow_share_changes(true);
+  rig.exec.share_one_address(true);
+  const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
+  rig.sched.tick();
+  ASSERT_EQ(rig.sched.job(id).placement->shares.size(), 3u);
+  EXPECT_FALSE(rig.sched.job(id).placement->standby);
+}
+
 // A placement made before standbys existed (its state file row says none) loses share 0 into a re-placement, as it
 // always did: its launchers were started without --standby, so nobody could take the store over.
 TEST(GangScheduler, APlacementWithoutAStandbyIsRePlacedWhenShareZeroIsLost) {
@@ -286,6 +348,7 @@ TEST(GangScheduler, APlacementWithoutAStandbyIsRePlacedWhenShareZeroIsLost) {
   const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
   rig.sched.tick();
   ASSERT_EQ(rig.sched.job(id).placement->shares.size(), 3u);
+  EXPECT_TRUE(rig.sched.job(id).placement->standby);
   JobRecord old = rig.sched.job(id);
   old.placement->standby = false;  // as a schema 3 file reads back
   rig.store.update_job(old);

@@ -191,6 +191,59 @@ TEST(LiveElastic, UnevenSharesGoOnWithoutALostClusterAndGrowBack) {
   EXPECT_GT(f.step_at_join, f.step_at_loss);
 }
 
+// A new home for a lost share (issue 35, item 3: "or a new one joins"): a job on two of three one-CPU clusters,
+// each with storage of its own; the second share's cluster is lost and stays down, and with --move-after-s 0 the
+// share grows at once onto the third, unused cluster, whose ranks join the running job and heal from the live
+// state; the first share is never restarted, every step once, one placement.
+TEST(LiveElastic, AShareWhoseClusterStaysDownGrowsOntoAThirdCluster) {
+  const fs::path root = crosstrain::testing::scratch_dir("live-elastic-move");
+  const fs::path work = root / "work";
+  StateStore store((root / "state.db").string());
+  TrainLaunch launch;
+  launch.crosstrain = kBin;
+  launch.rendezvous_timeout_s = 60;
+  launch.sites = true;
+  LocalExecutor exec(work.string(), train_share_command(launch, work.string()), std::chrono::milliseconds(5000));
+  SchedulerOptions options;
+  options.move_after_s = 0;
+  Scheduler sched(two_cpus(root, 1, {"east", "west", "north"}), store, exec, options, [] {
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  });
+  const JobSpec job = tiny_job(300);
+  const int64_t id = sched.submit(job);
+  sched.tick();
+  ASSERT_EQ(sched.job(id).state, JobState::Running) << sched.job(id).reason;
+  const PlacementRecord first = *sched.job(id).placement;
+  ASSERT_EQ(first.shares.size(), 2u);
+  std::string unused;
+  for (const char* c : {"east", "west", "north"})
+    if (!first.on(c)) unused = c;
+  const fs::path job_dir = job_dir_in(work.string(), id), run = job_run_dir(work.string(), id);
+  const auto logged = [&] { return crosstrain::testing::last_logged_step(run.string()); };
+  ASSERT_TRUE(tick_until(sched, 120, [&] { return logged() >= 30; })) << slurp(job_dir / "share0.out");
+  const std::string first_group = slurp(job_dir / "share0.pid");
+
+  ::kill(-static_cast<pid_t>(std::stol(slurp(job_dir / "share1.pid"))), SIGKILL);
+  sched.mark_lost(first.shares[1].cluster);
+  ASSERT_TRUE(tick_until(sched, 30, [&] {
+    const ClusterShare& s = sched.job(id).placement->shares[1];
+    return !s.absent && s.cluster == unused;
+  })) << "the share did not grow onto " << unused;
+  ASSERT_TRUE(tick_until(sched, 90, [&] {
+    const std::string out = slurp(job_dir / "share0.out");
+    return out.find("(failure)") != std::string::npos && out.find("(join): 2 replicas", out.find("(failure)")) != std::string::npos;
+  })) << "the moved share never joined\n" << slurp(job_dir / "share0.out") << slurp(job_dir / "share1.out");
+  ASSERT_TRUE(tick_until(sched, 240, [&] { return finished(sched.job(id).state); })) << slurp(job_dir / "share0.out");
+  ASSERT_EQ(sched.job(id).state, JobState::Done) << sched.job(id).reason << "\n" << slurp(job_dir / "share0.out");
+  EXPECT_EQ(sched.job(id).attempts, 1);
+  EXPECT_EQ(slurp(job_dir / "share0.pid"), first_group) << "the first share was started again";
+  EXPECT_TRUE(fs::exists(site_run_dir(work.string(), unused, id))) << "the new share trained elsewhere than its site";
+  const auto rows = crosstrain::testing::read_metrics(run.string());
+  ASSERT_EQ(static_cast<int64_t>(rows.size()), job.steps);
+  for (int64_t i = 0; i < job.steps; ++i) ASSERT_EQ(rows[i]["step"].get<int64_t>(), i + 1);
+  fs::remove_all(root);
+}
+
 // Share 0's cluster is lost (issue 35, item 3): its node held the job's store and coordinator. Across three
 // clusters the launchers have a standby store on share 1's node; the scheduler lets the job go on (no re-placement),
 // the standby takes the store over with west's and north's ranks (a majority), and when east comes back its share

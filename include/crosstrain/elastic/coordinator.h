@@ -40,9 +40,9 @@ struct CoordinatorOptions {
   // A standby's coordinator, started after the primary was lost: its first generation ("takeover") is numbered
   // above every generation the registrants knew and waits for a majority of the last members (takeover_quorum).
   bool takeover = false;
-  // A standby exists (crosstrain run --standby on the primary's node): a failure generation needs at least half of
-  // the ranks the job last trained with (primary_keeps_quorum), so that a cut-off primary never trains on beside the
-  // standby's majority.
+  // A standby exists (crosstrain run --standby on the primary's node): a failure generation needs the ranks alive
+  // here to hold half of every generation of the quorum window (primary_keeps_quorum), so that a cut-off primary
+  // never trains on beside the standby's majority.
   bool quorum = false;
 };
 
@@ -75,7 +75,9 @@ class Coordinator {
   bool waits_to_join(int rank, const std::string& member, const Generation* holders, Clock::time_point now) const;
   void close_generation(const Generation& g, int64_t successor);
   void decide_committed(int64_t generation, int64_t step, int64_t successor);
-  bool keeps_quorum(const Generation& next);
+  int64_t start_step(int64_t id) const;
+  void refresh_window();
+  bool keeps_quorum(const Generation& next, const MembershipView& view);
   std::string describe_losses(const Generation& next, Clock::time_point now, const Generation* holders) const;
 
   c10::intrusive_ptr<c10d::Store> store_;
@@ -86,7 +88,7 @@ class Coordinator {
   std::vector<Generation> open_;  // generations whose members may still vote (the newest last)
   std::set<int64_t> closed_;
   Clock::time_point first_registration_{};
-  int quorum_carried_ = 0;       // keeps_quorum's base at the last failure generation published
+  std::vector<WindowGeneration> window_;  // with a standby: what a failure must keep half of (refresh_window)
   std::string no_quorum_said_;   // the last no-quorum line logged (said once, not every tick)
   Clock::time_point emptied_{};  // when a generation without replicas was published
   std::mutex exited_mu_;

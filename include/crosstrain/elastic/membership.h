@@ -108,11 +108,12 @@ class Membership {
   // the caller may fail_over(). False while the store answers: an error was something else.
   bool primary_lost();
   // Moves this rank to the standby store: its generation is abandoned (the waits of its communicator end), the
-  // rank registers there saying the newest generation it knew and how many members `trained_in` had, and waits
+  // rank registers there saying the newest generation it knew (`current` or later), the newest one it started
+  // (`trained_in`, 0: none) and how many members that had, and waits
   // (up to the job's timeout) for the standby's coordinator to start numbering generations. Then
   // await_member_generation() finds the standby's. Throws CommError when the standby does not take over in time
   // (it takes over only with a majority of the last members: a rank cut off alone waits here and then fails).
-  void fail_over(int64_t trained_in, int trained_in_members);
+  void fail_over(int64_t current, int64_t trained_in, int trained_in_members);
   bool failed_over() const { return failed_over_; }
   std::string store_address() const { return env_.master_addr + ":" + std::to_string(env_.master_port); }
   std::string standby_address() const { return env_.standby_addr + ":" + std::to_string(env_.standby_port); }

@@ -122,31 +122,33 @@ std::optional<Generation> next_generation(const MembershipView& view, int min_re
 
 // What a standby coordinator needs before its first generation, from the registrations of the ranks that lost the
 // primary: ids above every generation any of them knew (so no rank mistakes an old record for a new one), and a
-// majority of the members of the newest generation that trained (`reference`), counting only registrants that
-// trained in it (a fresh process, or one from an older generation, is no vote). A side cut off from the primary by
-// a broken link is a minority at most, and cannot go on as a second job beside the one that still has its store
-// (with two halves exactly, the primary's side keeps the job: primary_keeps_quorum).
+// majority of the members of the newest generation one of them started (`reference`), counting only registrants
+// that started it (a fresh process, or one from an older generation, is no vote); when none of them ever started a
+// generation, a majority of the job's ranks. The primary's side needs at least half of the same generations
+// (primary_keeps_quorum): a side cut off by a broken link cannot go on as a second job beside the other.
 struct Takeover {
   int64_t first_id = 1;
-  int64_t reference = 0;  // 0: no registrant trained (the job never started: the start's own rule applies)
-  int min_ranks = 1;      // of the reference generation's members, at least this many came over
+  int64_t reference = 0;  // 0: no registrant started a generation (count fresh registrants against the world)
+  int min_ranks = 1;      // registrants that started the reference generation (or of the world): at least this many
 };
-Takeover takeover_quorum(const std::map<int, Registration>& registered);
+Takeover takeover_quorum(const std::map<int, Registration>& registered, int world_size);
 
 // The primary's side of that rule, once a standby exists (crosstrain run --standby): a failure generation is
-// published only while it keeps at least half of the ranks the job last trained with, or a cut-off minority holding
-// the store would train on beside the standby's majority. The base is the largest generation that started since
-// (and including) the newest one that committed a step: every member of a committed step voted in it, so the ranks
-// that came over to the standby count against that generation or a later one, never a smaller older one.
-struct GenerationRecord {
-  int ranks = 0;
-  bool started = false;    // a member wrote its first step
-  bool committed = false;  // a step of it committed
+// published only while the ranks the primary still reaches (alive at its store: the generation's members, and
+// restarted processes or joiners waiting there) hold at least half of every generation in the quorum window: the
+// newest one that committed a step, and every one started after it (joins included). Every rank that went over to
+// the standby started one of those or an older one that a committed one left, so a standby majority and a primary
+// half can never be disjoint (ties stay with the primary). An empty window (nothing started yet): half of the
+// job's ranks.
+struct WindowGeneration {
+  int64_t id = 0;
+  std::vector<int> ranks;
+  bool committed = false;  // a step of it committed: the generations before it leave the window
 };
-// `newest_first`: the generations since the last failure generation (inclusive), newest first; `carried`: the base
-// at that failure (used when none of them committed).
-int quorum_base(const std::vector<GenerationRecord>& newest_first, int carried);
-bool primary_keeps_quorum(int next_ranks, int base);
+// Adds `started` (a generation a member started) and drops what a committed one makes moot. Pure.
+void widen_window(std::vector<WindowGeneration>& window, const WindowGeneration& started);
+void commit_in_window(std::vector<WindowGeneration>& window, int64_t id);
+bool primary_keeps_quorum(const std::set<int>& reachable, const std::vector<WindowGeneration>& window, int world_size);
 
 // A step's outcome as written in the store under the step's decision key.
 struct Decision {

@@ -30,7 +30,8 @@ class LocalExecutor : public Executor {
   void stop_share(int64_t job_id, size_t share) override;
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
   // The job's outputs are read where rank 0 now writes them (outputs_follow_store).
-  bool store_moved(const JobRecord& job, const PlacementRecord& placement) override;
+  void store_moved(const JobRecord& job, const PlacementRecord& placement) override;
+  bool has_sites(int64_t job_id) const override;
 
  private:
   // `secret` reaches the share as CROSSTRAIN_SECRET (job_secret).

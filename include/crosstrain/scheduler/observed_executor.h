@@ -58,9 +58,11 @@ class ObservedExecutor : public Executor {
   void stop_share(int64_t job_id, size_t share) override;
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
   // A file written at once (no command): not queued.
-  bool store_moved(const JobRecord& job, const PlacementRecord& placement) override {
-    return inner_.store_moved(job, placement);
+  void store_moved(const JobRecord& job, const PlacementRecord& placement) override {
+    inner_.store_moved(job, placement);
   }
+  bool has_sites(int64_t job_id) const override { return inner_.has_sites(job_id); }
+  bool own_address(const std::string& cluster) const override { return inner_.own_address(cluster); }
 
  private:
   struct Action {

@@ -63,11 +63,16 @@ class Executor {
   virtual void stop_share(int64_t /*job_id*/, size_t /*share*/) {}
   // Starts share `share` of the running job again (the others run on); throws when it cannot.
   virtual void start_share(const JobRecord& /*job*/, const PlacementRecord& /*placement*/, size_t /*share*/) {}
-  // Share 0 was lost and the standby on share 1's node holds the job's store now (PlacementRecord::rendezvous_moved).
-  // Returns whether share 0 may join the running job again later: not where each cluster keeps its own run folder
-  // (--site-storage), since rank 0, which writes the job's outputs, would come back to share 0's site, whose
-  // metrics.jsonl lacks the rows written meanwhile at share 1's; there the outputs are read at share 1's site.
-  virtual bool store_moved(const JobRecord& /*job*/, const PlacementRecord& /*placement*/) { return true; }
+  // Share 0 was lost and the standby on share 1's node holds the job's store now (PlacementRecord::rendezvous_moved):
+  // where each cluster keeps its own run folder, the job's outputs are read at share 1's site from now on.
+  virtual void store_moved(const JobRecord& /*job*/, const PlacementRecord& /*placement*/) {}
+  // Each cluster keeps the job's run folder on its own storage (--site-storage). Then share 0 does not come back
+  // once the store moved: its rank 0, which writes the job's outputs, would write at share 0's site again, whose
+  // metrics.jsonl lacks the rows trained meanwhile.
+  virtual bool has_sites(int64_t /*job_id*/) const { return false; }
+  // The executor starts shares on `cluster` at an address of its own (--cluster-host), where a standby store can
+  // listen; otherwise every cluster is reached at one address and no standby is given.
+  virtual bool own_address(const std::string& /*cluster*/) const { return true; }
 };
 
 struct SchedulerOptions {
@@ -79,6 +84,9 @@ struct SchedulerOptions {
   // A waiting job that only jobs of lower priority keep out preempts them: each saves a checkpoint as it stops
   // (the trainer does on SIGTERM) and waits again, to resume from it.
   bool preemption = true;
+  // A live-elastic job's share whose cluster has been down this long grows onto another cluster of the same device
+  // with room (Scheduler::other_home), instead of waiting for its own to come back. Negative: never.
+  double move_after_s = 30;
 };
 
 struct SchedulerStats {
@@ -150,8 +158,14 @@ class Scheduler {
   // majority), once; then share 1 holds them.
   bool goes_on_without(const JobRecord& job, size_t share) const;
   void shrink(JobRecord& job, size_t share, const std::string& why);
-  // Starts absent shares again on clusters that are up and have room (each tick).
+  // Starts absent shares again on clusters that are up and have room (each tick): on their own cluster, or where it
+  // is down on another one (other_home).
   void grow();
+  // Where absent share `share` may grow instead of its own cluster, which is down: an up cluster of the same device
+  // that no share of the job names, with room for it (a cluster that registered meanwhile, or a free one). Not share
+  // 0 (node 0: the job's store, or its way back in), nor share 1 while it holds the standby (the running launchers
+  // know its address). "" : none.
+  std::string other_home(const JobRecord& job, size_t share) const;
   int held_by(const std::string& user) const;  // devices the user's jobs hold now
   // Preempts jobs of lower priority than `head` when that lets it be placed; true when it did.
   bool preempt_for(const JobRecord& head);
@@ -176,6 +190,7 @@ class Scheduler {
   std::map<int64_t, int64_t> refused_at_;  // job -> freed_ when placement last refused it
   std::map<int64_t, std::pair<int64_t, bool>> fits_up_;  // job -> (up_epoch_, fits the up clusters)
   std::map<std::pair<int64_t, size_t>, double> grow_after_;  // (job, share) -> not started again before this time
+  std::map<std::pair<int64_t, size_t>, double> down_since_;  // (job, absent share) -> since when its cluster is down
   SchedulerStats stats_;
 };
 

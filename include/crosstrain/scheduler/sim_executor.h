@@ -30,7 +30,9 @@ class SimulatedExecutor : public Executor {
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
   void allow_share_changes(bool on) { share_changes_ = on; }
   // Each cluster keeps its own run folder (--site-storage): share 0 stays out once the standby holds the store.
-  bool store_moved(const JobRecord&, const PlacementRecord&) override { return !sites_; }
+  bool has_sites(int64_t) const override { return sites_; }
+  bool own_address(const std::string&) const override { return !one_address_; }
+  void share_one_address(bool on) { one_address_ = on; }
   void use_sites(bool on) { sites_ = on; }
 
   double now() const { return now_; }
@@ -65,7 +67,7 @@ class SimulatedExecutor : public Executor {
   std::set<int64_t> fail_start_, fail_share_start_;
   std::map<int64_t, int> crash_;  // job -> the share named as failed (-1: none)
   double now_ = 0;
-  bool share_changes_ = false, sites_ = false;
+  bool share_changes_ = false, sites_ = false, one_address_ = false;
   int64_t partial_gangs_ = 0, overcommits_ = 0, starts_ = 0, share_starts_ = 0;
 };
 

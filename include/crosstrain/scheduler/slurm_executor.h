@@ -96,7 +96,9 @@ class SlurmExecutor : public Executor {
   void stop_share(int64_t job_id, size_t share) override;
   void start_share(const JobRecord& job, const PlacementRecord& placement, size_t share) override;
   // The job's outputs are read where rank 0 now writes them (outputs_follow_store).
-  bool store_moved(const JobRecord& job, const PlacementRecord& placement) override;
+  void store_moved(const JobRecord& job, const PlacementRecord& placement) override;
+  bool has_sites(int64_t job_id) const override;
+  bool own_address(const std::string& cluster) const override;  // its --cluster-host
 
   // The Slurm job id of each share (cluster name -> id), from memory or the job's folder.
   std::map<std::string, std::string> slurm_ids(int64_t job_id) const;

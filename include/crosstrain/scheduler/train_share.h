@@ -128,24 +128,23 @@ std::string job_secret_file(const std::string& work_dir, int64_t job_id);
 // CROSSTRAIN_SECRET (Slurm carries sbatch's environment to the job), so no node reads it from the scheduler's disk.
 std::string job_secret(const std::string& work_dir, int64_t job_id);
 
-// The rendezvous port of the job's current placement: share 0 takes a fresh one (a placement always builds it
-// first) and records it in WORK_DIR/jobID/rendezvous_port, where every other share reads it, also one started
-// again into the running job later by a restarted daemon. Throws when nothing is recorded.
-int placement_port(const std::string& work_dir, int64_t job_id, size_t share);
-// Share 0 was lost and the standby on share 1's node holds the job's store (Executor::store_moved). With sites (the
-// job's outputs pointer, WORK_DIR/jobID/run_dir, exists) rank 0 now writes at share 1's site: the pointer moves
-// there, and false says share 0 must stay out (back, its rank 0 would write at its own site again, whose
-// metrics.jsonl lacks the rows trained meanwhile). Without sites: true, nothing to move.
-bool outputs_follow_store(const std::string& work_dir, int64_t job_id, const PlacementRecord& placement);
-// Both of a placement's ports: fresh ones recorded (share 0 starting the placement), else the recorded ones (the
-// standby's 0 in a record from before standbys).
+// With sites, the job's outputs are read at one site's own storage: its outputs pointer, WORK_DIR/jobID/run_dir,
+// exists.
+bool job_has_sites(const std::string& work_dir, int64_t job_id);
+// Share 0 was lost and the standby on share 1's node holds the job's store (Executor::store_moved): with sites rank
+// 0 now writes at share 1's site, and the pointer moves there. Without sites nothing moves.
+void outputs_follow_store(const std::string& work_dir, int64_t job_id, const PlacementRecord& placement);
+// The rendezvous port and the standby's of the job's current placement: share 0 takes fresh ones (a placement
+// always builds it first) and records them in WORK_DIR/jobID/rendezvous_port, where every other share reads them,
+// also one started again into the running job later by a restarted daemon (and share 0 itself once the standby
+// holds the store). The standby's reads 0 in a record from before standbys. Throws when nothing is recorded.
 struct PlacementPorts {
   int rendezvous = 0, standby = 0;
 };
 PlacementPorts placement_ports(const std::string& work_dir, int64_t job_id, bool fresh);
 
 // The usual ShareCommand for recipe jobs: train_share_argv with a fresh rendezvous port per placement
-// (placement_port), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint. Every job
+// (placement_ports), the run folder job_run_dir(work_dir, id), and --resume when it holds a checkpoint. Every job
 // gets a secret of its own (job_secret, made on its first start), which the executor hands each share as
 // CROSSTRAIN_SECRET, so only they join the job's store, and comm.encrypt seals what crosses clusters.
 std::function<std::string(const JobRecord&, const PlacementRecord&, size_t)> train_share_command(TrainLaunch base,

@@ -207,6 +207,8 @@ class ElasticLoop {
   LiveState carried_;
   bool has_state_ = false;     // this generation's Run holds the live state (loaded, adopted or healed)
   bool started_ = false;       // this generation's start step is agreed
+  int64_t trained_in_ = 0;     // the newest generation this rank started (0: none), and its members
+  int trained_members_ = 0;
   const char* setup_phase_ = "group";  // where its set-up is (a log line says where a failure ended it)
   Clock::time_point setup_began_{};
   bool decided_ = false;       // the fate of the step in flight is known on this rank
@@ -433,7 +435,7 @@ void ElasticLoop::fail_over(const CommError& error) {
   note("lost the job's store at " + m_.store_address() + " (" + error.what() + "); going over to the standby at " +
        m_.standby_address() + " with the state before step " +
        std::to_string(carried_.valid() ? carried_.next_step : next_step_));
-  m_.fail_over(gen_.id, static_cast<int>(gen_.ranks.size()));
+  m_.fail_over(gen_.id, trained_in_, trained_members_);
   gen_ = m_.await_member_generation(gen_.id);
 }
 
@@ -480,6 +482,9 @@ bool ElasticLoop::run_generation() {
   setup_phase_ = "start";
   started_ = m_.start(gen_, next_step_);
   if (!started_) throw elastic::GenerationEnded(CommContext{}, m_.latest_generation());
+  // What a standby's quorum counts this rank for, should the job's store be lost (membership_logic.h, Takeover).
+  trained_in_ = gen_.id;
+  trained_members_ = static_cast<int>(gen_.ranks.size());
   if (world_->rank() == 0) {
     note("generation " + std::to_string(gen_.id) + " (" + gen_.reason + "): " + std::to_string(gen_.replicas.size()) +
          " of " + std::to_string(slots_) + " replicas train from step " + std::to_string(next_step_) +

@@ -566,7 +566,7 @@ TEST(MembershipNextGeneration, FirstGenerationWaitsForTheMinimumRanksAfterSettli
 }
 
 // A standby's first generation: numbered above every generation any registrant knew, and only with a majority of
-// the members of the newest generation one of them trained in, counting only those that trained in it.
+// the members of the newest generation one of them started, counting only those that started it.
 TEST(MembershipTakeover, NumbersAboveEveryKnownGenerationAndNeedsAMajorityOfTheLastMembers) {
   auto regs = layout(6);
   for (auto& [rank, r] : regs) r.last_generation = 7, r.trained_in = 7, r.last_members = 5;
@@ -574,21 +574,22 @@ TEST(MembershipTakeover, NumbersAboveEveryKnownGenerationAndNeedsAMajorityOfTheL
   regs[4].last_generation = 0;  // a fresh process: knows nothing
   regs[4].trained_in = 0;
   regs[4].last_members = 0;
-  Takeover t = takeover_quorum(regs);
+  Takeover t = takeover_quorum(regs, 6);
   EXPECT_EQ(t.first_id, 10);
   EXPECT_EQ(t.reference, 7);
   EXPECT_EQ(t.min_ranks, 3);  // 5 members: 3 make a majority
-  regs[3].trained_in = 8;  // trained in a newer generation of 4 (7's others did not reach it): 8 decides
+  regs[3].trained_in = 8;  // started a newer generation of 4 (7's others did not reach it): 8 decides
   regs[3].last_generation = 8;
   regs[3].last_members = 4;
-  t = takeover_quorum(regs);
+  t = takeover_quorum(regs, 6);
   EXPECT_EQ(t.reference, 8);
   EXPECT_EQ(t.min_ranks, 3) << "2 of 4 is a tie: the primary's side keeps the job";
-  EXPECT_EQ(takeover_quorum({}).first_id, 1);
-  EXPECT_EQ(takeover_quorum({}).reference, 0) << "nobody trained: the start's own rule applies";
+  EXPECT_EQ(takeover_quorum({}, 6).first_id, 1);
+  EXPECT_EQ(takeover_quorum({}, 6).reference, 0);
+  EXPECT_EQ(takeover_quorum({}, 6).min_ranks, 4) << "nobody started a generation: a majority of the job's ranks";
 
   // The standby's first generation starts with the quorum after the settle time, under its own first id; only the
-  // reference generation's members are votes.
+  // reference generation's starters are votes.
   auto v = view_of({{1, reg(1, 1, 1)}, {2, reg(2, 2, 1)}}, 6);
   for (auto& [rank, r] : v.registered) r.trained_in = 7, r.last_generation = 7, r.last_members = 5;
   v.first_id = 10;
@@ -596,11 +597,11 @@ TEST(MembershipTakeover, NumbersAboveEveryKnownGenerationAndNeedsAMajorityOfTheL
   v.quorum_min = 3;
   v.settle_elapsed = true;
   EXPECT_FALSE(next_generation(v, 1)) << "2 ranks of a quorum of 3";
-  v.registered[5] = reg(5, 5, 1);  // a fresh process (node 0 come back, say): not a member of 7
-  EXPECT_FALSE(next_generation(v, 1)) << "a process that never trained in 7 is no vote";
+  v.registered[5] = reg(5, 5, 1);  // a fresh process (node 0 come back, say): it did not start 7
+  EXPECT_FALSE(next_generation(v, 1)) << "a process that never started 7 is no vote";
   v.registered[4] = reg(4, 4, 1);
   v.registered[4].trained_in = 6;  // left before 7
-  EXPECT_FALSE(next_generation(v, 1)) << "nor one that trained in an older generation";
+  EXPECT_FALSE(next_generation(v, 1)) << "nor one that started only an older generation";
   v.registered[3] = reg(3, 3, 1);
   v.registered[3].trained_in = 7;
   const auto g = next_generation(v, 1);
@@ -609,28 +610,73 @@ TEST(MembershipTakeover, NumbersAboveEveryKnownGenerationAndNeedsAMajorityOfTheL
   EXPECT_EQ(g->ranks, (std::vector<int>{1, 2, 3, 4, 5}));
 }
 
-// The primary's side, once a standby exists: at least half of the largest generation started since the newest
-// committed one (ties stay with the primary), so that both sides can never train at once.
-TEST(MembershipTakeover, ThePrimaryKeepsAFailureOnlyWithHalfOfTheRanksItLastTrainedWith) {
-  // Committed 6, then a failure generation of 5 that started: 6 is still the base (a rank cut off in the 5 might
-  // have voted only in 6).
-  EXPECT_EQ(quorum_base({{5, true, false}, {6, true, true}}, 0), 6);
-  // A join of 8 started after 6 committed: its members count too.
-  EXPECT_EQ(quorum_base({{8, true, false}, {6, true, true}}, 0), 8);
-  // A newer generation committed: the older ones no longer count.
-  EXPECT_EQ(quorum_base({{3, true, true}, {6, true, true}}, 0), 3);
-  // Published but never started: it is no base; none committed since the last failure: the base carried from it.
-  EXPECT_EQ(quorum_base({{2, false, false}}, 6), 6);
-  EXPECT_EQ(quorum_base({}, 0), 0);
-  EXPECT_TRUE(primary_keeps_quorum(2, 4)) << "a tie stays with the primary";
-  EXPECT_FALSE(primary_keeps_quorum(1, 3));
-  EXPECT_TRUE(primary_keeps_quorum(0, 0));
-  // Both sides together: for every split of a 6-rank generation, at most one side trains on.
-  for (int primary = 0; primary <= 6; ++primary) {
-    const int standby = 6 - primary;
-    const bool standby_takes_over = standby >= 6 / 2 + 1;  // takeover_quorum's min_ranks for 6 members
-    EXPECT_FALSE(standby_takes_over && primary_keeps_quorum(primary, 6)) << primary << " against " << standby;
-    EXPECT_TRUE(standby_takes_over || primary_keeps_quorum(primary, 6)) << "someone goes on: " << primary;
+// The primary's quorum window: the newest committed generation and every one started after it.
+TEST(MembershipTakeover, TheQuorumWindowHoldsTheNewestCommittedGenerationAndEveryOneStartedAfter) {
+  std::vector<WindowGeneration> w;
+  widen_window(w, {1, {0, 1, 2}, false});
+  widen_window(w, {1, {0, 1, 2}, false});  // once
+  widen_window(w, {3, {0, 1, 2, 3, 4}, false});
+  ASSERT_EQ(w.size(), 2u);
+  commit_in_window(w, 1);
+  ASSERT_EQ(w.size(), 2u) << "a committed generation stays, and the ones started after it";
+  commit_in_window(w, 3);
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_EQ(w[0].id, 3);
+  EXPECT_TRUE(w[0].committed);
+}
+
+// Both sides of a cut, in the histories review found: at most one side may train on, and (where the ranks are all
+// there) one does. `standby` are the ranks that went over, each with the generation it started and its size.
+struct Side {
+  int rank;
+  int64_t trained_in;
+  int members;
+};
+bool standby_takes_over(const std::vector<Side>& standby, int world) {
+  std::map<int, Registration> regs;
+  for (const Side& s : standby) {
+    Registration r = reg(s.rank, s.rank, 1);
+    r.trained_in = r.last_generation = s.trained_in;
+    r.last_members = s.members;
+    regs[s.rank] = r;
+  }
+  const Takeover t = takeover_quorum(regs, world);
+  int votes = 0;
+  for (const auto& [rank, r] : regs) votes += r.trained_in == t.reference;
+  return votes >= t.min_ranks;
+}
+
+TEST(MembershipTakeover, NoHistoryLetsBothSidesOfACutTrainOn) {
+  // Committed {0,1,2}, then a join of {0,1,2,3,4} that 0, 3 and 4 started before the cut left 1 and 2 behind.
+  std::vector<WindowGeneration> w{{1, {0, 1, 2}, true}, {2, {0, 1, 2, 3, 4}, false}};
+  EXPECT_FALSE(primary_keeps_quorum({0, 3, 4}, w, 5)) << "1 of the committed generation's 3";
+  EXPECT_TRUE(standby_takes_over({{1, 1, 3}, {2, 1, 3}}, 5));
+  // Committed {0,1}; a join {0,1,2} published but not started; cut {0} | {1, 2 (new)}: a tie stays with 0.
+  w = {{2, {0, 1}, true}};
+  EXPECT_TRUE(primary_keeps_quorum({0}, w, 3));
+  EXPECT_FALSE(standby_takes_over({{1, 2, 2}, {2, 0, 0}}, 3)) << "the joiner never started a generation";
+  // Nothing started yet: the job's ranks count.
+  EXPECT_FALSE(primary_keeps_quorum({0}, {}, 3));
+  EXPECT_TRUE(standby_takes_over({{1, 0, 0}, {2, 0, 0}}, 3));
+  // A failure generation of 5 that started after 6 committed: the cut side voted in 6 only.
+  w = {{1, {0, 1, 2, 3, 4, 5}, true}, {2, {0, 1, 2, 3, 4}, false}};
+  EXPECT_FALSE(primary_keeps_quorum({0, 1}, w, 6));
+  EXPECT_TRUE(standby_takes_over({{2, 2, 5}, {3, 2, 5}, {4, 2, 5}}, 6));
+  EXPECT_TRUE(primary_keeps_quorum({0, 1, 2}, w, 6)) << "3 of 6 and 3 of 5";
+  EXPECT_FALSE(standby_takes_over({{3, 2, 5}, {4, 2, 5}, {5, 1, 6}}, 6)) << "2 of 5 started the newest";
+  // Ranks that crashed and came back here (new processes at this store) are on this side: more than half lost
+  // to crashes, not to a cut, does not stop the job.
+  EXPECT_TRUE(primary_keeps_quorum({0, 1, 2}, {{1, {0, 1, 2}, true}}, 3));
+  // Every split of one committed generation of 6: exactly one side goes on.
+  for (int cut = 0; cut <= 6; ++cut) {
+    std::set<int> primary;
+    std::vector<Side> standby;
+    for (int r = 0; r < 6; ++r)
+      if (r < cut) primary.insert(r);
+      else standby.push_back({r, 1, 6});
+    const bool p = primary_keeps_quorum(primary, {{1, {0, 1, 2, 3, 4, 5}, true}}, 6);
+    const bool s = standby_takes_over(standby, 6);
+    EXPECT_NE(p, s) << cut << " ranks stay with the primary";
   }
 }
 

@@ -72,8 +72,10 @@ void ElasticSupervisor::link_loop() {
       const auto now = elastic::Clock::now();
       if (unreachable_since == elastic::Clock::time_point{}) unreachable_since = now;
       // Once reached, a store unreachable for kTakeoverAfter may be lost: the standby's turn. (Or this node is cut
-      // off from it: node 1's coordinator then never gets its quorum, and the others keep trying node 0.)
-      if (standby_.port > 0 && reached_ && now - unreachable_since >= kTakeoverAfter && try_standby()) {
+      // off from it: node 1's coordinator then never gets its quorum, and the others keep trying node 0.) A node
+      // other than node 1 follows a standby that took over even if it never reached node 0 (started late).
+      const bool may = reached_ || !standby_.store;
+      if (standby_.port > 0 && may && now - unreachable_since >= kTakeoverAfter && try_standby()) {
         unreachable_since = {};
         warned = false;
         continue;

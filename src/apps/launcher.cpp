@@ -534,15 +534,15 @@ int launch(const LaunchOptions& o) {
 }
 
 // A launcher started into a running job whose standby may hold its store by now (a scheduler starts a share with
-// --master at node 0's address, and cannot know that node 0 is gone): it waits, up to --timeout, for node 0's store
-// or for a standby that started generations, and joins whichever answers first. Before either does it keeps
-// trying (at a job's start node 0 may come up last; the standby's store is there from the start, but empty).
+// --master at node 0's address, and cannot know that node 0 is gone): it joins the standby once that started
+// generations (asked first: a node 0 that still answers may be cut off from the others, which the standby then
+// holds), else node 0's store. Until one of them answers it keeps trying, for half of --timeout (at a job's start
+// node 0 may come up last; the standby's store is there from the start, but empty), then leaves it to the ranks.
 static LaunchOptions with_live_store(const LaunchOptions& o) {
   if (o.standby_port <= 0 || o.node_rank == 0) return o;
   const comm::JobCredentials job = job_credentials(o);
-  const auto deadline = std::chrono::steady_clock::now() + o.timeout;
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (store_answers({o.master_addr, o.master_port, job, {}}, world_of(o), false)) return o;
+  const auto deadline = std::chrono::steady_clock::now() + o.timeout / 2;
+  for (;;) {
     if (store_answers({o.standby_addr, o.standby_port, job, {}}, world_of(o), true)) {
       std::cerr << "crosstrain run: node 0's store at " << o.master_addr << ":" << o.master_port
                 << " does not answer and the standby at " << o.standby_addr << ":" << o.standby_port
@@ -552,9 +552,10 @@ static LaunchOptions with_live_store(const LaunchOptions& o) {
       there.master_port = o.standby_port;
       return there;
     }
+    if (store_answers({o.master_addr, o.master_port, job, {}}, world_of(o), false)) return o;
+    if (std::chrono::steady_clock::now() >= deadline) return o;  // the ranks report that they cannot reach it
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
   }
-  return o;  // the ranks report that they cannot reach the store
 }
 
 static int run_launcher(const LaunchOptions& o) {

@@ -92,7 +92,10 @@ void Coordinator::observe_heartbeats(Clock::time_point now) {
   for (const auto& reported : reported_exits()) exited.push_back(reported);
   for (const auto& [rank, r] : registered_)
     detector_.observe(rank, r.incarnation, store_->add(heartbeat_key(rank), 0), now);
-  for (const auto& [rank, pid] : exited) detector_.exited(rank, pid);
+  for (const auto& [rank, pid] : exited) {
+    detector_.exited(rank, pid);  // the registered process only
+    exited_pids_.insert({rank, pid});  // any: a restart's registration may have come first (keeps_quorum)
+  }
 }
 
 std::vector<std::pair<int, int>> Coordinator::reported_exits() {
@@ -102,9 +105,9 @@ std::vector<std::pair<int, int>> Coordinator::reported_exits() {
   exits_seen_ = exits;
   for (const auto& [rank, r] : registered_) {
     if (!store_->check({exited_key(rank)})) continue;
+    // Any process of the rank: the detector heeds only the registered one's, the quorum any that exited here.
     const int pid = parse_pid(from_bytes(store_->get(exited_key(rank))));
-    // Only the registered process: a record about an earlier one of the rank says nothing about this one.
-    if (pid > 0 && pid == pid_of_incarnation(r.incarnation)) out.push_back({rank, pid});
+    if (pid > 0) out.push_back({rank, pid});
   }
   return out;
 }
@@ -197,6 +200,8 @@ void Coordinator::tick(Clock::time_point now) {
   const bool join_pending = !open_.empty() && open_.back().reason == "join" && !store_->check({start_key(open_.back().id)});
   if (next->reason == "join" && join_pending) return;
   if (next->failure() && options_.quorum && !keeps_quorum(*next, view)) return;
+  // After a refusal closed generations that never started, ids go on above every one published.
+  if (next->id <= published_) next->id = published_ + 1;
   if (options_.takeover && open_.empty()) {
     next->reason = "takeover";
     // Before the generation itself: a rank that finds the generation finds where the standby's ids begin.
@@ -224,7 +229,7 @@ void Coordinator::refresh_window() {
   for (const Generation& g : open_)
     if (std::none_of(window_.begin(), window_.end(), [&](const WindowGeneration& w) { return w.id == g.id; }) &&
         start_step(g.id) >= 0)
-      widen_window(window_, WindowGeneration{g.id, g.ranks, false});
+      widen_window(window_, WindowGeneration{g.id, g.incarnations, false});
   for (auto it = window_.rbegin(); it != window_.rend() && !it->committed; ++it) {
     const int64_t step = start_step(it->id);
     if (step < 0 || !store_->check({decision_key(it->id, step)})) continue;
@@ -240,22 +245,37 @@ void Coordinator::refresh_window() {
   }
 }
 
-// Whether the primary may publish `next`, a failure generation: the ranks alive at its store (members, and
-// restarted or joining processes registered here) hold half of every generation in the window. When they do not,
-// nothing is published: this side may be the cut-off minority while the others take over at the standby; its
-// ranks wait until the lost ones answer again (or are restarted here), or their own timeouts end them.
+// Whether the primary may publish `next`, a failure generation (primary_keeps_quorum). First every open generation
+// that no member started yet is closed, so that none can start between this check and the publication unseen; one
+// that started meanwhile joins the window. When the quorum fails nothing is published (this side may be the
+// cut-off minority while the others take over at the standby): the generations closed here leave open_, and its
+// ranks wait until the lost ones answer again or are restarted here, or their own timeouts end them.
 bool Coordinator::keeps_quorum(const Generation& next, const MembershipView& view) {
-  std::set<int> reachable;
-  for (const auto& [rank, r] : registered_)
-    if (!view.dead.count(rank)) reachable.insert(rank);
-  if (primary_keeps_quorum(reachable, window_, options_.world_size)) {
+  refresh_window();
+  std::set<int64_t> frozen;
+  for (const Generation& g : open_) {
+    if (closed_.count(g.id)) continue;
+    const std::string start = from_bytes(store_->compareSet(start_key(g.id), {}, to_bytes(kClosed)));
+    if (start == kClosed) frozen.insert(g.id);
+    else widen_window(window_, WindowGeneration{g.id, g.incarnations, false});
+  }
+  const auto holds = [&](int rank, const std::string& then) {
+    if (next.index_of(rank) >= 0 && next.incarnations.at(rank) == then) return true;
+    auto it = registered_.find(rank);
+    return it != registered_.end() && it->second.incarnation != then && !view.dead.count(rank) &&
+           exited_pids_.count({rank, pid_of_incarnation(then)}) > 0;
+  };
+  if (primary_keeps_quorum(window_, holds, static_cast<int>(next.ranks.size()), options_.world_size)) {
     no_quorum_said_.clear();
     return true;
   }
+  for (int64_t id : frozen) closed_.insert(id);
+  open_.erase(std::remove_if(open_.begin(), open_.end(), [&](const Generation& g) { return frozen.count(g.id) > 0; }),
+              open_.end());
   std::ostringstream line;
   line << "no quorum: generation " << next.id << " would keep " << next.ranks.size() << " rank"
-       << (next.ranks.size() == 1 ? "" : "s") << " (" << reachable.size() << " reachable here) of";
-  for (const WindowGeneration& g : window_) line << " generation " << g.id << "'s " << g.ranks.size() << ",";
+       << (next.ranks.size() == 1 ? "" : "s") << " of";
+  for (const WindowGeneration& g : window_) line << " generation " << g.id << "'s " << g.incarnations.size() << ",";
   if (window_.empty()) line << " the job's " << options_.world_size << ",";
   line << " and a standby exists: at least half must stay here; nothing is published (the others may go on at the "
           "standby)";

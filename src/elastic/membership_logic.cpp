@@ -261,7 +261,7 @@ Takeover takeover_quorum(const std::map<int, Registration>& registered, int worl
     if (r.last_members > 0 && r.trained_in > t.reference) t.reference = r.trained_in, members = r.last_members;
   }
   t.first_id = newest + 1;
-  t.min_ranks = (t.reference > 0 ? members : world_size) / 2 + 1;
+  t.min_ranks = t.reference > 0 ? members / 2 + 1 : std::max(1, world_size);
   return t;
 }
 
@@ -279,11 +279,13 @@ void commit_in_window(std::vector<WindowGeneration>& window, int64_t id) {
   window.erase(window.begin(), it);
 }
 
-bool primary_keeps_quorum(const std::set<int>& reachable, const std::vector<WindowGeneration>& window, int world_size) {
-  if (window.empty()) return 2 * static_cast<int>(reachable.size()) >= world_size;
+bool primary_keeps_quorum(const std::vector<WindowGeneration>& window,
+                          const std::function<bool(int, const std::string&)>& holds, int members, int world_size) {
+  if (window.empty()) return 2 * members >= world_size;
   for (const WindowGeneration& g : window) {
-    const auto held = std::count_if(g.ranks.begin(), g.ranks.end(), [&](int r) { return reachable.count(r) > 0; });
-    if (2 * held < static_cast<int64_t>(g.ranks.size())) return false;
+    const auto held = std::count_if(g.incarnations.begin(), g.incarnations.end(),
+                                    [&](const auto& member) { return holds(member.first, member.second); });
+    if (2 * held < static_cast<int64_t>(g.incarnations.size())) return false;
   }
   return true;
 }

@@ -1,6 +1,7 @@
 #include "crosstrain/scheduler/scheduler.h"
 
 #include <algorithm>
+#include <iterator>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -244,6 +245,9 @@ void Scheduler::release(JobRecord& job) {
   if (job.placement) registry_.release(shares_of(*job.placement)), ++freed_;
   job.placement.reset();
   active_.erase(job.id);
+  // What was waited for belongs to the placement: a new one starts with none.
+  for (auto* waits : {&grow_after_, &down_since_})
+    for (auto it = waits->begin(); it != waits->end();) it = it->first.first == job.id ? waits->erase(it) : std::next(it);
 }
 
 void Scheduler::finish(JobRecord& job, JobState state, const std::string& reason) {
@@ -369,6 +373,8 @@ void Scheduler::grow() {
         const double since = down_since_.emplace(std::make_pair(id, i), now()).first->second;
         const bool moves = options_.move_after_s >= 0 && now() - since >= options_.move_after_s;
         s.cluster = moves ? other_home(job, i) : "";
+      } else {
+        down_since_.erase({id, i});  // up again: a later outage counts afresh
       }
       if (s.cluster.empty() || !registry_.reserve({{s.cluster, s.ranks}})) {  // nowhere up, or no room there yet
         s.cluster = home;
@@ -378,12 +384,13 @@ void Scheduler::grow() {
       try {
         executor_.start_share(job, *job.placement, i);
       } catch (const std::exception& e) {
+        const std::string tried = s.cluster;
         s.absent = true;
         registry_.release({{s.cluster, s.ranks}});
         s.cluster = home;
         grow_after_[{id, i}] = now() + 10;  // try again later, not on every pass
         StateStore::Transaction t(store_);
-        store_.add_event(now(), id, "grow-failed", s.cluster + ": " + e.what());
+        store_.add_event(now(), id, "grow-failed", tried + ": " + e.what());
         t.commit();
         continue;
       }
@@ -406,10 +413,12 @@ std::string Scheduler::other_home(const JobRecord& job, size_t share) const {
   const PlacementRecord& p = *job.placement;
   if (share == 0 || (share == 1 && p.standby)) return "";
   const ClusterShare& s = p.shares[share];
-  const std::string device = registry_.info(registry_.index_of(s.cluster)).device;
+  const ClusterInfo home = registry_.info(registry_.index_of(s.cluster));
   for (const ClusterInfo& c : registry_.clusters()) {
     const bool named = std::any_of(p.shares.begin(), p.shares.end(), [&](const ClusterShare& o) { return o.cluster == c.name; });
-    if (c.up && c.device == device && !named && c.free >= s.ranks) return c.name;
+    // The same device and node size: the share runs as placed (its layout, its launchers' node count and sizes).
+    const bool alike = c.device == home.device && c.devices_per_host == home.devices_per_host;
+    if (c.up && alike && !named && c.free >= s.ranks) return c.name;
   }
   return "";
 }

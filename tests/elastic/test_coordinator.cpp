@@ -28,7 +28,8 @@ namespace {
 class Job {
  public:
   using Processes = std::vector<std::pair<int, int>>;  // (rank, pid)
-  Job(int world_size, int replica_size, int failure_timeout_ms, milliseconds settle = milliseconds(3000))
+  Job(int world_size, int replica_size, int failure_timeout_ms, milliseconds settle = milliseconds(3000),
+      bool quorum = false)
       : world_size_(world_size), replica_size_(replica_size) {
     timing_.heartbeat_ms = 20;
     timing_.failure_timeout_ms = failure_timeout_ms;
@@ -45,6 +46,7 @@ class Job {
     CoordinatorOptions options;
     options.world_size = world_size;
     options.settle = settle;
+    options.quorum = quorum;  // a standby exists elsewhere (crosstrain run --standby)
     options.exclude = [this](const std::vector<std::pair<int, int>>& processes, const std::string& why) {
       std::lock_guard<std::mutex> lock(mu_);
       excluded_.push_back({processes, why});
@@ -455,3 +457,70 @@ TEST(ElasticCoordinator, MalformedRegistrationIsIgnored) {
   ASSERT_TRUE(g) << job.log();
   EXPECT_EQ(g->ranks, (std::vector<int>{0, 1}));
 }
+
+// With a standby elsewhere, node 0's coordinator publishes a failure only while it holds half of the generations
+// that trained. Generation 1 (every rank) committed step 1; then ranks die:
+// - two of three at once, silently: no failure generation (they may be training on at the standby);
+// - once their launchers report the exits here and restart them, this side holds them again: it goes on.
+TEST(ElasticCoordinator, WithAStandbyAFailureNeedsHalfOfTheGenerationsThatTrained) {
+  Job job(3, 1, 150, milliseconds(3000), /*quorum=*/true);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  auto& store = job.store();
+  ASSERT_EQ(store.compareSet(start_key(1), {}, Job::bytes("1")), Job::bytes("1"));
+  for (int i = 0; i < 3; ++i) store.add(vote_key(1, 1), 1);
+  store.set(decision_key(1, 1), Job::bytes(encode_decision({true, 0})));
+  std::this_thread::sleep_for(milliseconds(100));  // a tick sees generation 1 commit
+  job.stop_beating(1);
+  job.stop_beating(2);
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(800))) << job.log();
+  EXPECT_NE(job.log().find("no quorum: generation 2 would keep 1 rank of generation 1's 3,"), std::string::npos)
+      << job.log();
+  // New processes of ranks 1 and 2 register here before their old ones' exits are known: still no quorum (the
+  // old processes may be the standby's).
+  job.start_rank(1, 1);
+  job.start_rank(2, 1);
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(500))) << job.log();
+  // The launchers report the old processes' exits (through the store, as other nodes' launchers do).
+  for (int rank : {1, 2}) {
+    store.set(exited_key(rank), Job::bytes(std::to_string(Job::pid_of(rank, 0))));
+    store.add(exits_key(), 1);
+  }
+  const auto g2 = job.wait_generation(2, milliseconds(1500));
+  ASSERT_TRUE(g2) << job.log();
+  EXPECT_EQ(g2->reason, "failure");
+  EXPECT_EQ(g2->ranks, (std::vector<int>{0}));
+}
+
+// Ranks that the detector has not declared dead yet, but whose replicas are gone, do not count: only the failure
+// generation's members (who must vote for any step) and processes restarted here do. pp=2, dp=3: replica 0 = ranks
+// {0, 3}, replica 1 = {1, 4}, replica 2 = {2, 5}. Ranks 1 and 2 fall silent; 4 and 5 still beat (a lagging death,
+// or a process that lost its partner), so generation 2 would be replica 0 alone: 2 ranks of generation 1's 6.
+TEST(ElasticCoordinator, WithAStandbyRanksOfLostReplicasDoNotCountForTheQuorum) {
+  Job job(6, 2, 150, milliseconds(3000), /*quorum=*/true);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  auto& store = job.store();
+  ASSERT_EQ(store.compareSet(start_key(1), {}, Job::bytes("1")), Job::bytes("1"));
+  for (int i = 0; i < 6; ++i) store.add(vote_key(1, 1), 1);
+  store.set(decision_key(1, 1), Job::bytes(encode_decision({true, 0})));
+  std::this_thread::sleep_for(milliseconds(100));
+  job.stop_beating(1);
+  job.stop_beating(2);
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(800))) << job.log();
+  EXPECT_NE(job.log().find("no quorum: generation 2 would keep 2 ranks of generation 1's 6,"), std::string::npos)
+      << job.log();
+}
+
+// Without a standby the same loss is published at once: nobody else could take the job over.
+TEST(ElasticCoordinator, WithoutAStandbyALossOfMostRanksIsPublished) {
+  Job job(3, 1, 150);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  job.stop_beating(1);
+  job.stop_beating(2);
+  const auto g2 = job.wait_generation(2, milliseconds(1500));
+  ASSERT_TRUE(g2) << job.log();
+  EXPECT_EQ(g2->ranks, (std::vector<int>{0}));
+}
+

@@ -89,6 +89,7 @@ class Coordinator {
   std::set<int64_t> closed_;
   Clock::time_point first_registration_{};
   std::vector<WindowGeneration> window_;  // with a standby: what a failure must keep half of (refresh_window)
+  std::set<std::pair<int, int>> exited_pids_;  // (rank, pid) of every exit the launchers reported here
   std::string no_quorum_said_;   // the last no-quorum line logged (said once, not every tick)
   Clock::time_point emptied_{};  // when a generation without replicas was published
   std::mutex exited_mu_;

@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -124,31 +125,36 @@ std::optional<Generation> next_generation(const MembershipView& view, int min_re
 // primary: ids above every generation any of them knew (so no rank mistakes an old record for a new one), and a
 // majority of the members of the newest generation one of them started (`reference`), counting only registrants
 // that started it (a fresh process, or one from an older generation, is no vote); when none of them ever started a
-// generation, a majority of the job's ranks. The primary's side needs at least half of the same generations
-// (primary_keeps_quorum): a side cut off by a broken link cannot go on as a second job beside the other.
+// generation, every rank of the job (nothing tells it what the primary's side did). The primary's side needs at
+// least half of the same generations (primary_keeps_quorum): a side cut off by a broken link cannot go on as a
+// second job beside the other.
 struct Takeover {
   int64_t first_id = 1;
-  int64_t reference = 0;  // 0: no registrant started a generation (count fresh registrants against the world)
+  int64_t reference = 0;  // 0: no registrant started a generation (then every rank must come over)
   int min_ranks = 1;      // registrants that started the reference generation (or of the world): at least this many
 };
 Takeover takeover_quorum(const std::map<int, Registration>& registered, int world_size);
 
 // The primary's side of that rule, once a standby exists (crosstrain run --standby): a failure generation is
-// published only while the ranks the primary still reaches (alive at its store: the generation's members, and
-// restarted processes or joiners waiting there) hold at least half of every generation in the quorum window: the
-// newest one that committed a step, and every one started after it (joins included). Every rank that went over to
-// the standby started one of those or an older one that a committed one left, so a standby majority and a primary
-// half can never be disjoint (ties stay with the primary). An empty window (nothing started yet): half of the
-// job's ranks.
+// published only while this side holds at least half of every generation in the quorum window: the newest one that
+// committed a step, and every one started after it (joins included). A rank counts for a window generation when
+// the process that generation listed is a member of the failure generation (it must vote for any step to commit,
+// so a process that is in truth gone keeps it from training), or when that process's exit was reported here and
+// a new process of the rank is alive here (crashed and restarted on this side, not gone to the standby). Every rank
+// that went over started one of those generations, or an older one that a committed generation then left with at
+// least half of it, so a standby majority and a primary half are never disjoint (ties stay with the primary). With
+// nothing started yet: the failure generation's members against half of the job.
 struct WindowGeneration {
   int64_t id = 0;
-  std::vector<int> ranks;
-  bool committed = false;  // a step of it committed: the generations before it leave the window
+  std::map<int, std::string> incarnations;  // rank -> the process that was the member
+  bool committed = false;                   // a step of it committed: the generations before it leave the window
 };
 // Adds `started` (a generation a member started) and drops what a committed one makes moot. Pure.
 void widen_window(std::vector<WindowGeneration>& window, const WindowGeneration& started);
 void commit_in_window(std::vector<WindowGeneration>& window, int64_t id);
-bool primary_keeps_quorum(const std::set<int>& reachable, const std::vector<WindowGeneration>& window, int world_size);
+// `holds(rank, incarnation)`: whether this side holds that member of a window generation (above).
+bool primary_keeps_quorum(const std::vector<WindowGeneration>& window,
+                          const std::function<bool(int, const std::string&)>& holds, int members, int world_size);
 
 // A step's outcome as written in the store under the step's decision key.
 struct Decision {

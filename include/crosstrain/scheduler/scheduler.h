@@ -162,7 +162,7 @@ class Scheduler {
   // is down on another one (other_home).
   void grow();
   // Where absent share `share` may grow instead of its own cluster, which is down: an up cluster of the same device
-  // that no share of the job names, with room for it (a cluster that registered meanwhile, or a free one). Not share
+  // and devices per host that no share of the job names, with room for it (a cluster that registered meanwhile, or a free one). Not share
   // 0 (node 0: the job's store, or its way back in), nor share 1 while it holds the standby (the running launchers
   // know its address). "" : none.
   std::string other_home(const JobRecord& job, size_t share) const;

@@ -200,8 +200,6 @@ void Coordinator::tick(Clock::time_point now) {
   const bool join_pending = !open_.empty() && open_.back().reason == "join" && !store_->check({start_key(open_.back().id)});
   if (next->reason == "join" && join_pending) return;
   if (next->failure() && options_.quorum && !keeps_quorum(*next, view)) return;
-  // After a refusal closed generations that never started, ids go on above every one published.
-  if (next->id <= published_) next->id = published_ + 1;
   if (options_.takeover && open_.empty()) {
     next->reason = "takeover";
     // Before the generation itself: a rank that finds the generation finds where the standby's ids begin.
@@ -245,33 +243,38 @@ void Coordinator::refresh_window() {
   }
 }
 
-// Whether the primary may publish `next`, a failure generation (primary_keeps_quorum). First every open generation
-// that no member started yet is closed, so that none can start between this check and the publication unseen; one
-// that started meanwhile joins the window. When the quorum fails nothing is published (this side may be the
-// cut-off minority while the others take over at the standby): the generations closed here leave open_, and its
-// ranks wait until the lost ones answer again or are restarted here, or their own timeouts end them.
+// Whether the primary may publish `next`, a failure generation (primary_keeps_quorum). When the quorum holds, every
+// open generation that no member started yet is closed before the answer, so that none can start unseen between
+// this check and the publication; one that started meanwhile joins the window and the check is made again. When it
+// fails nothing is published and open_ stays as it is (this side may be the cut-off minority while the others take
+// over at the standby): its ranks wait until the lost ones answer again or are restarted here, or their own
+// timeouts end them.
 bool Coordinator::keeps_quorum(const Generation& next, const MembershipView& view) {
   refresh_window();
-  std::set<int64_t> frozen;
-  for (const Generation& g : open_) {
-    if (closed_.count(g.id)) continue;
-    const std::string start = from_bytes(store_->compareSet(start_key(g.id), {}, to_bytes(kClosed)));
-    if (start == kClosed) frozen.insert(g.id);
-    else widen_window(window_, WindowGeneration{g.id, g.incarnations, false});
-  }
   const auto holds = [&](int rank, const std::string& then) {
     if (next.index_of(rank) >= 0 && next.incarnations.at(rank) == then) return true;
     auto it = registered_.find(rank);
     return it != registered_.end() && it->second.incarnation != then && !view.dead.count(rank) &&
            exited_pids_.count({rank, pid_of_incarnation(then)}) > 0;
   };
-  if (primary_keeps_quorum(window_, holds, static_cast<int>(next.ranks.size()), options_.world_size)) {
+  const auto quorum = [&] {
+    return primary_keeps_quorum(window_, holds, static_cast<int>(next.ranks.size()), options_.world_size);
+  };
+  bool ok = quorum();
+  if (ok) {
+    bool widened = false;
+    for (const Generation& g : open_) {
+      if (closed_.count(g.id)) continue;
+      if (from_bytes(store_->compareSet(start_key(g.id), {}, to_bytes(kClosed))) == kClosed) continue;
+      widen_window(window_, WindowGeneration{g.id, g.incarnations, false});  // started just now
+      widened = true;
+    }
+    ok = !widened || quorum();  // closed meanwhile but refused: those never start; the ranks' timeouts end them
+  }
+  if (ok) {
     no_quorum_said_.clear();
     return true;
   }
-  for (int64_t id : frozen) closed_.insert(id);
-  open_.erase(std::remove_if(open_.begin(), open_.end(), [&](const Generation& g) { return frozen.count(g.id) > 0; }),
-              open_.end());
   std::ostringstream line;
   line << "no quorum: generation " << next.id << " would keep " << next.ranks.size() << " rank"
        << (next.ranks.size() == 1 ? "" : "s") << " of";

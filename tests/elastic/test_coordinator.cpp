@@ -90,9 +90,10 @@ class Job {
   void start_all() {
     for (int rank = 0; rank < world_size_; ++rank) start_rank(rank);
   }
-  void stop_beating(int rank) {
+  void stop_beating(int rank) { stop_beating({rank}); }
+  void stop_beating(std::initializer_list<int> ranks) {  // at once: no beat of one after another stopped
     std::lock_guard<std::mutex> lock(mu_);
-    beating_.erase(rank);
+    for (int rank : ranks) beating_.erase(rank);
   }
 
   // The value at `key` once it is there (polling the table), or nullopt after `timeout`.
@@ -458,29 +459,38 @@ TEST(ElasticCoordinator, MalformedRegistrationIsIgnored) {
   EXPECT_EQ(g->ranks, (std::vector<int>{0, 1}));
 }
 
+namespace {
+
+// The members of generation 1 start it at step 1 and all vote for it: step 1 commits (as the last voter writes).
+void commit_first_step(Job& job, int members) {
+  auto& store = job.store();
+  ASSERT_EQ(store.compareSet(start_key(1), {}, Job::bytes("1")), Job::bytes("1"));
+  for (int i = 0; i < members; ++i) store.add(vote_key(1, 1), 1);
+  store.set(decision_key(1, 1), Job::bytes(encode_decision({true, 0})));
+  std::this_thread::sleep_for(milliseconds(100));  // a tick sees generation 1 commit
+}
+
+}  // namespace
+
 // With a standby elsewhere, node 0's coordinator publishes a failure only while it holds half of the generations
 // that trained. Generation 1 (every rank) committed step 1; then ranks die:
 // - two of three at once, silently: no failure generation (they may be training on at the standby);
 // - once their launchers report the exits here and restart them, this side holds them again: it goes on.
 TEST(ElasticCoordinator, WithAStandbyAFailureNeedsHalfOfTheGenerationsThatTrained) {
-  Job job(3, 1, 150, milliseconds(3000), /*quorum=*/true);
+  Job job(3, 1, 400, milliseconds(3000), /*quorum=*/true);
   job.start_all();
   ASSERT_TRUE(job.wait_generation(1)) << job.log();
   auto& store = job.store();
-  ASSERT_EQ(store.compareSet(start_key(1), {}, Job::bytes("1")), Job::bytes("1"));
-  for (int i = 0; i < 3; ++i) store.add(vote_key(1, 1), 1);
-  store.set(decision_key(1, 1), Job::bytes(encode_decision({true, 0})));
-  std::this_thread::sleep_for(milliseconds(100));  // a tick sees generation 1 commit
-  job.stop_beating(1);
-  job.stop_beating(2);
-  EXPECT_FALSE(job.wait_generation(2, milliseconds(800))) << job.log();
+  commit_first_step(job, 3);
+  job.stop_beating({1, 2});
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(1500))) << job.log();
   EXPECT_NE(job.log().find("no quorum: generation 2 would keep 1 rank of generation 1's 3,"), std::string::npos)
       << job.log();
   // New processes of ranks 1 and 2 register here before their old ones' exits are known: still no quorum (the
   // old processes may be the standby's).
   job.start_rank(1, 1);
   job.start_rank(2, 1);
-  EXPECT_FALSE(job.wait_generation(2, milliseconds(500))) << job.log();
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(1000))) << job.log();
   // The launchers report the old processes' exits (through the store, as other nodes' launchers do).
   for (int rank : {1, 2}) {
     store.set(exited_key(rank), Job::bytes(std::to_string(Job::pid_of(rank, 0))));
@@ -497,30 +507,44 @@ TEST(ElasticCoordinator, WithAStandbyAFailureNeedsHalfOfTheGenerationsThatTraine
 // {0, 3}, replica 1 = {1, 4}, replica 2 = {2, 5}. Ranks 1 and 2 fall silent; 4 and 5 still beat (a lagging death,
 // or a process that lost its partner), so generation 2 would be replica 0 alone: 2 ranks of generation 1's 6.
 TEST(ElasticCoordinator, WithAStandbyRanksOfLostReplicasDoNotCountForTheQuorum) {
-  Job job(6, 2, 150, milliseconds(3000), /*quorum=*/true);
+  Job job(6, 2, 400, milliseconds(3000), /*quorum=*/true);
   job.start_all();
   ASSERT_TRUE(job.wait_generation(1)) << job.log();
-  auto& store = job.store();
-  ASSERT_EQ(store.compareSet(start_key(1), {}, Job::bytes("1")), Job::bytes("1"));
-  for (int i = 0; i < 6; ++i) store.add(vote_key(1, 1), 1);
-  store.set(decision_key(1, 1), Job::bytes(encode_decision({true, 0})));
-  std::this_thread::sleep_for(milliseconds(100));
-  job.stop_beating(1);
-  job.stop_beating(2);
-  EXPECT_FALSE(job.wait_generation(2, milliseconds(800))) << job.log();
+  commit_first_step(job, 6);
+  job.stop_beating({1, 2});
+  EXPECT_FALSE(job.wait_generation(2, milliseconds(1500))) << job.log();
   EXPECT_NE(job.log().find("no quorum: generation 2 would keep 2 ranks of generation 1's 6,"), std::string::npos)
       << job.log();
 }
 
 // Without a standby the same loss is published at once: nobody else could take the job over.
 TEST(ElasticCoordinator, WithoutAStandbyALossOfMostRanksIsPublished) {
-  Job job(3, 1, 150);
+  Job job(3, 1, 400);
   job.start_all();
   ASSERT_TRUE(job.wait_generation(1)) << job.log();
-  job.stop_beating(1);
-  job.stop_beating(2);
-  const auto g2 = job.wait_generation(2, milliseconds(1500));
+  job.stop_beating({1, 2});
+  const auto g2 = job.wait_generation(2, milliseconds(3000));
   ASSERT_TRUE(g2) << job.log();
   EXPECT_EQ(g2->ranks, (std::vector<int>{0}));
+}
+
+// A refusal while a failure generation is still forming leaves it in place: the coordinator never falls back to a
+// first generation (which needs no quorum) of the ranks left. Five ranks: rank 4 is lost (generation 2 of four is
+// published: 4 of 5), then ranks 2 and 3 together; ranks 0 and 1 are 2 of 5: nothing more is published.
+TEST(ElasticCoordinator, WithAStandbyARefusalWhileAFailureFormsPublishesNothingElse) {
+  Job job(5, 1, 400, milliseconds(300), /*quorum=*/true);
+  job.start_all();
+  ASSERT_TRUE(job.wait_generation(1)) << job.log();
+  commit_first_step(job, 5);
+  job.stop_beating(4);
+  const auto g2 = job.wait_generation(2, milliseconds(3000));
+  ASSERT_TRUE(g2) << job.log();
+  EXPECT_EQ(g2->ranks, (std::vector<int>{0, 1, 2, 3}));
+  job.stop_beating({2, 3});
+  EXPECT_FALSE(job.wait_generation(3, milliseconds(2000))) << job.log();
+  for (int64_t id = 4; id <= 5; ++id)
+    EXPECT_FALSE(job.table().get(generation_key(id))) << "published " << id << " without a quorum\n" << job.log();
+  EXPECT_NE(job.log().find("no quorum: generation 3 would keep 2 ranks of generation 1's 5,"), std::string::npos)
+      << job.log();
 }
 

@@ -590,6 +590,24 @@ void kill_node(const Process& launcher) {
   for (int pid : ranks) kill(pid, SIGKILL);
 }
 
+// Three one-rank launchers with a standby store on node 1, as the scheduler starts a three-cluster job.
+struct StandbyJob {
+  StandbyJob(const std::string& tag, int steps)
+      : dir(fresh_dir(tag)),
+        master("127.0.0.1:" + std::to_string(free_port())),
+        standby("127.0.0.1:" + std::to_string(free_port())),
+        command(rank_command(dir, steps, paced({"--set", "train.global_batch=12"}))),
+        env{{"CROSSTRAIN_JOB_ID", tag}} {}
+  std::vector<std::string> node(int n) const {
+    return launcher({"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", master,
+                     "--standby", standby, "--max-restarts", "1"},
+                    command);
+  }
+  std::string dir, master, standby;
+  std::vector<std::string> command;
+  std::map<std::string, std::string> env;
+};
+
 }  // namespace
 
 // No node is special (issue 33, item 4): with --standby, node 1 keeps a second store. Node 0 (its launcher, which
@@ -703,18 +721,9 @@ TEST(ElasticCli, TheFirstNodeComesBackIntoTheJobTheStandbyTookOver) {
 // itself (nobody else could take the job over): ElasticCli.RestartedRankRejoins... and the failure generations of
 // the other tests.
 TEST(ElasticCli, AFirstNodeLeftAloneWithAStandbyElsewhereDoesNotTrainOn) {
-  const int steps = 400;
-  const auto dir = fresh_dir("elastic-quorum");
-  const std::string master = "127.0.0.1:" + std::to_string(free_port());
-  const std::string standby = "127.0.0.1:" + std::to_string(free_port());
-  const auto command = rank_command(dir, steps, paced({"--set", "train.global_batch=12"}));
-  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-quorum"}};
-  auto node = [&](int n) {
-    return launcher({"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", master,
-                     "--standby", standby, "--max-restarts", "1"},
-                    command);
-  };
-  Process node0(node(0), env), node1(node(1), env), node2(node(2), env);
+  const StandbyJob job("elastic-quorum", 400);
+  const std::string& dir = job.dir;
+  Process node0(job.node(0), job.env), node1(job.node(1), job.env), node2(job.node(2), job.env);
   ASSERT_TRUE(wait_for_rows(node0, dir, 5, milliseconds(90000))) << node0.wait(milliseconds(1)).output;
   kill_node(node1);
   kill_node(node2);
@@ -738,23 +747,15 @@ TEST(ElasticCli, AFirstNodeLeftAloneWithAStandbyElsewhereDoesNotTrainOn) {
 // standby holding the job, and its rank joins the running job there, healed from the live state.
 TEST(ElasticCli, ANodeStartedAfterTheTakeoverFindsTheJobAtTheStandby) {
   const int steps = 80;
-  const auto dir = fresh_dir("elastic-find-standby");
-  const std::string master = "127.0.0.1:" + std::to_string(free_port());
-  const std::string standby = "127.0.0.1:" + std::to_string(free_port());
-  const auto command = rank_command(dir, steps, paced({"--set", "train.global_batch=12"}));
-  const std::map<std::string, std::string> env{{"CROSSTRAIN_JOB_ID", "elastic-find-standby"}};
-  auto node = [&](int n) {
-    return launcher({"--nnodes", "3", "--node-rank", std::to_string(n), "--nproc", "1", "--master", master,
-                     "--standby", standby, "--max-restarts", "1"},
-                    command);
-  };
-  Process node0(node(0), env), node1(node(1), env), node2(node(2), env);
+  const StandbyJob job("elastic-find-standby", steps);
+  const std::string &dir = job.dir, &master = job.master, &standby = job.standby;
+  Process node0(job.node(0), job.env), node1(job.node(1), job.env), node2(job.node(2), job.env);
   ASSERT_TRUE(wait_for_rows(node0, dir, 5, milliseconds(90000))) << node0.wait(milliseconds(1)).output;
   kill_node(node0);
   ASSERT_TRUE(node1.wait_for_output("takes over", milliseconds(60000))) << node1.wait(milliseconds(1)).output;
   ASSERT_TRUE(node1.wait_for_output("(takeover): 2 replicas", milliseconds(60000))) << node1.wait(milliseconds(1)).output;
   kill_node(node2);
-  Process again(node(2), env);
+  Process again(job.node(2), job.env);
   auto r1 = node1.wait(milliseconds(150000));
   auto r2 = again.wait(milliseconds(30000));
   const std::string all = r1.output + "\n--- node 2 again ---\n" + r2.output;

@@ -46,6 +46,15 @@ struct Rig {
   Scheduler sched;
 };
 
+// Three clusters of 64 A100 ("a", "b", "c"), shares that shrink and grow live.
+std::unique_ptr<Rig> three_cluster_rig(const std::string& path) {
+  Registry r = testing::two_clusters(1);
+  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
+  auto rig = std::make_unique<Rig>(path, std::move(r));
+  rig->exec.allow_share_changes(true);
+  return rig;
+}
+
 TEST(GangScheduler, ALostClustersJobsResumeFromTheirCheckpointElsewhere) {
   Rig rig(temp_path("loss.db"));
   const int64_t id = rig.sched.submit(job("gpt2", 32, 100000));
@@ -103,10 +112,8 @@ bool has_event(StateStore& store, int64_t id, const std::string& kind) {
 // holding none of its devices and without a restart, and grows back onto it when it returns; a share that fails
 // alone is started again while restarts are left. Losing share 0 (the job's rendezvous) still re-places it.
 TEST(GangScheduler, AnElasticJobShrinksWhenAClusterIsLostAndGrowsBackWhenItReturns) {
-  Registry r = testing::two_clusters(1);
-  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
-  Rig rig(temp_path("live.db"), std::move(r));
-  rig.exec.allow_share_changes(true);
+  auto owned = three_cluster_rig(temp_path("live.db"));
+  Rig& rig = *owned;
   JobSpec spec = job("gpt2-xl", 96, 100000);
   spec.max_restarts = 1;
   const int64_t id = rig.sched.submit(spec);
@@ -259,10 +266,8 @@ TEST(GangScheduler, AThreeClusterJobGoesOnWithoutShareZeroWhoseStoreTheStandbyTo
 // With sites, share 0 does not come back once the standby holds the store (its rank 0 would write the job's outputs
 // at its own site again, which lacks the rows trained meanwhile): the job goes on without it, a daemon restart too.
 TEST(GangScheduler, WithSitesShareZeroStaysOutOnceTheStandbyHoldsTheStore) {
-  Registry r = testing::two_clusters(1);
-  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
-  Rig rig(temp_path("sites.db"), std::move(r));
-  rig.exec.allow_share_changes(true);
+  auto owned = three_cluster_rig(temp_path("sites.db"));
+  Rig& rig = *owned;
   rig.exec.use_sites(true);
   const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
   rig.sched.tick();
@@ -287,10 +292,8 @@ TEST(GangScheduler, WithSitesShareZeroStaysOutOnceTheStandbyHoldsTheStore) {
 // that registered meanwhile, or a free one), once --move-after-s has passed: the job is whole again without its
 // lost cluster. Sooner, it waits for its own.
 TEST(GangScheduler, AShareWhoseClusterStaysDownGrowsOntoAnotherCluster) {
-  Registry r = testing::two_clusters(1);
-  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
-  Rig rig(temp_path("move.db"), std::move(r));
-  rig.exec.allow_share_changes(true);
+  auto owned = three_cluster_rig(temp_path("move.db"));
+  Rig& rig = *owned;
   const int64_t id = rig.sched.submit(job("gpt2-xl", 96, 100000));
   rig.sched.tick();
   const PlacementRecord first = *rig.sched.job(id).placement;
@@ -304,6 +307,17 @@ TEST(GangScheduler, AShareWhoseClusterStaysDownGrowsOntoAnotherCluster) {
   rig.exec.advance(20);
   rig.sched.tick();
   EXPECT_TRUE(rig.sched.job(id).placement->shares[1].absent) << "moved before --move-after-s (30 s)";
+  // The first try there fails to start: the share stays absent, still of its own cluster, and the event names the
+  // cluster tried.
+  rig.exec.fail_next_share_start(id);
+  rig.exec.advance(11);
+  rig.sched.tick();
+  EXPECT_TRUE(rig.sched.job(id).placement->shares[1].absent);
+  EXPECT_EQ(rig.sched.job(id).placement->shares[1].cluster, lost);
+  bool named = false;
+  for (const EventRow& e : rig.store.events(id)) named = named || (e.kind == "grow-failed" && e.detail.rfind(unused + ":", 0) == 0);
+  EXPECT_TRUE(named);
+  EXPECT_EQ(rig.exec.used(unused), 0) << "the failed try holds its devices";
   rig.exec.advance(11);
   rig.sched.tick();
   const JobRecord& j = rig.sched.job(id);
@@ -327,10 +341,8 @@ TEST(GangScheduler, AShareWhoseClusterStaysDownGrowsOntoAnotherCluster) {
 // A cluster reached at no address of its own (no --cluster-host on Slurm) can host no standby store: its launchers
 // would listen at the one address every cluster shares.
 TEST(GangScheduler, NoStandbyWhereShareOnesClusterHasNoAddressOfItsOwn) {
-  Registry r = testing::two_clusters(1);
-  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
-  Rig rig(temp_path("noaddress.db"), std::move(r));
-  rig.exec.allow_share_changes(true);
+  auto owned = three_cluster_rig(temp_path("noaddress.db"));
+  Rig& rig = *owned;
   rig.exec.share_one_address(true);
   const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
   rig.sched.tick();
@@ -341,10 +353,8 @@ TEST(GangScheduler, NoStandbyWhereShareOnesClusterHasNoAddressOfItsOwn) {
 // A placement made before standbys existed (its state file row says none) loses share 0 into a re-placement, as it
 // always did: its launchers were started without --standby, so nobody could take the store over.
 TEST(GangScheduler, APlacementWithoutAStandbyIsRePlacedWhenShareZeroIsLost) {
-  Registry r = testing::two_clusters(1);
-  r.add_cluster(testing::cluster("c", "a100", 8), testing::a100());
-  Rig rig(temp_path("nostandby.db"), std::move(r));
-  rig.exec.allow_share_changes(true);
+  auto owned = three_cluster_rig(temp_path("nostandby.db"));
+  Rig& rig = *owned;
   const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
   rig.sched.tick();
   ASSERT_EQ(rig.sched.job(id).placement->shares.size(), 3u);

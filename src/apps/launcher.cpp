@@ -544,9 +544,11 @@ static LaunchOptions with_live_store(const LaunchOptions& o) {
   const auto deadline = std::chrono::steady_clock::now() + o.timeout / 2;
   for (;;) {
     if (store_answers({o.standby_addr, o.standby_port, job, {}}, world_of(o), true)) {
+      // Said as it is: node 0 may still answer this node (cut off from the others only).
+      const bool answers = store_answers({o.master_addr, o.master_port, job, {}}, world_of(o), false);
       std::cerr << "crosstrain run: node 0's store at " << o.master_addr << ":" << o.master_port
-                << " does not answer and the standby at " << o.standby_addr << ":" << o.standby_port
-                << " took the job over: this node joins it there" << std::endl;
+                << (answers ? " still answers, but" : " does not answer and") << " the standby at " << o.standby_addr
+                << ":" << o.standby_port << " took the job over: this node joins it there" << std::endl;
       LaunchOptions there = o;
       there.master_addr = o.standby_addr;
       there.master_port = o.standby_port;

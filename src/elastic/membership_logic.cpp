@@ -110,7 +110,8 @@ Registration decode_registration(const std::string& text) {
   // Bounded: a standby numbers its generations above the largest last_generation it reads.
   if (r.rank < 0 || r.replica < 0 || r.replica_size < 1 || r.last_generation < 0 || r.last_generation >= kPoison ||
       r.trained_in < 0 || r.trained_in > r.last_generation || r.last_members < 0 || r.last_members > (1 << 20))
-    throw std::runtime_error("elastic registration record has a negative rank or replica: " + text.substr(0, 80));
+    throw std::runtime_error("elastic registration record out of range (a negative rank or replica, or generations "
+                             "beyond bounds or out of order): " + text.substr(0, 80));
   return r;
 }
 

@@ -55,6 +55,13 @@ std::unique_ptr<Rig> three_cluster_rig(const std::string& path) {
   return rig;
 }
 
+// Submits a job of `ranks` (192: one share on each of the three clusters) and lets a pass place it.
+int64_t place(Rig& rig, int ranks) {
+  const int64_t id = rig.sched.submit(job("gpt2-xl", ranks, 100000));
+  rig.sched.tick();
+  return id;
+}
+
 TEST(GangScheduler, ALostClustersJobsResumeFromTheirCheckpointElsewhere) {
   Rig rig(temp_path("loss.db"));
   const int64_t id = rig.sched.submit(job("gpt2", 32, 100000));
@@ -269,8 +276,7 @@ TEST(GangScheduler, WithSitesShareZeroStaysOutOnceTheStandbyHoldsTheStore) {
   auto owned = three_cluster_rig(temp_path("sites.db"));
   Rig& rig = *owned;
   rig.exec.use_sites(true);
-  const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
-  rig.sched.tick();
+  const int64_t id = place(rig, 192);
   const std::string east = rig.sched.job(id).placement->shares.at(0).cluster;
   rig.exec.lose(east);
   rig.sched.tick();
@@ -294,8 +300,7 @@ TEST(GangScheduler, WithSitesShareZeroStaysOutOnceTheStandbyHoldsTheStore) {
 TEST(GangScheduler, AShareWhoseClusterStaysDownGrowsOntoAnotherCluster) {
   auto owned = three_cluster_rig(temp_path("move.db"));
   Rig& rig = *owned;
-  const int64_t id = rig.sched.submit(job("gpt2-xl", 96, 100000));
-  rig.sched.tick();
+  const int64_t id = place(rig, 96);
   const PlacementRecord first = *rig.sched.job(id).placement;
   ASSERT_EQ(first.shares.size(), 2u);
   std::string unused;
@@ -344,8 +349,7 @@ TEST(GangScheduler, NoStandbyWhereShareOnesClusterHasNoAddressOfItsOwn) {
   auto owned = three_cluster_rig(temp_path("noaddress.db"));
   Rig& rig = *owned;
   rig.exec.share_one_address(true);
-  const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
-  rig.sched.tick();
+  const int64_t id = place(rig, 192);
   ASSERT_EQ(rig.sched.job(id).placement->shares.size(), 3u);
   EXPECT_FALSE(rig.sched.job(id).placement->standby);
 }
@@ -355,8 +359,7 @@ TEST(GangScheduler, NoStandbyWhereShareOnesClusterHasNoAddressOfItsOwn) {
 TEST(GangScheduler, APlacementWithoutAStandbyIsRePlacedWhenShareZeroIsLost) {
   auto owned = three_cluster_rig(temp_path("nostandby.db"));
   Rig& rig = *owned;
-  const int64_t id = rig.sched.submit(job("gpt2-xl", 192, 100000));
-  rig.sched.tick();
+  const int64_t id = place(rig, 192);
   ASSERT_EQ(rig.sched.job(id).placement->shares.size(), 3u);
   EXPECT_TRUE(rig.sched.job(id).placement->standby);
   JobRecord old = rig.sched.job(id);

@@ -191,24 +191,40 @@ TEST(LiveElastic, UnevenSharesGoOnWithoutALostClusterAndGrowBack) {
   EXPECT_GT(f.step_at_join, f.step_at_loss);
 }
 
+// A scheduler over the local executor and three one-CPU clusters of this machine (east, west, north), each with
+// storage of its own when `sites`.
+struct ThreeLocalClusters {
+  ThreeLocalClusters(const std::string& tag, bool sites, SchedulerOptions options = {})
+      : root(crosstrain::testing::scratch_dir(tag)),
+        work(root / "work"),
+        store((root / "state.db").string()),
+        exec(work.string(), train_share_command(launch(sites), work.string()), std::chrono::milliseconds(5000)),
+        sched(two_cpus(root, 1, {"east", "west", "north"}), store, exec, options, [] {
+          return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+        }) {}
+  static TrainLaunch launch(bool sites) {
+    TrainLaunch l;
+    l.crosstrain = kBin;
+    l.rendezvous_timeout_s = 60;
+    l.sites = sites;
+    return l;
+  }
+  fs::path root, work;
+  StateStore store;
+  LocalExecutor exec;
+  Scheduler sched;
+};
+
 // A new home for a lost share (issue 35, item 3: "or a new one joins"): a job on two of three one-CPU clusters,
 // each with storage of its own; the second share's cluster is lost and stays down, and with --move-after-s 0 the
 // share grows at once onto the third, unused cluster, whose ranks join the running job and heal from the live
 // state; the first share is never restarted, every step once, one placement.
 TEST(LiveElastic, AShareWhoseClusterStaysDownGrowsOntoAThirdCluster) {
-  const fs::path root = crosstrain::testing::scratch_dir("live-elastic-move");
-  const fs::path work = root / "work";
-  StateStore store((root / "state.db").string());
-  TrainLaunch launch;
-  launch.crosstrain = kBin;
-  launch.rendezvous_timeout_s = 60;
-  launch.sites = true;
-  LocalExecutor exec(work.string(), train_share_command(launch, work.string()), std::chrono::milliseconds(5000));
   SchedulerOptions options;
   options.move_after_s = 0;
-  Scheduler sched(two_cpus(root, 1, {"east", "west", "north"}), store, exec, options, [] {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  });
+  ThreeLocalClusters net("live-elastic-move", /*sites=*/true, options);
+  const fs::path &root = net.root, &work = net.work;
+  Scheduler& sched = net.sched;
   const JobSpec job = tiny_job(300);
   const int64_t id = sched.submit(job);
   sched.tick();
@@ -249,16 +265,10 @@ TEST(LiveElastic, AShareWhoseClusterStaysDownGrowsOntoAThirdCluster) {
 // the standby takes the store over with west's and north's ranks (a majority), and when east comes back its share
 // starts with --rejoin against the standby and joins the running job. Every step once, one placement.
 TEST(LiveElastic, TheClusterHoldingTheJobsStoreIsLostAndTheJobGoesOnAndTakesItBack) {
-  const fs::path root = crosstrain::testing::scratch_dir("live-elastic-share0");
-  const fs::path work = root / "work";
-  StateStore store((root / "state.db").string());
-  TrainLaunch launch;
-  launch.crosstrain = kBin;
-  launch.rendezvous_timeout_s = 60;
-  LocalExecutor exec(work.string(), train_share_command(launch, work.string()), std::chrono::milliseconds(5000));
-  Scheduler sched(two_cpus(root, 1, {"east", "west", "north"}), store, exec, {}, [] {
-    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  });
+  ThreeLocalClusters net("live-elastic-share0", /*sites=*/false);
+  const fs::path &root = net.root, &work = net.work;
+  StateStore& store = net.store;
+  Scheduler& sched = net.sched;
   JobSpec job = tiny_job(300);
   job.ranks = 3;
   job.global_batch = 6;
